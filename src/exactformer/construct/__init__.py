@@ -1,0 +1,1 @@
+"""Constructions of exactly interpolating transformers (DESIGN §4 and §5)."""

@@ -1,0 +1,82 @@
+"""Seeded "generic" choices and the exact checks that they really are generic.
+
+Every random choice of the construction (directions, multipliers, slopes) comes from here. Exact
+mode asks for distinct values (== on Fractions); float64 mode asks for gaps that rounding cannot
+close. Among a few valid draws the one with the widest relative gap is kept: existence only
+needs distinctness, but wide gaps are what keep float evaluation accurate.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from fractions import Fraction
+
+import numpy as np
+
+from ..numbers import num
+
+EPS = float(np.finfo(float).eps)
+
+
+class ConstructionError(RuntimeError):
+    """No generic choice was found (for instance float64 data too close to separate)."""
+
+
+class Draws:
+    """Seeded source of rational or float choices."""
+
+    def __init__(self, seed: int, exact: bool):
+        self.rng = random.Random(seed)
+        self.exact = exact
+
+    def rational(self, lo: int, hi: int, den: int = 64):
+        """A random multiple of 1/den in [lo, hi]."""
+        return num(Fraction(self.rng.randint(lo * den, hi * den), den), self.exact)
+
+    def vector(self, d: int, lo: int = -8, hi: int = 8) -> np.ndarray:
+        while True:
+            v = [self.rng.randint(lo, hi) for _ in range(d)]
+            if any(v):
+                arr = np.empty(d, dtype=object if self.exact else float)
+                arr[:] = [num(x, self.exact) for x in v]
+                return arr
+
+
+def relative_gap(values) -> float:
+    """Smallest gap between distinct sorted values over their spread (0 on a coincidence)."""
+    vals = sorted(values)
+    if len(vals) < 2:
+        return 1.0
+    spread = float(vals[-1] - vals[0]) or 1.0
+    return min(float(b - a) for a, b in zip(vals, vals[1:], strict=False)) / spread
+
+
+def separated(values, exact: bool) -> bool:
+    """Distinct exactly (exact mode), or far enough apart for float64 rounding."""
+    values = list(values)
+    if exact:
+        return len(set(values)) == len(values)
+    scale = max((abs(float(v)) for v in values), default=1.0) or 1.0
+    spread = relative_gap(values) * (float(max(values) - min(values)) if len(values) > 1 else 1)
+    return spread > 256 * EPS * scale
+
+
+def best_draw(draw: Callable[[], object], score: Callable[[object], float | None],
+              tries: int = 4, limit: int = 200, what: str = "choice"):
+    """Keep the best-scoring of the first ``tries`` valid draws (``score`` None = invalid)."""
+    best, best_score, valid = None, -1.0, 0
+    for _ in range(limit):
+        cand = draw()
+        s = score(cand)
+        if s is None:
+            continue
+        valid += 1
+        if s > best_score:
+            best, best_score = cand, s
+        if valid >= tries:
+            break
+    if best is None:
+        raise ConstructionError(f"no generic {what} found in {limit} draws; the data may have "
+                                "points too close to separate in this arithmetic")
+    return best

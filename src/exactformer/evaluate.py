@@ -1,0 +1,378 @@
+"""Forward passes in three arithmetics: exact (Fraction), float64 and mpmath (any precision).
+
+The pass keeps each sequence as a *multiset* of points (rows with counts): two tokens of one
+sequence at the same point stay together forever, because FF acts per token and SA depends only
+on the token and the multiset of its sequence. Equal points are merged after every attention
+layer, so after the collapse a sequence costs m_j rows, not n_j.
+
+FF layers whose hidden units all read one direction f, and that add exactly zero outside an
+interval of f·x (every gadget of the construction), are *ridge windows*: they are applied only
+to the rows inside the interval, found through a sorted index of f·x. This keeps a pass over
+L blocks and T tokens near O(T + L log T) for constructed models; any other layer is dense.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+
+from .model import FF, SA, Transformer
+
+ARITHMETICS = ("exact", "float", "mp")
+
+
+# ------------------------------------------------------------------------------ arithmetic
+@dataclass
+class Arithmetic:
+    """How numbers are represented: 'exact' (Fraction), 'float' (float64), 'mp' (mpmath)."""
+
+    kind: str = "float"
+    dps: int = 50
+
+    def __post_init__(self):
+        if self.kind not in ARITHMETICS:
+            raise ValueError(f"arithmetic must be one of {ARITHMETICS}, got {self.kind!r}")
+
+    @property
+    def is_object(self) -> bool:
+        return self.kind != "float"
+
+    def scalar(self, v):
+        if isinstance(v, np.integer):
+            v = int(v)
+        if self.kind == "float":
+            return float(v)
+        if self.kind == "exact":
+            if isinstance(v, Fraction):
+                return v
+            return Fraction(float(v)) if isinstance(v, (float, np.floating)) else Fraction(v)
+        if isinstance(v, Fraction):
+            return mpmath.mpf(v.numerator) / v.denominator
+        return mpmath.mpf(v)
+
+    def array(self, a) -> np.ndarray:
+        a = np.asarray(a)
+        if self.kind == "float":
+            return a.astype(float)
+        out = np.empty(a.shape, dtype=object)
+        out.flat[:] = [self.scalar(v) for v in a.flat]
+        return out
+
+    def exp(self, a: np.ndarray) -> np.ndarray:
+        if self.kind == "float":
+            return np.exp(a)
+        if self.kind == "exact":
+            raise ValueError("softmax attention cannot be evaluated in exact rational arithmetic; "
+                             "use arithmetic='mp' (high precision) or 'float'")
+        return np.frompyfunc(mpmath.exp, 1, 1)(a)
+
+
+def relu(z: np.ndarray) -> np.ndarray:
+    return np.where((z > 0).astype(bool), z, 0 * z)
+
+
+# ------------------------------------------------------------------------------ statistics
+@dataclass
+class PassStats:
+    """Margins seen during a pass (None where the model has no such layer)."""
+
+    hardmax_margin: float | None = None  # smallest best-minus-second score gap / score scale
+    hardmax_ties: int = 0  # queries whose best score is shared by two distinct points
+    ridge_clearance: float | None = None  # smallest distance of an untouched token to a window
+
+    def _min(self, name: str, v) -> None:
+        v = float(v)
+        cur = getattr(self, name)
+        setattr(self, name, v if cur is None else min(cur, v))
+
+
+# ------------------------------------------------------------------------------ ridge FFs
+@dataclass
+class Ridge:
+    """An FF with η = 1 that adds exactly zero unless lo < f·x < hi."""
+
+    f: np.ndarray
+    lo: object
+    hi: object
+
+
+def ridge_window(ff: FF) -> Ridge | None:
+    """Detect (exactly, in the layer's own numbers) whether ``ff`` is a ridge window."""
+    if ff.eta != 1:
+        return None
+    U, b, W = ff.U, ff.b, ff.W
+    nz = [i for i in range(U.shape[0]) if any(v != 0 for v in U[i])]
+    if not nz:
+        return None
+    f = U[nz[0]]
+    j0 = next(j for j, v in enumerate(f) if v != 0)
+    ks = []
+    for i in range(U.shape[0]):
+        k = U[i, j0] / f[j0]
+        if any(U[i, j] != k * f[j] for j in range(U.shape[1])):
+            return None
+        if k == 0 and b[i] > 0 and any(v != 0 for v in W[:, i]):
+            return None  # a constant shift everywhere
+        ks.append(k)
+    bps = [-b[i] / ks[i] for i in range(len(ks)) if ks[i] != 0]
+    for sign in (1, -1):  # beyond the last breakpoint on each side the sum must vanish
+        act = [i for i in range(len(ks)) if ks[i] * sign > 0]
+        slope = sum((W[:, i] * ks[i] for i in act), 0 * W[:, 0])
+        offset = sum((W[:, i] * b[i] for i in act), 0 * W[:, 0])
+        if any(v != 0 for v in slope) or any(v != 0 for v in offset):
+            return None
+    return Ridge(f, min(bps), max(bps))
+
+
+class _SortedProjection:
+    """Rows' values t = P·f kept in a sorted index; moved rows wait in a small dirty set."""
+
+    def __init__(self, t: np.ndarray):
+        self.t = t
+        self._rebuild()
+
+    def _rebuild(self):
+        self.order = np.argsort(self.t, kind="stable")
+        self.sorted_t = self.t[self.order]
+        self.dirty: set[int] = set()
+        self.is_dirty = np.zeros(len(self.t), dtype=bool)
+
+    def rows_in(self, lo, hi) -> tuple[np.ndarray, object]:
+        """Rows with lo < t < hi, and the smallest distance from a row outside to [lo, hi]."""
+        i0 = int(np.searchsorted(self.sorted_t, lo, side="right"))
+        i1 = int(np.searchsorted(self.sorted_t, hi, side="left"))
+        cand = self.order[i0:i1]
+        cand = cand[~self.is_dirty[cand]]
+        rows = list(cand[(self.t[cand] > lo).astype(bool) & (self.t[cand] < hi).astype(bool)])
+        gaps = []
+        j = i0 - 1
+        while j >= 0 and self.is_dirty[self.order[j]]:
+            j -= 1
+        if j >= 0:
+            gaps.append(lo - self.sorted_t[j])
+        j = i1
+        while j < len(self.order) and self.is_dirty[self.order[j]]:
+            j += 1
+        if j < len(self.order):
+            gaps.append(self.sorted_t[j] - hi)
+        for r in self.dirty:
+            tr = self.t[r]
+            if lo < tr < hi:
+                rows.append(r)
+            else:
+                gaps.append(lo - tr if tr <= lo else tr - hi)
+        return np.asarray(rows, dtype=int), (min(gaps) if gaps else None)
+
+    def update(self, rows: np.ndarray, t_new: np.ndarray) -> None:
+        self.t[rows] = t_new
+        self.dirty.update(int(r) for r in rows)
+        self.is_dirty[rows] = True
+        if len(self.dirty) > 64 + int(len(self.t) ** 0.5):
+            self._rebuild()
+
+
+# ------------------------------------------------------------------------------ state
+class _State:
+    """Rows of distinct points per sequence, contiguous by sequence after each compaction."""
+
+    def __init__(self, inputs: list[np.ndarray], ar: Arithmetic):
+        self.ar = ar
+        self.N = len(inputs)
+        self.lengths = [x.shape[0] for x in inputs]
+        self.P = ar.array(np.concatenate(inputs, axis=0))
+        self.seq = np.repeat(np.arange(self.N), self.lengths)
+        self.cnt = np.ones(len(self.seq), dtype=np.int64)
+        self.owner = np.arange(len(self.seq))  # original token -> current row
+        # direction (as a tuple) -> (direction, sorted index of P·direction)
+        self.projections: dict[tuple, tuple[np.ndarray, _SortedProjection]] = {}
+
+    def changed_everything(self):
+        self.projections.clear()
+
+    def projection(self, f: np.ndarray) -> _SortedProjection:
+        key = tuple(f.tolist())
+        if key not in self.projections:
+            self.projections[key] = (f, _SortedProjection(self.P @ f))
+        return self.projections[key][1]
+
+    def moved(self, rows: np.ndarray) -> None:
+        """Rows changed by a ridge FF: refresh their values in every sorted index."""
+        for f, sp in self.projections.values():
+            sp.update(rows, self.P[rows] @ f)
+
+    def compact(self):
+        """Merge equal points of the same sequence; rows end up grouped by sequence."""
+        if self.ar.kind == "float":
+            key = np.column_stack([self.seq.astype(float), self.P])
+            _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+            inv = inv.reshape(-1)
+        else:
+            index: dict[tuple, int] = {}
+            inv = np.empty(len(self.seq), dtype=np.int64)
+            firsts = []
+            for r in np.lexsort((np.arange(len(self.seq)), self.seq)):
+                k = (int(self.seq[r]), *self.P[r].tolist())
+                if k not in index:
+                    index[k] = len(firsts)
+                    firsts.append(r)
+                inv[r] = index[k]
+            first = np.asarray(firsts, dtype=int)
+        self.cnt = np.bincount(inv, weights=self.cnt, minlength=len(first)).astype(np.int64)
+        self.P, self.seq = self.P[first], self.seq[first]
+        self.owner = inv[self.owner]
+        self.changed_everything()
+
+    def segments(self) -> list[tuple[int, int]]:
+        bounds = np.flatnonzero(np.diff(self.seq)) + 1
+        starts = np.concatenate([[0], bounds])
+        ends = np.concatenate([bounds, [len(self.seq)]])
+        return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
+    def outputs(self) -> list[np.ndarray]:
+        full = self.P[self.owner]
+        return np.split(full, np.cumsum(self.lengths)[:-1])
+
+
+# ------------------------------------------------------------------------------ layers
+def _apply_ff(st: _State, ff: FF, stats: PassStats, scale: float):
+    ar = st.ar
+    ridge = ridge_window(ff)
+    if ridge is not None:
+        sp = st.projection(ridge.f)
+        rows, gap = sp.rows_in(ridge.lo, ridge.hi)
+        if gap is not None:
+            stats._min("ridge_clearance", gap / (scale * _norm(ridge.f)))
+        if len(rows) == 0:
+            return
+        X = st.P[rows]
+        st.P[rows] = X + relu(X @ ff.U.T + ff.b) @ ff.W.T
+        st.moved(rows)
+        return
+    st.P = st.P * ff.eta + relu(st.P @ ff.U.T + ff.b) @ ff.W.T
+    st.changed_everything()
+    if ff.eta == 0:
+        st.compact()
+
+
+def _norm(f) -> float:
+    return float(np.sqrt(sum(float(v) ** 2 for v in f)))
+
+
+def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
+    ar = st.ar
+    P, cnt = st.P, st.cnt
+    qa = P @ sa.A.v  # c·x_i
+    ka = P @ sa.A.u  # a·x_l
+    out = np.empty_like(P)
+    for s, e in st.segments():
+        X, w = P[s:e], ar.array(cnt[s:e])  # multiplicities, in the pass's arithmetic
+        S = np.outer(qa[s:e], ka[s:e])
+        if sa.A.s != 0:
+            S = S + (X @ X.T) * sa.A.s
+        if attention == "hardmax":
+            M = _hardmax_weights(S, w, stats)
+        else:
+            Z = S - S.max(axis=1)[:, None]
+            if tau != 1:
+                Z = Z / tau
+            M = ar.exp(Z) * w[None, :]
+            M = M / M.sum(axis=1)[:, None]
+        out[s:e] = M @ X
+    Vy = out * sa.V.s + np.outer(out @ sa.V.v, sa.V.u)
+    st.P = P * sa.rho + Vy
+    st.changed_everything()
+    st.compact()
+
+
+def _hardmax_weights(S: np.ndarray, w: np.ndarray, stats: PassStats) -> np.ndarray:
+    """Row-stochastic matrix averaging (with multiplicities) over each row's argmax set."""
+    best = S.max(axis=1)
+    hit = (S == best[:, None]).astype(bool)
+    M = hit * w[None, :]
+    M = M / M.sum(axis=1)[:, None]
+    stats.hardmax_ties += int((hit.sum(axis=1) > 1).sum())
+    if S.shape[1] > 1:  # margins are a report: float precision is enough for them
+        Sf = S.astype(float)
+        scale = float(np.abs(Sf).max()) or 1.0
+        second = np.where(hit, -np.inf, Sf).max(axis=1)
+        ok = np.isfinite(second)
+        if ok.any():
+            stats._min("hardmax_margin", float((Sf.max(axis=1) - second)[ok].min()) / scale)
+    return M
+
+
+# ------------------------------------------------------------------------------ public
+def forward(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "float",
+            dps: int = 50, snapshots: set[int] | None = None, stats: PassStats | None = None,
+            tau=None):
+    """Run the model on every input sequence; return the n_j×d outputs (length preserving).
+
+    ``snapshots``: block indices (0 = the input, i = after block i) whose positions are also
+    returned, as a dict, in a second return value. ``tau`` overrides the model's temperature.
+    """
+    ar = Arithmetic(arithmetic, dps)
+    with mpmath.workdps(dps):
+        return _forward(model, inputs, ar, snapshots, stats or PassStats(), tau)
+
+
+def _forward(model, inputs, ar, snapshots, stats, tau):
+    params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
+    blocks = [_convert_block(b, ar) for b in params.blocks]
+    tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
+    st = _State([np.asarray(x) for x in inputs], ar)
+    st.compact()
+    scale = max(1.0, float(np.abs(st.P.astype(float)).max()))
+    snaps = {}
+    if snapshots and 0 in snapshots:
+        snaps[0] = st.outputs()
+    for i, blk in enumerate(blocks, start=1):
+        if blk.ff is not None:
+            _apply_ff(st, blk.ff, stats, scale)
+        if blk.sa is not None and not _is_identity_sa(blk.sa):
+            _apply_sa(st, blk.sa, model.attention, tau, stats)
+        if snapshots and i in snapshots:
+            snaps[i] = st.outputs()
+    outs = st.outputs()
+    return (outs, snaps) if snapshots is not None else outs
+
+
+def _is_identity_sa(sa: SA) -> bool:
+    return sa.rho == 1 and sa.V.s == 0 and (all(v == 0 for v in sa.V.u)
+                                           or all(v == 0 for v in sa.V.v))
+
+
+def _convert_block(b, ar: Arithmetic):
+    from .model import Block, LowRank
+
+    if ar.kind == "float":
+        return b
+    ff = None if b.ff is None else FF(ar.scalar(b.ff.eta), ar.array(b.ff.U), ar.array(b.ff.b),
+                                      ar.array(b.ff.W))
+
+    def lr(m):
+        return LowRank(ar.scalar(m.s), ar.array(m.u), ar.array(m.v))
+
+    sa = None if b.sa is None else SA(ar.scalar(b.sa.rho), lr(b.sa.A), lr(b.sa.V))
+    return Block(ff, sa)
+
+
+def distinct_rows(a: np.ndarray) -> np.ndarray:
+    """The distinct rows of ``a`` in first-seen order (exact comparison)."""
+    seen, keep = set(), []
+    for i, row in enumerate(a):
+        k = tuple(row.tolist())
+        if k not in seen:
+            seen.add(k)
+            keep.append(i)
+    return a[keep]
+
+
+def predict(model: Transformer, X, arithmetic: str | None = None, dps: int = 50) -> np.ndarray:
+    """The set of distinct output tokens for one input sequence X (n×d)."""
+    if arithmetic is None:
+        arithmetic = "exact" if model.exact and model.attention == "hardmax" else "float"
+    (out,) = forward(model, [np.asarray(X)], arithmetic, dps)
+    return distinct_rows(out)

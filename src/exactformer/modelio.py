@@ -1,0 +1,147 @@
+"""The JSON model format ``exactformer.model/1`` (documented in the README) and atomic writes.
+
+Every number is a string that ``fractions.Fraction`` parses exactly. Float64 models write each
+float's shortest round-trip repr and record ``"number": "float64"`` so that loading restores the
+same floats; rational models write "p/q" strings. ``"ff": null`` / ``"sa": null`` are identities.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from .model import FF, SA, Block, LowRank, Transformer
+from .numbers import fmt
+
+FORMAT = "exactformer.model/1"
+
+
+class ModelFormatError(ValueError):
+    """A model file does not follow ``exactformer.model/1``; the message says where."""
+
+
+@contextmanager
+def atomic_path(path: str | Path):
+    """Yield a temporary path beside ``path``; move it into place only if the body succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def model_to_dict(model: Transformer) -> dict:
+    def vec(a):
+        return [fmt(v) for v in a]
+
+    def mat(a):
+        return [vec(row) for row in a]
+
+    blocks = []
+    for b in model.blocks:
+        ff = None if b.ff is None else {"eta": fmt(b.ff.eta), "U": mat(b.ff.U), "b": vec(b.ff.b),
+                                        "W": mat(b.ff.W)}
+        sa = None if b.sa is None else {
+            "rho": fmt(b.sa.rho),
+            "A": {"alpha": fmt(b.sa.A.s), "a": vec(b.sa.A.u), "c": vec(b.sa.A.v)},
+            "V": {"beta": fmt(b.sa.V.s), "p": vec(b.sa.V.u), "q": vec(b.sa.V.v)}}
+        blocks.append({"ff": ff, "sa": sa})
+    doc = {"format": FORMAT, "d": model.d, "attention": model.attention,
+           "number": "rational" if model.exact else "float64"}
+    if model.attention == "softmax":
+        doc["tau"] = fmt(model.tau)
+    doc["blocks"] = blocks
+    doc["meta"] = model.meta
+    return doc
+
+
+def save_model(model: Transformer, path: str | Path) -> None:
+    """Write the model as JSON; nothing is left at ``path`` if writing fails."""
+    write_text_atomic(path, json.dumps(model_to_dict(model), separators=(",", ":")))
+
+
+def load_model(path: str | Path) -> Transformer:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ModelFormatError(f"{path}: not valid JSON ({e})") from None
+    return model_from_dict(doc)
+
+
+def model_from_dict(doc: dict) -> Transformer:
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ModelFormatError(f"expected \"format\": \"{FORMAT}\"")
+    d = doc.get("d")
+    if not isinstance(d, int) or d < 1:
+        raise ModelFormatError("\"d\" must be a positive integer")
+    attention = doc.get("attention")
+    if attention not in ("hardmax", "softmax"):
+        raise ModelFormatError("\"attention\" must be \"hardmax\" or \"softmax\"")
+    exact = doc.get("number", "rational") != "float64"
+
+    def num(s, where):
+        try:
+            f = Fraction(str(s))
+        except (ValueError, ZeroDivisionError):
+            raise ModelFormatError(f"{where}: {s!r} is not an exact number string") from None
+        return f if exact else float(f)
+
+    def vec(a, n, where):
+        if not isinstance(a, list) or len(a) != n:
+            raise ModelFormatError(f"{where}: expected a list of {n} numbers")
+        out = np.empty(n, dtype=object if exact else float)
+        out[:] = [num(v, where) for v in a]
+        return out
+
+    def mat(a, rows, cols, where):
+        if not isinstance(a, list) or (rows is not None and len(a) != rows):
+            raise ModelFormatError(f"{where}: expected {rows} rows")
+        out = np.empty((len(a), cols), dtype=object if exact else float)
+        for i, row in enumerate(a):
+            out[i] = vec(row, cols, f"{where}[{i}]")
+        return out
+
+    blocks = []
+    for i, b in enumerate(doc.get("blocks", [])):
+        where = f"blocks[{i}]"
+        ff = sa = None
+        if b.get("ff") is not None:
+            f = b["ff"]
+            U = mat(f.get("U"), None, d, f"{where}.ff.U")
+            w = U.shape[0]
+            ff = FF(num(f.get("eta"), f"{where}.ff.eta"), U, vec(f.get("b"), w, f"{where}.ff.b"),
+                    mat(f.get("W"), d, w, f"{where}.ff.W"))
+        if b.get("sa") is not None:
+            s = b["sa"]
+            A, V = s.get("A", {}), s.get("V", {})
+            sa = SA(num(s.get("rho"), f"{where}.sa.rho"),
+                    LowRank(num(A.get("alpha"), f"{where}.sa.A.alpha"),
+                            vec(A.get("a"), d, f"{where}.sa.A.a"),
+                            vec(A.get("c"), d, f"{where}.sa.A.c")),
+                    LowRank(num(V.get("beta"), f"{where}.sa.V.beta"),
+                            vec(V.get("p"), d, f"{where}.sa.V.p"),
+                            vec(V.get("q"), d, f"{where}.sa.V.q")))
+        blocks.append(Block(ff, sa))
+    tau = None
+    if attention == "softmax":
+        tau = num(doc.get("tau"), "tau")
+        if tau <= 0:
+            raise ModelFormatError("\"tau\" must be positive")
+    return Transformer(d=d, attention=attention, blocks=blocks, tau=tau, exact=exact,
+                       meta=doc.get("meta", {}))
