@@ -7,19 +7,19 @@ from .data import Dataset
 
 
 def compile(dataset: Dataset, attention: str = "hardmax", exact: bool = True, seed: int = 0,
-            tau=None):
+            tau=None, progress: bool = False):
     """Construct a transformer that interpolates ``dataset`` exactly.
 
     attention: "hardmax" (DESIGN §4) or "softmax" (DESIGN §5). exact: rational parameters
     (True) or float64 ones for large data (False). seed: all generic choices derive from it.
-    tau: softmax temperature (default 1).
+    tau: softmax temperature (default 1). progress: show progress bars on long phases.
     """
     if not isinstance(dataset, Dataset):
         raise TypeError("compile expects an exactformer.Dataset (see Dataset.from_arrays)")
     if attention == "hardmax":
         if tau is not None:
             raise ValueError("tau applies to softmax attention only")
-        return compile_hardmax(dataset, exact=exact, seed=seed)
+        return compile_hardmax(dataset, exact=exact, seed=seed, progress=progress)
     if attention == "softmax":
         raise NotImplementedError("softmax construction is not available yet")
     raise ValueError(f"attention must be 'hardmax' or 'softmax', got {attention!r}")

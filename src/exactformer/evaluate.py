@@ -18,6 +18,7 @@ from fractions import Fraction
 
 import mpmath
 import numpy as np
+from tqdm import tqdm
 
 from .model import FF, SA, Transformer
 
@@ -238,7 +239,6 @@ class _State:
 
 # ------------------------------------------------------------------------------ layers
 def _apply_ff(st: _State, ff: FF, stats: PassStats, scale: float):
-    ar = st.ar
     ridge = ridge_window(ff)
     if ridge is not None:
         sp = st.projection(ridge.f)
@@ -307,18 +307,19 @@ def _hardmax_weights(S: np.ndarray, w: np.ndarray, stats: PassStats) -> np.ndarr
 # ------------------------------------------------------------------------------ public
 def forward(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "float",
             dps: int = 50, snapshots: set[int] | None = None, stats: PassStats | None = None,
-            tau=None):
+            tau=None, progress: bool = False):
     """Run the model on every input sequence; return the n_j×d outputs (length preserving).
 
     ``snapshots``: block indices (0 = the input, i = after block i) whose positions are also
     returned, as a dict, in a second return value. ``tau`` overrides the model's temperature.
+    ``progress`` shows a progress bar over the blocks.
     """
     ar = Arithmetic(arithmetic, dps)
     with mpmath.workdps(dps):
-        return _forward(model, inputs, ar, snapshots, stats or PassStats(), tau)
+        return _forward(model, inputs, ar, snapshots, stats or PassStats(), tau, progress)
 
 
-def _forward(model, inputs, ar, snapshots, stats, tau):
+def _forward(model, inputs, ar, snapshots, stats, tau, progress):
     params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
     blocks = [_convert_block(b, ar) for b in params.blocks]
     tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
@@ -328,7 +329,9 @@ def _forward(model, inputs, ar, snapshots, stats, tau):
     snaps = {}
     if snapshots and 0 in snapshots:
         snaps[0] = st.outputs()
-    for i, blk in enumerate(blocks, start=1):
+    bar = tqdm(blocks, desc=f"forward ({ar.kind})", unit="block", disable=not progress,
+               leave=False)
+    for i, blk in enumerate(bar, start=1):
         if blk.ff is not None:
             _apply_ff(st, blk.ff, stats, scale)
         if blk.sa is not None and not _is_identity_sa(blk.sa):

@@ -16,7 +16,8 @@ from .separation import TokenTable, separate
 REDRAWS = 20
 
 
-def compile_hardmax(dataset: Dataset, exact: bool = True, seed: int = 0) -> Transformer:
+def compile_hardmax(dataset: Dataset, exact: bool = True, seed: int = 0,
+                    progress: bool = False) -> Transformer:
     inputs, targets = dataset.fractions() if exact else dataset.floats()
     draws = Draws(seed, exact)
     table = TokenTable.build(inputs)
@@ -25,7 +26,7 @@ def compile_hardmax(dataset: Dataset, exact: bool = True, seed: int = 0) -> Tran
     for _ in range(REDRAWS):
         lead = choose_leaders(table, sep, m, draws)
         try:
-            interp, h = interpolate(lead.points, targets, draws)
+            interp, h = interpolate(lead.points, targets, draws, progress)
             break
         except LeaderOnTarget:
             continue

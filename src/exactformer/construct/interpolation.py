@@ -10,6 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 
 import numpy as np
+from tqdm import tqdm
 
 from ..model import Block
 from ..numbers import num
@@ -21,8 +22,8 @@ class LeaderOnTarget(ConstructionError):
     """A target coincides with a leader point: the leader geometry must be redrawn."""
 
 
-def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Draws
-                ) -> tuple[list[Block], np.ndarray]:
+def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Draws,
+                progress: bool = False) -> tuple[list[Block], np.ndarray]:
     """Hats moving leader i of sequence j onto target i of sequence j, in sequence order."""
     exact = draws.exact
     d = targets[0].shape[1]
@@ -44,7 +45,9 @@ def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Dra
     every = sorted(lv + list(Yu @ h))
     cap = (every[-1] - every[0]) if len(every) > 1 else num(1, exact)
     blocks = []
-    for c, y, leader in zip(lv, yv, L, strict=True):
+    moves = zip(lv, yv, L, strict=True)
+    for c, y, leader in tqdm(moves, total=len(lv), desc="interpolation hats", unit="hat",
+                             disable=not progress, leave=False):
         present.pop(bisect_left(present, c))
         i = bisect_left(present, c)
         near = [abs(present[k] - c) for k in (i - 1, i) if 0 <= k < len(present)]

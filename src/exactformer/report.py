@@ -1,0 +1,163 @@
+"""Verification report: does the model interpolate the dataset, and how robustly.
+
+Hardmax models with rational parameters are *proved* in exact arithmetic: each output token set
+is compared with ``==`` to the target set. A float64 pass is always run too, for the float error
+and the margins that say whether lower precision would still work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .data import Dataset
+from .evaluate import PassStats, distinct_rows, forward
+from .model import Transformer
+
+
+def hausdorff(a: np.ndarray, b: np.ndarray) -> float:
+    """Hausdorff distance between two finite point sets (rows), in float64."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    D = np.sqrt(((a[:, None, :] - b[None, :, :]) ** 2).sum(-1))
+    return float(max(D.min(axis=1).max(), D.min(axis=0).max()))
+
+
+def as_set(a: np.ndarray) -> set:
+    return {tuple(r.tolist()) for r in a}
+
+
+def paper_bound(attention: str, N: int, sum_m: int) -> int:
+    """Block count of Alcalde–Fantuzzi–Zuazua: 2Σm+2N+1 (hardmax), 2Σm+3N (softmax)."""
+    return 2 * sum_m + 2 * N + 1 if attention == "hardmax" else 2 * sum_m + 3 * N
+
+
+@dataclass
+class Report:
+    attention: str
+    arithmetic: str  # how interpolation was decided: "exact", "float" or "mp<digits>"
+    N: int
+    d: int
+    sum_m: int
+    total_tokens: int
+    blocks: int
+    blocks_paper: int
+    blocks_design: int | None
+    max_width: int
+    structured: bool
+    params: int
+    params_dense: int
+    max_abs_param: float
+    param_l2: float
+    exact_equal: list[bool] | None
+    hausdorff_float64: list[float]
+    max_hausdorff_float64: float
+    relative_error_float64: float
+    coordinate_scale: float
+    hardmax_margin: float | None
+    hardmax_ties: int
+    hat_clearance: float | None
+    tolerance: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Every pair interpolates: exactly (exact arithmetic) or within ``tolerance``."""
+        if self.exact_equal is not None:
+            return all(self.exact_equal)
+        errs = self.extra.get("hausdorff_mp", self.hausdorff_float64)
+        return max(errs) <= self.tolerance * self.coordinate_scale
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["ok"] = self.ok
+        return out
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) lines for a readable table."""
+        def g(v):
+            return "n/a" if v is None else f"{v:.3g}"
+        if self.exact_equal is not None:
+            verdict = (f"{sum(self.exact_equal)}/{self.N} pairs equal as sets "
+                       f"(exact rational arithmetic)")
+        else:
+            verdict = f"max Hausdorff error {g(max(self.hausdorff_float64))} ({self.arithmetic})"
+        rows = [
+            ("verdict", ("EXACT" if self.exact_equal is not None else "OK") if self.ok
+             else "FAILED"),
+            ("interpolation", verdict),
+            ("attention", self.attention),
+            ("pairs N / dimension d", f"{self.N} / {self.d}"),
+            ("input tokens / target tokens Σm", f"{self.total_tokens} / {self.sum_m}"),
+            ("blocks L", f"{self.blocks}  (design bound {self.blocks_design}, paper "
+                         f"{self.blocks_paper})"),
+            ("max FF width", str(self.max_width)),
+            ("structured A, V", "yes" if self.structured else "NO"),
+            ("parameters (structured / dense)", f"{self.params} / {self.params_dense}"),
+            ("max |θ| / ‖θ‖₂", f"{g(self.max_abs_param)} / {g(self.param_l2)}"),
+            ("float64 max Hausdorff error", f"{g(self.max_hausdorff_float64)} "
+                                            f"(relative {g(self.relative_error_float64)})"),
+            ("smallest hardmax score margin", g(self.hardmax_margin)),
+            ("smallest hat clearance / scale", g(self.hat_clearance)),
+        ]
+        rows += [(k, str(v)) for k, v in self.extra.items() if k != "hausdorff_mp"]
+        return rows
+
+    def table(self) -> str:
+        rows = self.rows()
+        w = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+
+
+def design_bound(model: Transformer, N: int, sum_m: int) -> int | None:
+    R = model.meta.get("R")
+    if R is None:
+        return None
+    extra = 1 if model.attention == "softmax" else 0
+    return R + max(1, sum_m - N) + extra + sum_m
+
+
+def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
+           progress: bool = False) -> Report:
+    """Check every pair. Exact-parameter hardmax models are decided in rational arithmetic;
+    float64 models by max Hausdorff error ≤ tolerance × coordinate scale."""
+    if model.d != dataset.d:
+        raise ValueError(f"the model is for d = {model.d} but the data have d = {dataset.d}")
+    xs_f, ys_f = dataset.floats()
+    stats = PassStats()
+    outs_f = forward(model, xs_f, "float", stats=stats, progress=progress)
+    hd = [hausdorff(distinct_rows(o), y) for o, y in zip(outs_f, ys_f, strict=True)]
+    exact_equal = None
+    arithmetic = "float64"
+    if model.exact and model.attention == "hardmax":
+        xs, ys = dataset.fractions()
+        outs = forward(model, xs, "exact", progress=progress)
+        exact_equal = [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)]
+        arithmetic = "exact"
+    theta = np.array([float(v) for v in model.parameters()]) if model.blocks else np.zeros(1)
+    scale = dataset.coordinate_scale()
+    return Report(
+        attention=model.attention, arithmetic=arithmetic, N=dataset.N, d=dataset.d,
+        sum_m=dataset.total_m, total_tokens=dataset.total_n, blocks=model.n_blocks,
+        blocks_paper=paper_bound(model.attention, dataset.N, dataset.total_m),
+        blocks_design=design_bound(model, dataset.N, dataset.total_m),
+        max_width=model.max_width(), structured=_structured(model), params=model.n_params(),
+        params_dense=model.n_params_dense(), max_abs_param=float(np.abs(theta).max()),
+        param_l2=float(np.sqrt((theta ** 2).sum())), exact_equal=exact_equal,
+        hausdorff_float64=hd, max_hausdorff_float64=max(hd),
+        relative_error_float64=max(hd) / scale, coordinate_scale=scale,
+        hardmax_margin=stats.hardmax_margin, hardmax_ties=stats.hardmax_ties,
+        hat_clearance=stats.ridge_clearance, tolerance=tolerance)
+
+
+def _structured(model: Transformer) -> bool:
+    """Every A and V is s·I + u·vᵀ with d-vectors, and every FF has width ≤ 4."""
+    d = model.d
+    for b in model.blocks:
+        if b.sa is not None:
+            for m in (b.sa.A, b.sa.V):
+                if m.u.shape != (d,) or m.v.shape != (d,):
+                    return False
+        if b.ff is not None and b.ff.width > 4:
+            return False
+    return True
