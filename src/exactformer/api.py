@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .construct.hardmax import compile_hardmax
+from .construct.softmax import compile_softmax
 from .data import Dataset
 
 
@@ -21,5 +22,5 @@ def compile(dataset: Dataset, attention: str = "hardmax", exact: bool = True, se
             raise ValueError("tau applies to softmax attention only")
         return compile_hardmax(dataset, exact=exact, seed=seed, progress=progress)
     if attention == "softmax":
-        raise NotImplementedError("softmax construction is not available yet")
+        return compile_softmax(dataset, exact=exact, seed=seed, tau=tau, progress=progress)
     raise ValueError(f"attention must be 'hardmax' or 'softmax', got {attention!r}")

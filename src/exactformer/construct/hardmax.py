@@ -23,8 +23,9 @@ def compile_hardmax(dataset: Dataset, exact: bool = True, seed: int = 0,
     table = TokenTable.build(inputs)
     sep = separate(table, draws)
     m = dataset.target_lengths
+    coords = [[(sep.u[t], sep.sigma[j]) for t in s] for j, s in enumerate(table.seqs)]
     for _ in range(REDRAWS):
-        lead = choose_leaders(table, sep, m, draws)
+        lead = choose_leaders(coords, sep, m, draws)
         try:
             interp, h = interpolate(lead.points, targets, draws, progress)
             break

@@ -19,7 +19,7 @@ from ..model import SA, Block, LowRank
 from ..numbers import num, unit, zeros
 from .gadgets import ff_from_units, hat_units, projection_unit
 from .generic import Draws, best_draw, relative_gap, separated
-from .separation import Separation, TokenTable
+from .separation import Separation
 
 
 @dataclass
@@ -41,26 +41,30 @@ def circle_points(k: int, r0, exact: bool) -> list[tuple]:
     return pts
 
 
-def choose_leaders(table: TokenTable, sep: Separation, m: list[int], draws: Draws) -> Leaders:
+def choose_leaders(coords: list[list[tuple]], sep: Separation, m: list[int], draws: Draws,
+                   collapse_alpha=1) -> Leaders:
+    """coords[j][i] = (u, v) of token i of sequence j after separation (v = 0 when R = 0).
+
+    ``collapse_alpha`` scales the collapse's A = α·I (softmax models fold 1/τ into it).
+    """
     exact = draws.exact
-    d = table.points.shape[1]
+    d = sep.a.shape[0]
     e1 = unit(d, 0, exact)
-    N = len(table.seqs)
-    u, sigma = sep.u, sep.sigma
-    raw = [[u[t] for t in s] for s in table.seqs]
-    if sep.R:  # tokens are (u, σ_j): a generic slope γ makes u + γσ distinct over all tokens
-        umax = max(u)
-        smax = max(abs(s) for s in sigma) or num(1, exact)
-        flat_u = [u[t] for s in table.seqs for t in s]
-        flat_s = [sigma[j] for j, s in enumerate(table.seqs) for _ in s]
+    N = len(coords)
+    raw = [[u for u, _ in r] for r in coords]
+    if sep.R:  # tokens are (u, v): a generic slope γ makes u + γv distinct over all tokens
+        flat_u = [u for r in coords for u, _ in r]
+        flat_v = [v for r in coords for _, v in r]
+        umax = max(flat_u)
+        vmax = max(abs(v) for v in flat_v) or num(1, exact)
 
         def score(g):
-            vals = [a + g * b for a, b in zip(flat_u, flat_s, strict=True)]
+            vals = [a + g * b for a, b in zip(flat_u, flat_v, strict=True)]
             return relative_gap(vals) if separated(vals, exact) else None
 
-        gamma = best_draw(lambda: draws.rational(1, 4, 1024) * umax / smax, score,
+        gamma = best_draw(lambda: draws.rational(1, 4, 1024) * umax / vmax, score,
                           what="leader slope")
-        raw = [[u[t] + gamma * sigma[j] for t in s] for j, s in enumerate(table.seqs)]
+        raw = [[u + gamma * v for u, v in r] for r in coords]
     flat = sorted(v for r in raw for v in r)
     lo, hi = flat[0], flat[-1]
     spread = (hi - lo) if hi != lo else num(1, exact)
@@ -119,6 +123,6 @@ def choose_leaders(table: TokenTable, sep: Separation, m: list[int], draws: Draw
         ffs.append(ff_from_units(units_first, num(0, exact), d, exact))
     blocks = [Block(ff, None) for ff in ffs]
     one, zero = num(1, exact), num(0, exact)
-    blocks[-1].sa = SA(zero, LowRank(one, zeros(d, exact), zeros(d, exact)),
+    blocks[-1].sa = SA(zero, LowRank(num(collapse_alpha, exact), zeros(d, exact), zeros(d, exact)),
                        LowRank(one, zeros(d, exact), zeros(d, exact)))
     return Leaders(blocks, points, chosen, uprime)
