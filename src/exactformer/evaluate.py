@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .model import FF, SA, Transformer
+from .numbers import to_fraction, to_fraction_array
 
 ARITHMETICS = ("exact", "float", "mp")
 
@@ -101,10 +102,11 @@ class Ridge:
 
 
 def ridge_window(ff: FF) -> Ridge | None:
-    """Detect (exactly, in the layer's own numbers) whether ``ff`` is a ridge window."""
-    if ff.eta != 1:
+    """Detect whether ``ff`` is a ridge window, deciding in exact rational arithmetic on the
+    exact values of its parameters (floats included), so float models qualify too."""
+    if to_fraction(ff.eta) != 1:
         return None
-    U, b, W = ff.U, ff.b, ff.W
+    U, b, W = (to_fraction_array(a) for a in (ff.U, ff.b, ff.W))
     nz = [i for i in range(U.shape[0]) if any(v != 0 for v in U[i])]
     if not nz:
         return None
@@ -238,8 +240,8 @@ class _State:
 
 
 # ------------------------------------------------------------------------------ layers
-def _apply_ff(st: _State, ff: FF, stats: PassStats, scale: float):
-    ridge = ridge_window(ff)
+def _apply_ff(st: _State, ff: FF, ridge: Ridge | None, stats: PassStats, scale: float):
+    """Apply an FF: a ridge window only to the rows inside it, anything else densely."""
     if ridge is not None:
         sp = st.projection(ridge.f)
         rows, gap = sp.rows_in(ridge.lo, ridge.hi)
@@ -322,6 +324,7 @@ def forward(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "flo
 def _forward(model, inputs, ar, snapshots, stats, tau, progress):
     params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
     blocks = [_convert_block(b, ar) for b in params.blocks]
+    ridges = [_ridge_in(b.ff, ar) if b.ff is not None else None for b in model.blocks]
     tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
     st = _State([np.asarray(x) for x in inputs], ar)
     st.compact()
@@ -331,15 +334,23 @@ def _forward(model, inputs, ar, snapshots, stats, tau, progress):
         snaps[0] = st.outputs()
     bar = tqdm(blocks, desc=f"forward ({ar.kind})", unit="block", disable=not progress,
                leave=False)
-    for i, blk in enumerate(bar, start=1):
+    for i, (blk, ridge) in enumerate(zip(bar, ridges, strict=True), start=1):
         if blk.ff is not None:
-            _apply_ff(st, blk.ff, stats, scale)
+            _apply_ff(st, blk.ff, ridge, stats, scale)
         if blk.sa is not None and not _is_identity_sa(blk.sa):
             _apply_sa(st, blk.sa, model.attention, tau, stats)
         if snapshots and i in snapshots:
             snaps[i] = st.outputs()
     outs = st.outputs()
     return (outs, snaps) if snapshots is not None else outs
+
+
+def _ridge_in(ff: FF, ar: Arithmetic) -> Ridge | None:
+    """The layer's ridge window (found exactly) with its direction and ends in ``ar``."""
+    r = ridge_window(ff)
+    if r is None:
+        return None
+    return Ridge(ar.array(r.f), ar.scalar(r.lo), ar.scalar(r.hi))
 
 
 def _is_identity_sa(sa: SA) -> bool:

@@ -6,6 +6,7 @@ A unit is (u, b, w): it contributes w·relu(u·x + b). Gadgets read t = f·x + t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,10 @@ def hat_units(f, t0, c, delta, D, plateau: bool = True) -> list[Unit]:
         return [Unit(f, t0 - c + delta, D / delta),
                 Unit(f, t0 - c, D * (-2) / delta),
                 Unit(f, t0 - c - delta, D / delta)]
+    if isinstance(c, float):  # dyadic c and δ make every bias exact in float64, so the
+        # layer is exactly zero outside its window (moving c by ≤ δ/8 stays on the plateau)
+        delta = 2.0 ** math.floor(math.log2(delta))
+        c = round(c / (delta / 4)) * (delta / 4)
     half = delta / 2
     return [Unit(f, t0 - c + delta, D / half), Unit(f, t0 - c + half, -D / half),
             Unit(f, t0 - c - half, -D / half), Unit(f, t0 - c - delta, D / half)]
