@@ -1,0 +1,129 @@
+"""Softmax construction (DESIGN §5): exact on the data to 50 digits, τ*, temperature errors."""
+
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import exactformer as ef
+from exactformer import generate
+from exactformer.cli import main
+from exactformer.construct.softmax import TemperatureError
+from exactformer.modelio import model_from_dict, model_to_dict
+
+SETTINGS = settings(max_examples=20, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def pooled(draw):
+    """Random data over a small shared pool: forces separation rounds and shared maxima."""
+    d = draw(st.integers(2, 5))
+    pool_size = draw(st.integers(2, 7))
+    coords = st.integers(-4, 4)
+    pool = draw(st.lists(st.tuples(*[coords] * d), min_size=pool_size, max_size=pool_size,
+                         unique=True))
+    subsets = draw(st.lists(st.sets(st.integers(0, pool_size - 1), min_size=1), min_size=1,
+                            max_size=7, unique_by=frozenset))
+    xs, ys = [], []
+    for s in subsets:
+        xs.append([list(pool[i]) for i in sorted(s)])
+        m = draw(st.integers(1, len(s)))
+        ys.append([list(t) for t in draw(st.lists(st.tuples(*[coords] * d), min_size=m,
+                                                  max_size=m, unique=True))])
+    return ef.Dataset.from_arrays(xs, ys)
+
+
+def _check(model, data, digits=50):
+    report = ef.verify(model, data, digits=digits)
+    assert report.ok, report.table()
+    assert max(report.extra["hausdorff_mp"]) <= 10.0 ** -(digits - 10) * data.coordinate_scale()
+    R = model.meta["R"]
+    assert R <= data.N - 1
+    assert model.n_blocks <= R + max(1, data.total_m - data.N) + 1 + data.total_m
+    assert model.n_blocks < 2 * data.total_m + 3 * data.N  # the paper's softmax bound
+    assert model.max_width() <= 4
+    return report
+
+
+@SETTINGS
+@given(pooled(), st.integers(0, 3))
+def test_softmax_interpolates_random_pooled_data(data, seed):
+    model = ef.compile(data, attention="softmax", seed=seed)
+    assert model.attention == "softmax" and model.tau == 1
+    assert all(isinstance(v, Fraction) for v in model.parameters())
+    _check(model, data)
+
+
+@pytest.mark.parametrize("data", [
+    generate.nested(6, 3, seed=1), generate.interior(5, 2, seed=2),
+    generate.one_token_apart(5, 3, seed=3), generate.shared_maximum(7, 2, seed=4),
+    generate.shared_pool(6, 2, 4, 4, m_equals_n=True, seed=5),
+    ef.Dataset.from_arrays([[[1, 2], [3, 4]]], [[[0, 0], [5, 5]]]),  # N = 1, m = n
+], ids=["nested", "interior", "one-token-apart", "shared-max", "m=n", "N=1"])
+def test_softmax_adversarial_families(data):
+    _check(ef.compile(data, attention="softmax"), data)
+
+
+def test_output_equals_targets_to_40_digits_relative():
+    data = generate.demo()
+    model = ef.compile(data, attention="softmax")
+    xs, ys = data.fractions()
+    outs = ef.forward(model, xs, "mp", dps=50)
+    scale = data.coordinate_scale()
+    for out, y in zip(outs, ys, strict=True):
+        # every output token is within 1e-40 of some target, and every target is hit
+        d = np.array([[max(abs(float(a - b)) for a, b in zip(o, t, strict=True)) for t in y]
+                      for o in out])
+        assert d.min(axis=1).max() < 1e-40 * scale
+        assert d.min(axis=0).max() < 1e-40 * scale
+
+
+def test_tau_star_reported_and_too_large_tau_is_refused():
+    data = generate.demo()
+    model = ef.compile(data, attention="softmax")
+    tau_star = model.meta["tau_star"]
+    assert isinstance(tau_star, float) and tau_star > 0
+    with pytest.raises(TemperatureError, match="largest workable"):
+        ef.compile(data, attention="softmax", tau=2 * tau_star)
+
+
+def test_explicit_temperature_below_tau_star():
+    data = generate.demo()
+    tau = Fraction(1, 64)
+    model = ef.compile(data, attention="softmax", tau=tau)
+    assert model.tau == tau and model.meta["folded"] is False
+    _check(model, data)
+
+
+def test_wrong_temperature_fails_verification():
+    data = generate.nested(5, 3, seed=7)
+    model = ef.compile(data, attention="softmax")
+    assert ef.verify(model, data).ok
+    assert not ef.verify(model, data, tau=model.tau * 50).ok
+
+
+def test_softmax_json_round_trip_keeps_temperature_and_parameters():
+    data = generate.interior(4, 2, seed=9)
+    model = ef.compile(data, attention="softmax")
+    doc = model_to_dict(model)
+    assert doc["attention"] == "softmax" and Fraction(doc["tau"]) == model.tau
+    again = model_from_dict(doc)
+    assert again.parameters() == model.parameters() and again.tau == model.tau
+    assert model_to_dict(again) == doc
+
+
+def test_cli_builds_and_verifies_softmax(tmp_path):
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps(generate.demo().to_json_dict()))
+    out = tmp_path / "m.json"
+    assert main(["build", str(data), "-o", str(out), "--attention", "softmax"]) == 0
+    assert main(["verify", str(out), str(data)]) == 0
+    bad = tmp_path / "bad.json"
+    assert main(["build", str(data), "-o", str(bad), "--attention", "softmax",
+                 "--tau", "1000"]) == 2
+    assert not bad.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json", "m.json"]
