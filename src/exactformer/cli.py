@@ -78,6 +78,20 @@ def _demo(args) -> int:
     return 0 if report.ok else 1
 
 
+def _plot(args) -> int:
+    try:
+        from . import plot
+    except ImportError as e:
+        raise UsageError(f"plot needs matplotlib (pip install 'exactformer[plot]'): {e}") \
+            from None
+    data = Dataset.load(args.data)
+    model = compile(data, attention=args.attention, exact=not args.float, seed=args.seed)
+    fig = plot.plot_phases(model, data, args.output, animate=args.gif or False)
+    print(f"{len(fig.axes)} panels ({model.attention}, {model.n_blocks} blocks) -> {args.output}"
+          + (f", animation -> {args.gif}" if args.gif else ""))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="exactformer", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -108,6 +122,15 @@ def parser() -> argparse.ArgumentParser:
     dm.add_argument("--seed", type=int, default=0)
     dm.add_argument("-o", "--output", help="also save the model here")
     dm.set_defaults(run=_demo)
+
+    pl = sub.add_parser("plot", help="figure of the token positions after each phase")
+    pl.add_argument("data", help="dataset (.json or .npz)")
+    pl.add_argument("-o", "--output", required=True, help="figure to write (PNG)")
+    pl.add_argument("--attention", choices=["hardmax", "softmax"], default="hardmax")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--float", action="store_true", help="float64 parameters (large data)")
+    pl.add_argument("--gif", help="also write an animation through the blocks here")
+    pl.set_defaults(run=_plot)
     return p
 
 
