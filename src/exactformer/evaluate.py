@@ -102,32 +102,72 @@ class Ridge:
 
 
 def ridge_window(ff: FF) -> Ridge | None:
-    """Detect whether ``ff`` is a ridge window, deciding in exact rational arithmetic on the
-    exact values of its parameters (floats included), so float models qualify too."""
-    if to_fraction(ff.eta) != 1:
+    """Detect whether ``ff`` is a ridge window, deciding exactly on the exact values of its
+    parameters (floats included, so float models qualify too).
+
+    Every gadget repeats one row f in U (scale k = 1); other rank-one U are decided with
+    Fractions. The layer must add exactly zero beyond its outermost breakpoints.
+    """
+    if ff.eta != 1:
         return None
-    U, b, W = (to_fraction_array(a) for a in (ff.U, ff.b, ff.W))
+    U, b, W = ff.U, ff.b, ff.W
     nz = [i for i in range(U.shape[0]) if any(v != 0 for v in U[i])]
     if not nz:
         return None
     f = U[nz[0]]
+    if all(i not in nz or np.array_equal(U[i], f) for i in range(U.shape[0])):
+        ks = [1 if i in nz else 0 for i in range(U.shape[0])]
+    else:
+        ks = _row_scales(to_fraction_array(U), nz[0])
+        if ks is None:
+            return None
+    for i, k in enumerate(ks):
+        if k == 0 and b[i] > 0 and any(v != 0 for v in W[:, i]):
+            return None  # a constant shift everywhere
+    bps = [-to_fraction(b[i]) / to_fraction(ks[i]) for i in range(len(ks)) if ks[i] != 0]
+    for sign in (1, -1):  # beyond the last breakpoint on each side the sum must vanish
+        act = [i for i in range(len(ks)) if ks[i] * sign > 0]
+        if not act:
+            continue
+        w = W[:, act[0]]
+        signs = [1 if np.array_equal(W[:, i], w) else -1 if np.array_equal(W[:, i], -w)
+                 else 0 for i in act]
+        if all(signs):  # columns ±w (every hat): two scalar conditions
+            rows = [(signs, [ks[i] for i in act]), (signs, [b[i] for i in act])]
+        else:
+            rows = [(list(W[r, act]), list(vals)) for r in range(W.shape[0])
+                    if any(v != 0 for v in W[r, act])
+                    for vals in ([ks[i] for i in act], [b[i] for i in act])]
+        if not all(_zero_dot(x, y) for x, y in rows):
+            return None
+    return Ridge(to_fraction_array(f), min(bps), max(bps))
+
+
+def _row_scales(U: np.ndarray, first: int) -> list | None:
+    """k_i with U[i] = k_i·U[first] exactly, or None if U is not rank one that way."""
+    f = U[first]
     j0 = next(j for j, v in enumerate(f) if v != 0)
     ks = []
     for i in range(U.shape[0]):
         k = U[i, j0] / f[j0]
         if any(U[i, j] != k * f[j] for j in range(U.shape[1])):
             return None
-        if k == 0 and b[i] > 0 and any(v != 0 for v in W[:, i]):
-            return None  # a constant shift everywhere
         ks.append(k)
-    bps = [-b[i] / ks[i] for i in range(len(ks)) if ks[i] != 0]
-    for sign in (1, -1):  # beyond the last breakpoint on each side the sum must vanish
-        act = [i for i in range(len(ks)) if ks[i] * sign > 0]
-        slope = sum((W[:, i] * ks[i] for i in act), 0 * W[:, 0])
-        offset = sum((W[:, i] * b[i] for i in act), 0 * W[:, 0])
-        if any(v != 0 for v in slope) or any(v != 0 for v in offset):
-            return None
-    return Ridge(f, min(bps), max(bps))
+    return ks
+
+
+def _zero_dot(xs: list, ys: list) -> bool:
+    """Σ x·y == 0 exactly. Floats are binary fractions, so their products are summed as
+    integers over a common power-of-two denominator; anything else goes through Fraction."""
+    if all(isinstance(v, (float, np.floating, int)) for v in xs + ys):
+        terms = []
+        for x, y in zip(xs, ys, strict=True):
+            (a, p), (c, q) = float(x).as_integer_ratio(), float(y).as_integer_ratio()
+            terms.append((a * c, p * q))
+        den = max((q for _, q in terms), default=1)
+        return sum(n * (den // q) for n, q in terms) == 0
+    return sum((to_fraction(x) * to_fraction(y) for x, y in zip(xs, ys, strict=True)),
+               Fraction(0)) == 0
 
 
 class _SortedProjection:
