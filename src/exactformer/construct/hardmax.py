@@ -21,11 +21,11 @@ def compile_hardmax(dataset: Dataset, exact: bool = True, seed: int = 0,
     inputs, targets = dataset.fractions() if exact else dataset.floats()
     draws = Draws(seed, exact)
     table = TokenTable.build(inputs)
-    sep = separate(table, draws)
+    sep = separate(table, draws, progress)
     m = dataset.target_lengths
     coords = [[(sep.u[t], sep.sigma[j]) for t in s] for j, s in enumerate(table.seqs)]
     for _ in range(REDRAWS):
-        lead = choose_leaders(coords, sep, m, draws)
+        lead = choose_leaders(coords, sep, m, draws, progress=progress)
         try:
             interp, h = interpolate(lead.points, targets, draws, progress)
             break

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+from tqdm import tqdm
 
 from ..model import SA, Block, LowRank
 from ..numbers import num, unit, zeros
@@ -42,7 +43,7 @@ def circle_points(k: int, r0, exact: bool) -> list[tuple]:
 
 
 def choose_leaders(coords: list[list[tuple]], sep: Separation, m: list[int], draws: Draws,
-                   collapse_alpha=1) -> Leaders:
+                   collapse_alpha=1, progress: bool = False) -> Leaders:
     """coords[j][i] = (u, v) of token i of sequence j after separation (v = 0 when R = 0).
 
     ``collapse_alpha`` scales the collapse's A = α·I (softmax models fold 1/τ into it).
@@ -105,7 +106,7 @@ def choose_leaders(coords: list[list[tuple]], sep: Separation, m: list[int], dra
     k = 0
     units_first = [projection_unit(g, g0, e1)]
     ffs = []
-    for j, i in moves:
+    for j, i in tqdm(moves, desc="leader hats", unit="hat", disable=not progress, leave=False):
         c = uprime[j][i]
         delta = min(num(1, exact) / 2, isolation(c) / 2)
         q = zeros(d, exact)

@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
+from tqdm import tqdm
 
 from ..model import SA, Block, LowRank
 from ..numbers import num, unit
@@ -89,7 +90,7 @@ def sharing_pairs(table: TokenTable) -> list[tuple[int, int]]:
     return sorted(pairs)
 
 
-def separate(table: TokenTable, draws: Draws) -> Separation:
+def separate(table: TokenTable, draws: Draws, progress: bool = False) -> Separation:
     exact = draws.exact
     d = table.points.shape[1]
     a, a0, u = project(table, draws)
@@ -107,7 +108,9 @@ def separate(table: TokenTable, draws: Draws) -> Separation:
     history: list[list] = []
     unresolved = pairs
     e1, e2 = unit(d, 0, exact), unit(d, 1, exact)
+    bar = tqdm(desc="separation rounds", unit="round", disable=not progress, leave=False)
     while unresolved:
+        bar.update()
         sample = unresolved if len(unresolved) <= PAIR_SAMPLE else \
             draws.rng.sample(unresolved, PAIR_SAMPLE)
         votes = Counter()
@@ -131,6 +134,7 @@ def separate(table: TokenTable, draws: Draws) -> Separation:
         sep.lifts.append({"token": p, "from": str(c), "to": str(top), "delta": str(delta)})
         sep.blocks.append(Block(ff, None))
         unresolved = [(j, k) for j, k in unresolved if cur[j] == cur[k]]
+    bar.close()
     M = np.array(history, dtype=object if exact else float)  # R × N sequence maxima
 
     def score(lams):
