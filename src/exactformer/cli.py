@@ -1,4 +1,4 @@
-"""Command line: ``exactformer build | verify | info | demo``.
+"""Command line: ``exactformer build | verify | info | export | demo``.
 
 Errors go to stderr with exit status 2, and no command leaves a partial output file.
 ``verify`` exits 0 only if every pair interpolates (exactly, for exact hardmax models), else 1.
@@ -61,6 +61,19 @@ def _info(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    try:
+        from . import torch as ef_torch
+    except ImportError as e:
+        raise UsageError(f"export needs PyTorch and safetensors (pip install "
+                         f"'exactformer[torch]'): {e}") from None
+    model = load_model(args.model)
+    module = ef_torch.export(model, args.output, layout=args.layout, dtype=args.dtype)
+    print(f"exported {model.n_blocks} blocks as {len(module.blocks)} {args.layout} blocks "
+          f"({args.dtype}) -> {args.output} + {ef_torch.config_path(args.output)}")
+    return 0
+
+
 def _demo(args) -> int:
     data = generate.demo()
     print(f"demo data: N = {data.N} sequences in R^{data.d}, {data.total_n} input tokens drawn "
@@ -116,6 +129,13 @@ def parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="summarise a model file")
     i.add_argument("model")
     i.set_defaults(run=_info)
+
+    e = sub.add_parser("export", help="write a model as safetensors for PyTorch")
+    e.add_argument("model")
+    e.add_argument("-o", "--output", required=True, help="safetensors file to write")
+    e.add_argument("--layout", choices=["native", "rho-eta"], default="native")
+    e.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    e.set_defaults(run=_export)
 
     dm = sub.add_parser("demo", help="build and verify a model for built-in data")
     dm.add_argument("--attention", choices=["hardmax", "softmax"], default="hardmax")

@@ -1,0 +1,446 @@
+"""PyTorch export: the model as an ``nn.Module``, safetensors files and a float32 verdict.
+
+Two layouts, both taking a padded batch ``x`` (B, n, d) and a padding mask (B, n) (True at real
+tokens), on any device:
+
+* **native** (:func:`to_torch`): our FF→SA blocks. Attention keeps the structured matrices
+  A = α·I + a·cᵀ and V = β·I + p·qᵀ. An FF whose hidden units all read one direction f (every
+  gadget of the construction) is stored as its *profile*: FF(x) = η·x + φ(f·x) with φ the
+  piecewise-linear function given by its breakpoints, its values there (computed exactly from
+  the model's numbers) and its two end slopes. This is the same function, but a token on a
+  flat part of φ (a hat's plateau, the zero outside a window) gets exactly the stored value
+  instead of a sum of large ReLU terms that cancel only up to rounding; that is what makes
+  float32 usable. Other FFs are dense: η·x + W·relu(U·x + b).
+* **rho-eta** (:func:`to_rho_eta`): the research layout "x ← ρ·x + Attn(x); x ← η·x + FF(x)"
+  with dense W_q, W_k (h×d, h = d + 1), W_v (d×d) and FF = Linear(d, 4) → ReLU → Linear(4, d).
+
+Importing this module needs torch and safetensors; the rest of exactformer does not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .data import Dataset
+from .evaluate import PassStats
+from .evaluate import forward as np_forward
+from .model import FF, SA, Transformer
+from .modelio import atomic_path
+from .numbers import to_fraction_array
+from .report import hausdorff
+
+FORMAT = "exactformer.torch/1"
+LAYOUTS = ("native", "rho-eta")
+UNIT_ROUNDOFF_32 = 2.0 ** -24
+
+
+# ------------------------------------------------------------------------------ attention
+def attention_weights(S: torch.Tensor, mask: torch.Tensor | None, attention: str,
+                      tau) -> torch.Tensor:
+    """Row-stochastic weights from scores S (B, n, n); padded keys get weight 0.
+
+    hardmax averages over each row's argmax set (ties average), as the NumPy evaluator does;
+    softmax at temperature τ (None: 1) is exp((S − max)/τ), normalised.
+    """
+    if mask is not None:
+        S = S.masked_fill(~mask[:, None, :], float("-inf"))
+    best = S.amax(dim=-1, keepdim=True)
+    if attention == "hardmax":
+        hit = (S == best).to(S.dtype)
+        return hit / hit.sum(dim=-1, keepdim=True)
+    Z = S - best
+    if tau is not None and tau != 1:
+        Z = Z / tau
+    E = torch.exp(Z)
+    return E / E.sum(dim=-1, keepdim=True)
+
+
+def _keys(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """x with padded tokens zeroed, so that whatever padding holds cannot reach real tokens."""
+    return x if mask is None else x.masked_fill(~mask[..., None], 0)
+
+
+# ------------------------------------------------------------------------------ native layers
+def _param(*shape, dtype) -> nn.Parameter:
+    return nn.Parameter(torch.zeros(shape, dtype=dtype))
+
+
+class DenseFF(nn.Module):
+    """FF(x) = η·x + W·relu(U·x + b), U: w×d, W: d×w."""
+
+    def __init__(self, d: int, width: int, dtype=torch.float64):
+        super().__init__()
+        self.eta, self.b = _param(dtype=dtype), _param(width, dtype=dtype)
+        self.U, self.W = _param(width, d, dtype=dtype), _param(d, width, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.eta * x + torch.relu(x @ self.U.T + self.b) @ self.W.T
+
+
+class ProfileFF(nn.Module):
+    """FF(x) = η·x + φ(f·x) with φ piecewise linear: value ``phi[j]`` at breakpoint ``t[j]``
+    (increasing), linear in between, and slopes ``ends[0]`` / ``ends[1]`` beyond the ends."""
+
+    def __init__(self, d: int, breakpoints: int, dtype=torch.float64):
+        super().__init__()
+        self.eta, self.f = _param(dtype=dtype), _param(d, dtype=dtype)
+        self.t, self.phi = _param(breakpoints, dtype=dtype), _param(breakpoints, d, dtype=dtype)
+        self.ends = _param(2, d, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x @ self.f
+        inner = (self.phi[1:] - self.phi[:-1]) / (self.t[1:] - self.t[:-1])[:, None]
+        slope = torch.cat([self.ends[:1], inner, self.ends[1:]])  # segment j: t[j-1] ≤ s < t[j]
+        j = torch.searchsorted(self.t, s.contiguous(), right=True)
+        base = (j - 1).clamp(min=0)
+        return self.eta * x + (self.phi[base] + slope[j] * (s - self.t[base])[..., None])
+
+
+class LowRankSA(nn.Module):
+    """SA_i(X) = ρ·x_i + V·Σ_l π_il x_l, scores α⟨x_i, x_l⟩ + (c·x_i)(a·x_l), V = β·I + p·qᵀ."""
+
+    def __init__(self, d: int, dtype=torch.float64):
+        super().__init__()
+        for name in ("rho", "alpha", "beta"):
+            setattr(self, name, _param(dtype=dtype))
+        for name in ("a", "c", "p", "q"):
+            setattr(self, name, _param(d, dtype=dtype))
+
+    def forward(self, x, mask, attention: str, tau) -> torch.Tensor:
+        keys = _keys(x, mask)
+        S = (x @ self.c)[..., :, None] * (keys @ self.a)[..., None, :]
+        S = S + self.alpha * (x @ keys.transpose(-1, -2))
+        out = attention_weights(S, mask, attention, tau) @ keys
+        return self.rho * x + (self.beta * out + (out @ self.q)[..., None] * self.p)
+
+
+class NativeBlock(nn.Module):
+    def __init__(self, ff: nn.Module | None, sa: LowRankSA | None):
+        super().__init__()
+        self.ff, self.sa = ff, sa
+
+    def forward(self, x, mask, attention: str, tau) -> torch.Tensor:
+        if self.ff is not None:
+            x = self.ff(x)
+        return x if self.sa is None else self.sa(x, mask, attention, tau)
+
+
+class NativeTransformer(nn.Module):
+    """Our FF→SA blocks; ``blocks`` lists per block {"ff": None | {"kind": "dense", "width": w}
+    | {"kind": "profile", "breakpoints": k}, "sa": bool} (None / False = identity layer)."""
+
+    def __init__(self, d: int, attention: str, tau, blocks: list[dict], dtype=torch.float64):
+        super().__init__()
+        self.d, self.attention, self.tau, self.spec = d, attention, tau, blocks
+        layers = []
+        for spec in blocks:
+            ff = spec["ff"]
+            if ff is not None:
+                ff = (DenseFF(d, ff["width"], dtype) if ff["kind"] == "dense"
+                      else ProfileFF(d, ff["breakpoints"], dtype))
+            layers.append(NativeBlock(ff, LowRankSA(d, dtype) if spec["sa"] else None))
+        self.blocks = nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, n, d); mask: (B, n) bool, True at real tokens. Padded outputs are zero."""
+        x = _keys(x, mask)
+        for blk in self.blocks:
+            x = blk(x, mask, self.attention, self.tau)
+        return _keys(x, mask)
+
+    def config(self) -> dict:
+        return {"layout": "native", "d": self.d, "attention": self.attention, "tau": self.tau,
+                "blocks": self.spec}
+
+
+# ------------------------------------------------------------------------------ ρ/η layout
+class RhoEtaAttention(nn.Module):
+    def __init__(self, d: int, h: int, dtype=torch.float64):
+        super().__init__()
+        self.to_q = nn.Linear(d, h, bias=False, dtype=dtype)
+        self.to_k = nn.Linear(d, h, bias=False, dtype=dtype)
+        self.to_v = nn.Linear(d, d, bias=False, dtype=dtype)
+
+    def forward(self, x, mask, attention: str, tau) -> torch.Tensor:
+        keys = _keys(x, mask)
+        S = self.to_q(x) @ self.to_k(keys).transpose(-1, -2)
+        return attention_weights(S, mask, attention, tau) @ self.to_v(keys)
+
+
+class RhoEtaBlock(nn.Module):
+    def __init__(self, d: int, h: int, width: int, dtype=torch.float64):
+        super().__init__()
+        self.rho = nn.Parameter(torch.ones((), dtype=dtype))  # residual by default
+        self.eta = nn.Parameter(torch.ones((), dtype=dtype))
+        self.attn = RhoEtaAttention(d, h, dtype)
+        self.ff = nn.Sequential(nn.Linear(d, width, dtype=dtype), nn.ReLU(),
+                                nn.Linear(width, d, bias=False, dtype=dtype))
+
+    def forward(self, x, mask, attention: str, tau) -> torch.Tensor:
+        x = self.rho * x + self.attn(x, mask, attention, tau)
+        return self.eta * x + self.ff(x)
+
+
+class RhoEtaTransformer(nn.Module):
+    """Blocks x ← ρ·x + softmax((xW_qᵀ)(xW_kᵀ)ᵀ/τ)(xW_vᵀ); x ← η·x + FF(x) (or hardmax)."""
+
+    def __init__(self, d: int, n_blocks: int, h: int, attention: str = "softmax", tau=1.0,
+                 width: int = 4, dtype=torch.float64):
+        super().__init__()
+        self.d, self.h, self.width, self.attention, self.tau = d, h, width, attention, tau
+        self.blocks = nn.ModuleList(RhoEtaBlock(d, h, width, dtype) for _ in range(n_blocks))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, n, d); mask: (B, n) bool, True at real tokens. Padded outputs are zero."""
+        x = _keys(x, mask)
+        for blk in self.blocks:
+            x = blk(x, mask, self.attention, self.tau)
+        return _keys(x, mask)
+
+    def config(self) -> dict:
+        return {"layout": "rho-eta", "d": self.d, "n_blocks": len(self.blocks), "h": self.h,
+                "width": self.width, "attention": self.attention, "tau": self.tau}
+
+
+# ------------------------------------------------------------------------------ export
+def _floats(values) -> np.ndarray:
+    """Float64 array of exact values (each Fraction rounded once, correctly)."""
+    a = np.asarray(values, dtype=object)
+    return np.array([float(v) for v in a.flat], dtype=float).reshape(a.shape)
+
+
+def _fill(module: nn.Module, **values) -> None:
+    with torch.no_grad():
+        for name, v in values.items():
+            p = getattr(module, name)
+            p.copy_(torch.as_tensor(_floats(v), dtype=p.dtype))
+
+
+def is_identity_sa(sa: SA | None) -> bool:
+    """No layer, or ρ = 1 and V = 0: the attention changes nothing."""
+    return sa is None or (sa.rho == 1 and not np.any(sa.V.dense() != 0))
+
+
+def ff_profile(ff: FF):
+    """(f, breakpoints, values, (left slope, right slope)) in exact numbers when every hidden
+    unit of ``ff`` reads one direction f (U_i = k_i·f), else None."""
+    U, b, W = (to_fraction_array(a) for a in (ff.U, ff.b, ff.W))
+    nonzero = [i for i in range(U.shape[0]) if any(v != 0 for v in U[i])]
+    if not nonzero:
+        return None
+    f = U[nonzero[0]]
+    j0 = next(j for j, v in enumerate(f) if v != 0)
+    k = [U[i, j0] / f[j0] for i in range(U.shape[0])]
+    if any(any(v != 0 for v in U[i] - f * k[i]) for i in range(U.shape[0])):
+        return None
+    t = sorted({-b[i] / k[i] for i in range(len(k)) if k[i] != 0})
+    zero = W[:, 0] * 0
+
+    def phi(s):
+        return sum((W[:, i] * max(k[i] * s + b[i], 0) for i in range(len(k))), zero)
+
+    left = sum((W[:, i] * k[i] for i in range(len(k)) if k[i] < 0), zero)
+    right = sum((W[:, i] * k[i] for i in range(len(k)) if k[i] > 0), zero)
+    return f, t, [phi(s) for s in t], (left, right)
+
+
+def to_torch(model: Transformer, dtype=torch.float64, device=None) -> NativeTransformer:
+    """The native-layout module of ``model`` (see the module docstring)."""
+    specs, fills = [], []
+    for blk in model.blocks:
+        ff_spec = prof = None
+        if blk.ff is not None:
+            prof = ff_profile(blk.ff)
+            ff_spec = ({"kind": "profile", "breakpoints": len(prof[1])} if prof else
+                       {"kind": "dense", "width": blk.ff.width})
+        sa = None if is_identity_sa(blk.sa) else blk.sa
+        specs.append({"ff": ff_spec, "sa": sa is not None})
+        fills.append((blk.ff, prof, sa))
+    tau = None if model.tau is None else float(model.tau)
+    module = NativeTransformer(model.d, model.attention, tau, specs, dtype)
+    for layer, (ff, prof, sa) in zip(module.blocks, fills, strict=True):
+        if prof is not None:
+            f, t, phi, ends = prof
+            _fill(layer.ff, eta=ff.eta, f=f, t=t, phi=np.array(phi), ends=np.array(ends))
+        elif ff is not None:
+            _fill(layer.ff, eta=ff.eta, U=ff.U, b=ff.b, W=ff.W)
+        if sa is not None:
+            _fill(layer.sa, rho=sa.rho, alpha=sa.A.s, a=sa.A.u, c=sa.A.v, beta=sa.V.s,
+                  p=sa.V.u, q=sa.V.v)
+    return module.to(device)
+
+
+def to_rho_eta(model: Transformer, dtype=torch.float64, device=None) -> RhoEtaTransformer:
+    """The ρ/η-layout module of ``model``.
+
+    Our blocks are FF→SA, the layout's are attention→FF, so the layers pair up shifted by one:
+    (identity, FF_1), (SA_1, FF_2), …, (SA_L, identity); pairs of two identities are dropped.
+    Scores ⟨A x_i, x_l⟩ = α x_i·x_l + (c·x_i)(a·x_l) = (W_q x_i)·(W_k x_l) with
+    W_q = [α·I; cᵀ], W_k = [I; aᵀ] (h = d + 1, no square roots); W_v = V. Narrow FFs get zero
+    hidden units; an identity FF is η = 1 with zero weights, an identity SA ρ = 1 with W_v = 0.
+    """
+    d = model.d
+    ffs = [b.ff for b in model.blocks] + [None]
+    sas = [None] + [None if is_identity_sa(b.sa) else b.sa for b in model.blocks]
+    pairs = [(sa, ff) for sa, ff in zip(sas, ffs, strict=True)
+             if sa is not None or ff is not None]
+    width = max(4, model.max_width())
+    tau = None if model.tau is None else float(model.tau)
+    module = RhoEtaTransformer(d, len(pairs), d + 1, model.attention, tau, width, dtype)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.zero_()
+    eye = np.eye(d, dtype=int)
+    for blk, (sa, ff) in zip(module.blocks, pairs, strict=True):
+        if sa is None:
+            _fill(blk, rho=1)
+        else:
+            _fill(blk, rho=sa.rho)
+            _fill(blk.attn.to_q, weight=np.vstack([eye * sa.A.s, sa.A.v[None, :]]))
+            _fill(blk.attn.to_k, weight=np.vstack([eye, sa.A.u[None, :]]))
+            _fill(blk.attn.to_v, weight=sa.V.dense())
+        if ff is None:
+            _fill(blk, eta=1)
+        else:
+            w = ff.width
+            _fill(blk, eta=ff.eta)
+            _fill(blk.ff[0], weight=np.vstack([ff.U, np.zeros((width - w, d), dtype=int)]),
+                  bias=np.concatenate([ff.b, np.zeros(width - w, dtype=int)]))
+            _fill(blk.ff[2], weight=np.hstack([ff.W, np.zeros((d, width - w), dtype=int)]))
+    return module.to(device)
+
+
+def convert(model: Transformer, layout: str = "native", dtype=torch.float64, device=None):
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return (to_torch if layout == "native" else to_rho_eta)(model, dtype, device)
+
+
+# ------------------------------------------------------------------------------ running
+def pad_batch(inputs, dtype=torch.float64, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences (n_j × d each) as a zero-padded (N, max n_j, d) batch and its (N, n) mask."""
+    n = max(len(x) for x in inputs)
+    d = np.asarray(inputs[0]).shape[1]
+    x = torch.zeros(len(inputs), n, d, dtype=dtype, device=device)
+    mask = torch.zeros(len(inputs), n, dtype=torch.bool, device=device)
+    for j, seq in enumerate(inputs):
+        x[j, : len(seq)] = torch.as_tensor(_floats(seq), dtype=dtype)
+        mask[j, : len(seq)] = True
+    return x, mask
+
+
+@torch.no_grad()
+def apply(module: nn.Module, inputs) -> list[np.ndarray]:
+    """Run ``module`` on a list of sequences (n_j × d); the outputs as float64 arrays."""
+    p = next(module.parameters())
+    x, mask = pad_batch(inputs, p.dtype, p.device)
+    y = module(x, mask).double().cpu().numpy()
+    return [y[j, : len(seq)] for j, seq in enumerate(inputs)]
+
+
+# ------------------------------------------------------------------------------ files
+def config_path(path: str | Path) -> Path:
+    """The JSON config beside a safetensors file: model.safetensors → model.config.json."""
+    return Path(path).with_suffix(".config.json")
+
+
+def save_torch(module: nn.Module, path: str | Path) -> None:
+    """Write the weights (safetensors) and the config beside them; both or neither appear."""
+    p = next(module.parameters())
+    config = {"format": FORMAT, "dtype": str(p.dtype).removeprefix("torch."), **module.config()}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+    with atomic_path(path) as tmp, atomic_path(config_path(path)) as tmp_config:
+        save_file(tensors, str(tmp))
+        tmp_config.write_text(json.dumps(config, indent=1))
+
+
+def load_torch(path: str | Path, device=None) -> nn.Module:
+    """The module saved by :func:`save_torch` (or ``exactformer export``)."""
+    config = json.loads(config_path(path).read_text())
+    if config.get("format") != FORMAT:
+        raise ValueError(f"{config_path(path)}: expected \"format\": \"{FORMAT}\"")
+    dtype = getattr(torch, config["dtype"])
+    if config["layout"] == "native":
+        module = NativeTransformer(config["d"], config["attention"], config["tau"],
+                                   config["blocks"], dtype)
+    else:
+        module = RhoEtaTransformer(config["d"], config["n_blocks"], config["h"],
+                                   config["attention"], config["tau"], config["width"], dtype)
+    module.load_state_dict(load_file(str(path)))
+    return module.to(device)
+
+
+def export(model: Transformer, path: str | Path, layout: str = "native",
+           dtype=torch.float64) -> nn.Module:
+    """Convert ``model`` and save it at ``path`` (safetensors) plus its config; ``dtype`` is a
+    torch dtype or its name ("float64", "float32")."""
+    module = convert(model, layout, getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    save_torch(module, path)
+    return module
+
+
+# ------------------------------------------------------------------------------ float32
+@dataclass
+class Float32Verdict:
+    """Does the model still interpolate when run in float32?
+
+    ``interpolates`` is decided by an actual float32 run of the exported module: the largest
+    Hausdorff distance between a pair's outputs and its targets, over the coordinate scale, is
+    at most ``tolerance``. The margins (from a pass of the NumPy evaluator) say how much room
+    the discrete decisions have, in units of the float32 unit roundoff u = 2⁻²⁴.
+    """
+
+    layout: str
+    interpolates: bool
+    error: float  # float32 run: max Hausdorff error / coordinate scale
+    error_float64: float  # the same module in float64
+    tolerance: float
+    hardmax_margin: float | None  # smallest best-minus-second score gap / score scale
+    ridge_clearance: float | None  # smallest distance of a token to a window / scale
+    unit_roundoff: float = UNIT_ROUNDOFF_32
+
+    def rows(self) -> list[tuple[str, str]]:
+        def margin(v):
+            return "n/a" if v is None else f"{v:.3g}  (= {v / self.unit_roundoff:.3g} u)"
+        return [("float32 verdict", "INTERPOLATES" if self.interpolates else "FAILS"),
+                ("layout", self.layout),
+                ("float32 max error / scale", f"{self.error:.3g}  (tolerance {self.tolerance:g})"),
+                ("float64 max error / scale", f"{self.error_float64:.3g}"),
+                ("smallest hardmax score margin", margin(self.hardmax_margin)),
+                ("smallest hat clearance / scale", margin(self.ridge_clearance))]
+
+    def table(self) -> str:
+        rows = self.rows()
+        w = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def max_error(module: nn.Module, dataset: Dataset) -> float:
+    """Largest Hausdorff distance between a pair's outputs and its targets, over the scale."""
+    xs, ys = dataset.floats()
+    outs = apply(module, xs)
+    return max(hausdorff(o, y) for o, y in zip(outs, ys, strict=True)) / dataset.coordinate_scale()
+
+
+def float32_verdict(model: Transformer, dataset: Dataset, layout: str = "native",
+                    tolerance: float = 1e-3, device=None) -> Float32Verdict:
+    """Run ``model`` exported in ``layout`` in float32 and float64 on ``dataset``, and collect
+    the evaluator's margins (exact arithmetic for exact hardmax models, else float64)."""
+    stats = PassStats()
+    exact = model.exact and model.attention == "hardmax"
+    inputs = dataset.fractions()[0] if exact else dataset.floats()[0]
+    np_forward(model, inputs, "exact" if exact else "float", stats=stats)
+    err32 = max_error(convert(model, layout, torch.float32, device), dataset)
+    err64 = max_error(convert(model, layout, torch.float64, device), dataset)
+    return Float32Verdict(layout, bool(err32 <= tolerance), err32, err64, tolerance,
+                          stats.hardmax_margin, stats.ridge_clearance)

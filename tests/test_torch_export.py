@@ -1,0 +1,294 @@
+"""PyTorch export (issue 4): native and ρ/η layouts, safetensors files, padding, float32 verdict.
+
+References: the NumPy evaluator in mpmath arithmetic (50 digits, the model's true outputs) and in
+float64; the targets themselves. "Relative" means relative to the dataset's coordinate scale.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import replace
+from fractions import Fraction
+from functools import cache
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import exactformer as ef  # noqa: E402
+from exactformer import cli, generate  # noqa: E402
+from exactformer import torch as et  # noqa: E402
+from exactformer.model import FF, Block  # noqa: E402
+from exactformer.report import hausdorff  # noqa: E402
+
+DATASETS = {
+    "demo": generate.demo,
+    "pool": lambda: generate.shared_pool(N=10, d=4, pool=8, n_max=5, m_max=3, seed=1),
+    "nested": lambda: generate.nested(N=10, d=3, seed=2),
+}
+LAYOUTS = ("native", "rho-eta")
+
+
+ATTENTIONS = ("hardmax", "softmax")
+
+
+@cache
+def case(name: str, attention: str = "hardmax"):
+    data = DATASETS[name]()
+    return data, ef.compile(data, attention=attention, seed=0)
+
+
+def max_diff(outs, refs, scale) -> float:
+    return max(float(np.abs(np.asarray(o, float) - np.asarray(r, float)).max())
+               for o, r in zip(outs, refs, strict=True)) / scale
+
+
+def target_error(outs, data) -> float:
+    _, ys = data.floats()
+    return max(hausdorff(o, y) for o, y in zip(outs, ys, strict=True)) / data.coordinate_scale()
+
+
+def check_matches_evaluator(model, data) -> None:
+    """Torch float64 = the evaluator's float64 pass and its 50-digit pass, to 1e-12."""
+    xs, _ = data.floats()
+    scale = data.coordinate_scale()
+    out = et.apply(et.to_torch(model), xs)
+    assert max_diff(out, ef.forward(model, xs, "float"), scale) <= 1e-12
+    assert max_diff(out, ef.forward(model, xs, "mp"), scale) <= 1e-12
+
+
+# ------------------------------------------------------------------------------ native
+@pytest.mark.parametrize("attention", ATTENTIONS)
+@pytest.mark.parametrize("name", DATASETS)
+def test_native_float64_matches_evaluator_and_targets(name, attention):
+    data, model = case(name, attention)
+    check_matches_evaluator(model, data)
+    assert target_error(et.apply(et.to_torch(model), data.floats()[0]), data) <= 1e-12
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10 ** 6), N=st.integers(1, 8), d=st.integers(2, 5))
+def test_native_matches_evaluator_on_random_data(seed, N, d):
+    data = generate.shared_pool(N=N, d=d, pool=N + 3, n_max=4, seed=seed)
+    model = ef.compile(data, seed=seed)
+    check_matches_evaluator(model, data)
+    assert target_error(et.apply(et.to_torch(model), data.floats()[0]), data) <= 1e-12
+
+
+@pytest.mark.parametrize("name", ["pool", "nested"])
+def test_softmax_attention_matches_evaluator(name):
+    """A softmax model made by hand (the hardmax weights at τ = 1/64): only the two forward
+    passes are compared, so it need not interpolate."""
+    data, model = case(name)
+    soft = replace(model, attention="softmax", tau=Fraction(1, 64))
+    xs, _ = data.floats()
+    scale = data.coordinate_scale()
+    out, mp = et.apply(et.to_torch(soft), xs), ef.forward(soft, xs, "mp")
+    assert max_diff(out, mp, scale) <= 1e-12
+    # blurred tokens sit on hat slopes, where the evaluator's float64 ReLU sums round worse
+    # (6e-11 on "nested"): compare with it up to its own distance from the 50-digit pass
+    fl = ef.forward(soft, xs, "float")
+    assert max_diff(out, fl, scale) <= 1e-12 + max_diff(fl, mp, scale)
+    rho_eta = et.apply(et.to_rho_eta(soft), xs)
+    assert max_diff(rho_eta, ef.forward(soft, xs, "mp"), data.coordinate_scale()) <= 1e-9
+
+
+def random_ridge_ffs(d: int, count: int, seed: int):
+    """FFs whose units read one direction with slopes of both signs and zero (a constant unit)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        f = rng.integers(-3, 4, d)
+        f[0] = 5
+        k = [Fraction(int(v), 2) for v in rng.integers(-4, 5, 4)]
+        k[0] = Fraction(1)
+        U = np.array([[ki * int(fj) for fj in f] for ki in k], dtype=object)
+        b = np.array([Fraction(int(v), 3) for v in rng.integers(-9, 10, 4)], dtype=object)
+        W = np.array([[Fraction(int(v), 4) for v in row] for row in rng.integers(-8, 9, (d, 4))],
+                     dtype=object)
+        yield FF(Fraction(int(rng.integers(0, 2))), U, b, W)
+
+
+def test_profile_form_is_the_same_function():
+    """FFs stored as profiles agree with their dense ReLU form everywhere, not only on data:
+    random one-direction FFs and every FF of a constructed model, at points up to ±30."""
+    _, model = case("pool")
+    d = model.d
+    ffs = [b.ff for b in model.blocks if b.ff is not None] + list(random_ridge_ffs(d, 20, 0))
+    x = torch.as_tensor(np.random.default_rng(1).normal(size=(256, d)) * 10)
+    native = et.to_torch(replace(model, blocks=[Block(ff, None) for ff in ffs]))
+    for ff, layer in zip(ffs, native.blocks, strict=True):
+        assert isinstance(layer.ff, et.ProfileFF)
+        dense = et.DenseFF(d, ff.width)
+        et._fill(dense, eta=ff.eta, U=ff.U, b=ff.b, W=ff.W)
+        with torch.no_grad():
+            a, b = layer.ff(x), dense(x)
+        terms = (x.abs() @ dense.U.abs().T + dense.b.abs()) @ dense.W.abs().T + x.abs()
+        assert ((a - b).abs() <= 1e-13 * terms).all()
+
+
+def test_ff_reading_several_directions_stays_dense():
+    ff = next(random_ridge_ffs(3, 1, 2))
+    ff.U[1, 1] += 1
+    assert et.ff_profile(ff) is None
+
+
+# ------------------------------------------------------------------------------ ρ/η layout
+RHO_ETA_KEYS = {"rho", "eta", "attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight",
+                "ff.0.weight", "ff.0.bias", "ff.2.weight"}
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+@pytest.mark.parametrize("name", DATASETS)
+def test_rho_eta_layout_reproduces_targets(name, attention):
+    data, model = case(name, attention)
+    d = model.d
+    sd = et.to_rho_eta(model).state_dict()
+    n = len({k.split(".")[1] for k in sd})
+    assert set(sd) == {f"blocks.{i}.{k}" for i in range(n) for k in RHO_ETA_KEYS}
+    shapes = {"rho": (), "eta": (), "attn.to_q.weight": (d + 1, d),
+              "attn.to_k.weight": (d + 1, d), "attn.to_v.weight": (d, d),
+              "ff.0.weight": (4, d), "ff.0.bias": (4,), "ff.2.weight": (d, 4)}
+    for k, v in sd.items():
+        assert tuple(v.shape) == shapes[re.sub(r"^blocks\.\d+\.", "", k)]
+    # the shipped class, built from scratch, loads the weights and reproduces the targets
+    tau = None if model.tau is None else float(model.tau)
+    fresh = et.RhoEtaTransformer(d, n, d + 1, attention=model.attention, tau=tau)
+    fresh.load_state_dict(sd)
+    assert target_error(et.apply(fresh, data.floats()[0]), data) <= 1e-9
+
+
+def test_rho_eta_shift_puts_identity_layers_at_the_ends():
+    """Cut after the collapse, the model ends in an SA: (identity, FF_1), …, (SA_L, identity)."""
+    _, model = case("demo")
+    cut = replace(model, blocks=model.blocks[: model.meta["phases"]["leaders"][1]])
+    blocks = et.to_rho_eta(cut).blocks
+    assert len(blocks) == cut.n_blocks + 1
+    first, last = blocks[0], blocks[-1]
+    assert first.rho.item() == 1 and not first.attn.to_v.weight.any()
+    assert first.eta.item() == float(cut.blocks[0].ff.eta)
+    assert last.rho.item() == float(cut.blocks[-1].sa.rho)
+    assert torch.equal(last.attn.to_v.weight, torch.eye(cut.d, dtype=torch.float64))
+    assert last.eta.item() == 1 and not any(p.any() for p in last.ff.parameters())
+
+
+# ------------------------------------------------------------------------------ padding
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("tau", [None, 1])
+@settings(max_examples=8, deadline=None)
+@given(data_st=st.data())
+def test_padding_does_not_change_results(layout, tau, data_st):
+    """Sequences padded with junk to any length, in any order, beside longer sequences; for
+    the hardmax model and for its weights with softmax attention at τ = 1."""
+    data, model = case("pool")
+    if tau is not None:
+        model = replace(model, attention="softmax", tau=tau)
+    module = et.convert(model, layout)
+    xs, _ = data.floats()
+    ref = et.apply(module, xs)
+    pick = data_st.draw(st.lists(st.sampled_from(range(data.N)), min_size=1, max_size=6))
+    filler = data_st.draw(st.integers(1, 12))
+    seqs = [xs[j] for j in pick] + [np.random.default_rng(filler).normal(size=(filler, 4))]
+    n = max(len(s) for s in seqs) + data_st.draw(st.integers(0, 5))
+    x = torch.as_tensor(np.random.default_rng(n).normal(size=(len(seqs), n, 4)) * 1e3)
+    mask = torch.zeros(len(seqs), n, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        x[i, : len(s)] = torch.as_tensor(s)
+        mask[i, : len(s)] = True
+    with torch.no_grad():
+        y = module(x, mask)
+    assert not y[~mask].any()
+    scale = data.coordinate_scale()
+    for i, j in enumerate(pick):
+        assert np.abs(y[i, : len(xs[j])].numpy() - ref[j]).max() <= 1e-14 * scale
+
+
+# ------------------------------------------------------------------------------ files
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_safetensors_round_trip(tmp_path, layout):
+    data, model = case("nested")
+    path = tmp_path / "model.safetensors"
+    module = et.export(model, path, layout=layout)
+    config = json.loads((tmp_path / "model.config.json").read_text())
+    assert config["format"] == et.FORMAT and config["layout"] == layout
+    again = et.load_torch(path)
+    assert type(again) is type(module)
+    sd, sd2 = module.state_dict(), again.state_dict()
+    assert sd.keys() == sd2.keys() and all(torch.equal(sd[k], sd2[k]) for k in sd)
+    xs, _ = data.floats()
+    assert max_diff(et.apply(again, xs), et.apply(module, xs), 1.0) == 0
+
+
+def test_cli_export(tmp_path, capsys):
+    data, model = case("demo")
+    ef.save_model(model, tmp_path / "m.json")
+    out = tmp_path / "sub" / "m.safetensors"
+    assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(out), "--layout",
+                     "rho-eta", "--dtype", "float32"]) == 0
+    module = et.load_torch(out)
+    assert next(module.parameters()).dtype == torch.float32
+    assert isinstance(module, et.RhoEtaTransformer)
+    assert "rho-eta" in capsys.readouterr().out
+
+
+def test_failed_export_leaves_nothing(tmp_path, monkeypatch):
+    _, model = case("demo")
+
+    def broken(tensors, filename):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(et, "save_file", broken)
+    with pytest.raises(OSError):
+        et.export(model, tmp_path / "m.safetensors")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_export_without_torch(tmp_path, monkeypatch, capsys):
+    _, model = case("demo")
+    ef.save_model(model, tmp_path / "m.json")
+    monkeypatch.setitem(sys.modules, "exactformer.torch", None)
+    monkeypatch.delattr(ef, "torch", raising=False)
+    assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(tmp_path / "m.st")]) == 2
+    assert "PyTorch" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
+
+
+# ------------------------------------------------------------------------------ float32
+@pytest.mark.parametrize("attention", ATTENTIONS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", DATASETS)
+def test_float32_verdict_matches_a_float32_run(name, layout, attention):
+    data, model = case(name, attention)
+    verdict = et.float32_verdict(model, data, layout=layout)
+    module = et.convert(model, layout, torch.float32)
+    x, mask = et.pad_batch(data.floats()[0], torch.float32)
+    with torch.no_grad():
+        y = module(x, mask).double().numpy()
+    _, ys = data.floats()
+    err = max(hausdorff(y[j, : len(x_j)], ys[j]) for j, x_j in enumerate(data.inputs))
+    err /= data.coordinate_scale()
+    assert verdict.error == pytest.approx(err, rel=1e-12)
+    assert verdict.interpolates == (err <= verdict.tolerance)
+    assert verdict.ridge_clearance > 0
+    assert (verdict.hardmax_margin > 0) if attention == "hardmax" else \
+        verdict.hardmax_margin is None
+    if layout == "native":  # the profile form keeps float32 on the targets here
+        assert verdict.interpolates
+    assert "float32 verdict" in verdict.table()
+
+
+# ------------------------------------------------------------------------------ CUDA
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cuda_matches_cpu(layout):
+    data, model = case("pool")
+    xs, _ = data.floats()
+    cpu = et.apply(et.convert(model, layout), xs)
+    gpu = et.apply(et.convert(model, layout, device="cuda"), xs)
+    assert max_diff(gpu, cpu, data.coordinate_scale()) <= 1e-12
