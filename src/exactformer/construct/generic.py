@@ -34,12 +34,18 @@ class Draws:
         """A random multiple of 1/den in [lo, hi]."""
         return num(Fraction(self.rng.randint(lo * den, hi * den), den), self.exact)
 
-    def vector(self, d: int, lo: int = -8, hi: int = 8) -> np.ndarray:
+    def vector(self, d: int, bits: int = 20) -> np.ndarray:
+        """A random direction with dyadic entries k/2^bits in [-1, 1] (exact in float64).
+
+        Fine entries matter: a direction with small integer entries maps many distinct integer
+        points to the same value (a coincidence for every draw), a fine one almost never does.
+        """
+        scale = 1 << bits
         while True:
-            v = [self.rng.randint(lo, hi) for _ in range(d)]
+            v = [self.rng.randint(-scale, scale) for _ in range(d)]
             if any(v):
                 arr = np.empty(d, dtype=object if self.exact else float)
-                arr[:] = [num(x, self.exact) for x in v]
+                arr[:] = [num(Fraction(x, scale), self.exact) for x in v]
                 return arr
 
 

@@ -205,13 +205,13 @@ def _project_and_snap(geo, blocks, chosen, tau, draws):
     iv = intervals(f)
     lowest = min(a for a, _ in iv)
     shift = num(Fraction(1) - _rational_below(lowest), exact)
-    e = draws.vector(d, -4, 4)
+    e = draws.vector(d)
     proj = ff_from_units([projection_unit(f, shift, e)], num(0, exact), d, exact)
     line = [(a + float(shift), b + float(shift)) for a, b in iv]  # t on the line, t ≥ 1
     windows = _windows(line)
     ee = e @ e
     for _ in range(TARGET_TRIES):  # reading direction f' = e/|e|² + w with w ⊥ e
-        r = draws.vector(d, -8, 8)
+        r = draws.vector(d)
         fp = e / ee + (r - e * ((r @ e) / ee))
         if _targets_clear(geo, groups, windows, fp):
             break
