@@ -11,7 +11,7 @@ from ..model import Transformer
 from .generic import ConstructionError, Draws
 from .interpolation import LeaderOnTarget, interpolate
 from .leaders import choose_leaders
-from .separation import TokenTable, separate
+from .separation import TokenTable, separate, separated_positions
 
 REDRAWS = 20
 
@@ -23,9 +23,9 @@ def compile_hardmax(dataset: Dataset, exact: bool = True, seed: int = 0,
     table = TokenTable.build(inputs)
     sep = separate(table, draws, progress)
     m = dataset.target_lengths
-    coords = [[(sep.u[t], sep.sigma[j]) for t in s] for j, s in enumerate(table.seqs)]
+    positions = separated_positions(inputs, table, sep, exact)
     for _ in range(REDRAWS):
-        lead = choose_leaders(coords, sep, m, draws, progress=progress)
+        lead = choose_leaders(positions, m, draws, progress=progress)
         try:
             interp, h = interpolate(lead.points, targets, draws, progress)
             break

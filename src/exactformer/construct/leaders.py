@@ -19,8 +19,7 @@ from tqdm import tqdm
 from ..model import SA, Block, LowRank
 from ..numbers import num, unit, zeros
 from .gadgets import ff_from_units, hat_units, projection_unit
-from .generic import Draws, best_draw, relative_gap, separated
-from .separation import Separation
+from .generic import ConstructionError, Draws, best_draw, relative_gap, separated
 
 
 @dataclass
@@ -42,36 +41,54 @@ def circle_points(k: int, r0, exact: bool) -> list[tuple]:
     return pts
 
 
-def choose_leaders(coords: list[list[tuple]], sep: Separation, m: list[int], draws: Draws,
+def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
                    collapse_alpha=1, progress: bool = False) -> Leaders:
-    """coords[j][i] = (u, v) of token i of sequence j after separation (v = 0 when R = 0).
+    """Leaders and collapse for tokens at ``positions`` (per sequence, n_j×d, after separation).
 
-    ``collapse_alpha`` scales the collapse's A = α·I (softmax models fold 1/τ into it).
+    The first leader hat shares the non-residual projection FF, which every implementation
+    evaluates densely; it is placed at an *extreme* token (largest or smallest u'), oriented so
+    that every other token lies where all its units are exactly zero, so float rounding of the
+    cancelling ReLUs cannot disturb any other token. ``collapse_alpha`` scales the collapse's
+    A = α·I (softmax models fold 1/τ into it).
     """
     exact = draws.exact
-    d = sep.a.shape[0]
+    d = positions[0].shape[1]
     e1 = unit(d, 0, exact)
-    N = len(coords)
-    raw = [[u for u, _ in r] for r in coords]
-    if sep.R:  # tokens are (u, v): a generic slope γ makes u + γv distinct over all tokens
-        flat_u = [u for r in coords for u, _ in r]
-        flat_v = [v for r in coords for _, v in r]
-        umax = max(flat_u)
-        vmax = max(abs(v) for v in flat_v) or num(1, exact)
+    N = len(positions)
+    flat_pos = np.concatenate(positions, axis=0)
+    seq_of = np.repeat(np.arange(N), [len(p) for p in positions])
+    movers = sum(k - 1 for k in m)
 
-        def score(g):
-            vals = [a + g * b for a, b in zip(flat_u, flat_v, strict=True)]
-            return relative_gap(vals) if separated(vals, exact) else None
+    def extreme(vals):
+        """(index, orientation) of an extreme token that may become a circle leader."""
+        top, bottom = int(np.argmax(vals)), int(np.argmin(vals))
+        if m[seq_of[top]] >= 2:
+            return top, 1
+        if m[seq_of[bottom]] >= 2:
+            return bottom, -1
+        return None
 
-        gamma = best_draw(lambda: draws.rational(1, 4, 1024) * umax / vmax, score,
-                          what="leader slope")
-        raw = [[u + gamma * v for u, v in r] for r in coords]
-    flat = sorted(v for r in raw for v in r)
-    lo, hi = flat[0], flat[-1]
+    def score(g, need_extreme):
+        vals = list(flat_pos @ g)
+        if not separated(vals, exact) or (need_extreme and extreme(vals) is None):
+            return None
+        return relative_gap(vals)
+
+    try:
+        g = best_draw(lambda: draws.vector(d), lambda g: score(g, movers > 0), limit=64,
+                      what="leader projection with an extreme circle leader")
+    except ConstructionError:  # no draw puts a movable token at an end: any generic one
+        g = best_draw(lambda: draws.vector(d), lambda g: score(g, False),
+                      what="leader projection")
+    raw = flat_pos @ g
+    lo, hi = min(raw), max(raw)
     spread = (hi - lo) if hi != lo else num(1, exact)
     shift = draws.rational(1, 2, 1024)
-    uprime = [[(v - lo) / spread + shift for v in r] for r in raw]
-    flat = sorted(v for r in uprime for v in r)
+    g, g0 = g / spread, shift - lo / spread  # u' = g·x + g0 ∈ [shift, shift + 1]
+    flat_u = list(flat_pos @ g + g0)
+    offsets = np.cumsum([0] + [len(p) for p in positions])
+    uprime = [flat_u[offsets[j]:offsets[j + 1]] for j in range(N)]
+    flat = sorted(flat_u)
 
     def isolation(v):
         i = bisect_left(flat, v)
@@ -80,22 +97,22 @@ def choose_leaders(coords: list[list[tuple]], sep: Separation, m: list[int], dra
             gaps.append(flat[i + 1] - flat[i])
         return min(gaps) if gaps else num(1, exact)
 
-    # the map x -> u' as (g, g0): reads a·x + a0 when there was no separation, else u + γv
-    if sep.R:
-        g = (e1 + unit(d, 1, exact) * gamma) / spread
-        g0 = shift - lo / spread
-    else:
-        g = sep.a / spread
-        g0 = (sep.a0 - lo) / spread + shift
-
+    first = extreme(flat_u) if movers else None
+    forced = {}  # sequence -> token that must be a circle leader (the extreme one)
+    if first is not None:
+        j0 = int(seq_of[first[0]])
+        forced[j0] = first[0] - offsets[j0]
     chosen, moves = [], []
     for j, r in enumerate(uprime):
-        order = sorted(range(len(r)), key=lambda i: r[i], reverse=True)
-        pl = order[0]
-        rest = sorted(order[1:], key=lambda i: (isolation(r[i]), -i), reverse=True)
-        circ = rest[: m[j] - 1]
+        rest = [i for i in range(len(r)) if i != forced.get(j)]
+        pl = max(rest, key=lambda i: r[i])  # the P-leader: largest u' that stays
+        rest = sorted((i for i in rest if i != pl), key=lambda i: (isolation(r[i]), -i),
+                      reverse=True)
+        circ = ([forced[j]] if j in forced else []) + rest[: m[j] - 1 - (j in forced)]
         chosen.append([pl] + circ)
         moves += [(j, i) for i in circ]
+    if first is not None:  # the extreme token moves first, inside the projection FF
+        moves.insert(0, moves.pop(moves.index((j0, forced[j0]))))
     r0 = draws.rational(1, 2, 1024)
     circle = circle_points(len(moves), r0, exact)
     points = []
@@ -103,19 +120,19 @@ def choose_leaders(coords: list[list[tuple]], sep: Separation, m: list[int], dra
         pts = zeros((m[j], d), exact)
         pts[0] = e1 * uprime[j][chosen[j][0]]
         points.append(pts)
-    k = 0
     units_first = [projection_unit(g, g0, e1)]
     ffs = []
-    for j, i in tqdm(moves, desc="leader hats", unit="hat", disable=not progress, leave=False):
+    for k, (j, i) in enumerate(tqdm(moves, desc="leader hats", unit="hat",
+                                    disable=not progress, leave=False)):
         c = uprime[j][i]
         delta = min(num(1, exact) / 2, isolation(c) / 2)
         q = zeros(d, exact)
         q[0], q[1] = circle[k]
-        slot = chosen[j].index(i)
-        points[j][slot] = q
-        k += 1
+        points[j][chosen[j].index(i)] = q
         if not ffs:
-            units_first += hat_units(g, g0, c, delta, q - e1 * c, plateau=False)
+            sign = first[1] if first is not None else 1  # -1: mirrored, zero to the right
+            units_first += hat_units(g * sign, g0 * sign, c * sign, delta, q - e1 * c,
+                                     plateau=False)
             ffs.append(ff_from_units(units_first, num(0, exact), d, exact))
         else:
             ffs.append(ff_from_units(hat_units(e1, 0 * c, c, delta, q - e1 * c), num(1, exact),

@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..model import SA, Block, LowRank
-from ..numbers import num, unit
+from ..numbers import num, unit, zeros
 from .gadgets import ff_from_units, hat_units, projection_unit
 from .generic import Draws, best_draw, relative_gap, separated
 
@@ -154,3 +154,18 @@ def separate(table: TokenTable, draws: Draws, progress: bool = False) -> Separat
     for rec, lam in zip(sep.lifts, lams, strict=True):
         rec["lambda"] = str(lam)
     return sep
+
+
+def separated_positions(inputs: list[np.ndarray], table: TokenTable, sep: Separation,
+                        exact: bool) -> list[np.ndarray]:
+    """Where hardmax separation leaves every token: the input itself when R = 0, else
+    (u, σ_j, 0, …) — in exact arithmetic, as the construction computed it."""
+    if not sep.R:
+        return inputs
+    out = []
+    for j, s in enumerate(table.seqs):
+        p = zeros((len(s), table.points.shape[1]), exact)
+        p[:, 0] = [sep.u[t] for t in s]
+        p[:, 1] = sep.sigma[j]
+        out.append(p)
+    return out

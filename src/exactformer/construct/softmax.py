@@ -25,7 +25,7 @@ import numpy as np
 from ..data import Dataset
 from ..evaluate import forward
 from ..model import Block, LowRank, Transformer
-from ..numbers import num
+from ..numbers import as_number_array, num
 from .gadgets import ff_from_units, projection_unit, snap_units
 from .generic import ConstructionError, Draws, best_draw
 from .interpolation import LeaderOnTarget
@@ -137,10 +137,10 @@ def _build(geo: _Geometry, theta: Fraction, fold: bool) -> Transformer:
     for b in sep.blocks:
         b.sa = replace(b.sa, A=LowRank(b.sa.A.s, b.sa.A.u * scale, b.sa.A.v))
     blocks = list(sep.blocks)
-    coords = _separated_coords(geo, sep, blocks, tau)
+    positions = _separated_positions(geo, sep, blocks, tau)
     for _ in range(TARGET_TRIES):
         try:
-            lead = choose_leaders(coords, sep, geo.m, draws, collapse_alpha=scale)
+            lead = choose_leaders(positions, geo.m, draws, collapse_alpha=scale)
             tail = _project_and_snap(geo, blocks + lead.blocks, lead.chosen, tau, draws)
             break
         except LeaderOnTarget:
@@ -162,14 +162,13 @@ def _build(geo: _Geometry, theta: Fraction, fold: bool) -> Transformer:
     return Transformer(d=d, attention="softmax", blocks=allb, tau=tau, exact=exact, meta=meta)
 
 
-def _separated_coords(geo, sep, blocks, tau) -> list[list[tuple]]:
-    """(u, v) of every token after the separation rounds (simulated for R > 0)."""
-    exact = geo.exact
+def _separated_positions(geo, sep, blocks, tau) -> list[np.ndarray]:
+    """Token positions after the separation rounds (simulated in float64 for R > 0)."""
     if not sep.R:
-        return [[(sep.u[t], num(0, exact)) for t in s] for s in geo.table.seqs]
-    model = Transformer(geo.d, "softmax", blocks, tau=tau, exact=exact)
+        return geo.inputs
+    model = Transformer(geo.d, "softmax", blocks, tau=tau, exact=geo.exact)
     outs = forward(model, geo.inputs_f, "float")
-    return [[(num(r[0], exact), num(r[1], exact)) for r in o] for o in outs]
+    return [as_number_array(o, geo.exact) for o in outs]
 
 
 def _project_and_snap(geo, blocks, chosen, tau, draws):
