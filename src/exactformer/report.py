@@ -10,17 +10,27 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 
+import mpmath
 import numpy as np
 
 from .data import Dataset
-from .evaluate import PassStats, distinct_rows, forward
+from .evaluate import Arithmetic, PassStats, distinct_rows, forward
 from .model import Transformer
 
 
 def hausdorff(a: np.ndarray, b: np.ndarray) -> float:
-    """Hausdorff distance between two finite point sets (rows), in float64."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    D = np.sqrt(((a[:, None, :] - b[None, :, :]) ** 2).sum(-1))
+    """Hausdorff distance between two finite point sets (rows), returned as a float.
+
+    Differences are taken in the arrays' own arithmetic (object arrays of mpmath numbers keep
+    their precision), so errors far below float64 resolution are measured, not rounded away.
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype == object or b.dtype == object:
+        diff = a.astype(object)[:, None, :] - b.astype(object)[None, :, :]
+        D = np.array([[float(sum(v * v for v in cell)) for cell in row] for row in diff])
+        D = np.sqrt(D)
+    else:
+        D = np.sqrt(((a[:, None, :] - b[None, :, :]) ** 2).sum(-1))
     return float(max(D.min(axis=1).max(), D.min(axis=0).max()))
 
 
@@ -156,8 +166,10 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
                               snapshots={snap} if snap is not None else set())
         arithmetic = f"mp{digits}"
         tolerance = 10.0 ** -(digits - 10)
-        extra["hausdorff_mp"] = [hausdorff(np.array(o, dtype=float), y)
-                                 for o, y in zip(outs, ys_f, strict=True)]
+        ar = Arithmetic("mp", digits)
+        with mpmath.workdps(digits):  # targets and differences at the pass's precision
+            extra["hausdorff_mp"] = [hausdorff(distinct_rows(o), ar.array(y))
+                                     for o, y in zip(outs, dataset.fractions()[1], strict=True)]
         if snap is not None:
             extra.update(_snap_margins(model, snaps[snap], snaps_f[snap],
                                        dataset.coordinate_scale()))
