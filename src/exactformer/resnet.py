@@ -149,7 +149,7 @@ def build_resnet(dataset: Dataset, seed: int = 0) -> ResNet:
         return relative_gap(vals) if separated(vals, True) else None
 
     f = best_draw(lambda: draws.vector(D), score, what="ResNet direction")
-    ff = int(f @ f)
+    ff = f @ f
     pos = [x for x, _ in points]
     dest = [y for _, y in points]
     done = [_key(x) == _key(y) for x, y in points]
