@@ -74,6 +74,34 @@ def _export(args) -> int:
     return 0
 
 
+def _train(args) -> int:
+    try:
+        from . import torch as ef_torch
+        from . import train as ef_train
+    except ImportError as e:
+        raise UsageError(f"train needs PyTorch and safetensors (pip install "
+                         f"'exactformer[torch]'): {e}") from None
+    data = Dataset.load(args.data)
+    if args.start:
+        start = ef_torch.to_rho_eta(load_model(args.start))
+    else:
+        start = ef_train.random_rho_eta(data.d, args.blocks, args.h, tau=args.tau,
+                                        seed=args.seed)
+    reference = args.reference or args.start
+    if reference:
+        reference = ef_torch.to_rho_eta(load_model(reference))
+        ef_train.check_same_architecture(start, reference)
+    result = ef_train.train(start, data, eps=args.eps, epochs=args.epochs, lr=args.lr,
+                            time_budget=args.budget)
+    ef_torch.save_torch(result.module, args.output)
+    print(f"trained {len(start.blocks)} ρ/η blocks: {result.steps} steps ({result.stop}), "
+          f"{result.seconds:.1f} s; loss {result.final_loss:.4g}, max Hausdorff error "
+          f"{result.final_max_error:.3g} -> {args.output}")
+    if reference:
+        print(ef_train.tikhonov_diagnostic(result, reference, data).table())
+    return 0
+
+
 def _demo(args) -> int:
     data = generate.demo()
     print(f"demo data: N = {data.N} sequences in R^{data.d}, {data.total_n} input tokens drawn "
@@ -136,6 +164,23 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--layout", choices=["native", "rho-eta"], default="native")
     e.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     e.set_defaults(run=_export)
+
+    t = sub.add_parser("train", help="Tikhonov-regularised Adam training of the ρ/η layout, "
+                                     "with the global-minimum diagnostic")
+    t.add_argument("data", help="dataset (.json or .npz)")
+    t.add_argument("-o", "--output", required=True, help="safetensors file to write")
+    t.add_argument("--from", dest="start", help="warm start from this model (JSON)")
+    t.add_argument("--reference", help="exact interpolant θ* (model JSON) for the diagnostic; "
+                   "default: the --from model")
+    t.add_argument("--eps", type=float, default=1e-3, help="penalty weight ε")
+    t.add_argument("--epochs", type=int, default=2000)
+    t.add_argument("--lr", type=float, default=1e-2)
+    t.add_argument("--budget", type=float, default=None, help="stop after this many seconds")
+    t.add_argument("--blocks", type=int, default=1, help="random start: number of blocks")
+    t.add_argument("--h", type=int, default=1, help="random start: attention rank")
+    t.add_argument("--tau", type=float, default=1.0, help="random start: temperature")
+    t.add_argument("--seed", type=int, default=0, help="random start: seed")
+    t.set_defaults(run=_train)
 
     dm = sub.add_parser("demo", help="build and verify a model for built-in data")
     dm.add_argument("--attention", choices=["hardmax", "softmax"], default="hardmax")
