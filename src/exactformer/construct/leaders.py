@@ -101,7 +101,7 @@ def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
     forced = {}  # sequence -> token that must be a circle leader (the extreme one)
     if first is not None:
         j0 = int(seq_of[first[0]])
-        forced[j0] = first[0] - offsets[j0]
+        forced[j0] = int(first[0] - offsets[j0])
     chosen, moves = [], []
     for j, r in enumerate(uprime):
         rest = [i for i in range(len(r)) if i != forced.get(j)]
