@@ -1,0 +1,408 @@
+"""Dataset construction, loaders and every validation rule of DESIGN §1."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from exactformer import Dataset, DatasetError
+from exactformer.data import DuplicatePairWarning
+
+GOOD_X = [[[0, 1], [2, 3], [4, 1]], [[2, 3], [5, 5]]]
+GOOD_Y = [[[1, 1], [0, 0]], [[7, 7]]]
+
+
+def raises_naming(*parts):
+    """pytest.raises(DatasetError) whose message contains every part (regex-escaped)."""
+    return pytest.raises(DatasetError, match=".*".join(re.escape(p) for p in parts))
+
+
+def write_json(tmp_path, doc, name="data.json"):
+    p = tmp_path / name
+    p.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return p
+
+
+def write_npz(tmp_path, name="data.npz", **arrays):
+    p = tmp_path / name
+    np.savez(p, **arrays)
+    return p
+
+
+def npz_arrays(inputs, targets):
+    return dict(inputs=np.concatenate([np.asarray(x, float) for x in inputs]),
+                input_lengths=np.array([len(x) for x in inputs]),
+                targets=np.concatenate([np.asarray(y, float) for y in targets]),
+                target_lengths=np.array([len(y) for y in targets]))
+
+
+# ------------------------------------------------------------------------------ good data
+def test_from_arrays_shapes_and_properties():
+    ds = Dataset.from_arrays(GOOD_X, GOOD_Y)
+    assert ds.N == 2 and ds.d == 2
+    assert ds.input_lengths == [3, 2] and ds.target_lengths == [2, 1]
+    assert ds.total_n == 5 and ds.total_m == 3
+    assert not ds.exact  # plain numbers are kept as float64
+    assert ds.inputs[0].dtype == np.float64
+    np.testing.assert_array_equal(ds.inputs[0], np.array(GOOD_X[0], float))
+    xs, ys = ds.fractions()
+    assert xs[1][1, 0] == Fraction(5) and isinstance(ys[0][0, 0], Fraction)
+
+
+def test_numpy_arrays_are_accepted():
+    xs = np.arange(24, dtype=float).reshape(3, 4, 2)
+    ys = np.arange(12, dtype=float).reshape(3, 2, 2) / 7
+    ds = Dataset.from_arrays(list(xs), list(ys))
+    assert ds.N == 3 and ds.d == 2 and ds.input_lengths == [4, 4, 4]
+    np.testing.assert_array_equal(ds.targets[2], ys[2])
+
+
+def test_strings_and_fractions_are_read_exactly():
+    ds = Dataset.from_arrays([[["3/7", "-0.125"], [Fraction(1, 3), 2]]], [[["1e-3", " 5 "]]])
+    assert ds.exact
+    x, y = ds.inputs[0], ds.targets[0]
+    assert x[0, 0] == Fraction(3, 7) and x[0, 1] == Fraction(-1, 8)
+    assert x[1, 0] == Fraction(1, 3) and x[1, 1] == 2
+    assert y[0, 0] == Fraction(1, 1000) and y[0, 1] == 5
+    assert all(isinstance(v, Fraction) for v in x.flat)
+
+
+def test_floats_mixed_with_exact_values_keep_their_binary_value():
+    ds = Dataset.from_arrays([[[0.1, "1/10"]]], [[[0, 0]]])
+    x = ds.inputs[0]
+    assert x[0, 0] == Fraction(0.1) and x[0, 1] == Fraction(1, 10)
+    assert x[0, 0] != x[0, 1]
+
+
+def test_json_numbers_and_strings_are_read_exactly(tmp_path):
+    text = ('{"inputs": [[[0.1, "3/7"], [-0.125, 12345678901234567890123]], [[1e-3, "2"]]],'
+            ' "targets": [[["-0.125", 2.5]], [[0, "-7/3"]]]}')
+    ds = Dataset.from_json(write_json(tmp_path, text))
+    assert ds.exact
+    x0, x1 = ds.inputs
+    assert x0[0, 0] == Fraction(1, 10)  # the decimal 0.1, not the nearest binary float
+    assert x0[0, 1] == Fraction(3, 7)
+    assert x0[1, 0] == Fraction(-1, 8)
+    assert x0[1, 1] == 12345678901234567890123
+    assert x1[0, 0] == Fraction(1, 1000)
+    assert ds.targets[0][0, 0] == Fraction(-1, 8) and ds.targets[0][0, 1] == Fraction(5, 2)
+    assert ds.targets[1][0, 1] == Fraction(-7, 3)
+    assert all(isinstance(v, Fraction) for a in ds.inputs + ds.targets for v in a.flat)
+
+
+def test_load_dispatches_on_suffix_and_json_round_trip(tmp_path):
+    ds = Dataset.from_arrays([[["1/3", 0], ["2/3", 1]], [["1/3", 0]]], [[["5/2", 1]], [[0, 0]]])
+    p = write_json(tmp_path, ds.to_json_dict())
+    back = Dataset.load(p)
+    assert back.N == 2
+    for a, b in zip(ds.inputs + ds.targets, back.inputs + back.targets, strict=True):
+        assert a.shape == b.shape and all(u == v for u, v in zip(a.flat, b.flat, strict=True))
+    with raises_naming("unknown dataset format"):
+        Dataset.load(write_json(tmp_path, ds.to_json_dict(), name="data.txt"))
+
+
+def test_npz_loading(tmp_path):
+    xs = [[[0.5, 1.0], [2.0, 3.0], [4.0, 1.0]], [[2.0, 3.0], [5.0, 5.25]]]
+    ys = [[[1.0, 1.0], [0.0, 0.0]], [[7.0, 7.0]]]
+    ds = Dataset.load(write_npz(tmp_path, **npz_arrays(xs, ys)))
+    assert ds.N == 2 and ds.d == 2 and ds.input_lengths == [3, 2] and ds.target_lengths == [2, 1]
+    for a, b in zip(ds.inputs + ds.targets, xs + ys, strict=True):
+        np.testing.assert_array_equal(a, np.array(b))
+
+
+NPZ_NAME_BUG = pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="bug: the npz error calls the array 'inputs_lengths'/'targets_lengths' instead of "
+    "its real name 'input_lengths'/'target_lengths'")
+
+
+@pytest.mark.parametrize("change", [
+    dict(input_lengths=np.array([3, 1])),
+    dict(input_lengths=np.array([6, -1])),
+    dict(target_lengths=np.array([2, 2])),
+    dict(input_lengths=np.array([[3, 2]])),
+])
+def test_npz_length_errors(tmp_path, change):
+    arrays = npz_arrays(GOOD_X, GOOD_Y)
+    arrays.update(change)
+    with raises_naming("lengths", "must be N non-negative lengths summing to"):
+        Dataset.from_npz(write_npz(tmp_path, **arrays))
+
+
+@pytest.mark.parametrize("change, parts", [
+    pytest.param(dict(input_lengths=np.array([3, 1])), ["input_lengths", "sum"],
+                 marks=NPZ_NAME_BUG),
+    pytest.param(dict(input_lengths=np.array([6, -1])), ["input_lengths", "non-negative"],
+                 marks=NPZ_NAME_BUG),
+    pytest.param(dict(target_lengths=np.array([2, 2])), ["target_lengths", "sum"],
+                 marks=NPZ_NAME_BUG),
+])
+def test_npz_length_errors_name_the_array(tmp_path, change, parts):
+    arrays = npz_arrays(GOOD_X, GOOD_Y)
+    arrays.update(change)
+    with raises_naming(*parts):
+        Dataset.from_npz(write_npz(tmp_path, **arrays))
+
+
+def test_npz_tokens_must_be_a_matrix(tmp_path):
+    arrays = npz_arrays(GOOD_X, GOOD_Y)
+    arrays["inputs"] = np.zeros(5)
+    with raises_naming("inputs", "T×d"):
+        Dataset.from_npz(write_npz(tmp_path, **arrays))
+
+
+def test_npz_zero_length_sequence(tmp_path):
+    xs = [[[0.0, 1.0]], [[1.0, 1.0]], [[2.0, 2.0]]]
+    arrays = npz_arrays(xs, xs)
+    arrays["input_lengths"] = np.array([2, 0, 1])
+    with raises_naming("input 1", "empty"):
+        Dataset.from_npz(write_npz(tmp_path, **arrays))
+
+
+def test_npz_missing_arrays(tmp_path):
+    arrays = npz_arrays(GOOD_X, GOOD_Y)
+    del arrays["target_lengths"]
+    with raises_naming("missing arrays", "target_lengths"):
+        Dataset.from_npz(write_npz(tmp_path, **arrays))
+
+
+def test_npz_mismatched_number_of_sequences(tmp_path):
+    arrays = npz_arrays(GOOD_X, GOOD_Y)
+    arrays["targets"] = np.array([[1.0, 1.0], [0.0, 0.0], [7.0, 7.0]])
+    arrays["target_lengths"] = np.array([1, 1, 1])
+    with raises_naming("2 input sequences but 3 target sequences"):
+        Dataset.from_npz(write_npz(tmp_path, **arrays))
+
+
+# ------------------------------------------------------------------------------ rules
+def test_mismatched_number_of_sequences():
+    with raises_naming("3 input sequences but 2 target sequences"):
+        Dataset.from_arrays(GOOD_X + [[[9, 9]]], GOOD_Y)
+
+
+def test_mismatched_number_of_sequences_in_json(tmp_path):
+    p = write_json(tmp_path, {"inputs": GOOD_X, "targets": GOOD_Y[:1]})
+    with raises_naming("2 input sequences but 1 target sequences"):
+        Dataset.from_json(p)
+
+
+def test_empty_dataset():
+    with raises_naming("empty"):
+        Dataset.from_arrays([], [])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), np.nan])
+def test_non_finite_floats(bad):
+    xs = [[[0.0, 1.0], [2.0, bad]], [[3.0, 3.0]]]
+    with raises_naming("input 0, token 1", "finite"):
+        Dataset.from_arrays(xs, [[[1.0, 1.0]], [[2.0, 2.0]]])
+
+
+def test_non_finite_in_a_target():
+    ys = [[[1.0, 1.0]], [[0.0, 0.0], [float("inf"), 1.0]]]
+    with raises_naming("target 1, token 1", "finite"):
+        Dataset.from_arrays([[[0.0, 1.0]], [[2.0, 2.0], [3.0, 3.0]]], ys)
+
+
+def test_non_finite_in_numpy_array():
+    x = np.zeros((3, 2))
+    x[2, 0] = np.nan
+    x[1, 1] = 1.0
+    x[2, 1] = 2.0
+    with raises_naming("input 0, token 2", "finite"):
+        Dataset.from_arrays([x], [x[:1]])
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf", "Infinity", "NaN"])
+def test_non_finite_json_strings(tmp_path, bad):
+    doc = {"inputs": [[[0, 1]], [[1, 1], [2, bad]]], "targets": [[[0, 0]], [[5, 5]]]}
+    with raises_naming("input 1, token 1", "finite"):
+        Dataset.from_json(write_json(tmp_path, doc))
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_json_literals(tmp_path, literal):
+    text = '{"inputs": [[[0, 1]], [[1, 1]]], "targets": [[[0, 0]], [[5, LIT]]]}'
+    text = text.replace("LIT", literal)
+    with raises_naming("target 1, token 0", "finite"):
+        Dataset.from_json(write_json(tmp_path, text))
+
+
+@pytest.mark.parametrize("bad", ["abc", "1/0", True, None, "", pytest.param([1], marks=(
+    pytest.mark.xfail(strict=True, raises=ValueError,
+                      reason="bug: a nested list as a coordinate raises numpy's ValueError "
+                      "(inhomogeneous shape), not a DatasetError")))])
+def test_values_that_are_not_numbers(bad):
+    with raises_naming("input 0, token 0", "not a finite number"):
+        Dataset.from_arrays([[[bad, 1]]], [[[0, 0]]])
+
+
+def test_token_that_is_not_a_list():
+    with raises_naming("input 0, token 1", "list of coordinates"):
+        Dataset.from_arrays([[[0, 1], 5]], [[[0, 0]]])
+
+
+def test_ragged_token_dimensions_in_an_input():
+    xs = [[[0, 1]], [[0, 1], [1, 1], [2, 3, 4]]]
+    with raises_naming("input 1, token 2", "ragged"):
+        Dataset.from_arrays(xs, [[[0, 0]], [[1, 1]]])
+
+
+def test_ragged_token_dimensions_in_a_target():
+    ys = [[[0, 0], [1, 1, 1]]]
+    with raises_naming("target 0, token 1", "ragged"):
+        Dataset.from_arrays([[[0, 1], [1, 1]]], ys)
+
+
+def test_mismatched_dimension_between_inputs():
+    xs = [[[0, 1, 2]], [[0, 1, 2]], [[0, 1]]]
+    with raises_naming("input 2", "dimension 2", "d = 3"):
+        Dataset.from_arrays(xs, [[[0, 0, 0]]] * 3)
+
+
+def test_mismatched_dimension_between_input_and_target():
+    with raises_naming("target 1", "dimension 3", "d = 2"):
+        Dataset.from_arrays([[[0, 1]], [[1, 1]]], [[[0, 0]], [[0, 0, 0]]])
+
+
+@pytest.mark.parametrize("d", [0, 1])
+def test_dimension_below_two(d):
+    xs = [[[i] * d for i in range(2)]] if d else [[[]]]
+    ys = [[[0] * d]]
+    with raises_naming(f"d = {d}", "d >= 2"):
+        Dataset.from_arrays(xs, ys)
+
+
+def test_empty_input_sequence():
+    with raises_naming("input 1", "empty"):
+        Dataset.from_arrays([[[0, 1]], []], [[[0, 0]], [[1, 1]]])
+
+
+def test_empty_target_sequence():
+    with raises_naming("target 0", "empty"):
+        Dataset.from_arrays([[[0, 1]], [[1, 1]]], [[], [[1, 1]]])
+
+
+def test_target_longer_than_input():
+    xs = [[[0, 1], [1, 1], [2, 2]], [[0, 1], [1, 1]]]
+    ys = [[[0, 0]], [[1, 1], [2, 2], [3, 3]]]
+    with raises_naming("pair 1", "m = 3", "n = 2", "m_j <= n_j"):
+        Dataset.from_arrays(xs, ys)
+
+
+def test_repeated_token_in_an_input():
+    xs = [[[0, 1]], [[1, 2], [3, 4], [1, 2]]]
+    with raises_naming("input 1", "tokens 0 and 2", "pairwise distinct"):
+        Dataset.from_arrays(xs, [[[0, 0]], [[1, 1]]])
+
+
+@pytest.mark.parametrize("a, b", [("1/2", 0.5), (Fraction(1, 2), "0.5"), (0.0, -0.0),
+                                  ("2", 2), ("6/4", "1.5")])
+def test_repeated_token_in_different_spellings(a, b):
+    with raises_naming("input 0", "tokens 0 and 1", "pairwise distinct"):
+        Dataset.from_arrays([[[a, 1], [b, 1]]], [[[0, 0]]])
+
+
+def test_repeated_token_in_a_target():
+    ys = [[[0, 0], [5, 5], [0, 0]]]
+    with raises_naming("target 0", "tokens 0 and 2", "pairwise distinct"):
+        Dataset.from_arrays([[[0, 1], [1, 1], [2, 2]]], ys)
+
+
+def test_contradictory_permuted_inputs():
+    xs = [[[0, 1], [2, 3], [4, 5]], [[9, 9]], [[4, 5], [0, 1], [2, 3]]]
+    ys = [[[1, 1]], [[0, 0]], [[1, 2]]]
+    with raises_naming("pairs 0 and 2", "equal as sets", "contradictory"):
+        Dataset.from_arrays(xs, ys)
+
+
+def test_contradictory_when_one_target_set_is_a_subset():
+    xs = [[[0, 1], [2, 3]], [[2, 3], [0, 1]]]
+    ys = [[[1, 1], [2, 2]], [[2, 2]]]
+    with raises_naming("pairs 0 and 1", "contradictory"):
+        Dataset.from_arrays(xs, ys)
+
+
+def test_contradictory_across_spellings():
+    xs = [[["1/2", 1], [2, 3]], [[2, 3], [0.5, 1]]]
+    ys = [[[1, 1]], [[1, "1/3"]]]
+    with raises_naming("pairs 0 and 1", "contradictory"):
+        Dataset.from_arrays(xs, ys)
+
+
+def test_equal_pairs_are_merged_with_a_warning():
+    xs = [[[0, 1], [2, 3], [4, 5]], [[9, 9]], [[4, 5], [0, 1], [2, 3]], [[9, 9]]]
+    ys = [[[1, 1], [2, 2]], [[0, 0]], [[2, 2], [1, 1]], [[0, 0]]]
+    with pytest.warns(DuplicatePairWarning) as record:
+        ds = Dataset.from_arrays(xs, ys)
+    messages = [str(w.message) for w in record]
+    assert any("pairs 0 and 2" in m for m in messages)
+    assert any("pairs 1 and 3" in m for m in messages)
+    assert ds.N == 2
+    np.testing.assert_array_equal(ds.inputs[0], np.array(xs[0], float))
+    np.testing.assert_array_equal(ds.inputs[1], np.array(xs[1], float))
+    np.testing.assert_array_equal(ds.targets[0], np.array(ys[0], float))
+
+
+def test_distinct_data_give_no_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Dataset.from_arrays(GOOD_X, GOOD_Y)
+
+
+def test_merge_then_contradiction_is_still_an_error():
+    xs = [[[0, 1]], [[0, 1]], [[0, 1]]]
+    ys = [[[1, 1]], [[1, 1]], [[2, 2]]]
+    with pytest.warns(DuplicatePairWarning), raises_naming("pairs 0 and 2", "contradictory"):
+        Dataset.from_arrays(xs, ys)
+
+
+def test_shared_tokens_across_sequences_are_allowed():
+    xs = [[[0, 1], [2, 3]], [[2, 3], [4, 5]], [[0, 1], [4, 5]], [[2, 3]]]
+    ys = [[[0, 0]], [[0, 0]], [[0, 0]], [[0, 0]]]
+    assert Dataset.from_arrays(xs, ys).N == 4
+
+
+# ------------------------------------------------------------------------------ JSON files
+def test_json_rules_name_the_pair(tmp_path):
+    doc = {"inputs": [[["1/2", 1]], [["1/3", "x"]]], "targets": [[[0, 0]], [[0, 0]]]}
+    with raises_naming("input 1, token 0", "not a finite number"):
+        Dataset.from_json(write_json(tmp_path, doc))
+    doc = {"inputs": [[["1/2", 1], ["2/4", "1"]]], "targets": [[[0, 0]]]}
+    with raises_naming("input 0", "tokens 0 and 1", "pairwise distinct"):
+        Dataset.from_json(write_json(tmp_path, doc))
+
+
+def test_json_structure_errors(tmp_path):
+    with raises_naming("not valid JSON"):
+        Dataset.from_json(write_json(tmp_path, '{"inputs": [[[0, 1]]'))
+    with raises_naming("'inputs' and 'targets'"):
+        Dataset.from_json(write_json(tmp_path, {"inputs": GOOD_X}))
+    with raises_naming("'inputs' and 'targets'"):
+        Dataset.from_json(write_json(tmp_path, [GOOD_X, GOOD_Y]))
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError,
+                   reason="bug: a number where a sequence belongs raises TypeError "
+                   "('Fraction' object is not iterable), not a DatasetError")
+def test_json_sequence_that_is_a_number(tmp_path):
+    with raises_naming("input 0", "list of tokens"):
+        Dataset.from_json(write_json(tmp_path, {"inputs": [5], "targets": [[[0, 0]]]}))
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError,
+                   reason="bug: a number where a sequence belongs raises TypeError "
+                   "('int' object is not iterable), not a DatasetError")
+def test_sequence_that_is_a_number():
+    with raises_naming("input 1", "list of tokens"):
+        Dataset.from_arrays([[[0, 1]], 7], [[[0, 0]], [[1, 1]]])
+
+
+def test_sequence_that_is_not_a_matrix():
+    with raises_naming("input 0", "2-D"):
+        Dataset.from_arrays([np.zeros(3)], [[[0, 0]]])

@@ -1,0 +1,437 @@
+"""The evaluator: the hardmax tie rule, the ridge-window fast path against a plain per-token
+reference, and agreement of the exact, float64 and mpmath arithmetics."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import exactformer as ef
+from exactformer.construct.gadgets import ff_from_units, hat_units, snap_units
+from exactformer.evaluate import PassStats, ridge_window
+from exactformer.model import FF, SA, Block, LowRank, Transformer
+
+SETTINGS = settings(max_examples=60, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+def F(*values):
+    """An object array of Fractions (nested lists allowed)."""
+    a = np.asarray(values if len(values) != 1 else values[0], dtype=object)
+    out = np.empty(a.shape, dtype=object)
+    out.flat[:] = [Fraction(v) for v in a.flat]
+    return out
+
+
+def lowrank(s, u, v):
+    return LowRank(Fraction(s), F(u), F(v))
+
+
+def model_of(d, *blocks, attention="hardmax"):
+    return Transformer(d=d, attention=attention, blocks=list(blocks), exact=True)
+
+
+def rows(a):
+    return [tuple(Fraction(v) for v in r) for r in np.asarray(a, dtype=object)]
+
+
+# ------------------------------------------------------------------------------ reference
+def ref_ff(ff, x):
+    d, w = ff.W.shape
+    h = [max(Fraction(0), sum((ff.U[i, j] * x[j] for j in range(d)), Fraction(0)) + ff.b[i])
+         for i in range(w)]
+    return [ff.eta * x[k] + sum((ff.W[k, i] * h[i] for i in range(w)), Fraction(0))
+            for k in range(d)]
+
+
+def dot(a, b):
+    return sum((p * q for p, q in zip(a, b, strict=True)), Fraction(0))
+
+
+def ref_sa(sa, X):
+    """Hardmax over token indices: ties average over every index in the argmax set."""
+    a, c = list(sa.A.u), list(sa.A.v)
+    out = []
+    for xi in X:
+        s = [sa.A.s * dot(xi, xl) + dot(c, xi) * dot(a, xl) for xl in X]
+        best = max(s)
+        C = [l for l, v in enumerate(s) if v == best]
+        avg = [sum((X[l][k] for l in C), Fraction(0)) / len(C) for k in range(len(xi))]
+        qy = dot(sa.V.v, avg)
+        out.append([sa.rho * xi[k] + sa.V.s * avg[k] + sa.V.u[k] * qy for k in range(len(xi))])
+    return out
+
+
+def ref_forward(model, inputs):
+    """A plain per-token forward pass: no multisets, no ridge windows, no sorted index."""
+    outs = []
+    for X in inputs:
+        X = [[Fraction(v) for v in row] for row in X]
+        for blk in model.blocks:
+            if blk.ff is not None:
+                X = [ref_ff(blk.ff, x) for x in X]
+            if blk.sa is not None:
+                X = ref_sa(blk.sa, X)
+        outs.append([tuple(x) for x in X])
+    return outs
+
+
+# ------------------------------------------------------------------------------ tie rule
+def attend(A, V=None, rho=0):
+    """SA with A = (s, a, c) and V = (s, p, q) given as tuples."""
+    d = len(A[1])
+    V = V or (1, [0] * d, [0] * d)
+    return SA(Fraction(rho), lowrank(*A), lowrank(*V))
+
+
+ARITHMETICS = ["exact", "float", "mp"]
+
+
+def run_all(model, X):
+    """Outputs of one sequence in every arithmetic, as lists of float tuples, plus exact."""
+    (exact,) = ef.forward(model, [F(X)], "exact")
+    for ar in ("float", "mp"):
+        (out,) = ef.forward(model, [F(X) if ar == "mp" else np.asarray(X, float)], ar)
+        np.testing.assert_allclose(np.asarray(out, float), np.asarray(exact, float),
+                                   rtol=1e-12, atol=1e-12)
+    return rows(exact)
+
+
+def test_tie_averages_over_the_argmax_set():
+    # s_il = u_i·u_l: queries with u > 0 pick the largest u (two tokens tie); a query with u = 0
+    # scores every token 0 and averages all three
+    m = model_of(2, Block(None, attend((0, [1, 0], [1, 0]))))
+    out = run_all(m, [[1, 0], [1, 1], [0, 5]])
+    h = Fraction(1, 2)
+    assert out == [(1, h), (1, h), (Fraction(2, 3), 2)]
+
+
+def test_tie_counts_equal_tokens_with_multiplicity():
+    # all scores 0: every token averages the whole sequence, equal tokens counted each time
+    m = model_of(2, Block(None, attend((0, [0, 0], [0, 0]))))
+    out = run_all(m, [[1, 0], [1, 0], [2, 0]])
+    assert out == [(Fraction(4, 3), 0)] * 3  # not (3/2, 0), the average of the distinct points
+
+
+def test_multiplicity_created_by_a_layer():
+    # a non-residual FF sends (1, 0) and (1, 3) to the same point; the tie then counts it twice
+    ff = FF(Fraction(0), F([[1, 0]]), F([0]), F([[1], [0]]))
+    m = model_of(2, Block(ff, attend((0, [0, 0], [0, 0]))))
+    out = run_all(m, [[1, 0], [1, 3], [2, 0]])
+    assert out == [(Fraction(4, 3), 0)] * 3
+
+
+def test_partial_tie_with_multiplicity():
+    # u_i > 0 for every query: the argmax set is the three tokens with u = 2, one point twice
+    m = model_of(2, Block(None, attend((0, [1, 0], [1, 0]))))
+    out = run_all(m, [[2, 0], [2, 0], [2, 1], [1, 0]])
+    assert out == [(2, Fraction(1, 3))] * 4
+
+
+def test_multiplicity_created_by_a_ridge_window():
+    # a hat (ridge window) moves (0, 0) onto (3, 0), where a token already is; the two rows
+    # are then one point with multiplicity 2 in the following tie
+    ff = ff_from_units(hat_units(F([1, 0]), Fraction(0), Fraction(0), Fraction(1), F([3, 0])),
+                       Fraction(1), 2, True)
+    assert ridge_window(ff) is not None
+    m = model_of(2, Block(ff, attend((0, [0, 0], [0, 0]))))
+    out = run_all(m, [[0, 0], [3, 0], [3, 3]])
+    assert out == [(3, 1)] * 3
+    assert ref_forward(m, [F([[0, 0], [3, 0], [3, 3]])])[0] == out
+
+
+def test_negative_queries_pick_the_smallest_key_and_v_is_rank_one():
+    # ρ = 1, V = e2·e1ᵀ: every token adds (0, first coordinate of what it attends to)
+    sa = attend((0, [1, 0], [1, 0]), V=(0, [0, 1], [1, 0]), rho=1)
+    out = run_all(model_of(2, Block(None, sa)), [[1, 0], [-1, 0], [3, 1]])
+    assert out == [(1, 3), (-1, -1), (3, 4)]
+
+
+def test_scores_use_alpha_and_the_rank_one_part():
+    # A = I + a·cᵀ with a = e1, c = e2: s_il = <x_i, x_l> + x_i[1]·x_l[0]
+    sa = attend((1, [1, 0], [0, 1]))
+    X = [[1, 0], [0, 1], [-2, 1]]
+    # query 0: s = (1, 0, -2) -> token 0; query 1: s = (0+1, 1+0, 1-2) -> tie of 0 and 1
+    # query 2: s = (-2+1, 1+0, 5-2) -> token 2
+    out = run_all(model_of(2, Block(None, sa)), X)
+    h = Fraction(1, 2)
+    assert out == [(1, 0), (h, h), (-2, 1)]
+
+
+def test_identity_layers_and_length_preservation():
+    m = model_of(3, Block(None, None), Block(None, attend((1, [0] * 3, [0] * 3), V=(0, [0] * 3,
+                                                                                   [0] * 3),
+                                                           rho=1)))
+    X = F([[1, 2, 3], [1, 2, 3], [0, 0, "1/7"]])
+    (out,) = ef.forward(m, [X], "exact")
+    assert out.shape == (3, 3) and rows(out) == rows(X)
+    assert rows(ef.predict(m, X)) == rows(X[[0, 2]])
+
+
+def test_snapshots():
+    sa = attend((0, [1, 0], [1, 0]))
+    m = model_of(2, Block(None, sa), Block(None, sa))
+    X = [F([[1, 0], [0, 2]]), F([[5, 5]])]
+    outs, snaps = ef.forward(m, X, "exact", snapshots={0, 1, 2})
+    assert [rows(a) for a in snaps[0]] == [rows(x) for x in X]
+    assert [rows(a) for a in snaps[2]] == [rows(o) for o in outs]
+    assert rows(snaps[1][0]) == [(1, 0), (Fraction(1, 2), 1)]  # u = 0 ties over both
+    assert rows(outs[0]) == [(1, 0), (1, 0)]
+
+
+def test_unknown_arithmetic():
+    with pytest.raises(ValueError, match="arithmetic"):
+        ef.forward(model_of(2), [F([[1, 0]])], "decimal")
+
+
+# ------------------------------------------------------------------------------ ridge windows
+def hat_ff(f, c, delta, D, plateau=True):
+    return ff_from_units(hat_units(F(f), Fraction(0), Fraction(c), Fraction(delta), F(D),
+                                   plateau=plateau), Fraction(1), len(f), True)
+
+
+def test_ridge_window_detection():
+    r = ridge_window(hat_ff([1, 2], 3, "1/2", [1, 1]))
+    assert r is not None and (r.lo, r.hi) == (Fraction(5, 2), Fraction(7, 2))
+    r = ridge_window(hat_ff([0, -3], 1, 1, [2, 0], plateau=False))
+    assert r is not None and list(r.f) == [0, -3] and (r.lo, r.hi) == (0, 2)
+    e = F([1, 0])
+    snap = ff_from_units(snap_units(F([1, 0]), Fraction(0), e, Fraction(0), Fraction(1),
+                                    Fraction(2), Fraction(3), F([5, 5])), Fraction(1), 2, True)
+    r = ridge_window(snap)
+    assert r is not None and (min(r.lo, r.hi), max(r.lo, r.hi)) == (0, 3)
+
+
+def test_ridge_window_rejections():
+    hat = hat_ff([1, 0], 0, 1, [1, 1])
+    assert ridge_window(FF(Fraction(0), hat.U, hat.b, hat.W)) is None  # not residual
+    ramp = FF(Fraction(1), F([[1, 1]]), F([0]), F([[1], [0]]))
+    assert ridge_window(ramp) is None  # never switches off on the right
+    two_dirs = FF(Fraction(1), F([[1, 0], [0, 1], [1, 0]]), F([1, 0, -1]),
+                  F([[1, 0, 1], [0, 0, 0]]))
+    assert ridge_window(two_dirs) is None
+    shift = FF(Fraction(1), np.vstack([hat.U, F([[0, 0]])]), np.concatenate([hat.b, F([1])]),
+               np.hstack([hat.W, F([[1], [0]])]))
+    assert ridge_window(shift) is None  # a constant shift everywhere
+    dead = FF(Fraction(1), np.vstack([hat.U, F([[0, 0]])]), np.concatenate([hat.b, F([-1])]),
+              np.hstack([hat.W, F([[1], [0]])]))
+    assert ridge_window(dead) is not None  # a unit that never fires changes nothing
+    X = [F([[0, 0], [5, 1], ["1/2", 3]])]
+    for ff in (ramp, two_dirs, shift, dead):
+        m = model_of(2, Block(ff, None))
+        assert [rows(o) for o in ef.forward(m, X, "exact")] == ref_forward(m, X)
+
+
+def fracs(lo=-4, hi=4, den=8):
+    return st.fractions(min_value=lo, max_value=hi, max_denominator=den)
+
+
+def vectors(d, nonzero=False, **kw):
+    v = st.lists(fracs(**kw), min_size=d, max_size=d)
+    return v.filter(any) if nonzero else v
+
+
+POW2 = [Fraction(1, 4), Fraction(1, 2), Fraction(1), Fraction(2)]
+
+
+def dyadics(lo=-4, hi=4, den=8):
+    return st.integers(lo * den, hi * den).map(lambda k: Fraction(k, den))
+
+
+@st.composite
+def ridge_ffs(draw, d, max_gadgets=3, dead=None, dyadic=False):
+    """Residual FFs whose units all read multiples of one direction and vanish outside a window
+    (sums of hats and snaps with non-zero moves), sometimes with a dead unit. ``dyadic``: every
+    parameter is a binary fraction with few bits, so float64 holds them and their products."""
+    num = dyadics if dyadic else fracs
+
+    def vec(nonzero=False):
+        v = st.lists(num(), min_size=d, max_size=d)
+        return F(draw(v.filter(any) if nonzero else v))
+
+    f = vec(nonzero=True)
+    units = []
+    for _ in range(draw(st.integers(1, max_gadgets))):
+        k = Fraction(draw(st.sampled_from([1, -1, 2, Fraction(-1, 2) if dyadic
+                                           else Fraction(-1, 3)])))
+        c = draw(num())
+        kind = draw(st.sampled_from(["hat", "hat3", "snap"]))
+        if kind == "snap":
+            gaps = [draw(st.sampled_from(POW2) if dyadic else fracs(Fraction(1, 8), 2))
+                    for _ in range(3)]
+            cs = [c, c + gaps[0], c + gaps[0] + gaps[1], c + sum(gaps)]
+            units += snap_units(f * k, Fraction(0), vec(nonzero=True), *cs, vec())
+        else:
+            delta = draw(st.sampled_from(POW2) if dyadic else fracs(Fraction(1, 8), 3))
+            units += hat_units(f * k, Fraction(0), c, delta, vec(nonzero=True),
+                               plateau=kind == "hat")
+    ff = ff_from_units(units, Fraction(1), d, True)
+    if draw(st.booleans()) if dead is None else dead:
+        # a unit reading nothing with b <= 0 never fires: still a ridge window
+        ff = FF(ff.eta, np.vstack([ff.U, F([[0] * d])]),
+                np.concatenate([ff.b, F([-draw(num(0, 2))])]),
+                np.hstack([ff.W, vec().reshape(d, 1)]))
+    return ff
+
+
+@st.composite
+def dense_ffs(draw, d):
+    w = draw(st.integers(1, 4))
+    eta = Fraction(draw(st.sampled_from([0, 1, Fraction(1, 2)])))
+    return FF(eta, F([draw(vectors(d)) for _ in range(w)]), F(draw(vectors(w))),
+              F([draw(vectors(w)) for _ in range(d)]))
+
+
+@st.composite
+def almost_ridge_ffs(draw, d):
+    """Ridge-like FFs that do not vanish outside their breakpoints: a window with one output
+    weight changed (a slope remains), or with a step added (flat but non-zero on one side)."""
+    ff = draw(ridge_ffs(d))
+    W, U, b = ff.W.copy(), ff.U, ff.b
+    if draw(st.booleans()):
+        i = draw(st.integers(0, ff.width - 1))
+        W[draw(st.integers(0, d - 1)), i] += draw(fracs(1, 2))
+    else:  # D·(relu(t − c1) − relu(t − c2)): zero slope at both ends, D·(c2 − c1) on the right
+        nz = next(i for i in range(ff.width) if any(U[i]))
+        k = Fraction(draw(st.sampled_from([1, -1, 2])))
+        c1 = draw(fracs())
+        c2 = c1 + draw(fracs(Fraction(1, 4), 3))
+        D = F(draw(vectors(d, nonzero=True)))
+        U = np.vstack([U, [U[nz] * k, U[nz] * k]])
+        b = np.concatenate([b, F([-c1 * k, -c2 * k])])
+        W = np.hstack([W, np.stack([D, -D], axis=1)])
+    return FF(ff.eta, U, b, W)
+
+
+@st.composite
+def sas(draw, d):
+    return SA(Fraction(draw(st.sampled_from([0, 1, Fraction(1, 2)]))),
+              LowRank(Fraction(draw(st.sampled_from([0, 1, -1, Fraction(1, 3)]))),
+                      F(draw(vectors(d))), F(draw(vectors(d)))),
+              LowRank(Fraction(draw(st.sampled_from([0, 1, Fraction(1, 2)]))),
+                      F(draw(vectors(d))), F(draw(vectors(d)))))
+
+
+@st.composite
+def models(draw, d=None, max_blocks=5):
+    d = draw(st.integers(2, 4)) if d is None else d
+    blocks = []
+    for _ in range(draw(st.integers(1, max_blocks))):
+        kind = draw(st.sampled_from(["ridge", "ridge", "dense", "almost", "none"]))
+        ff = None if kind == "none" else draw({"ridge": ridge_ffs, "dense": dense_ffs,
+                                               "almost": almost_ridge_ffs}[kind](d))
+        sa = draw(st.one_of(st.none(), sas(d)))
+        blocks.append(Block(ff, sa))
+    return model_of(d, *blocks)
+
+
+@st.composite
+def inputs_for(draw, d, max_len=6):
+    """1–3 sequences over one small pool of tokens: tokens are shared between sequences and
+    may repeat inside a sequence (multiplicities)."""
+    pool = draw(st.lists(vectors(d, lo=-3, hi=3, den=4), min_size=1, max_size=5))
+    seqs = []
+    for _ in range(draw(st.integers(1, 3))):
+        seqs.append(F(draw(st.lists(st.sampled_from(pool), min_size=1, max_size=max_len))))
+    return seqs
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fast_path_equals_reference(data):
+    model = data.draw(models())
+    X = data.draw(inputs_for(model.d))
+    got = ef.forward(model, X, "exact")
+    want = ref_forward(model, X)
+    for g, w, x in zip(got, want, X, strict=True):
+        assert g.shape == x.shape
+        assert rows(g) == w  # token by token, exactly
+
+
+@SETTINGS
+@given(data=st.data())
+def test_ridge_only_models_equal_reference(data):
+    d = data.draw(st.integers(2, 3))
+    blocks, gadgets = [], []
+    for _ in range(data.draw(st.integers(1, 6))):
+        single = data.draw(st.booleans())
+        ff = data.draw(ridge_ffs(d, max_gadgets=1) if single else ridge_ffs(d))
+        blocks.append(Block(ff, None))
+        if single:
+            gadgets.append(ff)
+    if data.draw(st.booleans()):
+        blocks.insert(data.draw(st.integers(0, len(blocks))), Block(None, data.draw(sas(d))))
+    model = model_of(d, *blocks)
+    # one hat or snap with a non-zero move is always recognised, so the fast path is exercised
+    assert all(ridge_window(ff) is not None for ff in gadgets)
+    X = data.draw(inputs_for(d, max_len=8))
+    assert [rows(g) for g in ef.forward(model, X, "exact")] == ref_forward(model, X)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_float_ridge_path_is_exact_on_binary_fractions(data):
+    # with few-bit binary fractions everywhere, float64 arithmetic makes no rounding error, so
+    # the float pass (ridge windows detected on float parameters) must equal the exact reference
+    d = data.draw(st.integers(2, 3))
+    blocks = [Block(data.draw(ridge_ffs(d, max_gadgets=2, dyadic=True)), None)
+              for _ in range(data.draw(st.integers(1, 5)))]
+    model = model_of(d, *blocks).to_float()
+    pool = data.draw(st.lists(st.lists(dyadics(-3, 3, 4), min_size=d, max_size=d),
+                              min_size=1, max_size=6))
+    X = [F(data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=8)))
+         for _ in range(data.draw(st.integers(1, 3)))]
+    got = ef.forward(model, [np.asarray(x, float) for x in X], "float")
+    want = ref_forward(model_of(d, *blocks), X)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == np.float64
+        assert [tuple(Fraction(v) for v in r) for r in g.tolist()] == w
+
+
+def test_many_tokens_through_many_windows():
+    # enough moved rows to force the sorted index to be rebuilt, windows on two directions
+    rng = np.random.default_rng(0)
+    d, n = 2, 150
+    X = [F(rng.integers(-40, 41, size=(n, d)).tolist()),
+         F(rng.integers(-40, 41, size=(n // 3, d)).tolist())]
+    blocks = []
+    for k in range(12):
+        f = [1, 0] if k % 3 else [1, -2]
+        c = Fraction(int(rng.integers(-30, 31)))
+        delta = Fraction(int(rng.integers(5, 60)))
+        D = F(rng.integers(-5, 6, size=d).tolist())
+        blocks.append(Block(hat_ff(f, c, delta, D, plateau=bool(k % 2)), None))
+    blocks.insert(6, Block(None, attend((0, [1, 0], [1, 0]), V=(0, [0, 1], [1, 0]), rho=1)))
+    model = model_of(d, *blocks)
+    assert [rows(g) for g in ef.forward(model, X, "exact")] == ref_forward(model, X)
+
+
+# ------------------------------------------------------------------------------ arithmetics
+@SETTINGS
+@given(data=st.data())
+def test_exact_float_mp_agree(data):
+    model = data.draw(models())
+    X = data.draw(inputs_for(model.d))
+    stats = PassStats()
+    exact, snaps = ef.forward(model, X, "exact", stats=stats,
+                              snapshots=set(range(model.n_blocks + 1)))
+    # hardmax is discontinuous at ties: compare only where the exact pass is clear of them
+    assume(stats.hardmax_ties == 0)
+    assume(stats.hardmax_margin is None or stats.hardmax_margin > 1e-6)
+    # rounding errors scale with the largest coordinate seen anywhere in the pass
+    scale = max(1.0, max(float(abs(v)) for outs in snaps.values() for o in outs for v in o.flat))
+    floats = ef.forward(model.to_float(), [np.asarray(x, float) for x in X], "float")
+    for e, f in zip(exact, floats, strict=True):
+        assert f.dtype == np.float64
+        np.testing.assert_allclose(f, np.asarray(e, float), rtol=0, atol=1e-9 * scale)
+    mp = ef.forward(model, X, "mp", dps=40)
+    with mpmath.workdps(40):
+        for e, m in zip(exact, mp, strict=True):
+            err = max(abs(a - mpmath.mpf(b.numerator) / b.denominator)
+                      for a, b in zip(m.flat, e.flat, strict=True))
+            assert err <= mpmath.mpf(10) ** -30 * scale
