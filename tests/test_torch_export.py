@@ -21,11 +21,12 @@ pytest.importorskip("safetensors")
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 import exactformer as ef  # noqa: E402
 from exactformer import cli, generate  # noqa: E402
 from exactformer import torch as et  # noqa: E402
-from exactformer.model import FF, Block  # noqa: E402
+from exactformer.model import FF, SA, Block, LowRank  # noqa: E402
 from exactformer.report import hausdorff  # noqa: E402
 
 DATASETS = {
@@ -210,19 +211,140 @@ def test_padding_does_not_change_results(layout, tau, data_st):
 
 
 # ------------------------------------------------------------------------------ files
+# the native file's keys, as the README documents them (JSON model format names)
+NATIVE_FF = {"eta": lambda ff: ff.eta, "U": lambda ff: ff.U, "b": lambda ff: ff.b,
+             "W": lambda ff: ff.W}
+NATIVE_SA = {"rho": lambda sa: sa.rho, "alpha": lambda sa: sa.A.s, "a": lambda sa: sa.A.u,
+             "c": lambda sa: sa.A.v, "beta": lambda sa: sa.V.s, "p": lambda sa: sa.V.u,
+             "q": lambda sa: sa.V.v}
+
+
+def with_identity_layers(model):
+    """``model`` with a block of two identities, a block with an FF only and one with an SA
+    that changes nothing but is not null (ρ = 1, V = 0: it must stay in the file)."""
+    d, first = model.d, model.blocks[0]
+    zero = np.array([Fraction(0)] * d, dtype=object)
+    idle = SA(Fraction(1), LowRank(Fraction(2), zero + 1, zero), LowRank(Fraction(0), zero, zero))
+    return replace(model, blocks=[Block(None, None), Block(first.ff, None), Block(None, idle),
+                                  *model.blocks])
+
+
+def expected_native_tensors(model) -> dict:
+    """Every parameter of the model as float64, under the documented keys; null layers none."""
+    out = {}
+    for i, blk in enumerate(model.blocks):
+        for part, layer, keys in (("ff", blk.ff, NATIVE_FF), ("sa", blk.sa, NATIVE_SA)):
+            if layer is not None:
+                for k, get in keys.items():
+                    v = np.asarray(get(layer), dtype=object)
+                    out[f"blocks.{i}.{part}.{k}"] = torch.tensor(
+                        [float(x) for x in v.flat], dtype=torch.float64).reshape(v.shape)
+    return out
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_native_file_holds_the_model_parameters(tmp_path, attention):
+    """Keys blocks.{i}.ff.{eta, U, b, W} and blocks.{i}.sa.{rho, alpha, a, c, beta, p, q}, the
+    model's numbers as float64, nothing for identity layers; the config marks null layers."""
+    assert set(et.NATIVE_FF_KEYS) == set(NATIVE_FF) and set(et.NATIVE_SA_KEYS) == set(NATIVE_SA)
+    _, model = case("pool", attention)
+    model = with_identity_layers(model)
+    path = tmp_path / "m.safetensors"
+    et.export(model, path)
+    tensors = load_file(str(path))
+    expected = expected_native_tensors(model)
+    assert set(tensors) == set(expected)
+    assert not any(k.startswith(("blocks.0.", "blocks.1.sa", "blocks.2.ff")) for k in tensors)
+    assert {"blocks.2.sa.rho", "blocks.2.sa.q"} <= set(tensors)
+    for k, v in tensors.items():
+        assert v.dtype == torch.float64 and torch.equal(v, expected[k]), k
+    d = model.d
+    for i, blk in enumerate(model.blocks):
+        if blk.ff is not None:
+            w = blk.ff.width
+            assert [tuple(tensors[f"blocks.{i}.ff.{k}"].shape) for k in NATIVE_FF] == \
+                [(), (w, d), (w,), (d, w)]
+    config = json.loads((tmp_path / "m.config.json").read_text())
+    assert config["layout"] == "native" and config["dtype"] == "float64"
+    assert config["ff"] == "profile" and config["attention"] == attention
+    assert config["blocks"] == [{"ff": None if b.ff is None else {"width": b.ff.width},
+                                 "sa": b.sa is not None} for b in model.blocks]
+    # float32 files hold each parameter rounded to float32
+    et.export(model, path, dtype="float32")
+    for k, v in load_file(str(path)).items():
+        assert v.dtype == torch.float32 and torch.equal(v, expected[k].float()), k
+
+
+@pytest.mark.parametrize("ff", et.FF_FORMS)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_safetensors_round_trip(tmp_path, layout):
+def test_safetensors_round_trip(tmp_path, layout, dtype, ff):
+    """Loading gives a module whose outputs equal the exported module's; saving it again writes
+    the same tensors and config."""
+    if layout == "rho-eta" and ff == "dense":
+        pytest.skip("the ρ/η layout has one FF form")
     data, model = case("nested")
-    path = tmp_path / "model.safetensors"
-    module = et.export(model, path, layout=layout)
+    path, again_path = tmp_path / "model.safetensors", tmp_path / "again.safetensors"
+    module = et.export(model, path, layout=layout, dtype=dtype, ff=ff)
     config = json.loads((tmp_path / "model.config.json").read_text())
     assert config["format"] == et.FORMAT and config["layout"] == layout
     again = et.load_torch(path)
     assert type(again) is type(module)
+    assert next(again.parameters()).dtype == getattr(torch, dtype)
     sd, sd2 = module.state_dict(), again.state_dict()
     assert sd.keys() == sd2.keys() and all(torch.equal(sd[k], sd2[k]) for k in sd)
     xs, _ = data.floats()
-    assert max_diff(et.apply(again, xs), et.apply(module, xs), 1.0) == 0
+    x, mask = et.pad_batch(xs, getattr(torch, dtype))
+    with torch.no_grad():
+        assert torch.equal(module(x, mask), again(x, mask))
+    et.save_torch(again, again_path)
+    t1, t2 = load_file(str(path)), load_file(str(again_path))
+    assert t1.keys() == t2.keys()
+    assert all(t1[k].dtype == t2[k].dtype and torch.equal(t1[k], t2[k]) for k in t1)
+    assert json.loads((tmp_path / "again.config.json").read_text()) == config
+    if layout == "native":
+        assert all(isinstance(b.ff, et.ProfileFF if ff == "profile" else et.DenseFF)
+                   for b in again.blocks)
+        assert again.model.parameters() == et.round_model(model, getattr(torch, dtype)).parameters()
+
+
+def test_native_evaluation_forms():
+    """ff="profile" (default) and ff="dense" evaluate the same model; the profile form is the
+    one that keeps float32 on the targets."""
+    data, model = case("pool")
+    profile, dense = et.to_torch(model), et.to_torch(model, ff="dense")
+    assert all(isinstance(b.ff, et.ProfileFF) for b in profile.blocks)
+    assert all(isinstance(b.ff, et.DenseFF) for b in dense.blocks)
+    assert profile.model is model and dense.model is model
+    xs, _ = data.floats()
+    assert max_diff(et.apply(dense, xs), et.apply(profile, xs), data.coordinate_scale()) <= 1e-10
+    assert et.max_error(et.to_torch(model, torch.float32), data) <= 1e-6
+    with pytest.raises(ValueError, match="ff must be"):
+        et.to_torch(model, ff="relu")
+
+
+def test_load_float64_file_in_float32(tmp_path):
+    """A float64 native file evaluated in float32 is as good as the exact model in float32."""
+    data, model = case("nested")
+    et.export(model, tmp_path / "m.safetensors")
+    module = et.load_torch(tmp_path / "m.safetensors", dtype=torch.float32)
+    assert next(module.parameters()).dtype == torch.float32
+    err = et.max_error(module, data)
+    assert err <= 2 * et.max_error(et.to_torch(model, torch.float32), data) + 1e-7
+    assert err <= 1e-3
+
+
+def test_native_file_errors(tmp_path):
+    _, model = case("demo")
+    tensors, config = et.native_tensors(model), et.native_config(model)
+    assert et.native_model(tensors, config).parameters() == \
+        [float(v) for v in model.parameters()]
+    for bad, match in [({k: v for k, v in tensors.items() if k != "blocks.0.ff.U"}, "missing"),
+                       ({**tensors, "blocks.0.ff.b": torch.zeros(1, dtype=torch.float64)},
+                        "shape"),
+                       ({**tensors, "blocks.0.ff.t": torch.zeros(1)}, "unexpected")]:
+        with pytest.raises(ValueError, match=match):
+            et.native_model(bad, config)
 
 
 def test_cli_export(tmp_path, capsys):
@@ -235,6 +357,11 @@ def test_cli_export(tmp_path, capsys):
     assert next(module.parameters()).dtype == torch.float32
     assert isinstance(module, et.RhoEtaTransformer)
     assert "rho-eta" in capsys.readouterr().out
+    native = tmp_path / "native.safetensors"
+    assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(native)]) == 0
+    tensors, expected = load_file(str(native)), expected_native_tensors(model)
+    assert tensors.keys() == expected.keys()
+    assert all(torch.equal(tensors[k], expected[k]) for k in tensors)
 
 
 def test_failed_export_leaves_nothing(tmp_path, monkeypatch):
@@ -283,6 +410,40 @@ def test_float32_verdict_matches_a_float32_run(name, layout, attention):
     assert "float32 verdict" in verdict.table()
 
 
+def test_float32_file_error_is_that_of_a_float32_file(tmp_path):
+    """``error_float32_file``: the module loaded from a float32 export, run in float32."""
+    data, model = case("pool")
+    path = tmp_path / "m.safetensors"
+    for layout in LAYOUTS:
+        verdict = et.float32_verdict(model, data, layout=layout)
+        et.export(model, path, layout=layout, dtype="float32")
+        assert verdict.error_float32_file == et.max_error(et.load_torch(path), data)
+        if layout == "rho-eta":
+            assert verdict.error_float32_file == verdict.error
+
+
+# ------------------------------------------------------------------------------ attention
+@pytest.mark.parametrize("tau", [None, 1, 0.25])
+def test_softmax_weights_and_masking(tau):
+    """softmax: exp(S/τ) normalised over the real keys, padded keys exactly 0; hardmax averages
+    the argmax set of the real keys."""
+    g = torch.Generator().manual_seed(0)
+    S = torch.randn(3, 5, 5, dtype=torch.float64, generator=g) * 10
+    S[2, :, 1] = S[2, :, 0] = 100  # a tie at the top
+    S[1, :, 4] = 1e3  # a large score on a padded key
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    keep = mask[:, None, :].expand_as(S)
+    P = et.attention_weights(S, mask, "softmax", tau)
+    real = S.masked_fill(~keep, -1e300)
+    E = torch.exp((real - real.amax(-1, keepdim=True)) / (tau or 1)) * keep
+    assert torch.allclose(P, E / E.sum(-1, keepdim=True), rtol=1e-13, atol=0)
+    assert not P[~keep].any()
+    H = et.attention_weights(S, mask, "hardmax", tau)
+    assert not H[~keep].any()
+    assert (H[2, :, :2] == 0.5).all() and not H[2, :, 2:].any()
+    assert torch.equal(H.sum(-1), torch.ones(3, 5, dtype=torch.float64))
+
+
 # ------------------------------------------------------------------------------ CUDA
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -292,3 +453,15 @@ def test_cuda_matches_cpu(layout):
     cpu = et.apply(et.convert(model, layout), xs)
     gpu = et.apply(et.convert(model, layout, device="cuda"), xs)
     assert max_diff(gpu, cpu, data.coordinate_scale()) <= 1e-12
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cuda_load_matches_cpu(tmp_path, layout):
+    data, model = case("pool")
+    path = tmp_path / "m.safetensors"
+    module = et.export(model, path, layout=layout)
+    gpu = et.load_torch(path, device="cuda")
+    assert next(gpu.parameters()).is_cuda
+    xs, _ = data.floats()
+    assert max_diff(et.apply(gpu, xs), et.apply(module, xs), data.coordinate_scale()) <= 1e-12

@@ -3,16 +3,22 @@
 Two layouts, both taking a padded batch ``x`` (B, n, d) and a padding mask (B, n) (True at real
 tokens), on any device:
 
-* **native** (:func:`to_torch`): our FF→SA blocks. Attention keeps the structured matrices
-  A = α·I + a·cᵀ and V = β·I + p·qᵀ. An FF whose hidden units all read one direction f (every
-  gadget of the construction) is stored as its *profile*: FF(x) = η·x + φ(f·x) with φ the
-  piecewise-linear function given by its breakpoints, its values there (computed exactly from
-  the model's numbers) and its two end slopes. This is the same function, but a token on a
-  flat part of φ (a hat's plateau, the zero outside a window) gets exactly the stored value
-  instead of a sum of large ReLU terms that cancel only up to rounding; that is what makes
-  float32 usable. Other FFs are dense: η·x + W·relu(U·x + b).
+* **native** (:func:`to_torch`): our FF→SA blocks. Its *file* holds the model's own parameters
+  under keys that mirror the JSON model format (:func:`native_tensors`, :data:`NATIVE_FF_KEYS`,
+  :data:`NATIVE_SA_KEYS`); the module keeps that model as ``module.model`` and saves from it.
+  Its *evaluation form* is built from the model when the module is made (and so when a file is
+  loaded): attention keeps the structured matrices A = α·I + a·cᵀ and V = β·I + p·qᵀ; an FF
+  whose hidden units all read one direction f (every gadget of the construction) is evaluated
+  by its *profile* (``ff="profile"``, the default): FF(x) = η·x + φ(f·x) with φ the
+  piecewise-linear function given by its breakpoints, its values there (computed exactly, in
+  Fractions, from the model's numbers; from a file, from the exact values of its floats) and
+  its two end slopes. This is the same function, but a token on a flat part of φ (a hat's
+  plateau, the zero outside a window) gets exactly the stored value instead of a sum of large
+  ReLU terms that cancel only up to rounding; that is what makes float32 usable. Other FFs, and
+  every FF with ``ff="dense"``, are evaluated as η·x + W·relu(U·x + b).
 * **rho-eta** (:func:`to_rho_eta`): the research layout "x ← ρ·x + Attn(x); x ← η·x + FF(x)"
   with dense W_q, W_k (h×d, h = d + 1), W_v (d×d) and FF = Linear(d, 4) → ReLU → Linear(4, d).
+  Its file is its state dict.
 
 Importing this module needs torch and safetensors; the rest of exactformer does not.
 """
@@ -20,7 +26,7 @@ Importing this module needs torch and safetensors; the rest of exactformer does 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +37,16 @@ from torch import nn
 from .data import Dataset
 from .evaluate import PassStats
 from .evaluate import forward as np_forward
-from .model import FF, SA, Transformer
+from .model import FF, SA, Block, LowRank, Transformer
 from .modelio import atomic_path
 from .numbers import to_fraction_array
 from .report import hausdorff
 
 FORMAT = "exactformer.torch/1"
 LAYOUTS = ("native", "rho-eta")
+FF_FORMS = ("profile", "dense")
+NATIVE_FF_KEYS = ("eta", "U", "b", "W")  # blocks.{i}.ff.{key}: (), (w, d), (w,), (d, w)
+NATIVE_SA_KEYS = ("rho", "alpha", "a", "c", "beta", "p", "q")  # blocks.{i}.sa.{key}
 UNIT_ROUNDOFF_32 = 2.0 ** -24
 
 
@@ -47,19 +56,16 @@ def attention_weights(S: torch.Tensor, mask: torch.Tensor | None, attention: str
     """Row-stochastic weights from scores S (B, n, n); padded keys get weight 0.
 
     hardmax averages over each row's argmax set (ties average), as the NumPy evaluator does;
-    softmax at temperature τ (None: 1) is exp((S − max)/τ), normalised.
+    softmax at temperature τ (None: 1) is ``torch.softmax(S/τ)``.
     """
     if mask is not None:
         S = S.masked_fill(~mask[:, None, :], float("-inf"))
-    best = S.amax(dim=-1, keepdim=True)
     if attention == "hardmax":
-        hit = (S == best).to(S.dtype)
+        hit = (S == S.amax(dim=-1, keepdim=True)).to(S.dtype)
         return hit / hit.sum(dim=-1, keepdim=True)
-    Z = S - best
     if tau is not None and tau != 1:
-        Z = Z / tau
-    E = torch.exp(Z)
-    return E / E.sum(dim=-1, keepdim=True)
+        S = S / tau
+    return torch.softmax(S, dim=-1)
 
 
 def _keys(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -133,19 +139,42 @@ class NativeBlock(nn.Module):
 
 
 class NativeTransformer(nn.Module):
-    """Our FF→SA blocks; ``blocks`` lists per block {"ff": None | {"kind": "dense", "width": w}
-    | {"kind": "profile", "breakpoints": k}, "sa": bool} (None / False = identity layer)."""
+    """Our FF→SA blocks, the evaluation form of ``model`` (kept as ``self.model``).
 
-    def __init__(self, d: int, attention: str, tau, blocks: list[dict], dtype=torch.float64):
+    ``ff="profile"`` evaluates every FF whose hidden units read one direction by its profile
+    (:class:`ProfileFF`, breakpoints and values computed exactly from the model's numbers) and
+    the others densely; ``ff="dense"`` evaluates every FF as η·x + W·relu(U·x + b). Identity
+    layers, and attention layers that change nothing (ρ = 1, V = 0), are skipped. The module's
+    parameters are this evaluation form: files are written from ``self.model``
+    (:func:`save_torch`), so change the model and build a new module rather than the parameters.
+    """
+
+    def __init__(self, model: Transformer, dtype=torch.float64, ff: str = "profile"):
         super().__init__()
-        self.d, self.attention, self.tau, self.spec = d, attention, tau, blocks
-        layers = []
-        for spec in blocks:
-            ff = spec["ff"]
-            if ff is not None:
-                ff = (DenseFF(d, ff["width"], dtype) if ff["kind"] == "dense"
-                      else ProfileFF(d, ff["breakpoints"], dtype))
-            layers.append(NativeBlock(ff, LowRankSA(d, dtype) if spec["sa"] else None))
+        if ff not in FF_FORMS:
+            raise ValueError(f"ff must be one of {FF_FORMS}, got {ff!r}")
+        self.model, self.dtype, self.ff = model, dtype, ff
+        self.d, self.attention = model.d, model.attention
+        self.tau = None if model.tau is None else float(model.tau)
+        d, layers = model.d, []
+        for blk in model.blocks:
+            ff_layer = prof = None
+            if blk.ff is not None:
+                prof = ff_profile(blk.ff) if ff == "profile" else None
+                if prof is None:
+                    ff_layer = DenseFF(d, blk.ff.width, dtype)
+                    _fill(ff_layer, eta=blk.ff.eta, U=blk.ff.U, b=blk.ff.b, W=blk.ff.W)
+                else:
+                    f, t, phi, ends = prof
+                    ff_layer = ProfileFF(d, len(t), dtype)
+                    _fill(ff_layer, eta=blk.ff.eta, f=f, t=t, phi=np.array(phi),
+                          ends=np.array(ends))
+            sa_layer = None
+            if not is_identity_sa(blk.sa):
+                sa, sa_layer = blk.sa, LowRankSA(d, dtype)
+                _fill(sa_layer, rho=sa.rho, alpha=sa.A.s, a=sa.A.u, c=sa.A.v, beta=sa.V.s,
+                      p=sa.V.u, q=sa.V.v)
+            layers.append(NativeBlock(ff_layer, sa_layer))
         self.blocks = nn.ModuleList(layers)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -156,8 +185,9 @@ class NativeTransformer(nn.Module):
         return _keys(x, mask)
 
     def config(self) -> dict:
-        return {"layout": "native", "d": self.d, "attention": self.attention, "tau": self.tau,
-                "blocks": self.spec}
+        """What the config file says about the native weights: ``native_config`` plus the FF
+        evaluation form that loading rebuilds by default."""
+        return {**native_config(self.model), "ff": self.ff}
 
 
 # ------------------------------------------------------------------------------ ρ/η layout
@@ -251,30 +281,85 @@ def ff_profile(ff: FF):
     return f, t, [phi(s) for s in t], (left, right)
 
 
-def to_torch(model: Transformer, dtype=torch.float64, device=None) -> NativeTransformer:
-    """The native-layout module of ``model`` (see the module docstring)."""
-    specs, fills = [], []
-    for blk in model.blocks:
-        ff_spec = prof = None
+def to_torch(model: Transformer, dtype=torch.float64, device=None,
+             ff: str = "profile") -> NativeTransformer:
+    """The native-layout module of ``model``, evaluating its FFs by their profiles
+    (``ff="profile"``) or densely (``ff="dense"``); see :class:`NativeTransformer`."""
+    return NativeTransformer(model, dtype, ff).to(device)
+
+
+# ------------------------------------------------------------------------------ native files
+def native_config(model: Transformer) -> dict:
+    """The config of ``model``'s native file: d, attention, τ and per block
+    {"ff": null | {"width": w}, "sa": bool} (null / false: the identity layer, no keys)."""
+    return {"layout": "native", "d": model.d, "attention": model.attention,
+            "tau": None if model.tau is None else float(model.tau),
+            "blocks": [{"ff": None if b.ff is None else {"width": b.ff.width},
+                        "sa": b.sa is not None} for b in model.blocks]}
+
+
+def native_tensors(model: Transformer, dtype=torch.float64) -> dict[str, torch.Tensor]:
+    """The native file's tensors: the model's parameters, each rounded to ``dtype``, under
+    ``blocks.{i}.ff.{eta, U, b, W}`` and ``blocks.{i}.sa.{rho, alpha, a, c, beta, p, q}`` (the
+    names of the JSON model format, with A's and V's entries flattened into the SA)."""
+    out = {}
+    for i, blk in enumerate(model.blocks):
+        values = {}
         if blk.ff is not None:
-            prof = ff_profile(blk.ff)
-            ff_spec = ({"kind": "profile", "breakpoints": len(prof[1])} if prof else
-                       {"kind": "dense", "width": blk.ff.width})
-        sa = None if is_identity_sa(blk.sa) else blk.sa
-        specs.append({"ff": ff_spec, "sa": sa is not None})
-        fills.append((blk.ff, prof, sa))
-    tau = None if model.tau is None else float(model.tau)
-    module = NativeTransformer(model.d, model.attention, tau, specs, dtype)
-    for layer, (ff, prof, sa) in zip(module.blocks, fills, strict=True):
-        if prof is not None:
-            f, t, phi, ends = prof
-            _fill(layer.ff, eta=ff.eta, f=f, t=t, phi=np.array(phi), ends=np.array(ends))
-        elif ff is not None:
-            _fill(layer.ff, eta=ff.eta, U=ff.U, b=ff.b, W=ff.W)
-        if sa is not None:
-            _fill(layer.sa, rho=sa.rho, alpha=sa.A.s, a=sa.A.u, c=sa.A.v, beta=sa.V.s,
-                  p=sa.V.u, q=sa.V.v)
-    return module.to(device)
+            ff = blk.ff
+            values.update(zip((f"ff.{k}" for k in NATIVE_FF_KEYS), (ff.eta, ff.U, ff.b, ff.W),
+                              strict=True))
+        if blk.sa is not None:
+            sa = blk.sa
+            values.update(zip((f"sa.{k}" for k in NATIVE_SA_KEYS),
+                              (sa.rho, sa.A.s, sa.A.u, sa.A.v, sa.V.s, sa.V.u, sa.V.v),
+                              strict=True))
+        for k, v in values.items():
+            out[f"blocks.{i}.{k}"] = torch.as_tensor(_floats(v), dtype=dtype).contiguous()
+    return out
+
+
+def native_model(tensors: dict[str, torch.Tensor], config: dict) -> Transformer:
+    """The model held by a native file: float64 parameters (``exact=False``) with the exact
+    values of the stored floats. Raises ValueError on missing, extra or misshapen tensors."""
+    d, blocks, seen = config["d"], [], set()
+
+    def get(key, shape):
+        if key not in tensors:
+            raise ValueError(f"native weights: {key} is missing")
+        t = tensors[key]
+        if tuple(t.shape) != shape:
+            raise ValueError(f"native weights: {key} has shape {tuple(t.shape)}, "
+                             f"expected {shape}")
+        seen.add(key)
+        a = t.detach().to(device="cpu", dtype=torch.float64).numpy().copy()
+        return float(a) if shape == () else a
+
+    for i, spec in enumerate(config["blocks"]):
+        ff = sa = None
+        if spec["ff"] is not None:
+            w, key = spec["ff"]["width"], f"blocks.{i}.ff."
+            ff = FF(get(key + "eta", ()), get(key + "U", (w, d)), get(key + "b", (w,)),
+                    get(key + "W", (d, w)))
+        if spec["sa"]:
+            key = f"blocks.{i}.sa."
+            sa = SA(get(key + "rho", ()),
+                    LowRank(get(key + "alpha", ()), get(key + "a", (d,)), get(key + "c", (d,))),
+                    LowRank(get(key + "beta", ()), get(key + "p", (d,)), get(key + "q", (d,))))
+        blocks.append(Block(ff, sa))
+    extra = sorted(set(tensors) - seen)
+    if extra:
+        raise ValueError(f"native weights: unexpected tensors {', '.join(extra[:5])}")
+    tau = config.get("tau")
+    return Transformer(d=d, attention=config["attention"], blocks=blocks,
+                       tau=None if tau is None else float(tau), exact=False)
+
+
+def round_model(model: Transformer, dtype=torch.float64) -> Transformer:
+    """``model`` as a native file of ``dtype`` holds it: each parameter rounded to ``dtype``,
+    kept as a float64 (``exact=False``). :func:`export` builds its module from this."""
+    rounded = native_model(native_tensors(model, dtype), native_config(model))
+    return replace(rounded, meta=model.meta)
 
 
 def to_rho_eta(model: Transformer, dtype=torch.float64, device=None) -> RhoEtaTransformer:
@@ -317,10 +402,14 @@ def to_rho_eta(model: Transformer, dtype=torch.float64, device=None) -> RhoEtaTr
     return module.to(device)
 
 
-def convert(model: Transformer, layout: str = "native", dtype=torch.float64, device=None):
+def convert(model: Transformer, layout: str = "native", dtype=torch.float64, device=None,
+            ff: str = "profile"):
+    """:func:`to_torch` (``ff`` as there) or :func:`to_rho_eta` by ``layout``."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return (to_torch if layout == "native" else to_rho_eta)(model, dtype, device)
+    if layout == "native":
+        return to_torch(model, dtype, device, ff)
+    return to_rho_eta(model, dtype, device)
 
 
 # ------------------------------------------------------------------------------ running
@@ -351,37 +440,60 @@ def config_path(path: str | Path) -> Path:
     return Path(path).with_suffix(".config.json")
 
 
+def _dtype(module: nn.Module) -> torch.dtype:
+    p = next(module.parameters(), None)
+    return p.dtype if p is not None else getattr(module, "dtype", torch.float64)
+
+
 def save_torch(module: nn.Module, path: str | Path) -> None:
-    """Write the weights (safetensors) and the config beside them; both or neither appear."""
-    p = next(module.parameters())
-    config = {"format": FORMAT, "dtype": str(p.dtype).removeprefix("torch."), **module.config()}
-    tensors = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+    """Write the weights (safetensors) and the config beside them; both or neither appear.
+
+    A native module writes its model's parameters (:func:`native_tensors`) in the module's
+    dtype, not its evaluation form; a ρ/η module writes its state dict."""
+    dtype = _dtype(module)
+    config = {"format": FORMAT, "dtype": str(dtype).removeprefix("torch."), **module.config()}
+    if isinstance(module, NativeTransformer):
+        tensors = native_tensors(module.model, dtype)
+    else:
+        tensors = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
     with atomic_path(path) as tmp, atomic_path(config_path(path)) as tmp_config:
         save_file(tensors, str(tmp))
         tmp_config.write_text(json.dumps(config, indent=1))
 
 
-def load_torch(path: str | Path, device=None) -> nn.Module:
-    """The module saved by :func:`save_torch` (or ``exactformer export``)."""
+def load_torch(path: str | Path, device=None, dtype=None, ff: str | None = None) -> nn.Module:
+    """The module saved by :func:`save_torch` (or ``exactformer export``).
+
+    A native file is read as a model (:func:`native_model`: the exact values of its floats) and
+    the module is built from it, so its profiles are computed exactly from the stored numbers;
+    ``ff`` overrides the evaluation form recorded in the config. ``dtype`` (default: the file's)
+    is the dtype to evaluate in: a float64 native file loaded with ``dtype=torch.float32`` keeps
+    float64 parameters for the profiles and evaluates in float32."""
     config = json.loads(config_path(path).read_text())
     if config.get("format") != FORMAT:
         raise ValueError(f"{config_path(path)}: expected \"format\": \"{FORMAT}\"")
-    dtype = getattr(torch, config["dtype"])
+    file_dtype = getattr(torch, config["dtype"])
+    tensors = load_file(str(path))
     if config["layout"] == "native":
-        module = NativeTransformer(config["d"], config["attention"], config["tau"],
-                                   config["blocks"], dtype)
-    else:
-        module = RhoEtaTransformer(config["d"], config["n_blocks"], config["h"],
-                                   config["attention"], config["tau"], config["width"], dtype)
-    module.load_state_dict(load_file(str(path)))
-    return module.to(device)
+        model = native_model(tensors, config)
+        return to_torch(model, dtype or file_dtype, device, ff or config.get("ff", "profile"))
+    module = RhoEtaTransformer(config["d"], config["n_blocks"], config["h"],
+                               config["attention"], config["tau"], config["width"], file_dtype)
+    module.load_state_dict(tensors)
+    return module.to(device=device, dtype=dtype)
 
 
 def export(model: Transformer, path: str | Path, layout: str = "native",
-           dtype=torch.float64) -> nn.Module:
+           dtype=torch.float64, ff: str = "profile") -> nn.Module:
     """Convert ``model`` and save it at ``path`` (safetensors) plus its config; ``dtype`` is a
-    torch dtype or its name ("float64", "float32")."""
-    module = convert(model, layout, getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    torch dtype or its name ("float64", "float32"). The native module returned is the one that
+    loading the file gives: built from the parameters rounded to ``dtype``
+    (:func:`round_model`), evaluating its FFs in the form ``ff``."""
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if layout == "native":
+        module = to_torch(round_model(model, dtype), dtype, ff=ff)
+    else:
+        module = convert(model, layout, dtype)
     save_torch(module, path)
     return module
 
@@ -391,16 +503,21 @@ def export(model: Transformer, path: str | Path, layout: str = "native",
 class Float32Verdict:
     """Does the model still interpolate when run in float32?
 
-    ``interpolates`` is decided by an actual float32 run of the exported module: the largest
-    Hausdorff distance between a pair's outputs and its targets, over the coordinate scale, is
-    at most ``tolerance``. The margins (from a pass of the NumPy evaluator) say how much room
-    the discrete decisions have, in units of the float32 unit roundoff u = 2⁻²⁴.
+    ``interpolates`` is decided by an actual float32 run of the module (``convert(model,
+    layout, torch.float32)``; for the native layout the same as loading a float64 file with
+    ``dtype=torch.float32``): the largest Hausdorff distance between a pair's outputs and its
+    targets, over the coordinate scale, is at most ``tolerance``. ``error_float32_file`` is the
+    error of the module that a float32 *file* gives, whose parameters are rounded to float32
+    (for the native layout the profiles are then exact for the rounded parameters, which can be
+    much worse; for ρ/η it is ``error``). The margins (from a pass of the NumPy evaluator) say
+    how much room the discrete decisions have, in units of the float32 unit roundoff u = 2⁻²⁴.
     """
 
     layout: str
     interpolates: bool
     error: float  # float32 run: max Hausdorff error / coordinate scale
     error_float64: float  # the same module in float64
+    error_float32_file: float  # the module loaded from a float32 file, in float32
     tolerance: float
     hardmax_margin: float | None  # smallest best-minus-second score gap / score scale
     ridge_clearance: float | None  # smallest distance of a token to a window / scale
@@ -413,6 +530,7 @@ class Float32Verdict:
                 ("layout", self.layout),
                 ("float32 max error / scale", f"{self.error:.3g}  (tolerance {self.tolerance:g})"),
                 ("float64 max error / scale", f"{self.error_float64:.3g}"),
+                ("float32 file max error / scale", f"{self.error_float32_file:.3g}"),
                 ("smallest hardmax score margin", margin(self.hardmax_margin)),
                 ("smallest hat clearance / scale", margin(self.ridge_clearance))]
 
@@ -442,5 +560,7 @@ def float32_verdict(model: Transformer, dataset: Dataset, layout: str = "native"
     np_forward(model, inputs, "exact" if exact else "float", stats=stats)
     err32 = max_error(convert(model, layout, torch.float32, device), dataset)
     err64 = max_error(convert(model, layout, torch.float64, device), dataset)
-    return Float32Verdict(layout, bool(err32 <= tolerance), err32, err64, tolerance,
+    err_file = err32 if layout != "native" else \
+        max_error(to_torch(round_model(model, torch.float32), torch.float32, device), dataset)
+    return Float32Verdict(layout, bool(err32 <= tolerance), err32, err64, err_file, tolerance,
                           stats.hardmax_margin, stats.ridge_clearance)
