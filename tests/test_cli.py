@@ -14,7 +14,6 @@ import pytest
 
 from exactformer import load_model
 from exactformer.cli import main
-from exactformer.construct.generic import ConstructionError
 from exactformer.data import DuplicatePairWarning
 
 DATA = {"inputs": [[[0, 1], [2, 3], [4, 1]], [[2, 3], [5, 5]], [["1/2", "-3/7"]]],
@@ -231,9 +230,6 @@ def test_softmax_works_or_says_why(tmp_path, data, capsys):
         assert load_model(model).attention == "softmax"
 
 
-@pytest.mark.xfail(strict=True, raises=ConstructionError,
-                   reason="bug: ConstructionError (a RuntimeError) is not caught by the CLI:"
-                   " traceback and exit status 1 instead of a message and exit 2")
 def test_construction_failure_exits_2(tmp_path, capsys):
     close = write(tmp_path / "close.json", {"inputs": [[[1.0, 0.0]], [[1.0000000000000002, 0.0]]],
                                             "targets": [[[1, 1]], [[2, 2]]]})

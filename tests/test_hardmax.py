@@ -389,9 +389,6 @@ def test_broken_float_model_fails_verification():
     assert not report.ok and report.max_hausdorff_float64 > 1e-6
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="bug: float64 mode on exact data whose distinct tokens round to the "
-                   "same float fails with a bare 'min() arg is an empty sequence' ValueError")
 def test_float64_mode_on_tokens_that_coincide_in_float():
     ds = make_dataset([[["1/3", 0]], [["0.33333333333333333333333", 0]]], [[[1, 1]], [[2, 2]]])
     check_exact_model(ef.compile(ds, exact=True, seed=0), ds)  # exact mode is fine

@@ -116,10 +116,6 @@ def test_float64_round_trip_restores_identical_floats(tmp_path_factory, ds, seed
     assert again.read_text() == path.with_name("third.json").read_text()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="bug: -0.0 is written as '-0.0', which Fraction reads as 0, so a "
-                   "float64 model's negative zeros load as +0.0 and a second save differs "
-                   "from the first")
 def test_negative_zero_survives(tmp_path):
     m = hand_model(exact=False)
     m.blocks[0].ff.W[0, 1] = -0.0
@@ -367,19 +363,14 @@ def test_missing_file_is_an_os_error(tmp_path):
         load_model(tmp_path / "absent.json")
 
 
-STRUCTURE_BUG = pytest.mark.xfail(
-    strict=True, raises=AttributeError,
-    reason="bug: a block, ff or sa that is not a JSON object raises AttributeError "
-    "('... has no attribute get'), not ModelFormatError")
-
 
 @pytest.mark.parametrize("doc", [
-    pytest.param(doc_with(blocks=[1]), marks=STRUCTURE_BUG, id="block-int"),
-    pytest.param(doc_with(blocks=[None]), marks=STRUCTURE_BUG, id="block-null"),
-    pytest.param(doc_with(blocks="abc"), marks=STRUCTURE_BUG, id="blocks-string"),
-    pytest.param(block_doc(ff=5), marks=STRUCTURE_BUG, id="ff-int"),
-    pytest.param(block_doc(sa=["rho"]), marks=STRUCTURE_BUG, id="sa-list"),
-    pytest.param(modified(["sa", "A"], "I"), marks=STRUCTURE_BUG, id="A-string"),
+    pytest.param(doc_with(blocks=[1]), id="block-int"),
+    pytest.param(doc_with(blocks=[None]), id="block-null"),
+    pytest.param(doc_with(blocks="abc"), id="blocks-string"),
+    pytest.param(block_doc(ff=5), id="ff-int"),
+    pytest.param(block_doc(sa=["rho"]), id="sa-list"),
+    pytest.param(modified(["sa", "A"], "I"), id="A-string"),
 ])
 def test_malformed_structure_is_a_format_error(doc):
     with pytest.raises(ModelFormatError, match=r"blocks"):

@@ -17,6 +17,8 @@ def compile(dataset: Dataset, attention: str = "hardmax", exact: bool = True, se
     """
     if not isinstance(dataset, Dataset):
         raise TypeError("compile expects an exactformer.Dataset (see Dataset.from_arrays)")
+    if not exact and dataset.exact:
+        dataset.check_float64()
     if attention == "hardmax":
         if tau is not None:
             raise ValueError("tau applies to softmax attention only")

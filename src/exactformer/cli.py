@@ -14,6 +14,7 @@ import warnings
 
 from . import generate
 from .api import compile
+from .construct.generic import ConstructionError
 from .data import Dataset, DatasetError
 from .modelio import ModelFormatError, load_model, save_model, write_text_atomic
 from .report import verify
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
             return args.run(args)
-    except (DatasetError, ModelFormatError, UsageError, NotImplementedError, ValueError,
+    except (DatasetError, ModelFormatError, ConstructionError, UsageError, ValueError,
             OSError) as e:
         print(f"exactformer {args.command}: error: {e}", file=sys.stderr)
         return 2

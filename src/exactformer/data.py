@@ -75,6 +75,18 @@ class Dataset:
         return ([np.asarray(x, dtype=float) for x in self.inputs],
                 [np.asarray(y, dtype=float) for y in self.targets])
 
+    def check_float64(self) -> None:
+        """Raise DatasetError if rounding to float64 breaks a rule (distinct tokens or inputs
+        that become equal), so float64 constructions fail with a clear message."""
+        xs, ys = self.floats()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", DuplicatePairWarning)
+                Dataset._validated(xs, ys)
+        except (DatasetError, DuplicatePairWarning) as e:
+            raise DatasetError(f"in float64 arithmetic: {e}; build with exact rational "
+                               "arithmetic instead") from None
+
     def coordinate_scale(self) -> float:
         """Largest absolute coordinate over inputs and targets (at least 1)."""
         xs, ys = self.floats()
@@ -112,8 +124,8 @@ class Dataset:
             missing = {"inputs", "input_lengths", "targets", "target_lengths"} - set(z.files)
             if missing:
                 raise DatasetError(f"{path}: missing arrays {sorted(missing)}")
-            xs = _split(z["inputs"], z["input_lengths"], "inputs")
-            ys = _split(z["targets"], z["target_lengths"], "targets")
+            xs = _split(z["inputs"], z["input_lengths"], "inputs", "input_lengths")
+            ys = _split(z["targets"], z["target_lengths"], "targets", "target_lengths")
         return cls.from_arrays(xs, ys)
 
     @classmethod
@@ -157,7 +169,7 @@ class Dataset:
 def _all_floats(seq) -> bool:
     if isinstance(seq, np.ndarray):
         return seq.dtype.kind in "fiub"
-    return all(_all_floats_row(row) for row in seq)
+    return isinstance(seq, (list, tuple)) and all(_all_floats_row(row) for row in seq)
 
 
 def _all_floats_row(row) -> bool:
@@ -185,7 +197,8 @@ def _as_matrix(seq, name: str, exact: bool) -> np.ndarray:
     width = None
     out = []
     for i, row in enumerate(rows):
-        if not isinstance(row, (list, tuple, np.ndarray)) or np.ndim(row) != 1:
+        if not isinstance(row, (list, tuple, np.ndarray)) or \
+                (isinstance(row, np.ndarray) and row.ndim != 1):
             raise DatasetError(f"{name}, token {i}: expected a list of coordinates")
         if width is None:
             width = len(row)
@@ -243,12 +256,13 @@ def _merge_equal_inputs(xs, ys):
     return tuple(xs[j] for j in keep), tuple(ys[j] for j in keep)
 
 
-def _split(flat: np.ndarray, lengths: np.ndarray, name: str) -> list[np.ndarray]:
+def _split(flat: np.ndarray, lengths: np.ndarray, name: str, lengths_name: str
+           ) -> list[np.ndarray]:
     if flat.ndim != 2:
         raise DatasetError(f"{name}: expected a T×d array, got shape {flat.shape}")
     lengths = np.asarray(lengths).astype(int)
     if lengths.ndim != 1 or (lengths < 0).any() or lengths.sum() != flat.shape[0]:
-        raise DatasetError(f"{name}_lengths: must be N non-negative lengths summing to "
-                           f"{flat.shape[0]} (got sum {int(lengths.sum())})")
+        raise DatasetError(f"{lengths_name}: must be N non-negative lengths summing to "
+                           f"{flat.shape[0]} (the rows of {name}; got sum {int(lengths.sum())})")
     cuts = np.cumsum(lengths)[:-1]
     return list(np.split(flat, cuts))

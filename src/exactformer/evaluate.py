@@ -373,7 +373,7 @@ def _forward(model, inputs, ar, snapshots, stats, tau, progress):
     if snapshots and 0 in snapshots:
         snaps[0] = st.outputs()
     bar = tqdm(blocks, desc=f"forward ({ar.kind})", unit="block", disable=not progress,
-               leave=False)
+               leave=False, delay=1)
     for i, (blk, ridge) in enumerate(zip(bar, ridges, strict=True), start=1):
         if blk.ff is not None:
             _apply_ff(st, blk.ff, ridge, stats, scale)

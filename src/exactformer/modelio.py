@@ -97,10 +97,24 @@ def model_from_dict(doc: dict) -> Transformer:
 
     def num(s, where):
         try:
-            f = Fraction(str(s))
+            if not isinstance(s, str):
+                raise ValueError
+            f = Fraction(s)
         except (ValueError, ZeroDivisionError):
             raise ModelFormatError(f"{where}: {s!r} is not an exact number string") from None
-        return f if exact else float(f)
+        if exact:
+            return f
+        try:  # float() keeps the sign of "-0.0", which Fraction cannot carry
+            return float(s)
+        except ValueError:
+            return float(f)
+
+    def obj(x, where, nullable=False):
+        if x is None and nullable:
+            return None
+        if not isinstance(x, dict):
+            raise ModelFormatError(f"{where}: expected an object, got {x!r}"[:200])
+        return x
 
     def vec(a, n, where):
         if not isinstance(a, list) or len(a) != n:
@@ -117,19 +131,23 @@ def model_from_dict(doc: dict) -> Transformer:
             out[i] = vec(row, cols, f"{where}[{i}]")
         return out
 
+    raw_blocks = doc.get("blocks")
+    if not isinstance(raw_blocks, list):
+        raise ModelFormatError("\"blocks\" must be a list of blocks")
     blocks = []
-    for i, b in enumerate(doc.get("blocks", [])):
+    for i, b in enumerate(raw_blocks):
         where = f"blocks[{i}]"
+        b = obj(b, where)
         ff = sa = None
-        if b.get("ff") is not None:
-            f = b["ff"]
+        f = obj(b.get("ff"), f"{where}.ff", nullable=True)
+        if f is not None:
             U = mat(f.get("U"), None, d, f"{where}.ff.U")
             w = U.shape[0]
             ff = FF(num(f.get("eta"), f"{where}.ff.eta"), U, vec(f.get("b"), w, f"{where}.ff.b"),
                     mat(f.get("W"), d, w, f"{where}.ff.W"))
-        if b.get("sa") is not None:
-            s = b["sa"]
-            A, V = s.get("A", {}), s.get("V", {})
+        s = obj(b.get("sa"), f"{where}.sa", nullable=True)
+        if s is not None:
+            A, V = obj(s.get("A"), f"{where}.sa.A"), obj(s.get("V"), f"{where}.sa.V")
             sa = SA(num(s.get("rho"), f"{where}.sa.rho"),
                     LowRank(num(A.get("alpha"), f"{where}.sa.A.alpha"),
                             vec(A.get("a"), d, f"{where}.sa.A.a"),
@@ -143,5 +161,7 @@ def model_from_dict(doc: dict) -> Transformer:
         tau = num(doc.get("tau"), "tau")
         if tau <= 0:
             raise ModelFormatError("\"tau\" must be positive")
-    return Transformer(d=d, attention=attention, blocks=blocks, tau=tau, exact=exact,
-                       meta=doc.get("meta", {}))
+    meta = doc.get("meta", {})
+    if not isinstance(meta, dict):
+        raise ModelFormatError("\"meta\" must be an object")
+    return Transformer(d=d, attention=attention, blocks=blocks, tau=tau, exact=exact, meta=meta)

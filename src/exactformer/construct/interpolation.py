@@ -47,7 +47,7 @@ def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Dra
     blocks = []
     moves = zip(lv, yv, L, strict=True)
     for c, y, leader in tqdm(moves, total=len(lv), desc="interpolation hats", unit="hat",
-                             disable=not progress, leave=False):
+                             disable=not progress, leave=False, delay=1):
         present.pop(bisect_left(present, c))
         i = bisect_left(present, c)
         near = [abs(present[k] - c) for k in (i - 1, i) if 0 <= k < len(present)]

@@ -123,7 +123,7 @@ def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
     units_first = [projection_unit(g, g0, e1)]
     ffs = []
     for k, (j, i) in enumerate(tqdm(moves, desc="leader hats", unit="hat",
-                                    disable=not progress, leave=False)):
+                                    disable=not progress, leave=False, delay=1)):
         c = uprime[j][i]
         delta = min(num(1, exact) / 2, isolation(c) / 2)
         q = zeros(d, exact)

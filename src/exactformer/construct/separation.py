@@ -108,7 +108,7 @@ def separate(table: TokenTable, draws: Draws, progress: bool = False) -> Separat
     history: list[list] = []
     unresolved = pairs
     e1, e2 = unit(d, 0, exact), unit(d, 1, exact)
-    bar = tqdm(desc="separation rounds", unit="round", disable=not progress, leave=False)
+    bar = tqdm(desc="separation rounds", unit="round", disable=not progress, leave=False, delay=1)
     while unresolved:
         bar.update()
         sample = unresolved if len(unresolved) <= PAIR_SAMPLE else \
