@@ -311,39 +311,71 @@ def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
     out = np.empty_like(P)
     for s, e in st.segments():
         X, w = P[s:e], ar.array(cnt[s:e])  # multiplicities, in the pass's arithmetic
+        if attention == "hardmax":
+            out[s:e] = _hardmax_rows(X, qa[s:e], ka[s:e], sa.A.s, w, stats)
+            continue
         S = np.outer(qa[s:e], ka[s:e])
         if sa.A.s != 0:
             S = S + (X @ X.T) * sa.A.s
-        if attention == "hardmax":
-            M = _hardmax_weights(S, w, stats)
-        else:
-            Z = S - S.max(axis=1)[:, None]
-            if tau != 1:
-                Z = Z / tau
-            M = ar.exp(Z) * w[None, :]
-            M = M / M.sum(axis=1)[:, None]
-        out[s:e] = M @ X
+        Z = S - S.max(axis=1)[:, None]
+        if tau != 1:
+            Z = Z / tau
+        M = ar.exp(Z) * w[None, :]
+        out[s:e] = (M / M.sum(axis=1)[:, None]) @ X
     Vy = out * sa.V.s + np.outer(out @ sa.V.v, sa.V.u)
     st.P = P * sa.rho + Vy
     st.changed_everything()
     st.compact()
 
 
-def _hardmax_weights(S: np.ndarray, w: np.ndarray, stats: PassStats) -> np.ndarray:
-    """Row-stochastic matrix averaging (with multiplicities) over each row's argmax set."""
-    best = S.max(axis=1)
-    hit = (S == best[:, None]).astype(bool)
-    M = hit * w[None, :]
-    M = M / M.sum(axis=1)[:, None]
+def _hardmax_rows(X, qa, ka, alpha, w, stats: PassStats) -> np.ndarray:
+    """Each row's average (with multiplicities w) over its argmax set of scores
+    s_il = (c·x_i)(a·x_l) + α⟨x_i, x_l⟩.
+
+    Float64 passes decide in float64. Exact and high-precision passes first score in float64
+    with a rigorous rounding bound, then compare exactly only the candidates within that bound
+    of each row's best: the same argmax sets as an all-exact comparison, at O(n) exact work.
+    """
+    n, d = X.shape
+    Xf, qf, kf, af = X.astype(float), qa.astype(float), ka.astype(float), float(alpha)
+    Sf = np.outer(qf, kf) + (af * (Xf @ Xf.T) if alpha != 0 else 0.0)
+    if X.dtype != object:
+        hit = Sf == Sf.max(axis=1)[:, None]
+        sets = None
+    else:
+        absX = np.abs(Xf)
+        bound = np.outer(np.abs(qf), np.abs(kf)) + abs(af) * (absX @ absX.T)
+        bound *= 2 * (d + 6) * 2.0 ** -53  # exact values rounded once, then d + 5 operations
+        if not (np.isfinite(Sf).all() and np.isfinite(bound).all()):
+            cand = np.ones((n, n), dtype=bool)  # out of float range: compare everything exactly
+        else:
+            cand = Sf >= (Sf.max(axis=1) - 2 * bound.max(axis=1))[:, None]
+        hit = np.zeros((n, n), dtype=bool)
+        sets = []
+        for i in range(n):
+            idx = np.flatnonzero(cand[i])
+            sc = qa[i] * ka[idx]
+            if alpha != 0:
+                sc = sc + (X[idx] @ X[i]) * alpha
+            best = max(sc)
+            idx = idx[[v == best for v in sc]]
+            hit[i, idx] = True
+            sets.append(idx)
     stats.hardmax_ties += int((hit.sum(axis=1) > 1).sum())
-    if S.shape[1] > 1:  # margins are a report: float precision is enough for them
-        Sf = S.astype(float)
+    if n > 1:  # margins are a report: float precision is enough for them
         scale = float(np.abs(Sf).max()) or 1.0
         second = np.where(hit, -np.inf, Sf).max(axis=1)
         ok = np.isfinite(second)
         if ok.any():
             stats._min("hardmax_margin", float((Sf.max(axis=1) - second)[ok].min()) / scale)
-    return M
+    if sets is None:
+        M = hit * w[None, :]
+        return (M / M.sum(axis=1)[:, None]) @ X
+    out = np.empty_like(X)
+    for i, idx in enumerate(sets):
+        ws = w[idx]
+        out[i] = (ws @ X[idx]) / sum(ws)
+    return out
 
 
 # ------------------------------------------------------------------------------ public
