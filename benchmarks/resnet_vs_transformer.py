@@ -4,7 +4,7 @@ For N pairs of n uniform tokens in [0,1]^d with m target tokens each (N and Σm 
 and verify both interpolants for every n:
 
 * the hardmax transformer (exactformer.compile): rational parameters and exact verification up
-  to --exact-max-n (the exact pass is quadratic in n at the collapse), float64 parameters and a
+  to --exact-max-n, float64 parameters and a
   float64 Hausdorff check (tolerance --tolerance × coordinate scale) above it;
 * the residual MLP on the flattened input (exactformer.resnet): always rational and verified
   with ``==``, plus its float64 error.
@@ -112,7 +112,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--m", type=int, default=2)
     p.add_argument("--d", type=int, default=2)
     p.add_argument("--ns", default="10,30,100,300,1000,3000,10000")
-    p.add_argument("--exact-max-n", type=int, default=1000,
+    p.add_argument("--exact-max-n", type=int, default=10000,
                    help="largest n for which the transformer is built and verified exactly")
     p.add_argument("--tolerance", type=float, default=1e-9,
                    help="relative Hausdorff tolerance of the float64 transformer check")

@@ -1,4 +1,4 @@
-"""Command line: ``exactformer build | verify | info | export | demo``.
+"""Command line: exactformer build | verify | info | demo | export | train | plot.
 
 Errors go to stderr with exit status 2, and no command leaves a partial output file.
 ``verify`` exits 0 only if every pair interpolates (exactly, for exact hardmax models), else 1.
@@ -7,6 +7,7 @@ Errors go to stderr with exit status 2, and no command leaves a partial output f
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -62,12 +63,17 @@ def _info(args) -> int:
     return 0
 
 
-def _export(args) -> int:
+def _torch_module(name: str, command: str):
+    """exactformer.<name> (which imports torch), or a UsageError saying how to install it."""
     try:
-        from . import torch as ef_torch
+        return importlib.import_module(f"exactformer.{name}")
     except ImportError as e:
-        raise UsageError(f"export needs PyTorch and safetensors (pip install "
+        raise UsageError(f"{command} needs PyTorch and safetensors (pip install "
                          f"'exactformer[torch]'): {e}") from None
+
+
+def _export(args) -> int:
+    ef_torch = _torch_module("torch", "export")
     model = load_model(args.model)
     module = ef_torch.export(model, args.output, layout=args.layout, dtype=args.dtype)
     print(f"exported {model.n_blocks} blocks as {len(module.blocks)} {args.layout} blocks "
@@ -76,12 +82,7 @@ def _export(args) -> int:
 
 
 def _train(args) -> int:
-    try:
-        from . import torch as ef_torch
-        from . import train as ef_train
-    except ImportError as e:
-        raise UsageError(f"train needs PyTorch and safetensors (pip install "
-                         f"'exactformer[torch]'): {e}") from None
+    ef_torch, ef_train = _torch_module("torch", "train"), _torch_module("train", "train")
     data = Dataset.load(args.data)
     if args.start:
         start = ef_torch.to_rho_eta(load_model(args.start))

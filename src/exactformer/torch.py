@@ -73,6 +73,14 @@ def _keys(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return x if mask is None else x.masked_fill(~mask[..., None], 0)
 
 
+def _run_blocks(blocks, x: torch.Tensor, mask, attention: str, tau) -> torch.Tensor:
+    """Both layouts' forward pass: padding zeroed on the way in and out."""
+    x = _keys(x, mask)
+    for blk in blocks:
+        x = blk(x, mask, attention, tau)
+    return _keys(x, mask)
+
+
 # ------------------------------------------------------------------------------ native layers
 def _param(*shape, dtype) -> nn.Parameter:
     return nn.Parameter(torch.zeros(shape, dtype=dtype))
@@ -179,10 +187,7 @@ class NativeTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, n, d); mask: (B, n) bool, True at real tokens. Padded outputs are zero."""
-        x = _keys(x, mask)
-        for blk in self.blocks:
-            x = blk(x, mask, self.attention, self.tau)
-        return _keys(x, mask)
+        return _run_blocks(self.blocks, x, mask, self.attention, self.tau)
 
     def config(self) -> dict:
         """What the config file says about the native weights: ``native_config`` plus the FF
@@ -229,10 +234,7 @@ class RhoEtaTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, n, d); mask: (B, n) bool, True at real tokens. Padded outputs are zero."""
-        x = _keys(x, mask)
-        for blk in self.blocks:
-            x = blk(x, mask, self.attention, self.tau)
-        return _keys(x, mask)
+        return _run_blocks(self.blocks, x, mask, self.attention, self.tau)
 
     def config(self) -> dict:
         return {"layout": "rho-eta", "d": self.d, "n_blocks": len(self.blocks), "h": self.h,
