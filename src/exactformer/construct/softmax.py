@@ -34,7 +34,7 @@ from .separation import TokenTable, separate
 
 THETA_MIN = 2.0 ** -40  # below this the search gives up
 THETA_MAX = 2.0 ** 10  # valid up to here counts as "any temperature works"
-BISECTIONS = 14
+BISECTIONS = 8  # τ* to about 0.5 % (the bracket starts at a factor 4)
 TARGET_TRIES = 64
 MIN_RELATIVE_GAP = 1e-9  # groups closer than this (relative) are not certifiable in float64
 
