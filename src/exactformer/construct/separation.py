@@ -51,7 +51,7 @@ class Separation:
     a0: object
     u: list  # u of every distinct token after the lifts
     sigma: list  # second coordinate of every token of sequence j
-    tests: list[int] = field(default_factory=list)
+    tests: list[int | None] = field(default_factory=list)  # None: a round without a lift
     blocks: list[Block] = field(default_factory=list)
     lifts: list[dict] = field(default_factory=list)
 
@@ -108,6 +108,14 @@ def separate(table: TokenTable, draws: Draws, progress: bool = False) -> Separat
     history: list[list] = []
     unresolved = pairs
     e1, e2 = unit(d, 0, exact), unit(d, 1, exact)
+    # A first round without a lift records every sequence's own maximum: it splits each pair
+    # whose maxima differ and leaves the densely evaluated first layer without hat units.
+    if any(cur[j] != cur[k] for j, k in unresolved):
+        sep.blocks.append(Block(ff_from_units([projection_unit(a, a0, e1)], num(0, exact), d,
+                                              exact), None))
+        history.append(list(cur))
+        sep.tests.append(None)
+        unresolved = [(j, k) for j, k in unresolved if cur[j] == cur[k]]
     bar = tqdm(desc="separation rounds", unit="round", disable=not progress, leave=False, delay=1)
     while unresolved:
         bar.update()
@@ -131,7 +139,8 @@ def separate(table: TokenTable, draws: Draws, progress: bool = False) -> Separat
             cur[j] = top
         history.append(list(cur))
         sep.tests.append(p)
-        sep.lifts.append({"token": p, "from": str(c), "to": str(top), "delta": str(delta)})
+        sep.lifts.append({"round": len(history) - 1, "token": p, "from": str(c), "to": str(top),
+                          "delta": str(delta)})
         sep.blocks.append(Block(ff, None))
         unresolved = [(j, k) for j, k in unresolved if cur[j] == cur[k]]
     bar.close()
@@ -145,14 +154,15 @@ def separate(table: TokenTable, draws: Draws, progress: bool = False) -> Separat
             return None
         return float(min(gaps)) / scale
 
+    top = max(u) + 1
     lams = best_draw(lambda: [draws.rational(1, 2, 1024) / top for _ in history], score,
                      what="separation multipliers")
     sep.sigma = list(np.asarray(lams) @ M)
     for blk, lam in zip(sep.blocks, lams, strict=True):
         blk.sa = SA(num(1, exact), LowRank(num(0, exact), e1, e1),
                     LowRank(num(0, exact), e2 * lam, e1))
-    for rec, lam in zip(sep.lifts, lams, strict=True):
-        rec["lambda"] = str(lam)
+    for rec in sep.lifts:
+        rec["lambda"] = str(lams[rec["round"]])
     return sep
 
 
