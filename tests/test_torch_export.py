@@ -340,8 +340,8 @@ def test_native_file_errors(tmp_path):
     assert et.native_model(tensors, config).parameters() == \
         [float(v) for v in model.parameters()]
     for bad, match in [({k: v for k, v in tensors.items() if k != "blocks.0.ff.U"}, "missing"),
-                       ({**tensors, "blocks.0.ff.b": torch.zeros(1, dtype=torch.float64)},
-                        "shape"),
+                       ({**tensors, "blocks.0.ff.b": torch.zeros(
+                           len(tensors["blocks.0.ff.b"]) + 1, dtype=torch.float64)}, "shape"),
                        ({**tensors, "blocks.0.ff.t": torch.zeros(1)}, "unexpected")]:
         with pytest.raises(ValueError, match=match):
             et.native_model(bad, config)

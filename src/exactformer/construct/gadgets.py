@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -33,10 +34,12 @@ def hat_units(f, t0, c, delta, D, plateau: bool = True) -> list[Unit]:
         return [Unit(f, t0 - c + delta, D / delta),
                 Unit(f, t0 - c, D * (-2) / delta),
                 Unit(f, t0 - c - delta, D / delta)]
-    if isinstance(c, float):  # dyadic c and δ make every bias exact in float64, so the
-        # layer is exactly zero outside its window (moving c by ≤ δ/8 stays on the plateau)
-        delta = 2.0 ** math.floor(math.log2(delta))
-        c = round(c / (delta / 4)) * (delta / 4)
+    # Dyadic δ and c (c moves by ≤ δ/8, so the token stays on the plateau and every token
+    # outside stays outside): the biases are then exact in float64, so a float64 evaluation,
+    # also of a rational model, is exactly zero outside the window and exactly D on the plateau.
+    k = math.floor(math.log2(delta))
+    delta = Fraction(2) ** k if isinstance(delta, Fraction) else 2.0 ** k
+    c = round(c / (delta / 4)) * (delta / 4)
     half = delta / 2
     return [Unit(f, t0 - c + delta, D / half), Unit(f, t0 - c + half, -D / half),
             Unit(f, t0 - c - half, -D / half), Unit(f, t0 - c - delta, D / half)]
