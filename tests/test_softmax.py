@@ -127,3 +127,14 @@ def test_cli_builds_and_verifies_softmax(tmp_path):
                  "--tau", "1000"]) == 2
     assert not bad.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json", "m.json"]
+
+
+def test_float64_softmax_is_judged_by_the_float_tolerance():
+    data = generate.uniform(12, 5, 2, 3, seed=3)
+    model = ef.compile(data, attention="softmax", exact=False)
+    assert not model.exact
+    report = ef.verify(model, data)
+    assert report.ok and report.tolerance == 1e-9
+    assert max(report.extra["hausdorff_mp"]) <= 1e-9 * data.coordinate_scale()
+    strict = ef.verify(model, data, tolerance=1e-30)  # rounded snaps are not flat to 30 digits
+    assert not strict.ok
