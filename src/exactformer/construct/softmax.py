@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import numpy as np
+from tqdm import tqdm
 
 from ..data import Dataset
 from ..evaluate import forward
@@ -66,7 +67,7 @@ def compile_softmax(dataset: Dataset, exact: bool = True, seed: int = 0, tau=Non
     inputs, targets = dataset.fractions() if exact else dataset.floats()
     geo = _Geometry(TokenTable.build(inputs), inputs, dataset.floats()[0], targets,
                     dataset.target_lengths, dataset.d, exact, seed)
-    tau_star = find_tau_star(geo)
+    tau_star = find_tau_star(geo, progress)
     if tau is None:  # the largest power of two ≤ τ*/2 that is valid (validity need not be
         # monotone in θ: the search's τ* is the largest valid value it met)
         theta = 1.0 if math.isinf(tau_star) else 2.0 ** math.floor(math.log2(tau_star / 2))
@@ -97,30 +98,37 @@ def compile_softmax(dataset: Dataset, exact: bool = True, seed: int = 0, tau=Non
     return model
 
 
-def _valid(geo: _Geometry, theta: float) -> bool:
-    try:
-        _build(geo, Fraction(theta), fold=False)
-        return True
-    except _Invalid:
-        return False
-
-
-def find_tau_star(geo: _Geometry) -> float:
+def find_tau_star(geo: _Geometry, progress: bool = False) -> float:
     """Largest temperature found valid (bisection in log scale); inf if valid up to 2^10."""
+    bar = tqdm(desc="tau* search", unit="build", disable=not progress, leave=False, delay=1)
+
+    def _valid(theta: float) -> bool:
+        bar.update()
+        try:
+            _build(geo, Fraction(theta), fold=False)
+            return True
+        except _Invalid:
+            return False
+
+    with bar:
+        return _search(_valid)
+
+
+def _search(valid) -> float:
     lo = 1.0 / 64
-    while not _valid(geo, lo):
+    while not valid(lo):
         lo /= 16
         if lo < THETA_MIN:
             raise ConstructionError("no temperature down to 2^-40 gives a valid softmax "
                                     "construction for these data")
     hi = lo * 4
-    while _valid(geo, hi):
+    while valid(hi):
         lo, hi = hi, hi * 4
         if hi > THETA_MAX:
             return math.inf
     for _ in range(BISECTIONS):
         mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if _valid(geo, mid) else (lo, mid)
+        lo, hi = (mid, hi) if valid(mid) else (lo, mid)
     return lo
 
 
