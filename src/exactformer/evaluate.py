@@ -331,13 +331,19 @@ def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
     st.compact()
 
 
+def _float_scores(X, qa, ka, alpha):
+    """X, c·x, a·x and the scores (c·x_i)(a·x_l) + α⟨x_i, x_l⟩, all in float64."""
+    Xf, qf, kf = X.astype(float), qa.astype(float), ka.astype(float)
+    Sf = np.outer(qf, kf) + (float(alpha) * (Xf @ Xf.T) if alpha != 0 else 0.0)
+    return Xf, qf, kf, Sf
+
+
 def _softmax_rows_mp(X, qa, ka, alpha, w, tau, ar: Arithmetic) -> np.ndarray:
     """Softmax averages in high precision, skipping weights below 10^-(dps+10) of the row's
     largest (found with float64 scores and a unit of slack): together they move an output by
     less than n·10^-(dps+10) of the coordinate scale, far below the pass's own precision, and
     sharp attention then costs O(n) high-precision exponentials instead of O(n²)."""
-    Xf, qf, kf = X.astype(float), qa.astype(float), ka.astype(float)
-    Sf = np.outer(qf, kf) + (float(alpha) * (Xf @ Xf.T) if alpha != 0 else 0.0)
+    Sf = _float_scores(X, qa, ka, alpha)[3]
     Zf = (Sf - Sf.max(axis=1)[:, None]) / float(tau)
     cut = -(ar.dps + 10) * np.log(10.0) - 1.0
     keep = ~(Zf < cut) if np.isfinite(Zf).all() else np.ones(Zf.shape, dtype=bool)
@@ -362,14 +368,13 @@ def _hardmax_rows(X, qa, ka, alpha, w, stats: PassStats) -> np.ndarray:
     of each row's best: the same argmax sets as an all-exact comparison, at O(n) exact work.
     """
     n, d = X.shape
-    Xf, qf, kf, af = X.astype(float), qa.astype(float), ka.astype(float), float(alpha)
-    Sf = np.outer(qf, kf) + (af * (Xf @ Xf.T) if alpha != 0 else 0.0)
+    Xf, qf, kf, Sf = _float_scores(X, qa, ka, alpha)
     if X.dtype != object:
         hit = Sf == Sf.max(axis=1)[:, None]
         sets = None
     else:
         absX = np.abs(Xf)
-        bound = np.outer(np.abs(qf), np.abs(kf)) + abs(af) * (absX @ absX.T)
+        bound = np.outer(np.abs(qf), np.abs(kf)) + abs(float(alpha)) * (absX @ absX.T)
         bound *= 2 * (d + 6) * 2.0 ** -53  # exact values rounded once, then d + 5 operations
         if not (np.isfinite(Sf).all() and np.isfinite(bound).all()):
             cand = np.ones((n, n), dtype=bool)  # out of float range: compare everything exactly

@@ -151,8 +151,10 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     xs_f, ys_f = dataset.floats()
     stats = PassStats()
     snap = _snap_start(model)
+    at = {snap} if snap is not None else set()
+    scale = dataset.coordinate_scale()
     outs_f, snaps_f = forward(model, xs_f, "float", stats=stats, progress=progress, tau=tau,
-                              snapshots={snap} if snap is not None else set())
+                              snapshots=at)
     hd = [hausdorff(distinct_rows(o), y) for o, y in zip(outs_f, ys_f, strict=True)]
     exact_equal = None
     arithmetic = "float64"
@@ -163,21 +165,19 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         exact_equal = [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)]
         arithmetic = "exact"
     elif model.attention == "softmax":
-        xs, _ = dataset.fractions()
+        xs, ys = dataset.fractions()
         outs, snaps = forward(model, xs, "mp", dps=digits, progress=progress, tau=tau,
-                              snapshots={snap} if snap is not None else set())
+                              snapshots=at)
         arithmetic = f"mp{digits}"
         if model.exact:  # rational snaps are flat on the data: exact up to the precision
             tolerance = 10.0 ** -(digits - 10)
         ar = Arithmetic("mp", digits)
         with mpmath.workdps(digits):  # targets and differences at the pass's precision
             extra["hausdorff_mp"] = [hausdorff(distinct_rows(o), ar.array(y))
-                                     for o, y in zip(outs, dataset.fractions()[1], strict=True)]
+                                     for o, y in zip(outs, ys, strict=True)]
         if snap is not None:
-            extra.update(_snap_margins(model, snaps[snap], snaps_f[snap],
-                                       dataset.coordinate_scale()))
+            extra.update(_snap_margins(model, snap, snaps[snap], snaps_f[snap], scale))
     theta = np.array([float(v) for v in model.parameters()]) if model.blocks else np.zeros(1)
-    scale = dataset.coordinate_scale()
     if model.attention == "softmax":
         used = model.tau if tau is None else tau
         extra["temperature τ (τ* of the geometry)"] = (f"{float(used):.6g} "
@@ -202,11 +202,10 @@ def _snap_start(model: Transformer) -> int | None:
     return phases["snap"][0] if "snap" in phases and "snap_windows" in model.meta else None
 
 
-def _snap_margins(model: Transformer, line_mp, line_f, scale: float) -> dict:
+def _snap_margins(model: Transformer, s0: int, line_mp, line_f, scale: float) -> dict:
     """Distance of every token on the snap line to the edges of the flat part of the window
     containing it (negative: in no flat part), in high precision, against the float64
-    deviation of the same positions."""
-    s0 = _snap_start(model)
+    deviation of the same positions. ``s0``: the first snap block."""
     reader = model.blocks[s0].ff.U[0]  # every snap reads the same direction f'
     flats = sorted((float(Fraction(w["window"][1])), float(Fraction(w["window"][2])))
                    for w in model.meta["snap_windows"])
