@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import exactformer as ef
 from exactformer.construct.gadgets import ff_from_units, hat_units, snap_units
 from exactformer.evaluate import PassStats, ridge_window
-from exactformer.model import FF, SA, Block, LowRank, Transformer
+from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -28,8 +28,12 @@ def F(*values):
     return out
 
 
-def lowrank(s, u, v):
-    return LowRank(Fraction(s), F(u), F(v))
+def scores(alpha, a, c):
+    return ScoreMatrix(Fraction(alpha), F(a), F(c))
+
+
+def values(beta, p, q):
+    return ValueMatrix(Fraction(beta), F(p), F(q))
 
 
 def model_of(d, *blocks, attention="hardmax"):
@@ -55,15 +59,15 @@ def dot(a, b):
 
 def ref_sa(sa, X):
     """Hardmax over token indices: ties average over every index in the argmax set."""
-    a, c = list(sa.A.u), list(sa.A.v)
+    a, c = list(sa.A.a), list(sa.A.c)
     out = []
     for xi in X:
-        s = [sa.A.s * dot(xi, xl) + dot(c, xi) * dot(a, xl) for xl in X]
+        s = [sa.A.alpha * dot(xi, xl) + dot(c, xi) * dot(a, xl) for xl in X]
         best = max(s)
         C = [l for l, v in enumerate(s) if v == best]
         avg = [sum((X[l][k] for l in C), Fraction(0)) / len(C) for k in range(len(xi))]
-        qy = dot(sa.V.v, avg)
-        out.append([sa.rho * xi[k] + sa.V.s * avg[k] + sa.V.u[k] * qy for k in range(len(xi))])
+        qy = dot(sa.V.q, avg)
+        out.append([sa.rho * xi[k] + sa.V.beta * avg[k] + sa.V.p[k] * qy for k in range(len(xi))])
     return out
 
 
@@ -86,7 +90,7 @@ def attend(A, V=None, rho=0):
     """SA with A = (s, a, c) and V = (s, p, q) given as tuples."""
     d = len(A[1])
     V = V or (1, [0] * d, [0] * d)
-    return SA(Fraction(rho), lowrank(*A), lowrank(*V))
+    return SA(Fraction(rho), scores(*A), values(*V))
 
 
 ARITHMETICS = ["exact", "float", "mp"]
@@ -311,9 +315,9 @@ def almost_ridge_ffs(draw, d):
 @st.composite
 def sas(draw, d):
     return SA(Fraction(draw(st.sampled_from([0, 1, Fraction(1, 2)]))),
-              LowRank(Fraction(draw(st.sampled_from([0, 1, -1, Fraction(1, 3)]))),
+              ScoreMatrix(Fraction(draw(st.sampled_from([0, 1, -1, Fraction(1, 3)]))),
                       F(draw(vectors(d))), F(draw(vectors(d)))),
-              LowRank(Fraction(draw(st.sampled_from([0, 1, Fraction(1, 2)]))),
+              ValueMatrix(Fraction(draw(st.sampled_from([0, 1, Fraction(1, 2)]))),
                       F(draw(vectors(d))), F(draw(vectors(d)))))
 
 

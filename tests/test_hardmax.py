@@ -59,8 +59,8 @@ def check_exact_model(model, ds):
         assert b.ff is None or (b.ff.U.shape[1] == ds.d and b.ff.W.shape == (ds.d, b.ff.width)
                                 and b.ff.b.shape == (b.ff.width,))
         if b.sa is not None:
-            for m in (b.sa.A, b.sa.V):
-                assert m.u.shape == (ds.d,) and m.v.shape == (ds.d,)
+            for v in (b.sa.A.a, b.sa.A.c, b.sa.V.p, b.sa.V.q):
+                assert v.shape == (ds.d,)
     assert all(isinstance(v, Fraction) for v in model.parameters())
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import exactformer as ef
 from exactformer import generate
-from exactformer.model import FF, SA, Block, LowRank, Transformer
+from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from exactformer.modelio import (
     FORMAT,
     ModelFormatError,
@@ -73,8 +73,8 @@ def hand_model(d=2, attention="hardmax", exact=True, tau=None) -> Transformer:
 
     ff = FF(conv(1), arr([[1, -2], [Fraction(3, 7), 0], [0, 1]]), arr([Fraction(-1, 2), 0, 2]),
             arr([[1, 0, Fraction(-5, 3)], [0, 2, 1]]))
-    sa = SA(conv(1), LowRank(conv(Fraction(1, 3)), arr([1, 0]), arr([0, 1])),
-            LowRank(conv(0), arr([0, Fraction(1, 9)]), arr([1, 1])))
+    sa = SA(conv(1), ScoreMatrix(conv(Fraction(1, 3)), arr([1, 0]), arr([0, 1])),
+            ValueMatrix(conv(0), arr([0, Fraction(1, 9)]), arr([1, 1])))
     blocks = [Block(ff, sa), Block(None, sa), Block(ff, None), Block(None, None)]
     return Transformer(d=d, attention=attention, blocks=blocks, tau=tau, exact=exact,
                        meta={"note": "hand made", "list": [1, 2]})
@@ -130,11 +130,11 @@ def test_negative_zero_survives(tmp_path):
 def test_awkward_floats_survive(tmp_path, value):
     m = hand_model(exact=False)
     m.blocks[0].ff.U[1, 1] = value
-    m.blocks[0].sa.A.s = value
+    m.blocks[0].sa.A.alpha = value
     save_model(m, tmp_path / "m.json")
     back = load_model(tmp_path / "m.json")
     assert same_number(back.blocks[0].ff.U[1, 1], value)
-    assert same_number(back.blocks[0].sa.A.s, value)
+    assert same_number(back.blocks[0].sa.A.alpha, value)
     assert_identical(m, back)
 
 
@@ -210,12 +210,12 @@ def test_documented_format_keys(tmp_path):
             for key in ("p", "q"):
                 assert len(sa["V"][key]) == d
             assert Fraction(sa["rho"]) == b.sa.rho
-            assert Fraction(sa["A"]["alpha"]) == b.sa.A.s
-            assert [Fraction(v) for v in sa["A"]["a"]] == b.sa.A.u.tolist()
-            assert [Fraction(v) for v in sa["A"]["c"]] == b.sa.A.v.tolist()
-            assert Fraction(sa["V"]["beta"]) == b.sa.V.s
-            assert [Fraction(v) for v in sa["V"]["p"]] == b.sa.V.u.tolist()
-            assert [Fraction(v) for v in sa["V"]["q"]] == b.sa.V.v.tolist()
+            assert Fraction(sa["A"]["alpha"]) == b.sa.A.alpha
+            assert [Fraction(v) for v in sa["A"]["a"]] == b.sa.A.a.tolist()
+            assert [Fraction(v) for v in sa["A"]["c"]] == b.sa.A.c.tolist()
+            assert Fraction(sa["V"]["beta"]) == b.sa.V.beta
+            assert [Fraction(v) for v in sa["V"]["p"]] == b.sa.V.p.tolist()
+            assert [Fraction(v) for v in sa["V"]["q"]] == b.sa.V.q.tolist()
         else:
             assert b.sa is None
     assert n_ff == model.n_blocks and n_sa >= 1

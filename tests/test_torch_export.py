@@ -26,7 +26,7 @@ from safetensors.torch import load_file  # noqa: E402
 import exactformer as ef  # noqa: E402
 from exactformer import cli, generate  # noqa: E402
 from exactformer import torch as et  # noqa: E402
-from exactformer.model import FF, SA, Block, LowRank  # noqa: E402
+from exactformer.model import FF, SA, Block, ScoreMatrix, ValueMatrix  # noqa: E402
 from exactformer.report import hausdorff  # noqa: E402
 
 DATASETS = {
@@ -214,9 +214,9 @@ def test_padding_does_not_change_results(layout, tau, data_st):
 # the native file's keys, as the README documents them (JSON model format names)
 NATIVE_FF = {"eta": lambda ff: ff.eta, "U": lambda ff: ff.U, "b": lambda ff: ff.b,
              "W": lambda ff: ff.W}
-NATIVE_SA = {"rho": lambda sa: sa.rho, "alpha": lambda sa: sa.A.s, "a": lambda sa: sa.A.u,
-             "c": lambda sa: sa.A.v, "beta": lambda sa: sa.V.s, "p": lambda sa: sa.V.u,
-             "q": lambda sa: sa.V.v}
+NATIVE_SA = {"rho": lambda sa: sa.rho, "alpha": lambda sa: sa.A.alpha, "a": lambda sa: sa.A.a,
+             "c": lambda sa: sa.A.c, "beta": lambda sa: sa.V.beta, "p": lambda sa: sa.V.p,
+             "q": lambda sa: sa.V.q}
 
 
 def with_identity_layers(model):
@@ -224,7 +224,8 @@ def with_identity_layers(model):
     that changes nothing but is not null (ρ = 1, V = 0: it must stay in the file)."""
     d, first = model.d, model.blocks[0]
     zero = np.array([Fraction(0)] * d, dtype=object)
-    idle = SA(Fraction(1), LowRank(Fraction(2), zero + 1, zero), LowRank(Fraction(0), zero, zero))
+    idle = SA(Fraction(1), ScoreMatrix(Fraction(2), zero + 1, zero),
+              ValueMatrix(Fraction(0), zero, zero))
     return replace(model, blocks=[Block(None, None), Block(first.ff, None), Block(None, idle),
                                   *model.blocks])
 

@@ -306,26 +306,26 @@ def _norm(f) -> float:
 def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
     ar = st.ar
     P, cnt = st.P, st.cnt
-    qa = P @ sa.A.v  # c·x_i
-    ka = P @ sa.A.u  # a·x_l
+    qa = P @ sa.A.c  # c·x_i
+    ka = P @ sa.A.a  # a·x_l
     out = np.empty_like(P)
     for s, e in st.segments():
         X, w = P[s:e], ar.array(cnt[s:e])  # multiplicities, in the pass's arithmetic
         if attention == "hardmax":
-            out[s:e] = _hardmax_rows(X, qa[s:e], ka[s:e], sa.A.s, w, stats)
+            out[s:e] = _hardmax_rows(X, qa[s:e], ka[s:e], sa.A.alpha, w, stats)
             continue
         if ar.is_object:
-            out[s:e] = _softmax_rows_mp(X, qa[s:e], ka[s:e], sa.A.s, w, tau, ar)
+            out[s:e] = _softmax_rows_mp(X, qa[s:e], ka[s:e], sa.A.alpha, w, tau, ar)
             continue
         S = np.outer(qa[s:e], ka[s:e])
-        if sa.A.s != 0:
-            S = S + (X @ X.T) * sa.A.s
+        if sa.A.alpha != 0:
+            S = S + (X @ X.T) * sa.A.alpha
         Z = S - S.max(axis=1)[:, None]
         if tau != 1:
             Z = Z / tau
         M = ar.exp(Z) * w[None, :]
         out[s:e] = (M / M.sum(axis=1)[:, None]) @ X
-    Vy = out * sa.V.s + np.outer(out @ sa.V.v, sa.V.u)
+    Vy = out * sa.V.beta + np.outer(out @ sa.V.q, sa.V.p)
     st.P = P * sa.rho + Vy
     st.changed_everything()
     st.compact()
@@ -439,7 +439,7 @@ def _forward(model, inputs, ar, snapshots, stats, tau, progress):
     for i, (blk, ridge) in enumerate(zip(bar, ridges, strict=True), start=1):
         if blk.ff is not None:
             _apply_ff(st, blk.ff, ridge, stats, scale)
-        if blk.sa is not None and not _is_identity_sa(blk.sa):
+        if blk.sa is not None and not blk.sa.is_identity():
             _apply_sa(st, blk.sa, model.attention, tau, stats)
         if snapshots and i in snapshots:
             snaps[i] = st.outputs()
@@ -455,24 +455,8 @@ def _ridge_in(ff: FF, ar: Arithmetic) -> Ridge | None:
     return Ridge(ar.array(r.f), ar.scalar(r.lo), ar.scalar(r.hi))
 
 
-def _is_identity_sa(sa: SA) -> bool:
-    return sa.rho == 1 and sa.V.s == 0 and (all(v == 0 for v in sa.V.u)
-                                           or all(v == 0 for v in sa.V.v))
-
-
 def _convert_block(b, ar: Arithmetic):
-    from .model import Block, LowRank
-
-    if ar.kind == "float":
-        return b
-    ff = None if b.ff is None else FF(ar.scalar(b.ff.eta), ar.array(b.ff.U), ar.array(b.ff.b),
-                                      ar.array(b.ff.W))
-
-    def lr(m):
-        return LowRank(ar.scalar(m.s), ar.array(m.u), ar.array(m.v))
-
-    sa = None if b.sa is None else SA(ar.scalar(b.sa.rho), lr(b.sa.A), lr(b.sa.V))
-    return Block(ff, sa)
+    return b if ar.kind == "float" else b.converted(ar.scalar, ar.array)
 
 
 def distinct_rows(a: np.ndarray) -> np.ndarray:

@@ -34,19 +34,47 @@ class FF:
         w, d = self.U.shape
         return w * (2 * d + 1) + 1
 
+    def converted(self, scalar, array) -> FF:
+        return FF(scalar(self.eta), array(self.U), array(self.b), array(self.W))
+
 
 @dataclass
-class LowRank:
-    """The structured matrix M = s·I + u·vᵀ (A: s = α, u = a, v = c; V: s = β, u = p, v = q)."""
+class ScoreMatrix:
+    """The attention matrix A = α·I + a·cᵀ: s_il = ⟨A x_i, x_l⟩ = α⟨x_i, x_l⟩ + (c·x_i)(a·x_l)."""
 
-    s: object
-    u: np.ndarray
-    v: np.ndarray
+    alpha: object
+    a: np.ndarray
+    c: np.ndarray
 
     def dense(self) -> np.ndarray:
-        d = self.u.shape[0]
-        eye = as_number_array(np.eye(d, dtype=int), self.u.dtype == object)
-        return eye * self.s + np.outer(self.u, self.v)
+        return _dense(self.alpha, self.a, self.c)
+
+    def converted(self, scalar, array) -> ScoreMatrix:
+        return ScoreMatrix(scalar(self.alpha), array(self.a), array(self.c))
+
+
+@dataclass
+class ValueMatrix:
+    """The value matrix V = β·I + p·qᵀ: V·y = β·y + p·(q·y)."""
+
+    beta: object
+    p: np.ndarray
+    q: np.ndarray
+
+    def dense(self) -> np.ndarray:
+        return _dense(self.beta, self.p, self.q)
+
+    def is_zero(self) -> bool:
+        return self.beta == 0 and (all(v == 0 for v in self.p) or all(v == 0 for v in self.q))
+
+    def converted(self, scalar, array) -> ValueMatrix:
+        return ValueMatrix(scalar(self.beta), array(self.p), array(self.q))
+
+
+def _dense(s, u, v) -> np.ndarray:
+    d = u.shape[0]
+    eye = as_number_array(np.eye(d, dtype=int), u.dtype == object)
+    return eye * s + np.outer(u, v)
 
 
 @dataclass
@@ -54,18 +82,31 @@ class SA:
     """Self-attention layer SA_i(X) = ρ·x_i + V·Σ_l π_il x_l, scores ⟨A x_i, x_l⟩."""
 
     rho: object
-    A: LowRank
-    V: LowRank
+    A: ScoreMatrix
+    V: ValueMatrix
 
     def n_params(self) -> int:
-        d = self.A.u.shape[0]
+        d = self.A.a.shape[0]
         return 2 * (2 * d + 1) + 1
+
+    def is_identity(self) -> bool:
+        """ρ = 1 and V = 0: the layer changes nothing, whatever the scores."""
+        return self.rho == 1 and self.V.is_zero()
+
+    def converted(self, scalar, array) -> SA:
+        return SA(scalar(self.rho), self.A.converted(scalar, array),
+                  self.V.converted(scalar, array))
 
 
 @dataclass
 class Block:
     ff: FF | None = None
     sa: SA | None = None
+
+    def converted(self, scalar, array) -> Block:
+        """The same block with every scalar and array parameter mapped (a change of arithmetic)."""
+        return Block(None if self.ff is None else self.ff.converted(scalar, array),
+                     None if self.sa is None else self.sa.converted(scalar, array))
 
 
 @dataclass
@@ -77,6 +118,8 @@ class Transformer:
     blocks: list[Block]
     tau: object = None  # softmax temperature
     exact: bool = True  # parameters are Fractions (True) or floats (False)
+    causal: bool = False  # token i attends to tokens l ≤ i only
+    positions: np.ndarray | None = None  # row i is added to the token at position i first
     meta: dict = field(default_factory=dict)  # what the construction did, for reports
 
     @property
@@ -104,19 +147,15 @@ class Transformer:
             if b.ff:
                 out += [b.ff.eta, *b.ff.U.flat, *b.ff.b.flat, *b.ff.W.flat]
             if b.sa:
-                out += [b.sa.rho, b.sa.A.s, *b.sa.A.u, *b.sa.A.v, b.sa.V.s, *b.sa.V.u, *b.sa.V.v]
+                out += [b.sa.rho, b.sa.A.alpha, *b.sa.A.a, *b.sa.A.c, b.sa.V.beta, *b.sa.V.p,
+                        *b.sa.V.q]
         return out
 
     def to_float(self) -> Transformer:
         """The same model with float64 parameters."""
-        def f(a):
-            return np.asarray(a, dtype=float) if isinstance(a, np.ndarray) else float(a)
+        def array(a):
+            return np.asarray(a, dtype=float)
 
-        def lr(m):
-            return LowRank(f(m.s), f(m.u), f(m.v))
-
-        blocks = [Block(FF(f(b.ff.eta), f(b.ff.U), f(b.ff.b), f(b.ff.W)) if b.ff else None,
-                        SA(f(b.sa.rho), lr(b.sa.A), lr(b.sa.V)) if b.sa else None)
-                  for b in self.blocks]
+        blocks = [b.converted(float, array) for b in self.blocks]
         tau = None if self.tau is None else float(self.tau)
         return replace(self, blocks=blocks, tau=tau, exact=False)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import FF, SA, Block, LowRank, Transformer
+from .model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from .numbers import fmt
 
 FORMAT = "exactformer.model/1"
@@ -62,8 +62,8 @@ def model_to_dict(model: Transformer) -> dict:
                                         "W": mat(b.ff.W)}
         sa = None if b.sa is None else {
             "rho": fmt(b.sa.rho),
-            "A": {"alpha": fmt(b.sa.A.s), "a": vec(b.sa.A.u), "c": vec(b.sa.A.v)},
-            "V": {"beta": fmt(b.sa.V.s), "p": vec(b.sa.V.u), "q": vec(b.sa.V.v)}}
+            "A": {"alpha": fmt(b.sa.A.alpha), "a": vec(b.sa.A.a), "c": vec(b.sa.A.c)},
+            "V": {"beta": fmt(b.sa.V.beta), "p": vec(b.sa.V.p), "q": vec(b.sa.V.q)}}
         blocks.append({"ff": ff, "sa": sa})
     doc = {"format": FORMAT, "d": model.d, "attention": model.attention,
            "number": "rational" if model.exact else "float64"}
@@ -152,10 +152,10 @@ def model_from_dict(doc: dict) -> Transformer:
         if s is not None:
             A, V = obj(s.get("A"), f"{where}.sa.A"), obj(s.get("V"), f"{where}.sa.V")
             sa = SA(num(s.get("rho"), f"{where}.sa.rho"),
-                    LowRank(num(A.get("alpha"), f"{where}.sa.A.alpha"),
+                    ScoreMatrix(num(A.get("alpha"), f"{where}.sa.A.alpha"),
                             vec(A.get("a"), d, f"{where}.sa.A.a"),
                             vec(A.get("c"), d, f"{where}.sa.A.c")),
-                    LowRank(num(V.get("beta"), f"{where}.sa.V.beta"),
+                    ValueMatrix(num(V.get("beta"), f"{where}.sa.V.beta"),
                             vec(V.get("p"), d, f"{where}.sa.V.p"),
                             vec(V.get("q"), d, f"{where}.sa.V.q")))
         blocks.append(Block(ff, sa))

@@ -229,9 +229,8 @@ def _structured(model: Transformer) -> bool:
     d = model.d
     for b in model.blocks:
         if b.sa is not None:
-            for m in (b.sa.A, b.sa.V):
-                if m.u.shape != (d,) or m.v.shape != (d,):
-                    return False
+            if any(v.shape != (d,) for v in (b.sa.A.a, b.sa.A.c, b.sa.V.p, b.sa.V.q)):
+                return False
         if b.ff is not None and b.ff.width > 4:
             return False
     return True

@@ -37,7 +37,7 @@ from torch import nn
 from .data import Dataset
 from .evaluate import PassStats
 from .evaluate import forward as np_forward
-from .model import FF, SA, Block, LowRank, Transformer
+from .model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from .modelio import atomic_path
 from .numbers import to_fraction_array
 from .report import hausdorff
@@ -180,8 +180,8 @@ class NativeTransformer(nn.Module):
             sa_layer = None
             if not is_identity_sa(blk.sa):
                 sa, sa_layer = blk.sa, LowRankSA(d, dtype)
-                _fill(sa_layer, rho=sa.rho, alpha=sa.A.s, a=sa.A.u, c=sa.A.v, beta=sa.V.s,
-                      p=sa.V.u, q=sa.V.v)
+                _fill(sa_layer, rho=sa.rho, alpha=sa.A.alpha, a=sa.A.a, c=sa.A.c, beta=sa.V.beta,
+                      p=sa.V.p, q=sa.V.q)
             layers.append(NativeBlock(ff_layer, sa_layer))
         self.blocks = nn.ModuleList(layers)
 
@@ -257,7 +257,7 @@ def _fill(module: nn.Module, **values) -> None:
 
 def is_identity_sa(sa: SA | None) -> bool:
     """No layer, or ρ = 1 and V = 0: the attention changes nothing."""
-    return sa is None or (sa.rho == 1 and not np.any(sa.V.dense() != 0))
+    return sa is None or sa.is_identity()
 
 
 def ff_profile(ff: FF):
@@ -314,7 +314,7 @@ def native_tensors(model: Transformer, dtype=torch.float64) -> dict[str, torch.T
         if blk.sa is not None:
             sa = blk.sa
             values.update(zip((f"sa.{k}" for k in NATIVE_SA_KEYS),
-                              (sa.rho, sa.A.s, sa.A.u, sa.A.v, sa.V.s, sa.V.u, sa.V.v),
+                              (sa.rho, sa.A.alpha, sa.A.a, sa.A.c, sa.V.beta, sa.V.p, sa.V.q),
                               strict=True))
         for k, v in values.items():
             out[f"blocks.{i}.{k}"] = torch.as_tensor(_floats(v), dtype=dtype).contiguous()
@@ -346,8 +346,8 @@ def native_model(tensors: dict[str, torch.Tensor], config: dict) -> Transformer:
         if spec["sa"]:
             key = f"blocks.{i}.sa."
             sa = SA(get(key + "rho", ()),
-                    LowRank(get(key + "alpha", ()), get(key + "a", (d,)), get(key + "c", (d,))),
-                    LowRank(get(key + "beta", ()), get(key + "p", (d,)), get(key + "q", (d,))))
+                    ScoreMatrix(get(key + "alpha", ()), get(key + "a", (d,)), get(key + "c", (d,))),
+                    ValueMatrix(get(key + "beta", ()), get(key + "p", (d,)), get(key + "q", (d,))))
         blocks.append(Block(ff, sa))
     extra = sorted(set(tensors) - seen)
     if extra:
@@ -390,8 +390,8 @@ def to_rho_eta(model: Transformer, dtype=torch.float64, device=None) -> RhoEtaTr
             _fill(blk, rho=1)
         else:
             _fill(blk, rho=sa.rho)
-            _fill(blk.attn.to_q, weight=np.vstack([eye * sa.A.s, sa.A.v[None, :]]))
-            _fill(blk.attn.to_k, weight=np.vstack([eye, sa.A.u[None, :]]))
+            _fill(blk.attn.to_q, weight=np.vstack([eye * sa.A.alpha, sa.A.c[None, :]]))
+            _fill(blk.attn.to_k, weight=np.vstack([eye, sa.A.a[None, :]]))
             _fill(blk.attn.to_v, weight=sa.V.dense())
         if ff is None:
             _fill(blk, eta=1)

@@ -16,7 +16,7 @@ from fractions import Fraction
 import numpy as np
 from tqdm import tqdm
 
-from ..model import SA, Block, LowRank
+from ..model import SA, Block, ScoreMatrix, ValueMatrix
 from ..numbers import num, unit, zeros
 from .gadgets import ff_from_units, hat_units, projection_unit
 from .generic import ConstructionError, Draws, best_draw, relative_gap, separated
@@ -141,6 +141,6 @@ def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
         ffs.append(ff_from_units(units_first, num(0, exact), d, exact))
     blocks = [Block(ff, None) for ff in ffs]
     one, zero = num(1, exact), num(0, exact)
-    blocks[-1].sa = SA(zero, LowRank(num(collapse_alpha, exact), zeros(d, exact), zeros(d, exact)),
-                       LowRank(one, zeros(d, exact), zeros(d, exact)))
+    z = zeros(d, exact)
+    blocks[-1].sa = SA(zero, ScoreMatrix(num(collapse_alpha, exact), z, z), ValueMatrix(one, z, z))
     return Leaders(blocks, points, chosen, uprime)

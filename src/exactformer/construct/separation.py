@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from ..model import SA, Block, LowRank
+from ..model import SA, Block, ScoreMatrix, ValueMatrix
 from ..numbers import num, unit, zeros
 from .gadgets import ff_from_units, hat_units, projection_unit
 from .generic import Draws, best_draw, relative_gap, separated
@@ -159,8 +159,8 @@ def separate(table: TokenTable, draws: Draws, progress: bool = False) -> Separat
                      what="separation multipliers")
     sep.sigma = list(np.asarray(lams) @ M)
     for blk, lam in zip(sep.blocks, lams, strict=True):
-        blk.sa = SA(num(1, exact), LowRank(num(0, exact), e1, e1),
-                    LowRank(num(0, exact), e2 * lam, e1))
+        blk.sa = SA(num(1, exact), ScoreMatrix(num(0, exact), e1, e1),
+                    ValueMatrix(num(0, exact), e2 * lam, e1))
     for rec in sep.lifts:
         rec["lambda"] = str(lams[rec["round"]])
     return sep

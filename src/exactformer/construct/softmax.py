@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from ..data import Dataset
 from ..evaluate import forward
-from ..model import Block, LowRank, Transformer
+from ..model import Block, ScoreMatrix, Transformer
 from ..numbers import as_number_array, num
 from .gadgets import ff_from_units, projection_unit, snap_units
 from .generic import ConstructionError, Draws, best_draw
@@ -143,7 +143,7 @@ def _build(geo: _Geometry, theta: Fraction, fold: bool) -> Transformer:
     except ConstructionError as e:
         raise _Invalid(str(e)) from None
     for b in sep.blocks:
-        b.sa = replace(b.sa, A=LowRank(b.sa.A.s, b.sa.A.u * scale, b.sa.A.v))
+        b.sa = replace(b.sa, A=ScoreMatrix(b.sa.A.alpha, b.sa.A.a * scale, b.sa.A.c))
     blocks = list(sep.blocks)
     positions = _separated_positions(geo, sep, blocks, tau)
     for _ in range(TARGET_TRIES):
