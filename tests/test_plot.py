@@ -53,7 +53,7 @@ def test_softmax_and_projected_panels(tmp_path):
 def test_model_without_phases_gets_one_panel_per_phase(tmp_path):
     data = small_d2()
     model = ef.compile(data)
-    model.meta = {}
+    model.record = None
     fig = plot_phases(model, data, tmp_path / "plain.png")
     assert len(fig.axes) == 2  # the input and "all blocks"
     last = fig.axes[-1].collections[0].get_offsets()

@@ -234,7 +234,7 @@ def test_cli_train_warm_start_writes_the_module_and_prints_the_diagnostic(tmp_pa
     data_path, model_path = tmp_path / "data.json", tmp_path / "model.json"
     data_path.write_text(json.dumps(data.to_json_dict()))
     model = ef.compile(data, attention="softmax", exact=False)
-    ef.save_model(replace(model, meta={}), model_path)  # training reads only the weights
+    ef.save_model(replace(model, record=None), model_path)  # training reads only the weights
     out = tmp_path / "trained.safetensors"
     assert cli.main(["train", str(data_path), "-o", str(out), "--from", str(model_path),
                      "--epochs", "0", "--eps", "1e-6"]) == 0

@@ -48,7 +48,7 @@ def _verify(args) -> int:
 
 def _info(args) -> int:
     model = load_model(args.model)
-    meta = model.meta
+    meta = model.meta  # the construction record, as written to the file
     rows = [("attention", model.attention), ("d", model.d),
             ("parameters", "rational" if model.exact else "float64"),
             ("blocks", model.n_blocks), ("max FF width", model.max_width()),

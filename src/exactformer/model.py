@@ -1,4 +1,4 @@
-"""The model IR: feed-forward and self-attention layers with structured matrices (DESIGN §2).
+"""The model IR: feed-forward and self-attention layers with structured matrices.
 
 A block is x ↦ SA(FF(x)). ``None`` for a layer means the identity. Parameters are Fractions
 (exact models) or floats (float64 models); the arrays are object or float64 NumPy arrays.
@@ -6,15 +6,18 @@ A block is x ↦ SA(FF(x)). ``None`` for a layer means the identity. Parameters 
 * FF(x) = η·x + W·relu(U·x + b), U ∈ R^{w×d}, b ∈ R^w, W ∈ R^{d×w}.
 * SA_i(X) = ρ·x_i + V·Σ_l π_il x_l with scores s_il = α⟨x_i, x_l⟩ + (c·x_i)(a·x_l), i.e.
   A = α·I + a·cᵀ, and V·y = β·y + p·(q·y), i.e. V = β·I + p·qᵀ.
+
+See docs/architecture.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .numbers import as_number_array
+from .record import Construction
 
 
 @dataclass
@@ -120,7 +123,12 @@ class Transformer:
     exact: bool = True  # parameters are Fractions (True) or floats (False)
     causal: bool = False  # token i attends to tokens l ≤ i only
     positions: np.ndarray | None = None  # row i is added to the token at position i first
-    meta: dict = field(default_factory=dict)  # what the construction did, for reports
+    record: Construction | None = None  # what the construction did (None: not constructed)
+
+    @property
+    def meta(self) -> dict:
+        """The model file's ``"meta"`` object, written from the construction record."""
+        return {} if self.record is None else self.record.to_meta()
 
     @property
     def n_blocks(self) -> int:

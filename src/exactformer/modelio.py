@@ -18,6 +18,7 @@ import numpy as np
 
 from .model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from .numbers import fmt
+from .record import Construction, RecordError
 
 FORMAT = "exactformer.model/1"
 
@@ -164,7 +165,22 @@ def model_from_dict(doc: dict) -> Transformer:
         tau = num(doc.get("tau"), "tau")
         if tau <= 0:
             raise ModelFormatError("\"tau\" must be positive")
-    meta = doc.get("meta", {})
+    return Transformer(d=d, attention=attention, blocks=blocks, tau=tau, exact=exact,
+                       record=_record(doc.get("meta", {}), len(blocks)))
+
+
+def _record(meta, n_blocks: int) -> Construction | None:
+    """The construction record in ``"meta"`` (None when it records no construction)."""
     if not isinstance(meta, dict):
         raise ModelFormatError("\"meta\" must be an object")
-    return Transformer(d=d, attention=attention, blocks=blocks, tau=tau, exact=exact, meta=meta)
+    if "construction" not in meta:
+        return None
+    try:
+        record = Construction.from_meta(meta)
+    except RecordError as e:
+        raise ModelFormatError(str(e)) from None
+    for p in record.phases:
+        if p.end > n_blocks:
+            raise ModelFormatError(f"meta.phases.{p.name}: ends at block {p.end}, but the "
+                                   f"model has {n_blocks} blocks")
+    return record

@@ -1,7 +1,7 @@
 """Figures of the construction: where the tokens are after each phase (needs matplotlib).
 
 ``plot_phases`` runs the model on the data (float64) and draws one panel per stage: the input,
-then the positions after each phase that ``model.meta["phases"]`` lists, in order. A phase
+then the positions after each phase that ``model.record.phases`` lists, in order. A phase
 whose last block ends in a non-residual attention layer (ρ = 0: the collapse onto the leaders)
 gets two panels, before and after that layer, so the leaders are seen before the collapse. So a
 hardmax model shows input, separation, leaders, collapse, interpolation; a softmax model also
@@ -53,8 +53,9 @@ def _blocks_label(a: int, b: int) -> str:
 
 def stages(model: Transformer) -> tuple[Transformer, list[Stage]]:
     """The model with each phase-ending collapse block split into FF and SA, and the stages."""
-    phases = model.meta.get("phases") or {"all blocks": [0, model.n_blocks]}
-    ends = {int(b) for a, b in phases.values() if b > a and _is_collapse(model.blocks[b - 1])}
+    phases = {p.name: (p.start, p.end) for p in model.record.phases} if model.record else \
+        {"all blocks": (0, model.n_blocks)}
+    ends = {b for a, b in phases.values() if b > a and _is_collapse(model.blocks[b - 1])}
     blocks, where = [], [0]  # where[k]: split-model index after k original blocks
     for k, blk in enumerate(model.blocks, start=1):
         blocks += [Block(blk.ff, None), Block(None, blk.sa)] if k in ends else [blk]

@@ -8,7 +8,6 @@ and the margins that say whether lower precision would still work.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from fractions import Fraction
 
 import mpmath
 import numpy as np
@@ -16,6 +15,7 @@ import numpy as np
 from .data import Dataset
 from .evaluate import Arithmetic, PassStats, distinct_rows, forward
 from .model import Transformer
+from .numbers import to_fraction
 
 
 def hausdorff(a: np.ndarray, b: np.ndarray) -> float:
@@ -125,9 +125,9 @@ class Report:
 
 
 def design_bound(model: Transformer, N: int, sum_m: int) -> int | None:
-    R = model.meta.get("R")
-    if R is None:
+    if model.record is None:
         return None
+    R = model.record.R
     extra = 1 if model.attention == "softmax" else 0
     return R + max(1, sum_m - N) + extra + sum_m
 
@@ -181,7 +181,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     if model.attention == "softmax":
         used = model.tau if tau is None else tau
         extra["temperature τ (τ* of the geometry)"] = (f"{float(used):.6g} "
-                                                      f"({model.meta.get('tau_star', 'n/a')})")
+                                                      f"({_tau_star(model)})")
     return Report(
         attention=model.attention, arithmetic=arithmetic, N=dataset.N, d=dataset.d,
         sum_m=dataset.total_m, total_tokens=dataset.total_n, blocks=model.n_blocks,
@@ -196,10 +196,39 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         hat_clearance=stats.ridge_clearance, tolerance=tolerance, extra=extra)
 
 
+def _tau_star(model: Transformer) -> str:
+    rec = model.record
+    return "n/a" if rec is None or rec.tau_star is None else f"{rec.tau_star:.6g}"
+
+
 def _snap_start(model: Transformer) -> int | None:
-    """Block index after which tokens sit on the snap line (softmax constructions)."""
-    phases = model.meta.get("phases", {})
-    return phases["snap"][0] if "snap" in phases and "snap_windows" in model.meta else None
+    """Block index after which tokens sit on the snap line, read from the layers: the last FF
+    with η = 0 (the projection onto the line) when every later layer is a residual FF reading
+    one direction with four units (a snap). None for any other model."""
+    last = None
+    for i, b in enumerate(model.blocks):
+        if b.ff is not None and b.ff.eta == 0:
+            last = i
+    if last is None or model.attention != "softmax" or last + 1 >= model.n_blocks:
+        return None
+    snaps = model.blocks[last + 1:]
+    if all(b.sa is None and b.ff is not None and b.ff.width == 4 and b.ff.eta == 1
+           and _one_direction(b.ff) for b in snaps):
+        return last + 1
+    return None
+
+
+def _one_direction(ff) -> bool:
+    return all(np.array_equal(ff.U[i], ff.U[0]) for i in range(ff.width))
+
+
+def _flat_pieces(model: Transformer, s0: int) -> list[tuple[float, float]]:
+    """[c2, c3] of every snap, from its breakpoints c_i = −b_i (units read f' with scale 1)."""
+    out = []
+    for b in model.blocks[s0:]:
+        c = sorted(-to_fraction(v) for v in b.ff.b)
+        out.append((float(c[1]), float(c[2])))
+    return sorted(out)
 
 
 def _snap_margins(model: Transformer, s0: int, line_mp, line_f, scale: float) -> dict:
@@ -207,8 +236,7 @@ def _snap_margins(model: Transformer, s0: int, line_mp, line_f, scale: float) ->
     containing it (negative: in no flat part), in high precision, against the float64
     deviation of the same positions. ``s0``: the first snap block."""
     reader = model.blocks[s0].ff.U[0]  # every snap reads the same direction f'
-    flats = sorted((float(Fraction(w["window"][1])), float(Fraction(w["window"][2])))
-                   for w in model.meta["snap_windows"])
+    flats = _flat_pieces(model, s0)
     ts_mp = np.concatenate([np.array(o, dtype=float) for o in line_mp]) @ \
         np.array(reader, dtype=float)
     ts_f = np.concatenate(line_f) @ np.array(reader, dtype=float)

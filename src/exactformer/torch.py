@@ -361,7 +361,7 @@ def round_model(model: Transformer, dtype=torch.float64) -> Transformer:
     """``model`` as a native file of ``dtype`` holds it: each parameter rounded to ``dtype``,
     kept as a float64 (``exact=False``). :func:`export` builds its module from this."""
     rounded = native_model(native_tensors(model, dtype), native_config(model))
-    return replace(rounded, meta=model.meta)
+    return replace(rounded, record=model.record)
 
 
 def to_rho_eta(model: Transformer, dtype=torch.float64, device=None) -> RhoEtaTransformer:

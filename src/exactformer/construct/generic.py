@@ -51,21 +51,38 @@ class Draws:
 
 def relative_gap(values) -> float:
     """Smallest gap between distinct sorted values over their spread (0 on a coincidence)."""
-    vals = sorted(values)
+    vals = _sorted(values)
     if len(vals) < 2:
         return 1.0
     spread = float(vals[-1] - vals[0]) or 1.0
-    return min(float(b - a) for a, b in zip(vals, vals[1:], strict=False)) / spread
+    return float(min(vals[1:] - vals[:-1])) / spread
 
 
 def separated(values, exact: bool) -> bool:
     """Distinct exactly (exact mode), or far enough apart for float64 rounding."""
-    values = list(values)
+    vals = _sorted(values)
+    if len(vals) < 2:
+        return True
+    gaps = vals[1:] - vals[:-1]
     if exact:
-        return len(set(values)) == len(values)
-    scale = max((abs(float(v)) for v in values), default=1.0) or 1.0
-    spread = relative_gap(values) * (float(max(values) - min(values)) if len(values) > 1 else 1)
-    return spread > 256 * EPS * scale
+        return all(g != 0 for g in gaps)
+    scale = max(abs(float(vals[0])), abs(float(vals[-1]))) or 1.0
+    return float(gaps.min()) > 256 * EPS * scale
+
+
+def generic_score(values, exact: bool) -> float | None:
+    """The score of a generic choice that must keep ``values`` apart: their relative gap, or
+    None (invalid) when two coincide (exact) or could merge under float64 rounding."""
+    return relative_gap(values) if separated(values, exact) else None
+
+
+def _sorted(values) -> np.ndarray:
+    a = np.asarray(values)
+    if a.dtype != object:
+        return np.sort(a.astype(float))
+    out = np.empty(len(a), dtype=object)
+    out[:] = sorted(a.tolist())
+    return out
 
 
 def best_draw(draw: Callable[[], object], score: Callable[[object], float | None],

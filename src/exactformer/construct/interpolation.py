@@ -1,8 +1,9 @@
-"""Phase 3 of DESIGN §4: one residual hat per leader carries it onto its target.
+"""Interpolation: one residual hat per leader carries it onto its target.
 
 A generic direction h separates every leader from every other leader and from every target, so
 each hat (centred at h·leader) can be as wide as half the distance to the nearest point that
 must stay put: the leaders not yet moved and the targets already placed.
+See docs/hardmax.md#interpolation.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from tqdm import tqdm
 from ..model import Block
 from ..numbers import num
 from .gadgets import ff_from_units, hat_units
-from .generic import ConstructionError, Draws, best_draw, relative_gap, separated
+from .generic import ConstructionError, Draws, best_draw, generic_score
 
 
 class LeaderOnTarget(ConstructionError):
@@ -35,11 +36,9 @@ def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Dra
     ykeys = {tuple(r.tolist()): r for r in Y}
     Yu = np.array(list(ykeys.values()), dtype=Y.dtype)
 
-    def score(h):
-        vals = list(L @ h) + list(Yu @ h)
-        return relative_gap(vals) if separated(vals, exact) else None
-
-    h = best_draw(lambda: draws.vector(d), score, what="interpolation direction")
+    h = best_draw(lambda: draws.vector(d),
+                  lambda h: generic_score(np.concatenate([L @ h, Yu @ h]), exact),
+                  what="interpolation direction")
     lv, yv = list(L @ h), list(Y @ h)
     present = sorted(lv)
     every = sorted(lv + list(Yu @ h))

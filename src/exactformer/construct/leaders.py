@@ -1,9 +1,10 @@
-"""Phase 2 of DESIGN §4: every token onto the positive u-axis, leaders out, then the collapse.
+"""Leaders and the collapse: every sequence becomes exactly its m_j leader points.
 
 A non-residual FF maps each token to u' = g·x + g0 > 0 on the e1 axis, all u' distinct. In each
 sequence the token with the largest u' is the P-leader and stays; m_j − 1 further tokens (the most
 isolated ones, so hats can be wide) move by a hat each to rational points of a half circle in
-u < 0. The last block's SA (A = V = I, ρ = 0, hardmax) then sends every token onto its leader.
+u < 0. The last block's attention (A = α·I, V = I, ρ = 0, hardmax) then sends every token onto its
+leader. See docs/hardmax.md#leaders-and-the-collapse.
 """
 
 from __future__ import annotations
@@ -19,15 +20,27 @@ from tqdm import tqdm
 from ..model import SA, Block, ScoreMatrix, ValueMatrix
 from ..numbers import num, unit, zeros
 from .gadgets import ff_from_units, hat_units, projection_unit
-from .generic import ConstructionError, Draws, best_draw, relative_gap, separated
+from .generic import ConstructionError, Draws, best_draw, generic_score
 
 
 @dataclass
 class Leaders:
+    """The finished leader blocks (the last one ends with the collapse) and what they did."""
+
     blocks: list[Block]
     points: list[np.ndarray]  # per sequence: its m_j leader points (P-leader first)
     chosen: list[list[int]]  # per sequence: token positions (in X_j) of the leaders
-    uprime: list[list]  # per sequence: u' of each token after the projection
+
+
+@dataclass
+class _Axis:
+    """Every token on the positive e1 axis: u' = g·x + g0, per sequence, and the extreme token
+    that may carry the first hat inside the projection layer (None: no circle leader)."""
+
+    g: np.ndarray
+    g0: object
+    uprime: list[list]
+    first: tuple[int, int, int] | None  # (sequence, position, orientation ±1)
 
 
 def circle_points(k: int, r0, exact: bool) -> list[tuple]:
@@ -45,37 +58,57 @@ def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
                    collapse_alpha=1, progress: bool = False) -> Leaders:
     """Leaders and collapse for tokens at ``positions`` (per sequence, n_j×d, after separation).
 
-    The first leader hat shares the non-residual projection FF, which every implementation
-    evaluates densely; it is placed at an *extreme* token (largest or smallest u'), oriented so
-    that every other token lies where all its units are exactly zero, so float rounding of the
-    cancelling ReLUs cannot disturb any other token. ``collapse_alpha`` scales the collapse's
-    A = α·I (softmax models fold 1/τ into it).
+    ``collapse_alpha`` scales the collapse's A = α·I (softmax models fold 1/τ into it).
     """
     exact = draws.exact
     d = positions[0].shape[1]
+    axis = _axis(positions, m, draws)
+    chosen, moves = _pick(axis, m)
+    circle = circle_points(len(moves), draws.rational(1, 2, 1024), exact)
     e1 = unit(d, 0, exact)
-    N = len(positions)
+    points = [zeros((k, d), exact) for k in m]
+    for j in range(len(m)):
+        points[j][0] = e1 * axis.uprime[j][chosen[j][0]]
+    flat = sorted(v for r in axis.uprime for v in r)
+    ffs = []
+    for k, (j, i) in enumerate(tqdm(moves, desc="leader hats", unit="hat",
+                                    disable=not progress, leave=False, delay=1)):
+        q = zeros(d, exact)
+        q[0], q[1] = circle[k]
+        points[j][chosen[j].index(i)] = q
+        ffs.append(_leader_hat(axis, flat, axis.uprime[j][i], q, first=k == 0, exact=exact))
+    if not ffs:
+        ffs.append(ff_from_units([projection_unit(axis.g, axis.g0, e1)], num(0, exact), d,
+                                 exact))
+    z = zeros(d, exact)
+    collapse = SA(num(0, exact), ScoreMatrix(num(collapse_alpha, exact), z, z),
+                  ValueMatrix(num(1, exact), z, z))
+    blocks = [Block(ff, None) for ff in ffs[:-1]] + [Block(ffs[-1], collapse)]
+    return Leaders(blocks, points, chosen)
+
+
+def _axis(positions, m, draws: Draws) -> _Axis:
+    """A generic g with every u' distinct, preferring one whose extreme token (largest u', else
+    smallest) belongs to a sequence with m_j ≥ 2, so the first hat can sit there."""
+    exact = draws.exact
+    d = positions[0].shape[1]
     flat_pos = np.concatenate(positions, axis=0)
-    seq_of = np.repeat(np.arange(N), [len(p) for p in positions])
-    movers = sum(k - 1 for k in m)
+    seq_of = np.repeat(np.arange(len(positions)), [len(p) for p in positions])
+    movers = sum(k - 1 for k in m) > 0
 
     def extreme(vals):
-        """(index, orientation) of an extreme token that may become a circle leader."""
-        top, bottom = int(np.argmax(vals)), int(np.argmin(vals))
-        if m[seq_of[top]] >= 2:
-            return top, 1
-        if m[seq_of[bottom]] >= 2:
-            return bottom, -1
+        for idx, sign in ((int(np.argmax(vals)), 1), (int(np.argmin(vals)), -1)):
+            if m[seq_of[idx]] >= 2:
+                return idx, sign
         return None
 
     def score(g, need_extreme):
-        vals = list(flat_pos @ g)
-        if not separated(vals, exact) or (need_extreme and extreme(vals) is None):
-            return None
-        return relative_gap(vals)
+        vals = np.asarray(flat_pos @ g)
+        s = generic_score(vals, exact)
+        return None if s is None or (need_extreme and extreme(vals) is None) else s
 
     try:
-        g = best_draw(lambda: draws.vector(d), lambda g: score(g, movers > 0), limit=64,
+        g = best_draw(lambda: draws.vector(d), lambda g: score(g, movers), limit=64,
                       what="leader projection with an extreme circle leader")
     except ConstructionError:  # no draw puts a movable token at an end: any generic one
         g = best_draw(lambda: draws.vector(d), lambda g: score(g, False),
@@ -83,64 +116,56 @@ def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
     raw = flat_pos @ g
     lo, hi = min(raw), max(raw)
     spread = (hi - lo) if hi != lo else num(1, exact)
-    shift = draws.rational(1, 2, 1024)
-    g, g0 = g / spread, shift - lo / spread  # u' = g·x + g0 ∈ [shift, shift + 1]
+    g, g0 = g / spread, draws.rational(1, 2, 1024) - lo / spread  # u' ∈ [shift, shift + 1]
     flat_u = list(flat_pos @ g + g0)
     offsets = np.cumsum([0] + [len(p) for p in positions])
-    uprime = [flat_u[offsets[j]:offsets[j + 1]] for j in range(N)]
-    flat = sorted(flat_u)
+    uprime = [flat_u[offsets[j]:offsets[j + 1]] for j in range(len(positions))]
+    ext = extreme(flat_u) if movers else None
+    first = None
+    if ext is not None:
+        j0 = int(seq_of[ext[0]])
+        first = (j0, int(ext[0] - offsets[j0]), ext[1])
+    return _Axis(g, g0, uprime, first)
 
-    def isolation(v):
-        i = bisect_left(flat, v)
-        gaps = [flat[i] - flat[i - 1]] if i > 0 else []
-        if i + 1 < len(flat):
-            gaps.append(flat[i + 1] - flat[i])
-        return min(gaps) if gaps else num(1, exact)
 
-    first = extreme(flat_u) if movers else None
-    forced = {}  # sequence -> token that must be a circle leader (the extreme one)
-    if first is not None:
-        j0 = int(seq_of[first[0]])
-        forced[j0] = int(first[0] - offsets[j0])
+def _pick(axis: _Axis, m: list[int]) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """Per sequence the P-leader (largest u' that stays) and m_j − 1 circle leaders (the extreme
+    token where it must be one, then the most isolated); the moves, extreme token first."""
+    flat = sorted(v for r in axis.uprime for v in r)
+    forced = {axis.first[0]: axis.first[1]} if axis.first else {}
     chosen, moves = [], []
-    for j, r in enumerate(uprime):
+    for j, r in enumerate(axis.uprime):
         rest = [i for i in range(len(r)) if i != forced.get(j)]
-        pl = max(rest, key=lambda i: r[i])  # the P-leader: largest u' that stays
-        rest = sorted((i for i in rest if i != pl), key=lambda i: (isolation(r[i]), -i),
+        pl = max(rest, key=lambda i: r[i])
+        rest = sorted((i for i in rest if i != pl), key=lambda i: (_isolation(flat, r[i]), -i),
                       reverse=True)
         circ = ([forced[j]] if j in forced else []) + rest[: m[j] - 1 - (j in forced)]
         chosen.append([pl] + circ)
         moves += [(j, i) for i in circ]
-    if first is not None:  # the extreme token moves first, inside the projection FF
-        moves.insert(0, moves.pop(moves.index((j0, forced[j0]))))
-    r0 = draws.rational(1, 2, 1024)
-    circle = circle_points(len(moves), r0, exact)
-    points = []
-    for j in range(N):
-        pts = zeros((m[j], d), exact)
-        pts[0] = e1 * uprime[j][chosen[j][0]]
-        points.append(pts)
-    units_first = [projection_unit(g, g0, e1)]
-    ffs = []
-    for k, (j, i) in enumerate(tqdm(moves, desc="leader hats", unit="hat",
-                                    disable=not progress, leave=False, delay=1)):
-        c = uprime[j][i]
-        delta = min(num(1, exact) / 2, isolation(c) / 2)
-        q = zeros(d, exact)
-        q[0], q[1] = circle[k]
-        points[j][chosen[j].index(i)] = q
-        if not ffs:
-            sign = first[1] if first is not None else 1  # -1: mirrored, zero to the right
-            units_first += hat_units(g * sign, g0 * sign, c * sign, delta, q - e1 * c,
-                                     plateau=False)
-            ffs.append(ff_from_units(units_first, num(0, exact), d, exact))
-        else:
-            ffs.append(ff_from_units(hat_units(e1, 0 * c, c, delta, q - e1 * c), num(1, exact),
-                                     d, exact))
-    if not ffs:
-        ffs.append(ff_from_units(units_first, num(0, exact), d, exact))
-    blocks = [Block(ff, None) for ff in ffs]
-    one, zero = num(1, exact), num(0, exact)
-    z = zeros(d, exact)
-    blocks[-1].sa = SA(zero, ScoreMatrix(num(collapse_alpha, exact), z, z), ValueMatrix(one, z, z))
-    return Leaders(blocks, points, chosen, uprime)
+    if axis.first:
+        moves.insert(0, moves.pop(moves.index(axis.first[:2])))
+    return chosen, moves
+
+
+def _isolation(flat: list, v):
+    """Distance from v (one of the sorted values ``flat``) to its nearest other value."""
+    i = bisect_left(flat, v)
+    gaps = [flat[k] - flat[k - 1] for k in (i, i + 1) if 0 < k < len(flat)]
+    return min(gaps) if gaps else 1
+
+
+def _leader_hat(axis: _Axis, flat: list, c, q, first: bool, exact: bool):
+    """The FF moving the token at u' = c to the circle point q. The first one shares the
+    non-residual projection layer, which every evaluator computes densely: it sits at the
+    extreme token and is mirrored when that is the smallest, so every other token lies where
+    all its units are exactly zero (docs/numerics.md#the-extreme-token-rule)."""
+    d = len(axis.g)
+    e1 = unit(d, 0, exact)
+    delta = min(num(1, exact) / 2, _isolation(flat, c) / 2)
+    if not first:
+        return ff_from_units(hat_units(e1, 0 * c, c, delta, q - e1 * c), num(1, exact), d, exact)
+    sign = axis.first[2] if axis.first else 1
+    units = [projection_unit(axis.g, axis.g0, e1),
+             *hat_units(axis.g * sign, axis.g0 * sign, c * sign, delta, q - e1 * c,
+                        plateau=False)]
+    return ff_from_units(units, num(0, exact), d, exact)

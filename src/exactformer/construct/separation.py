@@ -1,59 +1,82 @@
-"""Phases 0 and 1 of DESIGN §4: projection onto one coordinate, then separation rounds.
+"""Projection and separation: every token to one number u, then rounds until no point is shared.
 
-After phase 0 every token is (u, 0, …) with u = a·x + a0 ∈ [1, 2], distinct tokens having
-distinct u. Each separation round lifts one test token above every u (a hat) and lets every
-token add λ_r·(its sequence's max u) to its second coordinate (a rank-one hardmax SA). Afterwards
-sequences that share a token have different second coordinates σ_j, so no point is shared.
+After the projection every token is (u, 0, …) with u = a·x + a0 ∈ [1, 2], distinct tokens having
+distinct u. A separation round lifts one *test* token above every u (a hat) and lets every token
+add λ_r·(its sequence's max u) to its second coordinate (a rank-one hardmax attention). After the
+rounds, sequences that share a token have different second coordinates σ_j, so no point is
+shared. The rounds are planned on classes of sequences (partition refinement), then the
+multipliers λ are drawn, then the blocks are built: nothing is patched afterwards.
+See docs/hardmax.md#separation.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
 
 from ..model import SA, Block, ScoreMatrix, ValueMatrix
 from ..numbers import num, unit, zeros
+from ..record import Lift
 from .gadgets import ff_from_units, hat_units, projection_unit
-from .generic import Draws, best_draw, relative_gap, separated
-
-PAIR_SAMPLE = 2000  # unresolved pairs looked at when choosing a test token
+from .generic import ConstructionError, Draws, best_draw, generic_score
 
 
 @dataclass
 class TokenTable:
-    """Distinct input tokens (rows of ``points``) and, per sequence, the ids of its tokens."""
+    """Distinct input tokens (rows of ``points``) and every (sequence, token id) membership.
+
+    ``seq_of[k]``, ``token_of[k]``: the k-th membership, grouped by sequence in input order."""
 
     points: np.ndarray
-    seqs: list[list[int]]
+    seq_of: np.ndarray
+    token_of: np.ndarray
+    N: int
 
     @classmethod
     def build(cls, inputs: list[np.ndarray]) -> TokenTable:
+        flat = np.concatenate(inputs, axis=0)
+        seq_of = np.repeat(np.arange(len(inputs)), [len(x) for x in inputs])
+        if flat.dtype != object:
+            points, first, token_of = np.unique(flat, axis=0, return_index=True,
+                                                return_inverse=True)
+            order = np.argsort(first, kind="stable")  # ids in order of first appearance
+            rank = np.empty_like(order)
+            rank[order] = np.arange(len(order))
+            return cls(points[order], seq_of, rank[token_of.reshape(-1)], len(inputs))
         ids: dict[tuple, int] = {}
-        rows, seqs = [], []
-        for x in inputs:
-            s = []
-            for row in x:
-                k = tuple(row.tolist())
-                if k not in ids:
-                    ids[k] = len(rows)
-                    rows.append(row)
-                s.append(ids[k])
-            seqs.append(s)
-        return cls(np.array(rows, dtype=inputs[0].dtype), seqs)
+        token_of = np.array([ids.setdefault(tuple(r.tolist()), len(ids)) for r in flat])
+        rows = np.empty((len(ids), flat.shape[1]), dtype=object)
+        rows[token_of] = flat
+        return cls(rows, seq_of, token_of, len(inputs))
+
+    def seqs(self) -> list[np.ndarray]:
+        """Token ids of each sequence."""
+        return np.split(self.token_of, np.flatnonzero(np.diff(self.seq_of)) + 1)
+
+
+@dataclass
+class Plan:
+    """The rounds, decided on token ranks before any number is drawn: ``tests[r]`` is the token
+    lifted in round r (None: a round without a lift); ``maxima[r, j]`` the rank of sequence j's
+    largest u after round r (ranks ≥ T are the lift heights, in order); ``classes`` the final
+    class of every sequence (equal signatures, pairwise token-disjoint)."""
+
+    tests: list[int | None]
+    maxima: np.ndarray
+    classes: np.ndarray
 
 
 @dataclass
 class Separation:
-    a: np.ndarray  # u = a·x + a0 for an original token x
-    a0: object
-    u: list  # u of every distinct token after the lifts
-    sigma: list  # second coordinate of every token of sequence j
-    tests: list[int | None] = field(default_factory=list)  # None: a round without a lift
-    blocks: list[Block] = field(default_factory=list)
-    lifts: list[dict] = field(default_factory=list)
+    """The finished separation blocks and where they leave every token."""
+
+    blocks: list[Block]
+    u: list  # u of every distinct token after its lift (if any)
+    sigma: list  # the second coordinate σ_j of every token of sequence j
+    tests: list[int | None]
+    lifts: list[Lift]
 
     @property
     def R(self) -> int:
@@ -61,14 +84,10 @@ class Separation:
 
 
 def project(table: TokenTable, draws: Draws) -> tuple[np.ndarray, object, list]:
-    """Phase 0: a direction with a·x distinct over distinct tokens, rescaled so u ∈ [1, 2]."""
-    exact, d = draws.exact, table.points.shape[1]
-
-    def score(a):
-        vals = list(table.points @ a)
-        return relative_gap(vals) if separated(vals, exact) else None
-
-    a = best_draw(lambda: draws.vector(d), score, what="projection direction")
+    """A direction with a·x distinct over distinct tokens, rescaled so that u ∈ [1, 2]."""
+    exact = draws.exact
+    a = best_draw(lambda: draws.vector(table.points.shape[1]),
+                  lambda a: generic_score(table.points @ a, exact), what="projection direction")
     t = table.points @ a
     lo, hi = min(t), max(t)
     spread = (hi - lo) if hi != lo else num(1, exact)
@@ -77,93 +96,160 @@ def project(table: TokenTable, draws: Draws) -> tuple[np.ndarray, object, list]:
     return a_s, a0, list(table.points @ a_s + a0)
 
 
-def sharing_pairs(table: TokenTable) -> list[tuple[int, int]]:
-    owners = defaultdict(list)
-    for j, s in enumerate(table.seqs):
-        for t in s:
-            owners[t].append(j)
-    pairs = set()
-    for js in owners.values():
-        for i in range(len(js)):
-            for k in range(i + 1, len(js)):
-                pairs.add((js[i], js[k]))
-    return sorted(pairs)
+def plan_rounds(table: TokenTable, u_rank: np.ndarray, progress: bool = False) -> Plan:
+    """Greedy tests until no two sequences of one class share a token (R ≤ N − 1).
 
-
-def separate(table: TokenTable, draws: Draws, progress: bool = False) -> Separation:
-    exact = draws.exact
-    d = table.points.shape[1]
-    a, a0, u = project(table, draws)
-    N = len(table.seqs)
-    pairs = sharing_pairs(table)
-    sep = Separation(a, a0, u, [num(0, exact)] * N)
-    if not pairs:
-        return sep
-    sets = [set(s) for s in table.seqs]
-    owners = defaultdict(list)
-    for j, s in enumerate(sets):
-        for t in s:
-            owners[t].append(j)
-    cur = [max(u[t] for t in s) for s in table.seqs]
-    history: list[list] = []
-    unresolved = pairs
-    e1, e2 = unit(d, 0, exact), unit(d, 1, exact)
-    # A first round without a lift records every sequence's own maximum: it splits each pair
-    # whose maxima differ and leaves the densely evaluated first layer without hat units.
-    if any(cur[j] != cur[k] for j, k in unresolved):
-        sep.blocks.append(Block(ff_from_units([projection_unit(a, a0, e1)], num(0, exact), d,
-                                              exact), None))
-        history.append(list(cur))
-        sep.tests.append(None)
-        unresolved = [(j, k) for j, k in unresolved if cur[j] == cur[k]]
+    Sequences with equal signatures form a class; a class is unresolved while two of its
+    sequences share a token. Lifting token p splits every class C into C ∩ owners(p) and
+    C ∖ owners(p); the greedy takes the token that splits most pairs among the sequences of
+    unresolved classes that hold a repeated token. Each round splits an unresolved class, so at
+    most N − 1 rounds are needed. A first round without a lift records the sequences' own maxima
+    when that already splits a shared token.
+    """
+    N, T = table.N, len(u_rank)
+    seq, tok = table.seq_of, table.token_of
+    cur = np.full(N, -1, dtype=np.int64)
+    np.maximum.at(cur, seq, u_rank[tok])
+    classes = np.zeros(N, dtype=np.int64)
+    owners = _owners(seq, tok, T)
+    tests, maxima = [], []
+    active = np.arange(len(seq))
+    if _repeated_weight(classes, seq, tok, T) == 0:
+        return Plan([], np.zeros((0, N), dtype=np.int64), classes)
+    split = _refine(classes, cur)
+    if _repeated_weight(split, seq, tok, T) < _repeated_weight(classes, seq, tok, T):
+        classes = split
+        tests.append(None)
+        maxima.append(cur.copy())
     bar = tqdm(desc="separation rounds", unit="round", disable=not progress, leave=False, delay=1)
-    while unresolved:
-        bar.update()
-        sample = unresolved if len(unresolved) <= PAIR_SAMPLE else \
-            draws.rng.sample(unresolved, PAIR_SAMPLE)
-        votes = Counter()
-        for j, k in sample:
-            votes.update(sets[j] ^ sets[k])
-        p = min(votes, key=lambda t: (-votes[t], t))
-        top = max(u) + 1
-        c = u[p]
-        others = [abs(v - c) for i, v in enumerate(u) if i != p]
-        delta = min([num(1, exact) / 2] + [g / 2 for g in others])
-        units = hat_units(e1, 0 * c, c, delta, e1 * (top - c))
-        if not sep.blocks:  # the first round also projects (phase 0): read u = a·x + a0
-            units = [projection_unit(a, a0, e1),
-                     *hat_units(a, a0, c, delta, e1 * (top - c), plateau=False)]
-        ff = ff_from_units(units, num(0 if not sep.blocks else 1, exact), d, exact)
-        u[p] = top
-        for j in owners[p]:
-            cur[j] = top
-        history.append(list(cur))
-        sep.tests.append(p)
-        sep.lifts.append({"round": len(history) - 1, "token": p, "from": str(c), "to": str(top),
-                          "delta": str(delta)})
-        sep.blocks.append(Block(ff, None))
-        unresolved = [(j, k) for j, k in unresolved if cur[j] == cur[k]]
-    bar.close()
-    M = np.array(history, dtype=object if exact else float)  # R × N sequence maxima
+    with bar:
+        while True:
+            active, p = _best_test(classes, seq, tok, active, T)
+            if p is None:
+                break
+            if len(tests) >= N:
+                raise ConstructionError(f"separation did not finish in N = {N} rounds")
+            bar.update()
+            held = np.zeros(N, dtype=np.int64)
+            held[owners[p]] = 1
+            classes = _refine(classes, held)
+            cur[owners[p]] = T + len([t for t in tests if t is not None])
+            tests.append(p)
+            maxima.append(cur.copy())
+    return Plan(tests, np.array(maxima, dtype=np.int64).reshape(-1, N), classes)
+
+
+def _owners(seq: np.ndarray, tok: np.ndarray, T: int) -> list[np.ndarray]:
+    """Per token, the sequences holding it."""
+    order = np.argsort(tok, kind="stable")
+    cuts = np.searchsorted(tok[order], np.arange(1, T))
+    return np.split(seq[order], cuts)
+
+
+def _refine(classes: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Split every class by ``key`` (integer per sequence); labels renumbered from 0."""
+    _, labels = np.unique(np.stack([classes, key]), axis=1, return_inverse=True)
+    return labels.reshape(-1)
+
+
+def _repeated_weight(classes, seq, tok, T) -> int:
+    """Σ over (class, token) held by ≥ 2 sequences of the class of that count: 0 iff every class
+    is token-disjoint, and it drops whenever a refinement splits a shared token."""
+    _, counts = np.unique(classes[seq] * T + tok, return_counts=True)
+    return int(counts[counts >= 2].sum())
+
+
+def _best_test(classes, seq, tok, active, T) -> tuple[np.ndarray, int | None]:
+    """The token splitting most pairs among the sequences that hold a token repeated in their
+    class (None when there are none); also the memberships still worth looking at."""
+    s, t = seq[active], tok[active]
+    _, inv, counts = np.unique(classes[s] * T + t, return_inverse=True, return_counts=True)
+    repeated = counts[inv.reshape(-1)] >= 2
+    if not repeated.any():
+        return active[:0], None
+    involved = np.zeros(len(classes), dtype=bool)
+    involved[s[repeated]] = True
+    keep = involved[s]
+    active, s, t = active[keep], s[keep], t[keep]
+    size = np.bincount(classes[np.flatnonzero(involved)], minlength=len(classes))
+    keys, counts = np.unique(classes[s] * T + t, return_counts=True)
+    split = counts * (size[keys // T] - counts)
+    score = np.bincount(keys % T, weights=split, minlength=T)
+    p = int(np.argmax(score))
+    if score[p] <= 0:
+        raise ConstructionError("no test token splits an unresolved class (inputs equal as sets)")
+    return active, p
+
+
+def separate(table: TokenTable, draws: Draws, score_scale=1, progress: bool = False
+             ) -> Separation:
+    """Plan the rounds, draw their multipliers and build their blocks. ``score_scale``
+    multiplies every attention matrix A (softmax models fold 1/τ into it)."""
+    exact = draws.exact
+    a, a0, u = project(table, draws)
+    order = sorted(range(len(u)), key=u.__getitem__)
+    u_rank = np.empty(len(u), dtype=np.int64)
+    u_rank[order] = np.arange(len(u))
+    plan = plan_rounds(table, u_rank, progress)
+    N = table.N
+    if not plan.tests:
+        return Separation([], u, [num(0, exact)] * N, [], [])
+    n_lifts = sum(t is not None for t in plan.tests)
+    heights = [num(3 + k, exact) for k in range(n_lifts)]  # every u ≤ 2 < 3
+    value = [u[i] for i in order] + heights  # rank → value
+    M = np.array([[value[r] for r in row] for row in plan.maxima],
+                 dtype=object if exact else float)  # R × N maxima
+    lams = _multipliers(M, plan.classes, heights[-1] if heights else num(3, exact), draws)
+    sigma = list(np.asarray(lams) @ M)
+    blocks, lifts = _round_blocks(table, a, a0, u, order, plan.tests, heights, lams, draws,
+                                  score_scale)
+    lifted = list(u)
+    for x, h in zip(lifts, heights, strict=True):
+        lifted[x.token] = h
+    return Separation(blocks, lifted, sigma, plan.tests, lifts)
+
+
+def _multipliers(M: np.ndarray, classes: np.ndarray, top, draws: Draws) -> list:
+    """λ_r with σ = λ·M distinct over the final classes (sequences that shared a token are in
+    different classes); among valid draws, the widest relative gap."""
+    reps = np.unique(classes, return_index=True)[1]
+    Mc = M[:, reps]
 
     def score(lams):
-        sig = list(np.asarray(lams) @ M)
-        gaps = [abs(sig[j] - sig[k]) for j, k in pairs]
-        scale = max(abs(float(s)) for s in sig) or 1.0
-        if min(gaps) == 0 or (not exact and float(min(gaps)) < 256 * 2.2e-16 * scale):
-            return None
-        return float(min(gaps)) / scale
+        return generic_score(np.asarray(lams) @ Mc, draws.exact)
 
-    top = max(u) + 1
-    lams = best_draw(lambda: [draws.rational(1, 2, 1024) / top for _ in history], score,
+    return best_draw(lambda: [draws.rational(1, 2, 1024) / top for _ in range(len(M))], score,
                      what="separation multipliers")
-    sep.sigma = list(np.asarray(lams) @ M)
-    for blk, lam in zip(sep.blocks, lams, strict=True):
-        blk.sa = SA(num(1, exact), ScoreMatrix(num(0, exact), e1, e1),
-                    ValueMatrix(num(0, exact), e2 * lam, e1))
-    for rec in sep.lifts:
-        rec["lambda"] = str(lams[rec["round"]])
-    return sep
+
+
+def _round_blocks(table, a, a0, u, order, tests, heights, lams, draws, score_scale):
+    """One block per round: the lift hat (or only the projection, first block) and the
+    rank-one attention adding λ_r·(sequence max of u) to the second coordinate."""
+    exact, d = draws.exact, table.points.shape[1]
+    e1, e2 = unit(d, 0, exact), unit(d, 1, exact)
+    pos = {t: i for i, t in enumerate(order)}
+    blocks, lifts, k = [], [], 0
+    for r, (p, lam) in enumerate(zip(tests, lams, strict=True)):
+        units = [projection_unit(a, a0, e1)] if r == 0 else []
+        if p is not None:
+            c, delta = u[p], _half_gap(u, order, pos[p], exact)
+            move = e1 * (heights[k] - c)
+            units += hat_units(a, a0, c, delta, move, plateau=False) if r == 0 else \
+                hat_units(e1, 0 * c, c, delta, move)
+            lifts.append(Lift(r, int(p), str(c), str(heights[k]), str(delta), str(lam)))
+            k += 1
+        ff = ff_from_units(units, num(0 if r == 0 else 1, exact), d, exact)
+        sa = SA(num(1, exact), ScoreMatrix(num(0, exact), e1 * score_scale, e1),
+                ValueMatrix(num(0, exact), e2 * lam, e1))
+        blocks.append(Block(ff, sa))
+    return blocks, lifts
+
+
+def _half_gap(u, order, i, exact):
+    """Half the distance from the i-th smallest u to its neighbours (at most 1/2)."""
+    c = u[order[i]]
+    near = [abs(u[order[k]] - c) for k in (i - 1, i + 1) if 0 <= k < len(order)]
+    return min([num(1, exact)] + near) / 2
 
 
 def separated_positions(inputs: list[np.ndarray], table: TokenTable, sep: Separation,
@@ -173,7 +259,7 @@ def separated_positions(inputs: list[np.ndarray], table: TokenTable, sep: Separa
     if not sep.R:
         return inputs
     out = []
-    for j, s in enumerate(table.seqs):
+    for j, s in enumerate(table.seqs()):
         p = zeros((len(s), table.points.shape[1]), exact)
         p[:, 0] = [sep.u[t] for t in s]
         p[:, 1] = sep.sigma[j]

@@ -1,4 +1,4 @@
-"""The softmax construction of DESIGN §5, and the temperature threshold τ*.
+"""The softmax construction and the temperature threshold τ*.
 
 Same phases as hardmax, every attention softmax. Softmax never collapses tokens exactly, so the
 constructor simulates the forward pass (float64) to know where every token is, centres its hats
@@ -12,12 +12,13 @@ spare: each gap wider than the blobs beside it (and than float64 can blur). τ* 
 found valid by a search. With the default τ = 1 the model is built at
 θ = a power of two ≤ τ*/2 and 1/θ is folded into the attention matrices (A/θ at τ = 1 is the
 same layer as A at τ = θ); an explicit τ is used as it is and must be below τ*.
+See docs/softmax.md.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -25,23 +26,27 @@ from tqdm import tqdm
 
 from ..data import Dataset
 from ..evaluate import forward
-from ..model import Block, ScoreMatrix, Transformer
+from ..model import Block, Transformer
 from ..numbers import as_number_array, num
+from ..record import Construction, SnapWindow, Span
 from .gadgets import ff_from_units, projection_unit, snap_units
 from .generic import ConstructionError, Draws, best_draw
-from .interpolation import LeaderOnTarget
 from .leaders import choose_leaders
 from .separation import TokenTable, separate
 
 THETA_MIN = 2.0 ** -40  # below this the search gives up
 THETA_MAX = 2.0 ** 10  # valid up to here counts as "any temperature works"
 BISECTIONS = 8  # τ* to about 0.5 % (the bracket starts at a factor 4)
-TARGET_TRIES = 64
+TARGET_TRIES = 64  # reading directions / leader geometries tried against window collisions
 MIN_RELATIVE_GAP = 1e-9  # groups closer than this (relative) are not certifiable in float64
 
 
 class TemperatureError(ValueError):
     """The requested temperature is too large for the data; the message gives τ*."""
+
+
+class TargetInSnapWindow(ConstructionError):
+    """A target already placed keeps falling inside a later snap's window: redraw."""
 
 
 class _Invalid(Exception):
@@ -62,40 +67,55 @@ class _Geometry:
     seed: int
 
 
+def parse_tau(tau) -> Fraction:
+    """A positive, finite temperature as a Fraction, refused before any search otherwise."""
+    try:
+        theta = tau if isinstance(tau, Fraction) else Fraction(str(tau))
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"tau must be a positive number, got {tau!r}") from None
+    if theta <= 0:
+        raise ValueError(f"tau must be positive, got {tau}")
+    return theta
+
+
 def compile_softmax(dataset: Dataset, exact: bool = True, seed: int = 0, tau=None,
                     progress: bool = False) -> Transformer:
+    """Construct the softmax transformer (τ = 1 with 1/θ folded into A, or the given τ)."""
+    theta = None if tau is None else parse_tau(tau)
     inputs, targets = dataset.fractions() if exact else dataset.floats()
     geo = _Geometry(TokenTable.build(inputs), inputs, dataset.floats()[0], targets,
                     dataset.target_lengths, dataset.d, exact, seed)
     tau_star = find_tau_star(geo, progress)
-    if tau is None:  # the largest power of two ≤ τ*/2 that is valid (validity need not be
-        # monotone in θ: the search's τ* is the largest valid value it met)
-        theta = 1.0 if math.isinf(tau_star) else 2.0 ** math.floor(math.log2(tau_star / 2))
-        while True:
-            try:
-                model = _build(geo, Fraction(theta), fold=True)
-                break
-            except _Invalid:
-                theta /= 2
-                if theta < THETA_MIN:
-                    raise ConstructionError("no power-of-two temperature below tau* gives a "
-                                            "valid softmax construction") from None
-    else:
-        theta = Fraction(str(tau)) if not isinstance(tau, Fraction) else tau
-        if theta <= 0:
-            raise ValueError(f"tau must be positive, got {tau}")
-        if theta >= tau_star:
-            raise TemperatureError(
-                f"tau = {float(theta):.6g} is too large for these data: the largest workable "
-                f"temperature is tau* = {tau_star:.6g}; use a smaller tau, or omit it for "
-                "tau = 1 with rescaled attention")
-        try:
-            model = _build(geo, theta, fold=False)
-        except _Invalid as e:
-            raise TemperatureError(f"tau = {float(theta):.6g}: {e} (tau* = {tau_star:.6g})") \
-                from None
-    model.meta["tau_star"] = tau_star if math.isfinite(tau_star) else "inf"
+    model = _at_default_tau(geo, tau_star) if theta is None else \
+        _at_given_tau(geo, theta, tau_star)
+    model.record.tau_star = tau_star
     return model
+
+
+def _at_default_tau(geo: _Geometry, tau_star: float) -> Transformer:
+    """The largest power of two ≤ τ*/2 that is valid, folded into A (validity need not be
+    monotone in θ: the search's τ* is the largest valid value it met)."""
+    theta = 1.0 if math.isinf(tau_star) else 2.0 ** math.floor(math.log2(tau_star / 2))
+    while theta >= THETA_MIN:
+        try:
+            return _build(geo, Fraction(theta), fold=True)
+        except _Invalid:
+            theta /= 2
+    raise ConstructionError("no power-of-two temperature below tau* gives a valid softmax "
+                            "construction")
+
+
+def _at_given_tau(geo: _Geometry, theta: Fraction, tau_star: float) -> Transformer:
+    if theta >= tau_star:
+        raise TemperatureError(
+            f"tau = {float(theta):.6g} is too large for these data: the largest workable "
+            f"temperature is tau* = {tau_star:.6g}; use a smaller tau, or omit it for "
+            "tau = 1 with rescaled attention")
+    try:
+        return _build(geo, theta, fold=False)
+    except _Invalid as e:
+        raise TemperatureError(f"tau = {float(theta):.6g}: {e} (tau* = {tau_star:.6g})") \
+            from None
 
 
 def find_tau_star(geo: _Geometry, progress: bool = False) -> float:
@@ -134,115 +154,128 @@ def _search(valid) -> float:
 
 def _build(geo: _Geometry, theta: Fraction, fold: bool) -> Transformer:
     """The construction at temperature θ; ``fold`` puts 1/θ into A and sets τ = 1."""
-    exact, d = geo.exact, geo.d
+    exact = geo.exact
     draws = Draws(geo.seed, exact)
     scale = num(1 / theta, exact) if fold else num(1, exact)
     tau = num(1, exact) if fold else num(theta, exact)
     try:
-        sep = separate(geo.table, draws)
+        sep = separate(geo.table, draws, score_scale=scale)
     except ConstructionError as e:
         raise _Invalid(str(e)) from None
-    for b in sep.blocks:
-        b.sa = replace(b.sa, A=ScoreMatrix(b.sa.A.alpha, b.sa.A.a * scale, b.sa.A.c))
-    blocks = list(sep.blocks)
-    positions = _separated_positions(geo, sep, blocks, tau)
+    positions = _separated_positions(geo, sep.blocks, tau)
     for _ in range(TARGET_TRIES):
         try:
             lead = choose_leaders(positions, geo.m, draws, collapse_alpha=scale)
-            tail = _project_and_snap(geo, blocks + lead.blocks, lead.chosen, tau, draws)
+            proj, snaps, windows = _project_and_snap(geo, sep.blocks + lead.blocks,
+                                                     lead.chosen, tau, draws)
             break
-        except LeaderOnTarget:
+        except TargetInSnapWindow:
             continue
         except ConstructionError as e:
             raise _Invalid(str(e)) from None
     else:
         raise _Invalid("targets keep falling into snap windows")
-    proj_block, snaps, windows = tail
-    allb = blocks + lead.blocks + [proj_block] + snaps
+    blocks = sep.blocks + lead.blocks + [proj] + snaps
     R, nl = sep.R, len(lead.blocks)
-    meta = {
-        "construction": "softmax", "seed": geo.seed, "N": len(geo.m), "sum_m": sum(geo.m),
-        "R": R, "theta": str(theta), "folded": fold,
-        "phases": {"separation": [0, R], "leaders": [R, R + nl],
-                   "projection": [R + nl, R + nl + 1], "snap": [R + nl + 1, len(allb)]},
-        "lifts": sep.lifts, "leaders": lead.chosen, "snap_windows": windows,
-    }
-    return Transformer(d=d, attention="softmax", blocks=allb, tau=tau, exact=exact, meta=meta)
+    record = Construction(
+        kind="softmax", seed=geo.seed, N=len(geo.m), sum_m=sum(geo.m), R=R,
+        phases=[Span("separation", 0, R), Span("leaders", R, R + nl),
+                Span("projection", R + nl, R + nl + 1), Span("snap", R + nl + 1, len(blocks))],
+        tests=[None if t is None else [str(v) for v in geo.table.points[t]] for t in sep.tests],
+        lifts=sep.lifts, leaders=lead.chosen, snap_windows=windows, theta=str(theta),
+        folded=fold)
+    return Transformer(d=geo.d, attention="softmax", blocks=blocks, tau=tau, exact=exact,
+                       record=record)
 
 
-def _separated_positions(geo, sep, blocks, tau) -> list[np.ndarray]:
-    """Token positions after the separation rounds (simulated in float64 for R > 0)."""
-    if not sep.R:
+def _separated_positions(geo, blocks, tau) -> list[np.ndarray]:
+    """Token positions after the separation rounds (simulated in float64 when there are any)."""
+    if not blocks:
         return geo.inputs
+    return [as_number_array(o, geo.exact) for o in _simulate(geo, blocks, tau)]
+
+
+def _simulate(geo, blocks, tau) -> list[np.ndarray]:
     model = Transformer(geo.d, "softmax", blocks, tau=tau, exact=geo.exact)
-    outs = forward(model, geo.inputs_f, "float")
-    return [as_number_array(o, geo.exact) for o in outs]
+    return forward(model, geo.inputs_f, "float")
 
 
 def _project_and_snap(geo, blocks, chosen, tau, draws):
     """Simulate to the collapse, project onto a generic line, and snap each group."""
     exact, d = geo.exact, geo.d
-    model = Transformer(d, "softmax", blocks, tau=tau, exact=exact)
-    outs = forward(model, geo.inputs_f, "float")
-    groups = []  # (sequence, slot, positions of its tokens)
-    for j, (o, ch) in enumerate(zip(outs, chosen, strict=True)):
-        owner = np.zeros(len(o), dtype=int)  # every non-leader joins the P-leader (slot 0)
-        for slot, i in enumerate(ch):
-            owner[i] = slot
-        groups += [(j, slot, o[owner == slot]) for slot in range(len(ch))]
-
-    def intervals(f):
-        f = np.asarray(f, dtype=float)
-        return [(float((g[2] @ f).min()), float((g[2] @ f).max())) for g in groups]
-
-    def score(f):
-        """Valid when consecutive groups are farther apart than the wider of the two blobs
-        (and than float64 can blur); the score is the smallest gap over the spread."""
-        iv = sorted(intervals(f))
-        scale = max(abs(iv[0][0]), abs(iv[-1][1]), 1.0)
-        for a, b in zip(iv, iv[1:], strict=False):
-            gap = b[0] - a[1]
-            if gap <= max(a[1] - a[0], b[1] - b[0], MIN_RELATIVE_GAP * scale):
-                return None
-        spread = iv[-1][1] - iv[0][0] or 1.0
-        gaps = [b[0] - a[1] for a, b in zip(iv, iv[1:], strict=False)]
-        return min(gaps) / spread if gaps else 1.0
-
-    f = best_draw(lambda: draws.vector(d), score, what="projection line (groups overlap)")
-    iv = intervals(f)
-    lowest = min(a for a, _ in iv)
-    shift = num(Fraction(1) - _rational_below(lowest), exact)
+    groups = _groups(_simulate(geo, blocks, tau), chosen)
+    f = best_draw(lambda: draws.vector(d), lambda f: _line_score(_intervals(groups, f)),
+                  what="projection line (groups overlap)")
+    iv = _intervals(groups, f)
+    shift = num(Fraction(1) - _rational_below(min(a for a, _ in iv)), exact)
     e = draws.vector(d)
     proj = ff_from_units([projection_unit(f, shift, e)], num(0, exact), d, exact)
-    line = [(a + float(shift), b + float(shift)) for a, b in iv]  # t on the line, t ≥ 1
-    windows = _windows(line)
-    ee = e @ e
-    for _ in range(TARGET_TRIES):  # reading direction f' = e/|e|² + w with w ⊥ e
-        r = draws.vector(d)
-        fp = e / ee + (r - e * ((r @ e) / ee))
-        if _targets_clear(geo, groups, windows, fp):
-            break
-    else:
-        raise LeaderOnTarget("a placed target keeps falling into a later snap window")
+    windows = _windows([(a + float(shift), b + float(shift)) for a, b in iv])  # t ≥ 1
+    fp = _reader(geo, groups, windows, e, draws)
     snaps = []
     for (j, slot, _), win in zip(groups, windows, strict=True):
         c1, c2, c3, c4 = (num(c, exact) for c in win)
-        y = geo.targets[j][slot]
-        units = snap_units(fp, num(0, exact), e, c1, c2, c3, c4, y)
+        units = snap_units(fp, num(0, exact), e, c1, c2, c3, c4, geo.targets[j][slot])
         snaps.append(Block(ff_from_units(units, num(1, exact), d, exact), None))
-    records = [{"sequence": j, "slot": slot, "window": [str(c) for c in win]}
+    records = [SnapWindow(j, slot, tuple(str(c) for c in win))
                for (j, slot, _), win in zip(groups, windows, strict=True)]
     return Block(proj, None), snaps, records
+
+
+def _groups(outs, chosen) -> list[tuple[int, int, np.ndarray]]:
+    """(sequence, slot, simulated points) of every leader group: each non-leader joins its
+    sequence's P-leader (slot 0), each leader its own slot."""
+    groups = []
+    for j, (o, ch) in enumerate(zip(outs, chosen, strict=True)):
+        owner = np.zeros(len(o), dtype=int)
+        for slot, i in enumerate(ch):
+            owner[i] = slot
+        groups += [(j, slot, o[owner == slot]) for slot in range(len(ch))]
+    return groups
+
+
+def _intervals(groups, f) -> list[tuple[float, float]]:
+    f = np.asarray(f, dtype=float)
+    return [(float((g[2] @ f).min()), float((g[2] @ f).max())) for g in groups]
+
+
+def _line_score(intervals) -> float | None:
+    """Valid when consecutive groups are farther apart than the wider of the two blobs (and than
+    float64 can blur); the score is the smallest gap over the spread."""
+    iv = sorted(intervals)
+    scale = max(abs(iv[0][0]), abs(iv[-1][1]), 1.0)
+    gaps = [b[0] - a[1] for a, b in zip(iv, iv[1:], strict=False)]
+    for g, a, b in zip(gaps, iv, iv[1:], strict=False):
+        if g <= max(a[1] - a[0], b[1] - b[0], MIN_RELATIVE_GAP * scale):
+            return None
+    return min(gaps) / (iv[-1][1] - iv[0][0] or 1.0) if gaps else 1.0
+
+
+def _reader(geo, groups, windows, e, draws):
+    """The snaps' reading direction f' = e/|e|² + w (w ⊥ e, so f'·e = 1), redrawn until no
+    target placed by a snap lies near a later snap's window."""
+    ee = e @ e
+    for _ in range(TARGET_TRIES):
+        r = draws.vector(geo.d)
+        fp = e / ee + (r - e * ((r @ e) / ee))
+        if _targets_clear(geo, groups, windows, fp):
+            return fp
+    raise TargetInSnapWindow("a placed target keeps falling into a later snap window")
 
 
 def _windows(line: list[tuple]) -> list[tuple]:
     """Rational (c1, c2, c3, c4) per group on a dyadic grid: the flat part [c2, c3] reaches a
     distance q = gap/8 beyond the blob, the ramps another q, so windows stay disjoint."""
+    order = sorted(range(len(line)), key=lambda k: line[k])
+    gap = [1.0] * len(line)  # to the nearest other group (the intervals are disjoint)
+    for i, k in enumerate(order):
+        near = [line[k][0] - line[order[i - 1]][1]] if i > 0 else []
+        if i + 1 < len(order):
+            near.append(line[order[i + 1]][0] - line[k][1])
+        gap[k] = min(near, default=1.0)
     out = []
-    for k, (a, b) in enumerate(line):
-        gap = min([a2 - b if a2 > b else a - b2 for i, (a2, b2) in enumerate(line) if i != k],
-                  default=1.0)
-        q = gap / 8
+    for (a, b), g in zip(line, gap, strict=True):
+        q = g / 8
         step = 2.0 ** math.floor(math.log2(q / 64))
         ramp = _grid(q, step, down=True)
         c2, c3 = _grid(a - q, step, down=True), _grid(b + q, step, down=False)

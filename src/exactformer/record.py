@@ -1,0 +1,206 @@
+"""What a construction did, as typed records: phases and their blocks, tests, leaders, snaps.
+
+Each phase of a construction returns its finished blocks and one of these records; the
+construction assembles them into a :class:`Construction`, kept as ``Transformer.record``. The
+model file's ``"meta"`` object is written from it (:meth:`Construction.to_meta`) and read back with
+every field's type checked (:meth:`Construction.from_meta`), because a file is input like any
+other. Verification never needs the record to decide a verdict: it reads the layers (see
+docs/verification.md); the record feeds reports and figures. Field meanings: docs/hardmax.md and
+docs/softmax.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+class RecordError(ValueError):
+    """A ``meta`` object does not describe a construction; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """Blocks ``start``..``end`` (end exclusive) form the phase ``name``."""
+
+    name: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Lift:
+    """A separation round that lifted ``token`` (its distinct-token id) from u = ``source`` to
+    u = ``height`` with a hat of half-width ``delta``, then added λ·(sequence max) to v."""
+
+    round: int
+    token: int
+    source: str
+    height: str
+    delta: str
+    multiplier: str
+
+
+@dataclass(frozen=True)
+class SnapWindow:
+    """The snap of leader ``slot`` of ``sequence``: breakpoints c1 < c2 ≤ c3 < c4 on the line."""
+
+    sequence: int
+    slot: int
+    window: tuple[str, str, str, str]
+
+
+@dataclass
+class Construction:
+    """The record of one construction (``kind`` "hardmax" or "softmax")."""
+
+    kind: str
+    seed: int
+    N: int
+    sum_m: int
+    R: int
+    phases: list[Span]
+    tests: list[list[str] | None] = field(default_factory=list)  # None: a round without a lift
+    lifts: list[Lift] = field(default_factory=list)
+    leaders: list[list[int]] = field(default_factory=list)  # token positions, P-leader first
+    interpolation_direction: list[str] | None = None
+    snap_windows: list[SnapWindow] = field(default_factory=list)
+    theta: str | None = None  # softmax: the temperature the geometry was built at
+    folded: bool | None = None  # softmax: 1/θ folded into A, τ = 1
+    tau_star: float | None = None  # softmax: largest valid temperature found (inf: any)
+
+    def phase(self, name: str) -> Span | None:
+        return next((p for p in self.phases if p.name == name), None)
+
+    def to_meta(self) -> dict:
+        """The JSON ``"meta"`` object (phases as {name: [start, end]}, in order)."""
+        meta = {"construction": self.kind, "seed": self.seed, "N": self.N,
+                "sum_m": self.sum_m, "R": self.R,
+                "phases": {p.name: [p.start, p.end] for p in self.phases},
+                "tests": self.tests,
+                "lifts": [{"round": x.round, "token": x.token, "from": x.source,
+                           "to": x.height, "delta": x.delta, "lambda": x.multiplier}
+                          for x in self.lifts],
+                "leaders": self.leaders}
+        if self.interpolation_direction is not None:
+            meta["interpolation_direction"] = self.interpolation_direction
+        if self.kind == "softmax":
+            meta.update({"theta": self.theta, "folded": self.folded,
+                         "tau_star": _tau_out(self.tau_star),
+                         "snap_windows": [{"sequence": w.sequence, "slot": w.slot,
+                                           "window": list(w.window)}
+                                          for w in self.snap_windows]})
+        return meta
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> Construction:
+        """Parse and type-check a ``"meta"`` object written by :meth:`to_meta`."""
+        r = _Reader(meta, "meta")
+        kind = r.choice("construction", ("hardmax", "softmax"))
+        phases = [Span(name, *_span(v, f"meta.phases.{name}"))
+                  for name, v in r.get("phases", dict).items()]
+        lifts = [_lift(x, f"meta.lifts[{i}]") for i, x in enumerate(r.get("lifts", list, []))]
+        rec = cls(kind=kind, seed=r.integer("seed"), N=r.integer("N"),
+                  sum_m=r.integer("sum_m"), R=r.integer("R"), phases=phases,
+                  tests=[_opt_strings(t, f"meta.tests[{i}]")
+                         for i, t in enumerate(r.get("tests", list, []))],
+                  lifts=lifts,
+                  leaders=[_ints(v, f"meta.leaders[{j}]")
+                           for j, v in enumerate(r.get("leaders", list, []))],
+                  interpolation_direction=_opt_strings(r.get("interpolation_direction",
+                                                             (list, type(None)), None),
+                                                       "meta.interpolation_direction"))
+        if kind == "softmax":
+            rec.theta = r.get("theta", (str, type(None)), None)
+            rec.folded = r.get("folded", (bool, type(None)), None)
+            rec.tau_star = _tau_in(r.get("tau_star", (int, float, str, type(None)), None))
+            rec.snap_windows = [_window(w, f"meta.snap_windows[{i}]")
+                                for i, w in enumerate(r.get("snap_windows", list, []))]
+        return rec
+
+
+# ------------------------------------------------------------------------------ parsing
+class _Reader:
+    def __init__(self, obj, where: str):
+        if not isinstance(obj, dict):
+            raise RecordError(f"{where}: expected an object")
+        self.obj, self.where = obj, where
+
+    def get(self, key, types, default=...):
+        if key not in self.obj:
+            if default is ...:
+                raise RecordError(f"{self.where}.{key} is missing")
+            return default
+        v = self.obj[key]
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in _tuple(types)):
+            raise RecordError(f"{self.where}.{key}: unexpected value {v!r}"[:200])
+        return v
+
+    def integer(self, key) -> int:
+        v = self.get(key, int)
+        if v < 0:
+            raise RecordError(f"{self.where}.{key}: must be a non-negative integer")
+        return v
+
+    def choice(self, key, options):
+        v = self.get(key, str)
+        if v not in options:
+            raise RecordError(f"{self.where}.{key}: must be one of {options}, got {v!r}")
+        return v
+
+
+def _tuple(types) -> tuple:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _span(v, where) -> tuple[int, int]:
+    if not (isinstance(v, list) and len(v) == 2 and all(_is_int(x) for x in v)
+            and 0 <= v[0] <= v[1]):
+        raise RecordError(f"{where}: expected [start, end] with 0 <= start <= end")
+    return v[0], v[1]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _ints(v, where) -> list[int]:
+    if not (isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v)):
+        raise RecordError(f"{where}: expected a list of non-negative integers")
+    return v
+
+
+def _opt_strings(v, where) -> list[str] | None:
+    if v is None:
+        return None
+    if not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+        raise RecordError(f"{where}: expected a list of number strings or null")
+    return v
+
+
+def _lift(x, where) -> Lift:
+    r = _Reader(x, where)
+    return Lift(r.integer("round"), r.integer("token"), r.get("from", str), r.get("to", str),
+                r.get("delta", str), r.get("lambda", str))
+
+
+def _window(x, where) -> SnapWindow:
+    r = _Reader(x, where)
+    w = r.get("window", list)
+    if len(w) != 4 or not all(isinstance(c, str) for c in w):
+        raise RecordError(f"{where}.window: expected four number strings")
+    return SnapWindow(r.integer("sequence"), r.integer("slot"), tuple(w))
+
+
+def _tau_out(t: float | None):
+    return None if t is None else ("inf" if math.isinf(t) else t)
+
+
+def _tau_in(v) -> float | None:
+    if v is None:
+        return None
+    if v == "inf":
+        return math.inf
+    if isinstance(v, str) or not math.isfinite(v) or v <= 0:
+        raise RecordError(f"meta.tau_star: expected a positive number or \"inf\", got {v!r}")
+    return float(v)
