@@ -1,5 +1,6 @@
 """certify.prove: softmax models proved exact in ball arithmetic, and never a wrong one."""
 
+import json
 from dataclasses import replace
 from fractions import Fraction
 
@@ -115,6 +116,37 @@ def test_precision_is_raised_until_every_sign_is_decided():
 
 
 # ------------------------------------------------------------------------------ refused
+def _number_paths(doc, path=()):
+    """Paths to every parameter string of a model document."""
+    if isinstance(doc, str):
+        return [path]
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc or [])
+    return [p for k, v in items for p in _number_paths(v, (*path, k))]
+
+
+@pytest.fixture(scope="module")
+def small():
+    data = ef.Dataset.from_arrays([[[0, 1], [2, 3], [4, 1]], [[2, 3], [5, 5]], [[4, 1]]],
+                                  [[[1, 1], [0, 0]], [[7, 7]], [[0, 0]]])
+    return data, model_to_dict(ef.compile(data, attention="softmax"))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.sampled_from([Fraction(1, 10 ** 30), Fraction(-3, 10 ** 12)]))
+def test_a_perturbed_model_is_proved_only_if_it_is_still_exact(small, draw, delta):
+    data, doc = small
+    path = draw.draw(st.sampled_from(_number_paths(doc["blocks"])))
+    changed = json.loads(json.dumps(doc))
+    *parents, last = path
+    node = changed["blocks"]
+    for key in parents:
+        node = node[key]
+    node[last] = str(Fraction(node[last]) + delta)
+    model = model_from_dict(changed)
+    if prove(model, data).proved:
+        assert mp_error(model, data) < mpmath.mpf(10) ** -80
+
+
 def test_refuses_a_snap_bias_changed_by_1e_30(demo):
     data, model = demo
     wrong = with_bias(model, first_snap(model), 0, Fraction(1, 10 ** 30))

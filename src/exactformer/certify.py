@@ -119,24 +119,26 @@ def _is_zero(m: fmpq_mat) -> bool:
 # ------------------------------------------------------------------------------ tokens
 class _Exact:
     """A token that is exactly the rational point ``o`` (d×1). Instances are shared between
-    tokens and sequences, and ``images`` caches the point's image under each FF layer."""
+    tokens and sequences; ``images`` caches the point's image under each FF layer and
+    ``reads`` its reading f·o of each direction."""
 
-    __slots__ = ("o", "images")
+    __slots__ = ("o", "images", "reads")
 
     def __init__(self, o: fmpq_mat):
         self.o = o
         self.images: dict[int, _Exact] = {}
+        self.reads: dict[int, fmpq] = {}
 
 
 class _Frame:
-    """The exact line {o + s·e : s real}, shared by every token on it; caches each FF layer's
-    unit coefficients and the image of each activation pattern."""
+    """The exact line {o + s·e : s real}, shared by every token on it; caches the exact
+    readings (f·o, f·e) of each direction and the image of each activation pattern."""
 
-    __slots__ = ("o", "e", "coeffs", "images")
+    __slots__ = ("o", "e", "reads", "images")
 
     def __init__(self, o: fmpq_mat, e: fmpq_mat):
         self.o, self.e = o, e
-        self.coeffs: dict[tuple, list] = {}
+        self.reads: dict[int, tuple] = {}
         self.images: dict[tuple, _Frame | _Exact] = {}
 
 
@@ -144,15 +146,24 @@ def _frame_or_point(o: fmpq_mat, e: fmpq_mat) -> _Frame | _Exact:
     return _Exact(o) if _is_zero(e) else _Frame(o, e)
 
 
-@dataclass(frozen=True)
 class _Line:
-    frame: _Frame
-    s: arb  # the token is frame.o + s·frame.e for a real s in this ball
+    """A token o + s·e on an exact line (``frame``) with s in the ball ``s``."""
+
+    __slots__ = ("frame", "s", "reads")
+
+    def __init__(self, frame: _Frame, s: arb):
+        self.frame, self.s = frame, s
+        self.reads: dict[int, arb | fmpq] = {}
 
 
-@dataclass(frozen=True)
 class _Ball:
-    v: arb_mat  # d×1, contains the token
+    """A token enclosed in the ball vector ``v`` (d×1)."""
+
+    __slots__ = ("v", "reads")
+
+    def __init__(self, v: arb_mat):
+        self.v = v
+        self.reads: dict[int, arb] = {}
 
 
 def _ball(tok) -> arb_mat:
@@ -162,6 +173,26 @@ def _ball(tok) -> arb_mat:
     if isinstance(tok, _Exact):
         return arb_mat(tok.o)
     return arb_mat(tok.frame.o) + arb_mat(tok.frame.e) * tok.s
+
+
+def _read(tok, f: fmpq_mat):
+    """The token's reading f·x (``f`` a 1×d direction): exact for an exact point and for a
+    line orthogonal to f, else a ball. Cached on the token (a token object is never moved)."""
+    hit = tok.reads.get(id(f))
+    if hit is not None:
+        return hit
+    if isinstance(tok, _Exact):
+        r = (f * tok.o)[0, 0]
+    elif isinstance(tok, _Ball):
+        r = (arb_mat(f) * tok.v)[0, 0]
+    else:
+        fr = tok.frame
+        if id(f) not in fr.reads:
+            fr.reads[id(f)] = ((f * fr.o)[0, 0], (f * fr.e)[0, 0])
+        fo, fe = fr.reads[id(f)]
+        r = fo if fe == 0 else arb(fo) + arb(fe) * tok.s
+    tok.reads[id(f)] = r
+    return r
 
 
 def _affine(tok, M: fmpq_mat, v: fmpq_mat):
@@ -179,8 +210,9 @@ def _affine(tok, M: fmpq_mat, v: fmpq_mat):
 class _Piece:
     """FF on one activation pattern S: x ↦ M·x + v, M = η·I + Σ_{i∈S} W_i U_iᵀ, v = Σ W_i b_i.
 
-    ``kind``: "identity" (M = I), "zero" (M = 0: every input goes to ``point``), "rank1"
-    (M = e·gᵀ: every input goes onto ``frame``, the line v + s·e, at s = g·x) or "general"."""
+    ``kind``: "still" (M = I, v = 0: nothing moves), "identity" (M = I), "zero" (M = 0: every
+    input goes to ``point``), "rank1" (M = e·gᵀ: every input goes onto ``frame``, the line
+    v + s·e, at s = g·x) or "general"."""
 
     M: fmpq_mat
     v: fmpq_mat
@@ -193,7 +225,7 @@ class _Piece:
 def _piece(M: fmpq_mat, v: fmpq_mat) -> _Piece:
     d = M.nrows()
     if M == _identity(d):
-        return _Piece(M, v, "identity")
+        return _Piece(M, v, "still" if _is_zero(v) else "identity")
     nz = [(i, j) for i in range(d) for j in range(d) if M[i, j] != 0]
     if not nz:
         return _Piece(M, v, "zero", point=_Exact(v))
@@ -205,16 +237,62 @@ def _piece(M: fmpq_mat, v: fmpq_mat) -> _Piece:
     return _Piece(M, v, "general")
 
 
-class _FFq:
-    """An FF layer in exact rationals with its pieces (independent of the ball precision, so
-    they are kept across precision escalations)."""
+class _Directions:
+    """One shared object per distinct row of U over all layers, so that a token computes its
+    reading f·x once for every layer that reads f (the construction's hats and snaps)."""
 
-    def __init__(self, ff: FF):
+    def __init__(self):
+        self.rows: list[fmpq_mat] = []
+
+    def canonical(self, row: fmpq_mat) -> fmpq_mat | None:
+        """The shared object equal to ``row``; None for a zero row."""
+        if _is_zero(row):
+            return None
+        same = next((r for r in self.rows if r == row), None)
+        if same is None:
+            self.rows.append(row)
+        return same or row
+
+
+class _FFq:
+    """An FF layer in exact rationals. Unit i reads f_i·x + b_i for a shared direction f_i.
+    When every unit reads one direction f, a reading below (above) all switch points −b_i
+    gives the pattern ``below`` (``above``) at one comparison. Pieces and exact images are
+    independent of the ball precision and kept across precision escalations."""
+
+    def __init__(self, ff: FF, directions: _Directions):
         self.eta = _q(ff.eta)
         self.U, self.W = _mat(ff.U), _mat(ff.W)
         self.b = _col(map(_q, ff.b))
         self.w, self.d = self.U.nrows(), self.U.ncols()
+        self.bias = self.b.entries()
+        self.reads = [directions.canonical(fmpq_mat(1, self.d, [self.U[i, j] for j in
+                                                                range(self.d)]))
+                      for i in range(self.w)]
+        dirs = {id(f): f for f in self.reads if f is not None}
+        self.single = next(iter(dirs.values())) if len(dirs) == 1 else None
+        if self.single is not None:
+            switch = [-bi for f, bi in zip(self.reads, self.bias, strict=True) if f is not None]
+            self.lo, self.hi = min(switch), max(switch)
+            self.lo_ball, self.hi_ball = arb(self.lo).lower(), arb(self.hi).upper()
+            self.below = tuple(f is None and bi > 0 for f, bi in zip(self.reads, self.bias,
+                                                                     strict=True))
+            self.above = tuple(f is not None or bi > 0 for f, bi in zip(self.reads, self.bias,
+                                                                        strict=True))
         self._pieces: dict[tuple, _Piece] = {}
+
+    def pattern(self, tok) -> tuple | None:
+        """The token's activation pattern (units with f_i·x + b_i > 0), None if a sign is
+        undecided. Exact tokens always get one."""
+        if self.single is not None:
+            t = _read(tok, self.single)
+            if t < self.lo if isinstance(t, fmpq) else t.upper() < self.lo_ball:
+                return self.below
+            if t > self.hi if isinstance(t, fmpq) else t.lower() > self.hi_ball:
+                return self.above
+        S = tuple(bi > 0 if f is None else _sign(_read(tok, f) + bi)
+                  for f, bi in zip(self.reads, self.bias, strict=True))
+        return None if None in S else S
 
     def piece(self, S: tuple) -> _Piece:
         if S not in self._pieces:
@@ -228,10 +306,8 @@ class _FFq:
     def exact(self, k: int, pt: _Exact) -> _Exact:
         """The image of an exact point (this layer is block ``k``), cached on the point."""
         if k not in pt.images:
-            z = self.U * pt.o + self.b
-            p = self.piece(tuple(v > 0 for v in z.entries()))
-            pt.images[k] = pt if p.kind == "identity" and _is_zero(p.v) else _Exact(
-                p.M * pt.o + p.v)
+            p = self.piece(self.pattern(pt))
+            pt.images[k] = pt if p.kind == "still" else _Exact(p.M * pt.o + p.v)
         return pt.images[k]
 
     def line_image(self, k: int, fr: _Frame, S: tuple) -> _Frame | _Exact:
@@ -266,33 +342,9 @@ class _Layers:
         tau = model.tau if model.tau is not None else 1
         if _q(tau) <= 0:
             raise ValueError(f"the model's temperature tau must be positive, got {tau}")
-        self.blocks = [(None if b.ff is None else _FFq(b.ff),
+        directions = _Directions()
+        self.blocks = [(None if b.ff is None else _FFq(b.ff, directions),
                         None if b.sa is None else _SAq(b.sa, tau)) for b in model.blocks]
-
-
-class _LineUnits:
-    """An FF layer's units on the line o + s·e: unit i reads a_i + s·g_i with a_i = U_i·o + b_i
-    and g_i = U_i·e exact. Units with g_i ≠ 0 switch at s = −a_i/g_i; a ball s wholly below
-    (above) every switch point has the pattern ``below`` (``above``) at one comparison."""
-
-    def __init__(self, ff: _FFq, fr: _Frame):
-        a = (ff.U * fr.o + ff.b).entries()
-        g = (ff.U * fr.e).entries()
-        self.units = [(ai > 0, None) if gi == 0 else (arb(ai), arb(gi))
-                      for ai, gi in zip(a, g, strict=True)]
-        switch = [arb(-ai / gi) for ai, gi in zip(a, g, strict=True) if gi != 0]
-        self.lo = min((t.lower() for t in switch), default=None)
-        self.hi = max((t.upper() for t in switch), default=None)
-        self.below = tuple(ai > 0 if gi == 0 else gi < 0 for ai, gi in zip(a, g, strict=True))
-        self.above = tuple(ai > 0 if gi == 0 else gi > 0 for ai, gi in zip(a, g, strict=True))
-
-    def signs(self, s: arb) -> tuple | None:
-        if self.lo is None or s.upper() < self.lo:
-            return self.below
-        if s.lower() > self.hi:
-            return self.above
-        S = tuple(a if g is None else _sign(a + g * s) for a, g in self.units)
-        return None if None in S else S
 
 
 # ------------------------------------------------------------------------------ the pass
@@ -334,7 +386,7 @@ class _Run:
 
     def outputs(self, xs: list[np.ndarray]) -> list[list]:
         """Per pair, the token (in one of the three forms) at every output position."""
-        old = ctx.prec
+        saved_prec = ctx.prec
         ctx.prec = self.bits
         try:
             seqs = []
@@ -345,14 +397,16 @@ class _Run:
                 seqs.append(seq)
             for k, (ff, sa) in enumerate(self.layers.blocks):
                 for j, seq in enumerate(seqs):
+                    old = seq.toks
                     if ff is not None:
-                        seq.toks = [self._ff(k, ff, t, j) for t in seq.toks]
+                        seq.toks = [self._ff(k, ff, t, j) for t in old]
                     if sa is not None and not sa.identity:
                         seq.toks = self._sa(sa, seq)
-                    seq.merge()
+                    if any(t is not u for t, u in zip(seq.toks, old, strict=True)):
+                        seq.merge()
             return [[seq.toks[i] for i in seq.owner] for seq in seqs]
         finally:
-            ctx.prec = old
+            ctx.prec = saved_prec
 
     def arb(self, m: fmpq_mat) -> arb_mat:
         """``m`` as balls at this run's precision (cached; the exact matrix is kept alive)."""
@@ -367,28 +421,22 @@ class _Run:
         certain, else the rigorous ReLU hull (the token is then only enclosed)."""
         if isinstance(tok, _Exact):
             return ff.exact(k, tok)
-        if isinstance(tok, _Line):
-            S = self._line_signs(k, ff, tok)
-            if S is not None:
+        S = ff.pattern(tok)
+        if S is not None:
+            p = ff.piece(S)
+            if p.kind == "still":
+                return tok
+            if isinstance(tok, _Line):
                 img = ff.line_image(k, tok.frame, S)
                 return img if isinstance(img, _Exact) else _Line(img, tok.s)
+            return self._ball_piece(p, tok.v)
+        if self.first_doubt is None:
+            self.first_doubt = (f"a ReLU sign in block {k} (0-based) is undecided for pair {j} "
+                                f"at {self.bits} bits")
         v = _ball(tok)
         z = self.arb(ff.U) * v + self.arb(ff.b)
-        S = tuple(_sign(z[i, 0]) for i in range(ff.w))
-        if None not in S:
-            return self._ball_piece(ff.piece(S), v)
-        if self.first_doubt is None:
-            self.first_doubt = (f"the sign of ReLU unit {S.index(None)} in block {k} (0-based) "
-                                f"is undecided for pair {j} at {self.bits} bits")
         r = arb_mat(ff.w, 1, [_relu_hull(z[i, 0]) for i in range(ff.w)])
         return _Ball(v * arb(ff.eta) + self.arb(ff.W) * r)
-
-    def _line_signs(self, k: int, ff: _FFq, tok: _Line) -> tuple | None:
-        """Activation pattern of the units on o + s·e, or None if one is undecided."""
-        units = tok.frame.coeffs.get((k, self.bits))
-        if units is None:
-            units = tok.frame.coeffs[k, self.bits] = _LineUnits(ff, tok.frame)
-        return units.signs(tok.s)
 
     def _ball_piece(self, p: _Piece, v: arb_mat):
         if p.kind == "zero":
@@ -396,7 +444,7 @@ class _Run:
         if p.kind == "rank1":
             return _Line(p.frame, (self.arb(p.g) * v)[0, 0])
         if p.kind == "identity":
-            return _Ball(v) if _is_zero(p.v) else _Ball(v + self.arb(p.v))
+            return _Ball(v + self.arb(p.v))
         return _Ball(self.arb(p.M) * v + self.arb(p.v))
 
     # -------------------------------------------------------------------------- SA
@@ -420,7 +468,8 @@ class _Run:
         tau = arb(sa.tau)
         refs, weights = [], []
         for i in range(n):
-            ref = int(np.argmax([float(S[i, l].mid()) for l in range(n)]))
+            mids = [float(S[i, l].mid()) for l in range(n)]
+            ref = max(range(n), key=mids.__getitem__)
             m = S[i, ref].mid()
             E = [((S[i, l] - m) / tau).exp() * seq.counts[l] for l in range(n)]
             D = sum(E[1:], E[0])
@@ -440,8 +489,11 @@ class _Run:
         return [_Ball(arb_mat(d, 1, [out[i, t] for t in range(d)])) for i in range(n)]
 
 
-def _sign(z: arb) -> bool | None:
-    """True if certainly > 0, False if certainly ≤ 0 (the unit is off), None if undecided."""
+def _sign(z: arb | fmpq) -> bool | None:
+    """True if certainly > 0, False if certainly ≤ 0 (the unit is off), None if undecided
+    (exact values are always decided)."""
+    if isinstance(z, fmpq):
+        return z > 0
     if z.lower() > 0:
         return True
     if z.upper() <= 0:
