@@ -251,7 +251,7 @@ class _Directions:
         same = next((r for r in self.rows if r == row), None)
         if same is None:
             self.rows.append(row)
-        return same or row
+        return row if same is None else same
 
 
 class _FFq:
