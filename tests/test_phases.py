@@ -1,0 +1,131 @@
+"""Each phase of the construction on its own: a broken phase fails here, not only end to end.
+
+* separation: afterwards no point is shared by two sequences, and R ≤ N − 1;
+* leaders and collapse: afterwards each sequence is exactly its m_j leader points;
+* interpolation: each hat moves its own leader onto its target and no other point;
+* snaps (softmax): a snap maps its whole flat interval exactly onto its target and leaves the
+  line outside its window alone.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+from conftest import datasets, token_set
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import exactformer as ef
+from exactformer import generate
+from exactformer.construct.generic import Draws
+from exactformer.construct.leaders import choose_leaders
+from exactformer.construct.separation import TokenTable, separate, separated_positions
+
+PHASE = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def ff_exact(ff, x):
+    """FF(x) = η·x + W·relu(U·x + b) in Fractions, written out without the package."""
+    h = [max(Fraction(0), sum((u * v for u, v in zip(row, x, strict=True)), Fraction(0)) + bb)
+         for row, bb in zip(ff.U, ff.b, strict=True)]
+    return tuple(ff.eta * x[k] + sum((ff.W[k, i] * h[i] for i in range(len(h))), Fraction(0))
+                 for k in range(len(x)))
+
+
+def snapshot(model, data, index, arithmetic="exact"):
+    xs, _ = data.fractions()
+    _, snaps = ef.forward(model, xs, arithmetic, snapshots={index})
+    return snaps[index]
+
+
+@PHASE
+@given(datasets())
+def test_separation_leaves_no_shared_point(data):
+    xs, _ = data.fractions()
+    table = TokenTable.build(xs)
+    sep = separate(table, Draws(0, True))
+    assert sep.R <= data.N - 1
+    model = ef.Transformer(d=data.d, attention="hardmax", blocks=sep.blocks, exact=True)
+    outs = ef.forward(model, xs, "exact") if sep.R else xs
+    sets = [token_set(o) for o in outs]
+    for j in range(len(sets)):
+        assert len(sets[j]) == len(xs[j]), f"sequence {j}: two of its tokens merged"
+        for k in range(j):
+            assert not sets[j] & sets[k], f"sequences {k} and {j} still share a point"
+    # the construction's own belief about the positions is what the layers do
+    believed = separated_positions(xs, table, sep, True)
+    assert [token_set(b) for b in believed] == sets
+
+
+@PHASE
+@given(datasets())
+def test_collapse_leaves_exactly_the_leaders(data):
+    xs, _ = data.fractions()
+    table = TokenTable.build(xs)
+    draws = Draws(0, True)
+    sep = separate(table, draws)
+    lead = choose_leaders(separated_positions(xs, table, sep, True), data.target_lengths, draws)
+    model = ef.Transformer(d=data.d, attention="hardmax", blocks=sep.blocks + lead.blocks,
+                           exact=True)
+    outs = ef.forward(model, xs, "exact")
+    every = set()
+    for j, (o, pts, m) in enumerate(zip(outs, lead.points, data.target_lengths, strict=True)):
+        assert token_set(o) == token_set(pts), f"sequence {j} is not its leaders"
+        assert len(token_set(o)) == m
+        assert not every & token_set(o), f"sequence {j} shares a leader"
+        every |= token_set(o)
+
+
+@PHASE
+@given(datasets())
+def test_each_interpolation_hat_moves_only_its_leader(data):
+    model = ef.compile(data, seed=0)
+    span = model.record.phase("interpolation")
+    points = {p for seq in snapshot(model, data, span.start) for p in token_set(seq)}
+    _, ys = data.fractions()
+    targets = [tuple(t) for y in ys for t in y.tolist()]
+    assert span.end - span.start == len(targets) == data.total_m
+    for k, blk in enumerate(model.blocks[span.start:span.end]):
+        assert blk.sa is None
+        moved = {p: ff_exact(blk.ff, p) for p in points}
+        changed = [p for p, q in moved.items() if q != p]
+        assert len(changed) <= 1, f"hat {k} moves {len(changed)} points"
+        if changed:
+            assert moved[changed[0]] == targets[k], f"hat {k} misses its target"
+        points = set(moved.values())
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.tuples(st.integers(1, 4), st.integers(2, 4)).flatmap(lambda nd: datasets(*nd)),
+       st.randoms(use_true_random=False))
+def test_snap_maps_its_whole_interval_onto_its_target(data, rnd):
+    model = ef.compile(data, attention="softmax", seed=0)
+    span = model.record.phase("snap")
+    proj = model.blocks[span.start - 1].ff
+    e = proj.W[:, 0]  # the projection writes onto the line of e
+    windows = model.record.snap_windows
+    _, ys = data.fractions()
+    for blk, win in zip(model.blocks[span.start:span.end], windows, strict=True):
+        c1, c2, c3, c4 = (Fraction(c) for c in win.window)
+        y = tuple(ys[win.sequence][win.slot])
+        for s in (c2, c3, (c2 + c3) / 2, c2 + (c3 - c2) * Fraction(rnd.randint(0, 999), 999)):
+            assert ff_exact(blk.ff, tuple(e * s)) == y
+        for s in (c1, c4, c1 - 1, c4 + Fraction(1, 3)):
+            x = tuple(e * s)
+            assert ff_exact(blk.ff, x) == x
+
+
+def test_snaps_on_the_demo_are_flat_where_the_tokens_are():
+    data = generate.demo()
+    model = ef.compile(data, attention="softmax")
+    span = model.record.phase("snap")
+    line = snapshot(model, data, span.start, "mp")
+    reader = np.array([mpmath.mpf(Fraction(v).numerator) / Fraction(v).denominator
+                       for v in model.blocks[span.start].ff.U[0]], dtype=object)
+    flats = [tuple(mpmath.mpf(Fraction(c).numerator) / Fraction(c).denominator
+                   for c in w.window[1:3]) for w in model.record.snap_windows]
+    for seq in line:  # every token lies (in 50 digits) inside exactly one flat piece
+        for t in np.array(seq, dtype=object) @ reader:
+            assert sum(a < t < b for a, b in flats) == 1
