@@ -1,5 +1,6 @@
-"""Softmax construction (DESIGN §5): exact on the data to 50 digits, τ*, temperature errors."""
+"""Softmax construction (docs/softmax.md): exact on the data to 50 digits, τ*, bad τ."""
 
+import functools
 import json
 from fractions import Fraction
 
@@ -138,3 +139,48 @@ def test_float64_softmax_is_judged_by_the_float_tolerance():
     assert max(report.extra["hausdorff_mp"]) <= 1e-9 * data.coordinate_scale()
     strict = ef.verify(model, data, tolerance=1e-30)  # rounded snaps are not flat to 30 digits
     assert not strict.ok
+
+
+def test_tokens_far_below_float64_resolution_are_simulated_at_their_precision():
+    """Coordinates near 10^6 with tokens 10^-9 apart (relative spacing 10^-15): the
+    simulation runs at the digits the data need, and the model is proved exact."""
+    from exactformer.certify import prove
+    from exactformer.construct.softmax import simulation_digits
+
+    base, eps = Fraction(10 ** 6), Fraction(1, 10 ** 9)
+    xs = [[[base, base], [base + eps, base]], [[base + eps, base], [base, base + eps]],
+          [[base, base + 2 * eps]]]
+    data = ef.Dataset.from_arrays(xs, [[[1, 2]], [[3, 4], [5, 6]], [[0, 0]]])
+    assert simulation_digits(data.fractions()[0]) >= 35
+    model = ef.compile(data, attention="softmax")
+    assert prove(model, data).proved
+    assert ef.verify(model, data).ok
+
+
+@functools.cache
+def _pool_and_tau_star():
+    data = generate.shared_pool(4, 2, 4, 3, 2, seed=3)
+    return data, ef.compile(data, attention="softmax").record.tau_star
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.floats(0.01, 0.99))
+def test_every_temperature_below_tau_star_builds(fraction):
+    data, tau_star = _pool_and_tau_star()
+    tau = Fraction(tau_star * fraction).limit_denominator(10 ** 9) if np.isfinite(tau_star) \
+        else Fraction(fraction * 100).limit_denominator(1000)
+    model = ef.compile(data, attention="softmax", tau=tau)
+    assert model.tau == tau
+    _check(model, data)
+
+
+@pytest.mark.parametrize("tau", ["-1", "0", "1/0", "nan", "inf", "abc"])
+def test_bad_temperature_is_refused_before_any_search(tau, monkeypatch):
+    import exactformer.construct.softmax as sm
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the tau* search ran for a bad tau")
+
+    monkeypatch.setattr(sm, "find_tau_star", no_search)
+    with pytest.raises(ValueError, match="tau"):
+        ef.compile(generate.demo(), attention="softmax", tau=tau)

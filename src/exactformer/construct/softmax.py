@@ -18,7 +18,7 @@ See docs/softmax.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import numpy as np
@@ -38,7 +38,8 @@ THETA_MIN = 2.0 ** -40  # below this the search gives up
 THETA_MAX = 2.0 ** 10  # valid up to here counts as "any temperature works"
 BISECTIONS = 8  # τ* to about 0.5 % (the bracket starts at a factor 4)
 TARGET_TRIES = 64  # reading directions / leader geometries tried against window collisions
-MIN_RELATIVE_GAP = 1e-9  # groups closer than this (relative) are not certifiable in float64
+REDRAWS = 16  # seeds tried for an explicit temperature below τ*
+MIN_RELATIVE_GAP = Fraction(1, 10 ** 9)  # groups closer (relative) are not safe in float64
 
 
 class TemperatureError(ValueError):
@@ -65,6 +66,7 @@ class _Geometry:
     d: int
     exact: bool
     seed: int
+    digits: int | None  # simulation precision: None for float64, else mpmath digits
 
 
 def parse_tau(tau) -> Fraction:
@@ -84,7 +86,8 @@ def compile_softmax(dataset: Dataset, exact: bool = True, seed: int = 0, tau=Non
     theta = None if tau is None else parse_tau(tau)
     inputs, targets = dataset.fractions() if exact else dataset.floats()
     geo = _Geometry(TokenTable.build(inputs), inputs, dataset.floats()[0], targets,
-                    dataset.target_lengths, dataset.d, exact, seed)
+                    dataset.target_lengths, dataset.d, exact, seed,
+                    simulation_digits(inputs) if exact else None)
     tau_star = find_tau_star(geo, progress)
     model = _at_default_tau(geo, tau_star) if theta is None else \
         _at_given_tau(geo, theta, tau_star)
@@ -111,11 +114,28 @@ def _at_given_tau(geo: _Geometry, theta: Fraction, tau_star: float) -> Transform
             f"tau = {float(theta):.6g} is too large for these data: the largest workable "
             f"temperature is tau* = {tau_star:.6g}; use a smaller tau, or omit it for "
             "tau = 1 with rescaled attention")
-    try:
-        return _build(geo, theta, fold=False)
-    except _Invalid as e:
-        raise TemperatureError(f"tau = {float(theta):.6g}: {e} (tau* = {tau_star:.6g})") \
-            from None
+    for k in range(REDRAWS):  # below τ* a valid geometry exists; the seeded one may miss it
+        try:
+            return _build(replace(geo, seed=geo.seed + k), theta, fold=False)
+        except _Invalid as e:
+            reason = e
+    raise TemperatureError(f"tau = {float(theta):.6g}: {reason} in {REDRAWS} geometries "
+                           f"(tau* = {tau_star:.6g})")
+
+
+def simulation_digits(inputs: list[np.ndarray]) -> int | None:
+    """None (float64 is enough) unless the tokens' relative spacing along a generic direction is
+    below 1e-6; then enough decimal digits to resolve it with 20 to spare."""
+    table = TokenTable.build(inputs)
+    vals = sorted(table.points @ Draws(0, True).vector(table.points.shape[1]))
+    scale = max(abs(vals[0]), abs(vals[-1]))
+    gaps = [b - a for a, b in zip(vals, vals[1:], strict=False)]
+    if not gaps or scale == 0:
+        return None
+    rel = min(gaps) / scale
+    if rel == 0:  # a coincidence along this direction: judge by the nearest distinct pair
+        rel = min([g for g in gaps if g], default=scale) / scale
+    return None if rel > Fraction(1, 10 ** 6) else 20 + math.ceil(-math.log10(rel))
 
 
 def find_tau_star(geo: _Geometry, progress: bool = False) -> float:
@@ -192,25 +212,46 @@ def _separated_positions(geo, blocks, tau) -> list[np.ndarray]:
     """Token positions after the separation rounds (simulated in float64 when there are any)."""
     if not blocks:
         return geo.inputs
-    return [as_number_array(o, geo.exact) for o in _simulate(geo, blocks, tau)]
+    return [as_number_array(o, geo.exact) if o.dtype != object else o
+            for o in _simulate(geo, blocks, tau)]
 
 
 def _simulate(geo, blocks, tau) -> list[np.ndarray]:
+    """Every token's position after ``blocks``, in float64 or at ``geo.digits`` digits."""
     model = Transformer(geo.d, "softmax", blocks, tau=tau, exact=geo.exact)
-    return forward(model, geo.inputs_f, "float")
+    if geo.digits is None:
+        return forward(model, geo.inputs_f, "float")
+    outs = forward(model, geo.inputs, "mp", dps=geo.digits)
+    return [_fractions(o) for o in outs]
+
+
+def _fractions(a: np.ndarray) -> np.ndarray:
+    """An array of floats or mpmath numbers as the Fractions of their exact binary values."""
+    out = np.empty(a.shape, dtype=object)
+    out.flat[:] = [Fraction(float(v)) if isinstance(v, float) else _mp_fraction(v)
+                   for v in a.flat]
+    return out
+
+
+def _mp_fraction(v) -> Fraction:
+    sign, man, exp, _ = v._mpf_  # v = (−1)^sign · man · 2^exp (mpmath's raw form)
+    value = Fraction(int(man) * 2 ** max(exp, 0), 2 ** max(-exp, 0))
+    return -value if sign else value
 
 
 def _project_and_snap(geo, blocks, chosen, tau, draws):
     """Simulate to the collapse, project onto a generic line, and snap each group."""
     exact, d = geo.exact, geo.d
     groups = _groups(_simulate(geo, blocks, tau), chosen)
-    f = best_draw(lambda: draws.vector(d), lambda f: _line_score(_intervals(groups, f)),
+    resolution = MIN_RELATIVE_GAP if geo.digits is None else Fraction(1, 10 ** (geo.digits - 7))
+    f = best_draw(lambda: draws.vector(d),
+                  lambda f: _line_score(_intervals(groups, f), resolution),
                   what="projection line (groups overlap)")
     iv = _intervals(groups, f)
     shift = num(Fraction(1) - _rational_below(min(a for a, _ in iv)), exact)
     e = draws.vector(d)
     proj = ff_from_units([projection_unit(f, shift, e)], num(0, exact), d, exact)
-    windows = _windows([(a + float(shift), b + float(shift)) for a, b in iv])  # t ≥ 1
+    windows = _windows([(a + Fraction(shift), b + Fraction(shift)) for a, b in iv])  # t ≥ 1
     fp = _reader(geo, groups, windows, e, draws)
     snaps = []
     for (j, slot, _), win in zip(groups, windows, strict=True):
@@ -234,21 +275,23 @@ def _groups(outs, chosen) -> list[tuple[int, int, np.ndarray]]:
     return groups
 
 
-def _intervals(groups, f) -> list[tuple[float, float]]:
-    f = np.asarray(f, dtype=float)
-    return [(float((g[2] @ f).min()), float((g[2] @ f).max())) for g in groups]
+def _intervals(groups, f) -> list[tuple[Fraction, Fraction]]:
+    """Each group's extent along f, as exact values of the simulated numbers."""
+    if groups[0][2].dtype != object:
+        f = np.asarray(f, dtype=float)
+    return [(Fraction((g[2] @ f).min()), Fraction((g[2] @ f).max())) for g in groups]
 
 
-def _line_score(intervals) -> float | None:
+def _line_score(intervals, resolution: Fraction) -> float | None:
     """Valid when consecutive groups are farther apart than the wider of the two blobs (and than
     float64 can blur); the score is the smallest gap over the spread."""
     iv = sorted(intervals)
-    scale = max(abs(iv[0][0]), abs(iv[-1][1]), 1.0)
+    scale = max(abs(iv[0][0]), abs(iv[-1][1]), 1)
     gaps = [b[0] - a[1] for a, b in zip(iv, iv[1:], strict=False)]
     for g, a, b in zip(gaps, iv, iv[1:], strict=False):
-        if g <= max(a[1] - a[0], b[1] - b[0], MIN_RELATIVE_GAP * scale):
+        if g <= max(a[1] - a[0], b[1] - b[0], resolution * scale):
             return None
-    return min(gaps) / (iv[-1][1] - iv[0][0] or 1.0) if gaps else 1.0
+    return float(min(gaps) / (iv[-1][1] - iv[0][0] or 1)) if gaps else 1.0
 
 
 def _reader(geo, groups, windows, e, draws):
@@ -267,36 +310,43 @@ def _windows(line: list[tuple]) -> list[tuple]:
     """Rational (c1, c2, c3, c4) per group on a dyadic grid: the flat part [c2, c3] reaches a
     distance q = gap/8 beyond the blob, the ramps another q, so windows stay disjoint."""
     order = sorted(range(len(line)), key=lambda k: line[k])
-    gap = [1.0] * len(line)  # to the nearest other group (the intervals are disjoint)
+    gap = [Fraction(1)] * len(line)  # to the nearest other group (the intervals are disjoint)
     for i, k in enumerate(order):
         near = [line[k][0] - line[order[i - 1]][1]] if i > 0 else []
         if i + 1 < len(order):
             near.append(line[order[i + 1]][0] - line[k][1])
-        gap[k] = min(near, default=1.0)
+        gap[k] = min(near, default=Fraction(1))
     out = []
     for (a, b), g in zip(line, gap, strict=True):
         q = g / 8
-        step = 2.0 ** math.floor(math.log2(q / 64))
+        step = _power_of_two_below(q / 64)
         ramp = _grid(q, step, down=True)
         c2, c3 = _grid(a - q, step, down=True), _grid(b + q, step, down=False)
         out.append((c2 - ramp, c2, c3, c3 + ramp))
     return out
 
 
-def _grid(v: float, step: float, down: bool) -> Fraction:
+def _power_of_two_below(q: Fraction) -> Fraction:
+    """The largest power of two ≤ q (q > 0), exactly."""
+    k = q.numerator.bit_length() - q.denominator.bit_length()
+    p = Fraction(2) ** k
+    return p if p <= q else p / 2
+
+
+def _grid(v: Fraction, step: Fraction, down: bool) -> Fraction:
     k = math.floor(v / step) if down else math.ceil(v / step)
-    return Fraction(k) * Fraction(step)
+    return k * step
 
 
-def _rational_below(v: float) -> Fraction:
+def _rational_below(v: Fraction) -> Fraction:
     return Fraction(math.floor(v * 1024), 1024)
 
 
 def _targets_clear(geo, groups, windows, fp) -> bool:
     """No target placed by a snap comes within a ramp's width of a later snap's window."""
-    t = [float(geo.targets[j][slot] @ fp) for j, slot, _ in groups]
+    t = [Fraction(geo.targets[j][slot] @ fp) for j, slot, _ in groups]
     for k, (c1, c2, _, c4) in enumerate(windows):
-        pad = float(c2 - c1)
-        if any(float(c1) - pad < t[i] < float(c4) + pad for i in range(k)):
+        pad = c2 - c1
+        if any(c1 - pad < t[i] < c4 + pad for i in range(k)):
             return False
     return True
