@@ -44,11 +44,15 @@ class _Axis:
 
 
 def circle_points(k: int, r0, exact: bool) -> list[tuple]:
-    """k distinct rational points of the circle of radius r0 with first coordinate < 0."""
+    """k distinct rational points r0·(−(1−s²)/(1+s²), 2s/(1+s²)) of the circle of radius r0,
+    first coordinate < 0, with s = tan(φ/2) rounded to a multiple of 2^-30 (distinct s give
+    distinct points; checked)."""
+    ss = [Fraction(round(math.tan((-math.pi / 2 + math.pi * (i + 0.5) / k) / 2) * 2 ** 30),
+                   2 ** 30) for i in range(k)]
+    if len(set(ss)) != k:
+        raise ConstructionError(f"{k} circle leaders are too many for distinct circle points")
     pts = []
-    for i in range(k):
-        phi = -math.pi / 2 + math.pi * (i + 0.5) / k
-        s = Fraction(math.tan(phi / 2)).limit_denominator(10 ** 6)
+    for s in ss:
         den = 1 + s * s
         pts.append((num(-(1 - s * s) / den, exact) * r0, num(2 * s / den, exact) * r0))
     return pts
@@ -131,20 +135,35 @@ def _axis(positions, m, draws: Draws) -> _Axis:
 def _pick(axis: _Axis, m: list[int]) -> tuple[list[list[int]], list[tuple[int, int]]]:
     """Per sequence the P-leader (largest u' that stays) and m_j − 1 circle leaders (the extreme
     token where it must be one, then the most isolated); the moves, extreme token first."""
-    flat = sorted(v for r in axis.uprime for v in r)
+    iso = _isolations(axis.uprime)
     forced = {axis.first[0]: axis.first[1]} if axis.first else {}
     chosen, moves = [], []
-    for j, r in enumerate(axis.uprime):
+    for j, (r, gaps) in enumerate(zip(axis.uprime, iso, strict=True)):
         rest = [i for i in range(len(r)) if i != forced.get(j)]
         pl = max(rest, key=lambda i: r[i])
-        rest = sorted((i for i in rest if i != pl), key=lambda i: (_isolation(flat, r[i]), -i),
-                      reverse=True)
-        circ = ([forced[j]] if j in forced else []) + rest[: m[j] - 1 - (j in forced)]
+        need = m[j] - 1 - (j in forced)
+        rest = sorted((i for i in rest if i != pl), key=lambda i: (gaps[i], -i),
+                      reverse=True)[:need] if need > 0 else []
+        circ = ([forced[j]] if j in forced else []) + rest
         chosen.append([pl] + circ)
         moves += [(j, i) for i in circ]
     if axis.first:
         moves.insert(0, moves.pop(moves.index(axis.first[:2])))
     return chosen, moves
+
+
+def _isolations(uprime: list[list]) -> list[np.ndarray]:
+    """For every token, the distance from its u' to the nearest other u' (1 if alone)."""
+    flat = np.asarray([v for r in uprime for v in r])
+    order = np.argsort(flat, kind="stable")
+    s = flat[order]
+    gaps = s[1:] - s[:-1]
+    near = np.empty(len(flat), dtype=flat.dtype)
+    near[:] = [min([g for g in pair if g is not None], default=1) for pair in
+               zip([None, *gaps.tolist()], [*gaps.tolist(), None], strict=True)]
+    out = np.empty_like(near)
+    out[order] = near
+    return np.split(out, np.cumsum([len(r) for r in uprime])[:-1])
 
 
 def _isolation(flat: list, v):

@@ -38,13 +38,14 @@ class TokenTable:
     def build(cls, inputs: list[np.ndarray]) -> TokenTable:
         flat = np.concatenate(inputs, axis=0)
         seq_of = np.repeat(np.arange(len(inputs)), [len(x) for x in inputs])
-        if flat.dtype != object:
-            points, first, token_of = np.unique(flat, axis=0, return_index=True,
-                                                return_inverse=True)
+        if flat.dtype != object:  # rows as bytes (−0.0 made +0.0 first): one fast 1-D unique
+            rows = np.ascontiguousarray(flat + 0.0)
+            _, first, token_of = np.unique(rows.view(np.dtype((np.void, rows.strides[0]))),
+                                           return_index=True, return_inverse=True)
             order = np.argsort(first, kind="stable")  # ids in order of first appearance
             rank = np.empty_like(order)
             rank[order] = np.arange(len(order))
-            return cls(points[order], seq_of, rank[token_of.reshape(-1)], len(inputs))
+            return cls(rows[first[order]], seq_of, rank[token_of.reshape(-1)], len(inputs))
         ids: dict[tuple, int] = {}
         token_of = np.array([ids.setdefault(tuple(r.tolist()), len(ids)) for r in flat])
         rows = np.empty((len(ids), flat.shape[1]), dtype=object)
@@ -163,22 +164,22 @@ def _best_test(classes, seq, tok, active, T) -> tuple[np.ndarray, int | None]:
     """The token splitting most pairs among the sequences that hold a token repeated in their
     class (None when there are none); also the memberships still worth looking at."""
     s, t = seq[active], tok[active]
-    _, inv, counts = np.unique(classes[s] * T + t, return_inverse=True, return_counts=True)
-    repeated = counts[inv.reshape(-1)] >= 2
+    keys, inv, counts = np.unique(classes[s] * T + t, return_inverse=True, return_counts=True)
+    inv = inv.reshape(-1)
+    repeated = counts[inv] >= 2
     if not repeated.any():
         return active[:0], None
     involved = np.zeros(len(classes), dtype=bool)
     involved[s[repeated]] = True
     keep = involved[s]
-    active, s, t = active[keep], s[keep], t[keep]
     size = np.bincount(classes[np.flatnonzero(involved)], minlength=len(classes))
-    keys, counts = np.unique(classes[s] * T + t, return_counts=True)
+    counts = np.bincount(inv[keep], minlength=len(keys))  # (class, token) among the involved
     split = counts * (size[keys // T] - counts)
     score = np.bincount(keys % T, weights=split, minlength=T)
     p = int(np.argmax(score))
     if score[p] <= 0:
         raise ConstructionError("no test token splits an unresolved class (inputs equal as sets)")
-    return active, p
+    return active[keep], p
 
 
 def separate(table: TokenTable, draws: Draws, score_scale=1, progress: bool = False
