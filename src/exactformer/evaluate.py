@@ -418,6 +418,11 @@ def forward(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "flo
     returned, as a dict, in a second return value. ``tau`` overrides the model's temperature.
     ``progress`` shows a progress bar over the blocks.
     """
+    if model.causal:  # ordered outputs under the causal mask (docs/causal.md)
+        if snapshots is not None:
+            raise ValueError("snapshots are not available for causal models")
+        return forward_causal(model, inputs, arithmetic, dps, stats, tau, progress)
+    inputs = with_positions(model.positions, list(inputs))
     ar = Arithmetic(arithmetic, dps)
     with mpmath.workdps(dps):
         return _forward(model, inputs, ar, snapshots, stats or PassStats(), tau, progress)
@@ -471,8 +476,158 @@ def distinct_rows(a: np.ndarray) -> np.ndarray:
 
 
 def predict(model: Transformer, X, arithmetic: str | None = None, dps: int = 50) -> np.ndarray:
-    """The set of distinct output tokens for one input sequence X (n×d)."""
+    """The set of distinct output tokens for one input sequence X (n×d); for a causal model
+    the ordered outputs, row i the prediction after x_1..x_i."""
     if arithmetic is None:
         arithmetic = "exact" if model.exact and model.attention == "hardmax" else "float"
     (out,) = forward(model, [np.asarray(X)], arithmetic, dps)
-    return distinct_rows(out)
+    return out if model.causal else distinct_rows(out)
+
+
+# ------------------------------------------------------------------------------ causal passes
+def with_positions(positions, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Row i of ``positions`` added to the token at position i (None: the inputs unchanged).
+    A sequence longer than the rows is an error naming it (see docs/causal.md)."""
+    if positions is None:
+        return inputs
+    out = []
+    for j, x in enumerate(inputs):
+        if len(x) > len(positions):
+            raise ValueError(f"sequence {j} has {len(x)} tokens but the model stores "
+                             f"{len(positions)} positions")
+        out.append(np.asarray(x) + positions[: len(x)])
+    return out
+
+
+class _CausalState(_State):
+    """Rows in input order, never merged: under a causal mask two equal points of a sequence
+    see different prefixes, so they are not interchangeable as in a set pass."""
+
+    def compact(self):
+        self.changed_everything()
+
+
+def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "float",
+                   dps: int = 50, stats: PassStats | None = None, tau=None,
+                   progress: bool = False) -> list[np.ndarray]:
+    """Run a causal model (token i attends to l ≤ i) on every sequence; positions are added
+    first. The outputs are ordered: row i is the prediction after x_1..x_i (docs/causal.md)."""
+    ar = Arithmetic(arithmetic, dps)
+    stats = stats or PassStats()
+    with mpmath.workdps(dps):
+        params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
+        pos = None if model.positions is None else ar.array(model.positions)
+        xs = with_positions(pos, [ar.array(np.asarray(x)) for x in inputs])
+        blocks = [_convert_block(b, ar) for b in params.blocks]
+        ridges = [_ridge_in(b.ff, ar) if b.ff is not None else None for b in model.blocks]
+        tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
+        st = _CausalState(xs, ar)
+        scale = max(1.0, float(np.abs(st.P.astype(float)).max()))
+        bar = tqdm(blocks, desc=f"causal forward ({ar.kind})", unit="block",
+                   disable=not progress, leave=False, delay=1)
+        for blk, ridge in zip(bar, ridges, strict=True):
+            if blk.ff is not None:
+                _apply_ff(st, blk.ff, ridge, stats, scale)
+            if blk.sa is not None and not blk.sa.is_identity():
+                _apply_causal_sa(st, blk.sa, model.attention, tau, stats)
+        return st.outputs()
+
+
+def _apply_causal_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats) -> None:
+    P = st.P
+    qa, ka = P @ sa.A.c, P @ sa.A.a
+    out = np.empty_like(P)
+    for s, e in st.segments():
+        if attention == "hardmax":
+            out[s:e] = causal_hardmax_rows(P[s:e], qa[s:e], ka[s:e], sa.A.alpha, stats)
+        else:
+            out[s:e] = causal_softmax_rows(P[s:e], qa[s:e], ka[s:e], sa.A.alpha, tau, st.ar)
+    st.P = P * sa.rho + out * sa.V.beta + np.outer(out @ sa.V.q, sa.V.p)
+    st.changed_everything()
+
+
+def causal_hardmax_rows(X, qa, ka, alpha, stats: PassStats) -> np.ndarray:
+    """Row i: the average of x_l over the argmax set of s_il (l ≤ i), decided exactly in the
+    arithmetic of X. With α = 0 the scores are q_i·k_l, so the argmax set is where k_l is the
+    prefix maximum (q_i > 0), the prefix minimum (q_i < 0) or the whole prefix (q_i = 0): one
+    scan keeps both, O(n). Otherwise the full masked score matrix is compared row by row."""
+    if alpha != 0:
+        return _causal_hardmax_dense(X, qa, ka, alpha, stats)
+    hi, lo = _PrefixExtreme(1), _PrefixExtreme(-1)
+    total, out = 0 * X[0], np.empty_like(X)
+    scale = (float(np.abs(qa.astype(float)).max()) * float(np.abs(ka.astype(float)).max())) or 1.0
+    for i in range(len(X)):
+        hi.add(ka[i], X[i])
+        lo.add(ka[i], X[i])
+        total = total + X[i]
+        q = qa[i]
+        ext = hi if q > 0 else lo if q < 0 else None
+        if ext is None:
+            out[i] = total / (i + 1)
+            stats.hardmax_ties += int(i > 0)
+            continue
+        out[i] = ext.sum / ext.count
+        stats.hardmax_ties += int(ext.mixed)
+        if ext.second is not None:
+            stats._min("hardmax_margin", abs(float(q) * float(ext.best - ext.second)) / scale)
+    return out
+
+
+class _PrefixExtreme:
+    """Running maximum (sign 1) or minimum (sign −1) of keys, the sum and count of the points
+    attaining it, whether they differ, and the runner-up key."""
+
+    def __init__(self, sign: int):
+        self.sign, self.best, self.second = sign, None, None
+        self.sum, self.count, self.first, self.mixed = None, 0, None, False
+
+    def add(self, k, x) -> None:
+        if self.best is None or (k - self.best) * self.sign > 0:
+            self.second, self.best = self.best, k
+            self.sum, self.count, self.first, self.mixed = x, 1, x, False
+        elif k == self.best:
+            self.sum, self.count = self.sum + x, self.count + 1
+            self.mixed = self.mixed or any(a != b for a, b in zip(x, self.first, strict=True))
+        elif self.second is None or (k - self.second) * self.sign > 0:
+            self.second = k
+
+
+def _causal_hardmax_dense(X, qa, ka, alpha, stats: PassStats) -> np.ndarray:
+    S = np.outer(qa, ka) + (X @ X.T) * alpha
+    scale = float(np.abs(S.astype(float)).max()) or 1.0
+    out = np.empty_like(X)
+    for i in range(len(X)):
+        row = list(S[i, : i + 1])
+        best = max(row)
+        idx = [l for l, v in enumerate(row) if v == best]
+        out[i] = sum((X[l] for l in idx[1:]), X[idx[0]]) / len(idx)
+        stats.hardmax_ties += int(any(any(a != b for a, b in zip(X[l], X[idx[0]], strict=True))
+                                      for l in idx))
+        rest = [v for v in row if v != best]
+        if rest:
+            stats._min("hardmax_margin", float(best - max(rest)) / scale)
+    return out
+
+
+def causal_softmax_rows(X, qa, ka, alpha, tau, ar: Arithmetic) -> np.ndarray:
+    """Row i: Σ_{l ≤ i} softmax_l(s_il/τ)·x_l. In high precision, weights below
+    10^-(dps+10) of the row's largest (found with float64 scores) are skipped, as in a set
+    pass."""
+    Sf = _float_scores(X, qa, ka, alpha)[3]
+    n = len(X)
+    Sf = np.where(np.tri(n, dtype=bool), Sf, -np.inf)
+    Zf = (Sf - Sf.max(axis=1)[:, None]) / float(tau)
+    if not ar.is_object:
+        M = np.exp(Zf)
+        return (M / M.sum(axis=1)[:, None]) @ X
+    cut = -(ar.dps + 10) * np.log(10.0) - 1.0
+    out = np.empty_like(X)
+    for i in range(n):
+        idx = np.flatnonzero(~(Zf[i, : i + 1] < cut)) if np.isfinite(Zf[i, : i + 1]).all() \
+            else np.arange(i + 1)
+        sc = qa[i] * ka[idx]
+        if alpha != 0:
+            sc = sc + (X[idx] @ X[i]) * alpha
+        wts = ar.exp((sc - max(sc)) / tau)
+        out[i] = (wts @ X[idx]) / sum(wts)
+    return out

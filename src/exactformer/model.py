@@ -166,4 +166,5 @@ class Transformer:
 
         blocks = [b.converted(float, array) for b in self.blocks]
         tau = None if self.tau is None else float(self.tau)
-        return replace(self, blocks=blocks, tau=tau, exact=False)
+        positions = None if self.positions is None else array(self.positions)
+        return replace(self, blocks=blocks, tau=tau, positions=positions, exact=False)
