@@ -548,29 +548,43 @@ def _apply_causal_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats) 
 
 def causal_hardmax_rows(X, qa, ka, alpha, stats: PassStats) -> np.ndarray:
     """Row i: the average of x_l over the argmax set of s_il (l ≤ i), decided exactly in the
-    arithmetic of X. With α = 0 the scores are q_i·k_l, so the argmax set is where k_l is the
-    prefix maximum (q_i > 0), the prefix minimum (q_i < 0) or the whole prefix (q_i = 0): one
-    scan keeps both, O(n). Otherwise the full masked score matrix is compared row by row."""
+    arithmetic of X. With α = 0 a :class:`CausalScan` does it in O(n); otherwise each row's
+    scores are compared (:func:`causal_row`)."""
+    out = np.empty_like(X)
     if alpha != 0:
-        return _causal_hardmax_dense(X, qa, ka, alpha, stats)
-    hi, lo = _PrefixExtreme(1), _PrefixExtreme(-1)
-    total, out = 0 * X[0], np.empty_like(X)
-    scale = (float(np.abs(qa.astype(float)).max()) * float(np.abs(ka.astype(float)).max())) or 1.0
+        for i in range(len(X)):
+            out[i] = causal_row(X, qa, ka, alpha, i, np.arange(i + 1), "hardmax", None, stats)
+        return out
+    scan = CausalScan(float(np.abs(qa.astype(float)).max()) *
+                      float(np.abs(ka.astype(float)).max()))
     for i in range(len(X)):
-        hi.add(ka[i], X[i])
-        lo.add(ka[i], X[i])
-        total = total + X[i]
-        q = qa[i]
-        ext = hi if q > 0 else lo if q < 0 else None
+        out[i] = scan.push(qa[i], ka[i], X[i], stats)
+    return out
+
+
+class CausalScan:
+    """Causal hardmax with scores q_i·k_l (A = a·cᵀ, α = 0), one token at a time: the argmax
+    set of row i is where k_l is the prefix maximum (q_i > 0), the prefix minimum (q_i < 0) or
+    the whole prefix (q_i = 0), so running extremes suffice. ``scale`` normalises margins."""
+
+    def __init__(self, scale: float = 1.0):
+        self.hi, self.lo = _PrefixExtreme(1), _PrefixExtreme(-1)
+        self.total, self.n, self.scale = None, 0, scale or 1.0
+
+    def push(self, q, k, x, stats: PassStats) -> np.ndarray:
+        """Append the token x (query q = c·x, key k = a·x) and return its attention output."""
+        self.hi.add(k, x)
+        self.lo.add(k, x)
+        self.total = x if self.total is None else self.total + x
+        self.n += 1
+        ext = self.hi if q > 0 else self.lo if q < 0 else None
         if ext is None:
-            out[i] = total / (i + 1)
-            stats.hardmax_ties += int(i > 0)
-            continue
-        out[i] = ext.sum / ext.count
+            stats.hardmax_ties += int(self.n > 1)
+            return self.total / self.n
         stats.hardmax_ties += int(ext.mixed)
         if ext.second is not None:
-            stats._min("hardmax_margin", abs(float(q) * float(ext.best - ext.second)) / scale)
-    return out
+            stats._min("hardmax_margin", abs(float(q) * float(ext.best - ext.second)) / self.scale)
+        return ext.sum / ext.count
 
 
 class _PrefixExtreme:
@@ -592,21 +606,27 @@ class _PrefixExtreme:
             self.second = k
 
 
-def _causal_hardmax_dense(X, qa, ka, alpha, stats: PassStats) -> np.ndarray:
-    S = np.outer(qa, ka) + (X @ X.T) * alpha
-    scale = float(np.abs(S.astype(float)).max()) or 1.0
-    out = np.empty_like(X)
-    for i in range(len(X)):
-        row = list(S[i, : i + 1])
-        best = max(row)
-        idx = [l for l, v in enumerate(row) if v == best]
-        out[i] = sum((X[l] for l in idx[1:]), X[idx[0]]) / len(idx)
-        stats.hardmax_ties += int(any(any(a != b for a, b in zip(X[l], X[idx[0]], strict=True))
-                                      for l in idx))
-        rest = [v for v in row if v != best]
-        if rest:
-            stats._min("hardmax_margin", float(best - max(rest)) / scale)
-    return out
+def causal_row(X, qa, ka, alpha, i: int, idx: np.ndarray, attention: str, tau,
+               stats: PassStats | None = None, ar: Arithmetic | None = None) -> np.ndarray:
+    """The attention output of row i over the keys ``idx`` (⊆ 0..i): hardmax averages the
+    argmax set (exact comparisons in X's arithmetic), softmax weights exp((s − max)/τ)."""
+    sc = qa[i] * ka[idx]
+    if alpha != 0:
+        sc = sc + (X[idx] @ X[i]) * alpha
+    best = max(sc)
+    if attention == "hardmax":
+        hit = idx[[v == best for v in sc]]
+        if stats is not None:
+            stats.hardmax_ties += int(any(any(a != b for a, b in zip(X[l], X[hit[0]], strict=True))
+                                          for l in hit))
+            rest = [v for v in sc if v != best]
+            if rest:
+                scale = float(max(abs(v) for v in sc)) or 1.0
+                stats._min("hardmax_margin", float(best - max(rest)) / scale)
+        return X[hit].sum(axis=0) / len(hit)
+    z = (sc - best) / tau
+    wts = ar.exp(z) if ar is not None else np.exp(z)
+    return (wts @ X[idx]) / sum(wts)
 
 
 def causal_softmax_rows(X, qa, ka, alpha, tau, ar: Arithmetic) -> np.ndarray:
@@ -623,11 +643,7 @@ def causal_softmax_rows(X, qa, ka, alpha, tau, ar: Arithmetic) -> np.ndarray:
     cut = -(ar.dps + 10) * np.log(10.0) - 1.0
     out = np.empty_like(X)
     for i in range(n):
-        idx = np.flatnonzero(~(Zf[i, : i + 1] < cut)) if np.isfinite(Zf[i, : i + 1]).all() \
-            else np.arange(i + 1)
-        sc = qa[i] * ka[idx]
-        if alpha != 0:
-            sc = sc + (X[idx] @ X[i]) * alpha
-        wts = ar.exp((sc - max(sc)) / tau)
-        out[i] = (wts @ X[idx]) / sum(wts)
+        row = Zf[i, : i + 1]
+        idx = np.flatnonzero(~(row < cut)) if np.isfinite(row).all() else np.arange(i + 1)
+        out[i] = causal_row(X, qa, ka, alpha, i, idx, "softmax", tau, ar=ar)
     return out
