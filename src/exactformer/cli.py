@@ -80,8 +80,8 @@ def _generate(args) -> int:
     symbols, vocab = _read_vocabulary(args.vocabulary) if args.vocabulary else (None, None)
     prompt = _read_prompt(args.prompt, symbols, vocab)
     steps = args.steps
-    if steps is None:  # fill the stored positions
-        steps = 1 if model.positions is None else len(model.positions) - len(prompt) + 1
+    if steps is None:  # prompt and generated tokens fill the stored positions
+        steps = 1 if model.positions is None else max(1, len(model.positions) - len(prompt))
     tokens = run_generation(model, prompt, steps, vocabulary=vocab)
     if symbols is not None:
         out = [symbols[nearest(vocab, t)] for t in tokens]
@@ -228,7 +228,8 @@ def parser() -> argparse.ArgumentParser:
                    help="text (one vocabulary symbol per character) or a JSON list of vectors "
                         "or symbols")
     g.add_argument("--steps", type=int, default=None,
-                   help="tokens to generate (default: up to the model's stored positions)")
+                   help="tokens to generate (default: until prompt and output fill the "
+                        "model's stored positions)")
     g.add_argument("--vocabulary", help="JSON list of vectors, or object symbol -> vector; "
                    "each output is replaced by the nearest one")
     g.set_defaults(run=_generate)
