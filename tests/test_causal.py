@@ -328,3 +328,19 @@ def test_cli_build_verify_generate(tmp_path, capsys):
                                  "targets": data.to_json_dict()["targets"]}))
     assert main(["build", str(plain), "-o", m, "--causal", "--float"]) == 0
     assert main(["verify", m, str(plain)]) == 0
+
+
+# ------------------------------------------------------------------------------ example
+def test_recite_example_small():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "examples" / "recite.py"
+    spec = importlib.util.spec_from_file_location("recite", path)
+    recite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recite)
+    assert len(recite.PASSAGE) >= 2000
+    rows = recite.main(chars=150)
+    assert [r["label"] for r in rows] == ["passage", "shared openings"]
+    assert all(r["verified"] and r["recited"] for r in rows)
+    assert rows[0]["R_c"] == 0 and rows[1]["R_c"] >= 1
+    assert rows[0]["L"] <= rows[0]["characters"] - 1 + 2
