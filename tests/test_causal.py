@@ -344,3 +344,37 @@ def test_recite_example_small():
     assert all(r["verified"] and r["recited"] for r in rows)
     assert rows[0]["R_c"] == 0 and rows[1]["R_c"] >= 1
     assert rows[0]["L"] <= rows[0]["characters"] - 1 + 2
+
+
+# ------------------------------------------------------------------------------ torch
+@pytest.mark.parametrize("attention", ["hardmax", "softmax"])
+def test_torch_layouts_apply_the_causal_mask_and_positions(tmp_path, attention):
+    et = pytest.importorskip("exactformer.torch")
+    data, _ = text_data(["abcab", "cabba", "bac"], "abc")
+    model = ef.compile(data, attention=attention)
+    assert model.meta["R"] > 0  # attention layers that the mask matters for
+    ref = forward_causal(model, data.floats()[0], "float")
+    for layout in et.LAYOUTS:
+        module = et.convert(model, layout)
+        outs = et.apply(module, data.floats()[0])  # padded batch: sequences of 5, 5 and 3
+        for o, r, k in zip(outs, ref, data.known, strict=True):
+            assert np.abs(o[k] - r[k]).max() <= 1e-9
+        assert et.max_error(module, data) <= 1e-9
+        et.export(model, tmp_path / f"{layout}.safetensors", layout=layout)
+        config = json.loads((tmp_path / f"{layout}.config.json").read_text())
+        assert config["causal"] is True and config["positions"] == 5
+        again = et.apply(et.load_torch(tmp_path / f"{layout}.safetensors"), data.floats()[0])
+        assert all(np.abs(a - o).max() <= 1e-9 for a, o in zip(again, outs, strict=True))
+        with pytest.raises(ValueError, match="stores 5 positions"):
+            et.apply(module, [np.zeros((6, 3))])
+    verdict = et.float32_verdict(model, data)
+    assert verdict.interpolates
+
+
+def test_torch_causal_mask_hides_later_tokens():
+    torch = pytest.importorskip("torch")
+    et = pytest.importorskip("exactformer.torch")
+    S = torch.tensor([[[1.0, 5.0], [1.0, 5.0]]])
+    w = et.attention_weights(S, None, "hardmax", None, causal=True)
+    assert w.tolist() == [[[1.0, 0.0], [0.0, 1.0]]]
+    assert et.attention_weights(S, None, "hardmax", None).tolist() == [[[0.0, 1.0], [0.0, 1.0]]]
