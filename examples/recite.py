@@ -111,12 +111,13 @@ def build_and_recite(texts: list[str], exact: bool, label: str) -> dict:
     t3 = time.perf_counter()
     row = {"label": label, "texts": len(texts), "characters": data.total_n,
            "alphabet": len(alphabet), "L": model.n_blocks, "R_c": model.meta["R"],
-           "P": model.n_params(), "build_s": t1 - t0, "verify_s": t2 - t1,
-           "generate_s": t3 - t2, "verified": report.ok,
+           "P": model.n_params(), "P_positions": int(np.size(model.positions)),
+           "build_s": t1 - t0, "verify_s": t2 - t1, "generate_s": t3 - t2, "verified": report.ok,
            "recited": all(r == t for r, t in zip(recited, texts, strict=True))}
     print(f"{label}: {row['texts']} text(s), {row['characters']} characters, alphabet "
           f"{row['alphabet']}, d = {DIM}, {'rational' if exact else 'float64'} parameters\n"
-          f"  L = {row['L']} blocks (R_c = {row['R_c']}), P = {row['P']} parameters\n"
+          f"  L = {row['L']} blocks (R_c = {row['R_c']}), P = {row['P']} parameters in the "
+          f"blocks + {row['P_positions']} in the stored positions\n"
           f"  build {row['build_s']:.2f} s, verify {row['verify_s']:.2f} s "
           f"({'EXACT' if exact else 'OK'} if verified: {report.ok}), "
           f"generation {row['generate_s']:.2f} s\n"

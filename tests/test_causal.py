@@ -378,3 +378,11 @@ def test_torch_causal_mask_hides_later_tokens():
     w = et.attention_weights(S, None, "hardmax", None, causal=True)
     assert w.tolist() == [[[1.0, 0.0], [0.0, 1.0]]]
     assert et.attention_weights(S, None, "hardmax", None).tolist() == [[[0.0, 1.0], [0.0, 1.0]]]
+
+
+def test_no_constrained_position_gives_an_empty_interpolation():
+    data = CausalDataset.from_arrays([[[1, 0], [0, 1]], [[0, 1], [0, 1]]], [[None, None]] * 2)
+    assert data.constrained == 0
+    for attention in ("hardmax", "softmax"):
+        model = ef.compile(data, attention=attention)
+        assert model.meta["moves"] == 0 and ef.verify(model, data).ok

@@ -290,6 +290,7 @@ class CausalReport:
     max_width: int
     params: int
     params_dense: int
+    position_params: int  # the stored positions (rows × d), not counted in params
     max_abs_param: float
     exact_equal: list[bool] | None
     errors: list[float]  # per sequence: the largest error in the deciding arithmetic
@@ -332,7 +333,8 @@ class CausalReport:
             ("blocks L", f"{self.blocks}  (design R_c + moves = {self.blocks_design}, "
                          f"R_c = {self.R})"),
             ("max FF width", str(self.max_width)),
-            ("parameters (structured / dense)", f"{self.params} / {self.params_dense}"),
+            ("parameters (structured / dense)", f"{self.params} / {self.params_dense}  "
+             f"(+ {self.position_params} in stored positions)"),
             ("max |θ|", g(self.max_abs_param)),
             ("float64 max error", g(max(self.errors_float64, default=0.0))),
             ("smallest hardmax score margin", g(self.hardmax_margin)),
@@ -390,6 +392,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         blocks_design=None if R is None else R + model.meta.get("moves", 0) +
         (1 if model.attention == "softmax" else 0), R=R, max_width=model.max_width(),
         params=model.n_params(), params_dense=model.n_params_dense(),
+        position_params=0 if model.positions is None else int(np.size(model.positions)),
         max_abs_param=float(np.abs(theta).max()), exact_equal=exact_equal,
         errors=[max(e, default=0.0) for e in errs],
         errors_float64=[max(e, default=0.0) for e in err_f], position_errors=errs,

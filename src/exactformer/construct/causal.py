@@ -39,7 +39,7 @@ from ..numbers import as_number_array, num, unit
 from .gadgets import ff_from_units, hat_units, projection_unit, snap_units
 from .generic import ConstructionError, Draws, best_draw, relative_gap, separated
 
-REDRAWS = 20  # fresh positions (and everything after) when a target lands on a state
+REDRAWS = 20  # fresh positions (and everything after) on a coincidence of generic choices
 PAIR_SAMPLE = 200  # conflicting pairs looked at when choosing a test point
 THETA_MIN = 2.0 ** -40
 MIN_RELATIVE_GAP = 1e-9
@@ -86,13 +86,13 @@ def compile_causal(dataset: CausalDataset, attention: str = "hardmax", exact: bo
             else:
                 model = _build_softmax(ctx, draws, tau, progress)
             break
-        except _Redraw:
-            continue
+        except _Redraw as e:
+            last = e
     else:
-        raise ConstructionError(f"every one of {REDRAWS} position draws put a target on a "
-                                "state still to move")
+        raise ConstructionError(f"every one of {REDRAWS} draws of the positions met a "
+                                f"coincidence (the last: {last})")
     model.meta.update({"seed": seed, "N": dataset.N, "constrained": dataset.constrained,
-                       "positions": len(model.positions)})
+                       "stored_positions": len(model.positions)})
     return model
 
 
