@@ -535,15 +535,29 @@ def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str
 
 def _apply_causal_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats) -> None:
     P = st.P
-    qa, ka = P @ sa.A.c, P @ sa.A.a
+    qa, ka = _sparse_dot(P, sa.A.c), _sparse_dot(P, sa.A.a)
     out = np.empty_like(P)
     for s, e in st.segments():
         if attention == "hardmax":
             out[s:e] = causal_hardmax_rows(P[s:e], qa[s:e], ka[s:e], sa.A.alpha, stats)
         else:
             out[s:e] = causal_softmax_rows(P[s:e], qa[s:e], ka[s:e], sa.A.alpha, tau, st.ar)
-    st.P = P * sa.rho + out * sa.V.beta + np.outer(out @ sa.V.q, sa.V.p)
+    new = P if sa.rho == 1 else P * sa.rho
+    if sa.V.beta != 0:
+        new = new + out * sa.V.beta
+    cols = [k for k, v in enumerate(sa.V.p) if v != 0]
+    if cols:  # only the columns that p·(q·y) changes, q·y over q's nonzero entries
+        new = new.copy() if new is P else new
+        new[:, cols] = new[:, cols] + np.outer(_sparse_dot(out, sa.V.q), sa.V.p[cols])
+    st.P = new
     st.changed_everything()
+
+
+def _sparse_dot(X: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """X @ v over v's nonzero entries only (the construction's vectors are mostly zeros, and
+    each skipped product is a Fraction multiplication in exact passes)."""
+    nz = [k for k, a in enumerate(v) if a != 0]
+    return X[:, nz] @ v[nz] if nz else X[:, 0] * 0
 
 
 def causal_hardmax_rows(X, qa, ka, alpha, stats: PassStats) -> np.ndarray:
@@ -583,8 +597,9 @@ class CausalScan:
             return self.total / self.n
         stats.hardmax_ties += int(ext.mixed)
         if ext.second is not None:
-            stats._min("hardmax_margin", abs(float(q) * float(ext.best - ext.second)) / self.scale)
-        return ext.sum / ext.count
+            gap = abs(float(q)) * abs(float(ext.best) - float(ext.second))
+            stats._min("hardmax_margin", gap / self.scale)
+        return ext.sum if ext.count == 1 else ext.sum / ext.count
 
 
 class _PrefixExtreme:
@@ -595,14 +610,17 @@ class _PrefixExtreme:
         self.sign, self.best, self.second = sign, None, None
         self.sum, self.count, self.first, self.mixed = None, 0, None, False
 
+    def _beats(self, k, other) -> bool:
+        return other is None or (k > other if self.sign > 0 else k < other)
+
     def add(self, k, x) -> None:
-        if self.best is None or (k - self.best) * self.sign > 0:
+        if self._beats(k, self.best):
             self.second, self.best = self.best, k
             self.sum, self.count, self.first, self.mixed = x, 1, x, False
         elif k == self.best:
             self.sum, self.count = self.sum + x, self.count + 1
             self.mixed = self.mixed or any(a != b for a, b in zip(x, self.first, strict=True))
-        elif self.second is None or (k - self.second) * self.sign > 0:
+        elif self._beats(k, self.second):
             self.second = k
 
 
