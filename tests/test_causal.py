@@ -386,3 +386,14 @@ def test_no_constrained_position_gives_an_empty_interpolation():
     for attention in ("hardmax", "softmax"):
         model = ef.compile(data, attention=attention)
         assert model.meta["moves"] == 0 and ef.verify(model, data).ok
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_positions_are_added_exactly_in_an_exact_pass(causal):
+    """A float64 model's positions are converted exactly before they meet Fraction inputs."""
+    model = ef.Transformer(d=2, attention="hardmax", blocks=[], exact=False, causal=causal,
+                           positions=np.array([[0.25, 0.0], [0.5, 0.1]]))
+    x = np.array([[Fraction(1, 3), Fraction(0)], [Fraction(0), Fraction(1, 3)]], dtype=object)
+    (out,) = ef.forward(model, [x], "exact")
+    assert [tuple(r) for r in out] == [(Fraction(7, 12), 0), (Fraction(1, 2),
+                                                              Fraction(1, 3) + Fraction(0.1))]

@@ -422,9 +422,11 @@ def forward(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "flo
         if snapshots is not None:
             raise ValueError("snapshots are not available for causal models")
         return forward_causal(model, inputs, arithmetic, dps, stats, tau, progress)
-    inputs = with_positions(model.positions, list(inputs))
     ar = Arithmetic(arithmetic, dps)
     with mpmath.workdps(dps):
+        if model.positions is not None:  # added in the pass's arithmetic (exactly when exact)
+            inputs = with_positions(ar.array(model.positions),
+                                    [ar.array(np.asarray(x)) for x in inputs])
         return _forward(model, inputs, ar, snapshots, stats or PassStats(), tau, progress)
 
 
