@@ -132,9 +132,7 @@ class CausalDataset:
     @classmethod
     def load(cls, path: str | Path) -> CausalDataset:
         """Read a causal ``.json`` or ``.npz`` file (see docs/causal.md)."""
-        data = load_dataset(path, causal=True)
-        assert isinstance(data, CausalDataset)
-        return data
+        return load_dataset(path, causal=True)
 
     def to_json_dict(self) -> dict:
         def enc(row):
