@@ -110,7 +110,7 @@ def build_and_recite(texts: list[str], exact: bool, label: str) -> dict:
     recited = [recite(model, t, alphabet, vocab) for t in texts]
     t3 = time.perf_counter()
     row = {"label": label, "texts": len(texts), "characters": data.total_n,
-           "alphabet": len(alphabet), "L": model.n_blocks, "R_c": model.meta["R"],
+           "alphabet": len(alphabet), "L": model.n_blocks, "R_c": model.record.R,
            "P": model.n_params(), "P_positions": int(np.size(model.positions)),
            "build_s": t1 - t0, "verify_s": t2 - t1, "generate_s": t3 - t2, "verified": report.ok,
            "recited": all(r == t for r, t in zip(recited, texts, strict=True))}

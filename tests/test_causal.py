@@ -95,7 +95,7 @@ def test_hardmax_rational_is_exact_position_by_position(data):
     assert exact_mismatches(model, data) == []
     report = ef.verify(model, data)
     assert report.ok and all(report.exact_equal) and report.first_failure is None
-    R, moves = model.meta["R"], model.meta["moves"]
+    R, moves = model.record.R, model.record.moves
     assert model.n_blocks <= R + moves + 2 and moves <= data.constrained
     per_block = 4 * (2 * data.d + 1) + 1 + 2 * (2 * data.d + 1) + 1
     assert model.n_params() <= (R + data.constrained + 2) * per_block
@@ -117,16 +117,16 @@ def test_softmax_within_50_digits(data):
     model = ef.compile(data, attention="softmax", causal=True, seed=3)
     assert model.attention == "softmax" and model.causal
     assert max_error(model, data, "mp", 50) <= 1e-40 * data.coordinate_scale()
-    assert model.n_blocks <= model.meta["R"] + model.meta["moves"] + 2
+    assert model.n_blocks <= model.record.R + model.record.moves + 2
     assert ef.verify(model, data).ok
 
 
 def test_softmax_float_parameters_and_explicit_tau():
     data, _ = text_data(["abcab", "cabba", "bacab"], "abc")
     model = ef.compile(data, attention="softmax", exact=False, causal=True)
-    assert ef.verify(model, data).ok and model.meta["R"] > 0
+    assert ef.verify(model, data).ok and model.record.R > 0
     fixed = ef.compile(data, attention="softmax", causal=True, tau="1/1024")
-    assert fixed.tau == Fraction(1, 1024) and not fixed.meta["folded"]
+    assert fixed.tau == Fraction(1, 1024) and not fixed.record.folded
     assert ef.verify(fixed, data).ok
 
 
@@ -138,7 +138,7 @@ def test_order_matters_and_repeats_are_told_apart():
         [[a, b, c], [b, a, c], [a, a, a, a]],
         [[None, None, y1], [None, None, y2], [y1, y2, y3, y1]])
     model = ef.compile(data, seed=0)
-    assert model.meta["R"] >= 1
+    assert model.record.R >= 1
     assert exact_mismatches(model, data) == []
 
 
@@ -352,7 +352,7 @@ def test_torch_layouts_apply_the_causal_mask_and_positions(tmp_path, attention):
     et = pytest.importorskip("exactformer.torch")
     data, _ = text_data(["abcab", "cabba", "bac"], "abc")
     model = ef.compile(data, attention=attention)
-    assert model.meta["R"] > 0  # attention layers that the mask matters for
+    assert model.record.R > 0  # attention layers that the mask matters for
     ref = forward_causal(model, data.floats()[0], "float")
     for layout in et.LAYOUTS:
         module = et.convert(model, layout)
@@ -385,7 +385,7 @@ def test_no_constrained_position_gives_an_empty_interpolation():
     assert data.constrained == 0
     for attention in ("hardmax", "softmax"):
         model = ef.compile(data, attention=attention)
-        assert model.meta["moves"] == 0 and ef.verify(model, data).ok
+        assert model.record.moves == 0 and ef.verify(model, data).ok
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -397,3 +397,19 @@ def test_positions_are_added_exactly_in_an_exact_pass(causal):
     (out,) = ef.forward(model, [x], "exact")
     assert [tuple(r) for r in out] == [(Fraction(7, 12), 0), (Fraction(1, 2),
                                                               Fraction(1, 3) + Fraction(0.1))]
+
+
+def test_the_causal_record_is_type_checked_on_load():
+    data, _ = text_data(["abcab", "bacba"], "abc")
+    doc = model_to_dict(ef.compile(data, attention="softmax"))
+    rec = model_from_dict(doc).record
+    assert rec.kind == "causal-softmax" and rec.constrained == data.constrained
+    assert rec.stored_positions == 5 and len(rec.snap_windows) == rec.moves
+    with pytest.raises(ModelFormatError, match=r"meta.moves"):
+        model_from_dict({**doc, "meta": {**doc["meta"], "moves": -1}})
+    with pytest.raises(ModelFormatError, match=r"meta.snap_windows\[0\]"):
+        model_from_dict({**doc, "meta": {**doc["meta"], "snap_windows": [["1", "2"]]}})
+    with pytest.raises(ModelFormatError, match=r"meta.lifts\[0\].position"):
+        model_from_dict({**doc, "meta": {**doc["meta"], "lifts": [
+            {"round": 1, "sequence": 0, "position": "x", "from": "1", "to": "2",
+             "lambda": "1"}]}})

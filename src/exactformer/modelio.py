@@ -18,7 +18,7 @@ import numpy as np
 
 from .model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from .numbers import fmt
-from .record import Construction, RecordError
+from .record import CausalConstruction, Construction, RecordError, record_from_meta
 
 FORMAT = "exactformer.model/1"
 FORMAT_2 = "exactformer.model/2"  # adds "causal" and "positions" (docs/causal.md)
@@ -177,14 +177,14 @@ def model_from_dict(doc: dict) -> Transformer:
                        record=_record(doc.get("meta", {}), len(blocks)))
 
 
-def _record(meta, n_blocks: int) -> Construction | None:
+def _record(meta, n_blocks: int) -> Construction | CausalConstruction | None:
     """The construction record in ``"meta"`` (None when it records no construction)."""
     if not isinstance(meta, dict):
         raise ModelFormatError("\"meta\" must be an object")
     if "construction" not in meta:
         return None
     try:
-        record = Construction.from_meta(meta)
+        record = record_from_meta(meta)
     except RecordError as e:
         raise ModelFormatError(str(e)) from None
     for p in record.phases:

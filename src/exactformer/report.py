@@ -17,6 +17,7 @@ from .data import Dataset
 from .evaluate import Arithmetic, PassStats, distinct_rows, forward, forward_causal
 from .model import Transformer
 from .numbers import to_fraction
+from .record import CausalConstruction
 
 
 def hausdorff(a: np.ndarray, b: np.ndarray) -> float:
@@ -385,11 +386,12 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         first = _first_over(errs, dataset.known, tolerance * scale)
         arithmetic = f"mp{digits}"
     theta = np.array([float(v) for v in model.parameters()] or [0.0])
-    R = model.meta.get("R")
+    rec = model.record if isinstance(model.record, CausalConstruction) else None
+    R = None if rec is None else rec.R
     return CausalReport(
         attention=model.attention, arithmetic=arithmetic, N=dataset.N, d=dataset.d,
         tokens=dataset.total_n, constrained=dataset.constrained, blocks=model.n_blocks,
-        blocks_design=None if R is None else R + model.meta.get("moves", 0) +
+        blocks_design=None if rec is None else rec.R + rec.moves +
         (1 if model.attention == "softmax" else 0), R=R, max_width=model.max_width(),
         params=model.n_params(), params_dense=model.n_params_dense(),
         position_params=0 if model.positions is None else int(np.size(model.positions)),

@@ -36,6 +36,7 @@ from ..causal_data import CausalDataset
 from ..evaluate import forward_causal, with_positions
 from ..model import SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from ..numbers import as_number_array, num, unit
+from ..record import CausalConstruction, CausalLift, Span
 from .gadgets import ff_from_units, hat_units, projection_unit, snap_units
 from .generic import ConstructionError, Draws, best_draw, relative_gap, separated
 
@@ -66,7 +67,7 @@ class _Contexts:
 class _Separation:
     blocks: list[Block] = field(default_factory=list)
     cls: list[np.ndarray] = field(default_factory=list)  # per sequence: class id per position
-    lifts: list[dict] = field(default_factory=list)
+    lifts: list[CausalLift] = field(default_factory=list)
 
 
 def compile_causal(dataset: CausalDataset, attention: str = "hardmax", exact: bool = True,
@@ -91,8 +92,7 @@ def compile_causal(dataset: CausalDataset, attention: str = "hardmax", exact: bo
     else:
         raise ConstructionError(f"every one of {REDRAWS} draws of the positions met a "
                                 f"coincidence (the last: {last})")
-    model.meta.update({"seed": seed, "N": dataset.N, "constrained": dataset.constrained,
-                       "stored_positions": len(model.positions)})
+    model.record.seed = seed
     return model
 
 
@@ -188,6 +188,7 @@ def _separate(ctx: _Contexts, points: np.ndarray, draws: Draws, score_scale,
                                                   d, exact), None)])
     history = [_prefix_max(ctx, u)]
     sep.cls = _refine(ctx.pid, history[0])
+    lifted = []  # (round, sequence, position, from, to) of each lift
     bar = tqdm(desc="causal separation rounds", unit="round", disable=not progress,
                leave=False, delay=1)
     while conflicts := _conflicted(ctx, sep.cls):
@@ -199,9 +200,7 @@ def _separate(ctx: _Contexts, points: np.ndarray, draws: Draws, score_scale,
         ff = ff_from_units(hat_units(e1, 0 * c, c, delta, e1 * (top - c)), num(1, exact), d,
                            exact)
         sep.blocks.append(Block(ff, None))
-        j, i = ctx.first[p]
-        sep.lifts.append({"round": len(history), "sequence": j, "position": i,
-                          "from": str(c), "to": str(top)})
+        lifted.append((len(history), *ctx.first[p], str(c), str(top)))
         u[p] = top
         history.append(_prefix_max(ctx, u))
         sep.cls = _refine(sep.cls, history[-1])
@@ -210,8 +209,7 @@ def _separate(ctx: _Contexts, points: np.ndarray, draws: Draws, score_scale,
     for blk, lam in zip(sep.blocks, lams, strict=True):
         blk.sa = SA(num(1, exact), ScoreMatrix(num(0, exact), e1 * score_scale, e1),
                     ValueMatrix(num(0, exact), e2 * lam, e1))
-    for rec in sep.lifts:
-        rec["lambda"] = str(lams[rec["round"]])
+    sep.lifts = [CausalLift(*x, str(lams[x[0]])) for x in lifted]
     return sep
 
 
@@ -283,11 +281,20 @@ def _build_hardmax(ctx: _Contexts, draws: Draws, progress: bool) -> Transformer:
     hats, h = _hats(items, d, draws, progress)
     blocks = sep.blocks + hats
     R = len(sep.blocks)
-    meta = {"construction": "causal-hardmax", "R": R, "moves": len(hats),
-            "phases": {"separation": [0, R], "interpolation": [R, len(blocks)]},
-            "lifts": sep.lifts, "interpolation_direction": [str(v) for v in h]}
+    record = _record(ctx, "causal-hardmax", P, R, len(hats),
+                     [Span("separation", 0, R), Span("interpolation", R, len(blocks))], sep)
+    record.interpolation_direction = [str(v) for v in h]
     return Transformer(d=d, attention="hardmax", blocks=blocks, exact=exact, causal=True,
-                       positions=P, meta=meta)
+                       positions=P, record=record)
+
+
+def _record(ctx: _Contexts, kind: str, P, R: int, moves: int, phases: list[Span],
+            sep: _Separation) -> CausalConstruction:
+    """The construction record (the seed is filled in by :func:`compile_causal`)."""
+    return CausalConstruction(kind=kind, seed=0, N=len(ctx.xs),
+                              constrained=int(sum(k.sum() for k in ctx.known)),
+                              stored_positions=len(P), R=R, moves=moves, phases=phases,
+                              lifts=sep.lifts)
 
 
 def _check_classes(states, cls) -> None:
@@ -380,13 +387,13 @@ def _softmax_at(ctx: _Contexts, draws: Draws, theta: Fraction, fold: bool,
     proj, snaps, windows = _project_and_snap(groups, targets, draws, d, exact)
     blocks = sep.blocks + [proj] + snaps
     R = len(sep.blocks)
-    meta = {"construction": "causal-softmax", "R": R, "moves": len(snaps),
-            "theta": str(theta), "folded": fold,
-            "phases": {"separation": [0, R], "projection": [R, R + 1],
-                       "snap": [R + 1, len(blocks)]},
-            "lifts": sep.lifts, "snap_windows": [[str(c) for c in w] for w in windows]}
+    record = _record(ctx, "causal-softmax", P, R, len(snaps),
+                     [Span("separation", 0, R), Span("projection", R, R + 1),
+                      Span("snap", R + 1, len(blocks))], sep)
+    record.theta, record.folded = str(theta), fold
+    record.snap_windows = [tuple(str(c) for c in w) for w in windows]
     return Transformer(d=d, attention="softmax", blocks=blocks, tau=tau, exact=exact,
-                       causal=True, positions=P, meta=meta)
+                       causal=True, positions=P, record=record)
 
 
 def _project_and_snap(groups, targets, draws: Draws, d: int, exact: bool):
