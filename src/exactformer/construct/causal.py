@@ -38,7 +38,14 @@ from ..model import SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from ..numbers import as_number_array, num, unit
 from ..record import CausalConstruction, CausalLift, Span
 from .gadgets import ff_from_units, hat_units, projection_unit, snap_units
-from .generic import ConstructionError, Draws, best_draw, relative_gap, separated
+from .generic import (
+    ConstructionError,
+    Draws,
+    best_draw,
+    generic_score,
+    relative_gap,
+    separated,
+)
 
 REDRAWS = 20  # fresh positions (and everything after) on a coincidence of generic choices
 PAIR_SAMPLE = 200  # conflicting pairs looked at when choosing a test point
@@ -140,11 +147,8 @@ def _project(points: np.ndarray, draws: Draws):
     """A direction a with a·z distinct over the points, scaled so that u = a·z + a0 ∈ [1, 2]."""
     exact = draws.exact
 
-    def score(a):
-        vals = list(points @ a)
-        return relative_gap(vals) if separated(vals, exact) else None
-
-    a = best_draw(lambda: draws.vector(points.shape[1]), score, what="projection direction")
+    a = best_draw(lambda: draws.vector(points.shape[1]),
+                  lambda a: generic_score(points @ a, exact), what="projection direction")
     t = points @ a
     lo, hi = min(t), max(t)
     spread = (hi - lo) if hi != lo else num(1, exact)
@@ -320,11 +324,8 @@ def _hats(items: list[tuple[np.ndarray, np.ndarray]], d: int, draws: Draws, prog
     distinct = {tuple(v.tolist()): v for v in [s for s, _ in moving] + [y for _, y in items]}
     V = np.array(list(distinct.values()), dtype=moving[0][0].dtype)
 
-    def score(h):
-        vals = list(V @ h)
-        return relative_gap(vals) if separated(vals, exact) else None
-
-    h = best_draw(lambda: draws.vector(d), score, what="interpolation direction")
+    h = best_draw(lambda: draws.vector(d), lambda h: generic_score(V @ h, exact),
+                  what="interpolation direction")
     every = sorted(V @ h)
     cap = every[-1] - every[0]
     present = sorted([s @ h for s, _ in moving] + [s @ h for s in fixed])
