@@ -303,7 +303,7 @@ def modified(path: list, value):
 
 @pytest.mark.parametrize("doc, parts", [
     ([HAND_DOC], ["format"]),
-    (doc_with(format="exactformer.model/2"), ["format", FORMAT]),
+    (doc_with(format="exactformer.model/3"), ["format", FORMAT]),
     ({k: v for k, v in HAND_DOC.items() if k != "format"}, ["format"]),
     (doc_with(d=0), ['"d"', "positive integer"]),
     (doc_with(d="3"), ['"d"', "positive integer"]),

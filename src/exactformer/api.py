@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+from .causal_data import CausalDataset
+from .construct.causal import compile_causal
 from .construct.hardmax import compile_hardmax
 from .construct.softmax import compile_softmax
 from .data import Dataset
 
 
-def compile(dataset: Dataset, attention: str = "hardmax", exact: bool = True, seed: int = 0,
-            tau=None, progress: bool = False):
+def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact: bool = True,
+            seed: int = 0, tau=None, progress: bool = False, causal: bool = False):
     """Construct a transformer that interpolates ``dataset`` exactly.
 
     attention: "hardmax" (DESIGN §4) or "softmax" (DESIGN §5). exact: rational parameters
     (True) or float64 ones for large data (False). seed: all generic choices derive from it.
     tau: softmax temperature (default 1). progress: show progress bars on long phases.
+    causal: a decoder model with a target at every position (docs/causal.md); a
+    :class:`CausalDataset` implies it.
     """
+    if causal or isinstance(dataset, CausalDataset):
+        if not isinstance(dataset, CausalDataset):
+            raise TypeError("causal=True expects an exactformer.CausalDataset (see "
+                            "CausalDataset.from_arrays)")
+        if not exact and dataset.exact:
+            dataset.check_float64()
+        return compile_causal(dataset, attention=attention, exact=exact, seed=seed, tau=tau,
+                              progress=progress)
     if not isinstance(dataset, Dataset):
         raise TypeError("compile expects an exactformer.Dataset (see Dataset.from_arrays)")
     if not exact and dataset.exact:

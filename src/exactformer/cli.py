@@ -1,4 +1,4 @@
-"""Command line: exactformer build | verify | info | demo | export | train | plot.
+"""Command line: exactformer build | verify | info | generate | demo | export | train | plot.
 
 Errors go to stderr with exit status 2, and no command leaves a partial output file.
 ``verify`` exits 0 only if every pair interpolates (exactly, for exact hardmax models), else 1.
@@ -12,12 +12,18 @@ import json
 import sys
 import time
 import warnings
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
 
 from . import generate
 from .api import compile
+from .causal_data import load_dataset
 from .construct.generic import ConstructionError
 from .data import Dataset, DatasetError
 from .modelio import ModelFormatError, load_model, save_model, write_text_atomic
+from .numbers import as_number_array, fmt
 from .report import verify
 
 
@@ -26,19 +32,20 @@ class UsageError(Exception):
 
 
 def _build(args) -> int:
-    data = Dataset.load(args.data)
+    data = load_dataset(args.data, causal=args.causal)
     t0 = time.perf_counter()
     model = compile(data, attention=args.attention, exact=not args.float, seed=args.seed,
                     progress=True, **({"tau": args.tau} if args.tau is not None else {}))
     save_model(model, args.output)
-    print(f"built {model.attention} model: {model.n_blocks} blocks, width {model.max_width()}, "
+    kind = f"{'causal ' if model.causal else ''}{model.attention}"
+    print(f"built {kind} model: {model.n_blocks} blocks, width {model.max_width()}, "
           f"{model.n_params()} parameters, {time.perf_counter() - t0:.2f} s -> {args.output}")
     return 0
 
 
 def _verify(args) -> int:
     model = load_model(args.model)
-    data = Dataset.load(args.data)
+    data = load_dataset(args.data, causal=model.causal)
     report = verify(model, data, tolerance=args.tolerance, progress=True)
     print(report.table())
     if args.json:
@@ -55,12 +62,69 @@ def _info(args) -> int:
             ("parameters (structured / dense)", f"{model.n_params()} / {model.n_params_dense()}")]
     if model.tau is not None:
         rows.append(("tau", model.tau))
-    for key in ("construction", "seed", "N", "sum_m", "R", "phases"):
+    if model.causal or model.positions is not None:
+        rows.append(("causal", "yes" if model.causal else "no"))
+        rows.append(("stored positions", 0 if model.positions is None else len(model.positions)))
+    for key in ("construction", "seed", "N", "sum_m", "constrained", "R", "moves", "phases"):
         if key in meta:
             rows.append((key, meta[key]))
     w = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(w)}  {v}" for k, v in rows))
     return 0
+
+
+def _generate(args) -> int:
+    from .generation import generate as run_generation
+    from .generation import nearest
+    model = load_model(args.model)
+    symbols, vocab = _read_vocabulary(args.vocabulary) if args.vocabulary else (None, None)
+    prompt = _read_prompt(args.prompt, symbols, vocab)
+    steps = args.steps
+    if steps is None:  # prompt and generated tokens fill the stored positions
+        steps = 1 if model.positions is None else max(1, len(model.positions) - len(prompt))
+    tokens = run_generation(model, prompt, steps, vocabulary=vocab)
+    if symbols is not None:
+        out = [symbols[nearest(vocab, t)] for t in tokens]
+        print("".join(out) if all(len(s) == 1 for s in symbols) else json.dumps(out))
+    else:
+        print(json.dumps([[fmt(v) for v in t] for t in tokens]))
+    return 0
+
+
+def _read_vocabulary(path: str):
+    """(symbols or None, V×d vectors) from a JSON list of vectors or an object symbol → vector."""
+    try:
+        doc = json.loads(Path(path).read_text(), parse_float=Fraction, parse_int=Fraction)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: not valid JSON ({e})") from None
+    symbols = None
+    if isinstance(doc, dict):
+        symbols, doc = list(doc), list(doc.values())
+    if not isinstance(doc, list) or not doc or not all(isinstance(r, list) for r in doc):
+        raise UsageError(f"{path}: expected a list of vectors or an object symbol -> vector")
+    return symbols, as_number_array(np.array(doc, dtype=object), True)
+
+
+def _read_prompt(text: str, symbols, vocab):
+    """A JSON list of vectors or of symbols, or plain text (one symbol per character)."""
+    try:
+        items = json.loads(text, parse_float=Fraction, parse_int=Fraction)
+    except json.JSONDecodeError:
+        items = None
+    if not isinstance(items, list):
+        items = list(text)
+    rows = []
+    for k, item in enumerate(items):
+        if isinstance(item, list):
+            rows.append(item)
+        elif symbols is not None and item in symbols:
+            rows.append(list(vocab[symbols.index(item)]))
+        else:
+            raise UsageError(f"prompt item {k} ({item!r}) is neither a vector nor a symbol of "
+                             "the vocabulary")
+    if not rows:
+        raise UsageError("the prompt is empty")
+    return as_number_array(np.array(rows, dtype=object), True)
 
 
 def _torch_module(name: str, command: str):
@@ -146,6 +210,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--float", action="store_true", help="float64 parameters (large data)")
     b.add_argument("--tau", type=str, default=None, help="softmax temperature (default 1)")
+    b.add_argument("--causal", action="store_true", help="causal data: a target or null per "
+                   "position (implied by a dataset marked \"causal\": true)")
     b.set_defaults(run=_build)
 
     v = sub.add_parser("verify", help="check that a model interpolates a dataset")
@@ -155,6 +221,18 @@ def parser() -> argparse.ArgumentParser:
                    help="relative Hausdorff tolerance for non-exact verdicts")
     v.add_argument("--json", help="also write the report as JSON here")
     v.set_defaults(run=_verify)
+
+    g = sub.add_parser("generate", help="feed a causal model's output back as its next input")
+    g.add_argument("model")
+    g.add_argument("--prompt", required=True,
+                   help="text (one vocabulary symbol per character) or a JSON list of vectors "
+                        "or symbols")
+    g.add_argument("--steps", type=int, default=None,
+                   help="tokens to generate (default: until prompt and output fill the "
+                        "model's stored positions)")
+    g.add_argument("--vocabulary", help="JSON list of vectors, or object symbol -> vector; "
+                   "each output is replaced by the nearest one")
+    g.set_defaults(run=_generate)
 
     i = sub.add_parser("info", help="summarise a model file")
     i.add_argument("model")

@@ -418,8 +418,15 @@ def forward(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "flo
     returned, as a dict, in a second return value. ``tau`` overrides the model's temperature.
     ``progress`` shows a progress bar over the blocks.
     """
+    if model.causal:  # ordered outputs under the causal mask (docs/causal.md)
+        if snapshots is not None:
+            raise ValueError("snapshots are not available for causal models")
+        return forward_causal(model, inputs, arithmetic, dps, stats, tau, progress)
     ar = Arithmetic(arithmetic, dps)
     with mpmath.workdps(dps):
+        if model.positions is not None:  # added in the pass's arithmetic (exactly when exact)
+            inputs = with_positions(ar.array(model.positions),
+                                    [ar.array(np.asarray(x)) for x in inputs])
         return _forward(model, inputs, ar, snapshots, stats or PassStats(), tau, progress)
 
 
@@ -471,8 +478,192 @@ def distinct_rows(a: np.ndarray) -> np.ndarray:
 
 
 def predict(model: Transformer, X, arithmetic: str | None = None, dps: int = 50) -> np.ndarray:
-    """The set of distinct output tokens for one input sequence X (n×d)."""
+    """The set of distinct output tokens for one input sequence X (n×d); for a causal model
+    the ordered outputs, row i the prediction after x_1..x_i."""
     if arithmetic is None:
         arithmetic = "exact" if model.exact and model.attention == "hardmax" else "float"
     (out,) = forward(model, [np.asarray(X)], arithmetic, dps)
-    return distinct_rows(out)
+    return out if model.causal else distinct_rows(out)
+
+
+# ------------------------------------------------------------------------------ causal passes
+def with_positions(positions, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Row i of ``positions`` added to the token at position i (None: the inputs unchanged).
+    A sequence longer than the rows is an error naming it (see docs/causal.md)."""
+    if positions is None:
+        return inputs
+    out = []
+    for j, x in enumerate(inputs):
+        if len(x) > len(positions):
+            raise ValueError(f"sequence {j} has {len(x)} tokens but the model stores "
+                             f"{len(positions)} positions")
+        out.append(np.asarray(x) + positions[: len(x)])
+    return out
+
+
+class _CausalState(_State):
+    """Rows in input order, never merged: under a causal mask two equal points of a sequence
+    see different prefixes, so they are not interchangeable as in a set pass."""
+
+    def compact(self):
+        self.changed_everything()
+
+
+def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "float",
+                   dps: int = 50, stats: PassStats | None = None, tau=None,
+                   progress: bool = False) -> list[np.ndarray]:
+    """Run a causal model (token i attends to l ≤ i) on every sequence; positions are added
+    first. The outputs are ordered: row i is the prediction after x_1..x_i (docs/causal.md)."""
+    ar = Arithmetic(arithmetic, dps)
+    stats = stats or PassStats()
+    with mpmath.workdps(dps):
+        params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
+        pos = None if model.positions is None else ar.array(model.positions)
+        xs = with_positions(pos, [ar.array(np.asarray(x)) for x in inputs])
+        blocks = [_convert_block(b, ar) for b in params.blocks]
+        ridges = [_ridge_in(b.ff, ar) if b.ff is not None else None for b in model.blocks]
+        tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
+        st = _CausalState(xs, ar)
+        scale = max(1.0, float(np.abs(st.P.astype(float)).max()))
+        bar = tqdm(blocks, desc=f"causal forward ({ar.kind})", unit="block",
+                   disable=not progress, leave=False, delay=1)
+        for blk, ridge in zip(bar, ridges, strict=True):
+            if blk.ff is not None:
+                _apply_ff(st, blk.ff, ridge, stats, scale)
+            if blk.sa is not None and not blk.sa.is_identity():
+                _apply_causal_sa(st, blk.sa, model.attention, tau, stats)
+        return st.outputs()
+
+
+def _apply_causal_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats) -> None:
+    P = st.P
+    qa, ka = _sparse_dot(P, sa.A.c), _sparse_dot(P, sa.A.a)
+    out = np.empty_like(P)
+    for s, e in st.segments():
+        if attention == "hardmax":
+            out[s:e] = causal_hardmax_rows(P[s:e], qa[s:e], ka[s:e], sa.A.alpha, stats)
+        else:
+            out[s:e] = causal_softmax_rows(P[s:e], qa[s:e], ka[s:e], sa.A.alpha, tau, st.ar)
+    new = P if sa.rho == 1 else P * sa.rho
+    if sa.V.beta != 0:
+        new = new + out * sa.V.beta
+    cols = [k for k, v in enumerate(sa.V.p) if v != 0]
+    if cols:  # only the columns that p·(q·y) changes, q·y over q's nonzero entries
+        new = new.copy() if new is P else new
+        new[:, cols] = new[:, cols] + np.outer(_sparse_dot(out, sa.V.q), sa.V.p[cols])
+    st.P = new
+    st.changed_everything()
+
+
+def _sparse_dot(X: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """X @ v over v's nonzero entries only (the construction's vectors are mostly zeros, and
+    each skipped product is a Fraction multiplication in exact passes)."""
+    nz = [k for k, a in enumerate(v) if a != 0]
+    return X[:, nz] @ v[nz] if nz else X[:, 0] * 0
+
+
+def causal_hardmax_rows(X, qa, ka, alpha, stats: PassStats) -> np.ndarray:
+    """Row i: the average of x_l over the argmax set of s_il (l ≤ i), decided exactly in the
+    arithmetic of X. With α = 0 a :class:`CausalScan` does it in O(n); otherwise each row's
+    scores are compared (:func:`causal_row`)."""
+    out = np.empty_like(X)
+    if alpha != 0:
+        for i in range(len(X)):
+            out[i] = causal_row(X, qa, ka, alpha, i, np.arange(i + 1), "hardmax", None, stats)
+        return out
+    scan = CausalScan(float(np.abs(qa.astype(float)).max()) *
+                      float(np.abs(ka.astype(float)).max()))
+    for i in range(len(X)):
+        out[i] = scan.push(qa[i], ka[i], X[i], stats)
+    return out
+
+
+class CausalScan:
+    """Causal hardmax with scores q_i·k_l (A = a·cᵀ, α = 0), one token at a time: the argmax
+    set of row i is where k_l is the prefix maximum (q_i > 0), the prefix minimum (q_i < 0) or
+    the whole prefix (q_i = 0), so running extremes suffice. ``scale`` normalises margins."""
+
+    def __init__(self, scale: float = 1.0):
+        self.hi, self.lo = _PrefixExtreme(1), _PrefixExtreme(-1)
+        self.total, self.n, self.scale = None, 0, scale or 1.0
+
+    def push(self, q, k, x, stats: PassStats) -> np.ndarray:
+        """Append the token x (query q = c·x, key k = a·x) and return its attention output."""
+        self.hi.add(k, x)
+        self.lo.add(k, x)
+        self.total = x if self.total is None else self.total + x
+        self.n += 1
+        ext = self.hi if q > 0 else self.lo if q < 0 else None
+        if ext is None:
+            stats.hardmax_ties += int(self.n > 1)
+            return self.total / self.n
+        stats.hardmax_ties += int(ext.mixed)
+        if ext.second is not None:
+            gap = abs(float(q)) * abs(float(ext.best) - float(ext.second))
+            stats._min("hardmax_margin", gap / self.scale)
+        return ext.sum if ext.count == 1 else ext.sum / ext.count
+
+
+class _PrefixExtreme:
+    """Running maximum (sign 1) or minimum (sign −1) of keys, the sum and count of the points
+    attaining it, whether they differ, and the runner-up key."""
+
+    def __init__(self, sign: int):
+        self.sign, self.best, self.second = sign, None, None
+        self.sum, self.count, self.first, self.mixed = None, 0, None, False
+
+    def _beats(self, k, other) -> bool:
+        return other is None or (k > other if self.sign > 0 else k < other)
+
+    def add(self, k, x) -> None:
+        if self._beats(k, self.best):
+            self.second, self.best = self.best, k
+            self.sum, self.count, self.first, self.mixed = x, 1, x, False
+        elif k == self.best:
+            self.sum, self.count = self.sum + x, self.count + 1
+            self.mixed = self.mixed or any(a != b for a, b in zip(x, self.first, strict=True))
+        elif self._beats(k, self.second):
+            self.second = k
+
+
+def causal_row(X, qa, ka, alpha, i: int, idx: np.ndarray, attention: str, tau,
+               stats: PassStats | None = None, ar: Arithmetic | None = None) -> np.ndarray:
+    """The attention output of row i over the keys ``idx`` (⊆ 0..i): hardmax averages the
+    argmax set (exact comparisons in X's arithmetic), softmax weights exp((s − max)/τ)."""
+    sc = qa[i] * ka[idx]
+    if alpha != 0:
+        sc = sc + (X[idx] @ X[i]) * alpha
+    best = max(sc)
+    if attention == "hardmax":
+        hit = idx[[v == best for v in sc]]
+        if stats is not None:
+            stats.hardmax_ties += int(any(any(a != b for a, b in zip(X[l], X[hit[0]], strict=True))
+                                          for l in hit))
+            rest = [v for v in sc if v != best]
+            if rest:
+                scale = float(max(abs(v) for v in sc)) or 1.0
+                stats._min("hardmax_margin", float(best - max(rest)) / scale)
+        return X[hit].sum(axis=0) / len(hit)
+    z = (sc - best) / tau
+    wts = ar.exp(z) if ar is not None else np.exp(z)
+    return (wts @ X[idx]) / sum(wts)
+
+
+def causal_softmax_rows(X, qa, ka, alpha, tau, ar: Arithmetic) -> np.ndarray:
+    """Row i: Σ_{l ≤ i} softmax_l(s_il/τ)·x_l. In high precision, weights below
+    10^-(dps+10) of the row's largest (found with float64 scores) are skipped, as in a set
+    pass."""
+    Sf = _float_scores(X, qa, ka, alpha)[3]
+    n = len(X)
+    Sf = np.where(np.tri(n, dtype=bool), Sf, -np.inf)
+    Zf = (Sf - Sf.max(axis=1)[:, None]) / float(tau)
+    if not ar.is_object:
+        M = np.exp(Zf)
+        return (M / M.sum(axis=1)[:, None]) @ X
+    cut = -(ar.dps + 10) * np.log(10.0) - 1.0
+    out = np.empty_like(X)
+    for i in range(n):
+        row = Zf[i, : i + 1]
+        idx = np.flatnonzero(~(row < cut)) if np.isfinite(row).all() else np.arange(i + 1)
+        out[i] = causal_row(X, qa, ka, alpha, i, idx, "softmax", tau, ar=ar)
+    return out

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .numbers import as_number_array
-from .record import Construction
+from .record import CausalConstruction, Construction
 
 
 @dataclass
@@ -123,7 +123,7 @@ class Transformer:
     exact: bool = True  # parameters are Fractions (True) or floats (False)
     causal: bool = False  # token i attends to tokens l ≤ i only
     positions: np.ndarray | None = None  # row i is added to the token at position i first
-    record: Construction | None = None  # what the construction did (None: not constructed)
+    record: Construction | CausalConstruction | None = None  # None: not constructed
 
     @property
     def meta(self) -> dict:
@@ -166,4 +166,5 @@ class Transformer:
 
         blocks = [b.converted(float, array) for b in self.blocks]
         tau = None if self.tau is None else float(self.tau)
-        return replace(self, blocks=blocks, tau=tau, exact=False)
+        positions = None if self.positions is None else array(self.positions)
+        return replace(self, blocks=blocks, tau=tau, positions=positions, exact=False)

@@ -1,4 +1,4 @@
-"""The JSON model format ``exactformer.model/1`` (documented in the README) and atomic writes.
+"""The JSON model formats ``exactformer.model/1`` and ``/2`` (README) and atomic writes.
 
 Every number is a string that ``fractions.Fraction`` parses exactly. Float64 models write each
 float's shortest round-trip repr and record ``"number": "float64"`` so that loading restores the
@@ -18,9 +18,10 @@ import numpy as np
 
 from .model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from .numbers import fmt
-from .record import Construction, RecordError
+from .record import CausalConstruction, Construction, RecordError, record_from_meta
 
 FORMAT = "exactformer.model/1"
+FORMAT_2 = "exactformer.model/2"  # adds "causal" and "positions" (docs/causal.md)
 
 
 class ModelFormatError(ValueError):
@@ -66,10 +67,15 @@ def model_to_dict(model: Transformer) -> dict:
             "A": {"alpha": fmt(b.sa.A.alpha), "a": vec(b.sa.A.a), "c": vec(b.sa.A.c)},
             "V": {"beta": fmt(b.sa.V.beta), "p": vec(b.sa.V.p), "q": vec(b.sa.V.q)}}
         blocks.append({"ff": ff, "sa": sa})
-    doc = {"format": FORMAT, "d": model.d, "attention": model.attention,
+    v2 = model.causal or model.positions is not None
+    doc = {"format": FORMAT_2 if v2 else FORMAT, "d": model.d, "attention": model.attention,
            "number": "rational" if model.exact else "float64"}
     if model.attention == "softmax":
         doc["tau"] = fmt(model.tau)
+    if model.causal:
+        doc["causal"] = True
+    if model.positions is not None:
+        doc["positions"] = mat(model.positions)
     doc["blocks"] = blocks
     doc["meta"] = model.meta
     return doc
@@ -89,8 +95,8 @@ def load_model(path: str | Path) -> Transformer:
 
 
 def model_from_dict(doc: dict) -> Transformer:
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ModelFormatError(f"expected \"format\": \"{FORMAT}\"")
+    if not isinstance(doc, dict) or doc.get("format") not in (FORMAT, FORMAT_2):
+        raise ModelFormatError(f"expected \"format\": \"{FORMAT}\" or \"{FORMAT_2}\"")
     d = doc.get("d")
     if not isinstance(d, int) or d < 1:
         raise ModelFormatError("\"d\" must be a positive integer")
@@ -165,18 +171,20 @@ def model_from_dict(doc: dict) -> Transformer:
         tau = num(doc.get("tau"), "tau")
         if tau <= 0:
             raise ModelFormatError("\"tau\" must be positive")
+    causal, positions = _causal_fields(doc, lambda a, where: mat(a, None, d, where))
     return Transformer(d=d, attention=attention, blocks=blocks, tau=tau, exact=exact,
+                       causal=causal, positions=positions,
                        record=_record(doc.get("meta", {}), len(blocks)))
 
 
-def _record(meta, n_blocks: int) -> Construction | None:
+def _record(meta, n_blocks: int) -> Construction | CausalConstruction | None:
     """The construction record in ``"meta"`` (None when it records no construction)."""
     if not isinstance(meta, dict):
         raise ModelFormatError("\"meta\" must be an object")
     if "construction" not in meta:
         return None
     try:
-        record = Construction.from_meta(meta)
+        record = record_from_meta(meta)
     except RecordError as e:
         raise ModelFormatError(str(e)) from None
     for p in record.phases:
@@ -184,3 +192,20 @@ def _record(meta, n_blocks: int) -> Construction | None:
             raise ModelFormatError(f"meta.phases.{p.name}: ends at block {p.end}, but the "
                                    f"model has {n_blocks} blocks")
     return record
+
+
+def _causal_fields(doc: dict, matrix) -> tuple[bool, np.ndarray | None]:
+    """``"causal"`` (a boolean) and ``"positions"`` (rows of d numbers): /2 fields only."""
+    present = [k for k in ("causal", "positions") if k in doc]
+    if present and doc["format"] == FORMAT:
+        raise ModelFormatError(f"\"{present[0]}\" is not part of {FORMAT}; a file that uses it "
+                               f"says \"format\": \"{FORMAT_2}\"")
+    causal = doc.get("causal", False)
+    if not isinstance(causal, bool):
+        raise ModelFormatError("\"causal\" must be true or false")
+    raw = doc.get("positions")
+    if raw is None:
+        return causal, None
+    if not isinstance(raw, list) or not raw:
+        raise ModelFormatError("\"positions\" must be a non-empty list of rows of d numbers")
+    return causal, matrix(raw, "positions")

@@ -5,8 +5,8 @@ construction assembles them into a :class:`Construction`, kept as ``Transformer.
 model file's ``"meta"`` object is written from it (:meth:`Construction.to_meta`) and read back with
 every field's type checked (:meth:`Construction.from_meta`), because a file is input like any
 other. Verification never needs the record to decide a verdict: it reads the layers (see
-docs/verification.md); the record feeds reports and figures. Field meanings: docs/hardmax.md and
-docs/softmax.md.
+docs/verification.md); the record feeds reports and figures. Field meanings: docs/hardmax.md,
+docs/softmax.md and, for :class:`CausalConstruction`, docs/causal.md.
 """
 
 from __future__ import annotations
@@ -119,6 +119,93 @@ class Construction:
         return rec
 
 
+# ------------------------------------------------------------------------------ causal
+@dataclass(frozen=True)
+class CausalLift:
+    """A causal separation round that lifted the point (token, ``position``) first seen in
+    ``sequence`` from u = ``source`` to u = ``height``, then added λ·(prefix max) to v."""
+
+    round: int
+    sequence: int
+    position: int
+    source: str
+    height: str
+    multiplier: str
+
+
+@dataclass
+class CausalConstruction:
+    """The record of a causal construction (``kind`` "causal-hardmax" or "causal-softmax");
+    field meanings: docs/causal.md. ``moves`` counts the hats (hardmax) or snaps (softmax)."""
+
+    kind: str
+    seed: int
+    N: int
+    constrained: int
+    stored_positions: int
+    R: int
+    moves: int
+    phases: list[Span]
+    lifts: list[CausalLift] = field(default_factory=list)
+    interpolation_direction: list[str] | None = None
+    snap_windows: list[tuple[str, str, str, str]] = field(default_factory=list)
+    theta: str | None = None
+    folded: bool | None = None
+
+    KINDS = ("causal-hardmax", "causal-softmax")
+
+    def phase(self, name: str) -> Span | None:
+        return next((p for p in self.phases if p.name == name), None)
+
+    def to_meta(self) -> dict:
+        meta = {"construction": self.kind, "seed": self.seed, "N": self.N,
+                "constrained": self.constrained, "stored_positions": self.stored_positions,
+                "R": self.R, "moves": self.moves,
+                "phases": {p.name: [p.start, p.end] for p in self.phases},
+                "lifts": [{"round": x.round, "sequence": x.sequence, "position": x.position,
+                           "from": x.source, "to": x.height, "lambda": x.multiplier}
+                          for x in self.lifts]}
+        if self.interpolation_direction is not None:
+            meta["interpolation_direction"] = self.interpolation_direction
+        if self.kind == "causal-softmax":
+            meta.update({"theta": self.theta, "folded": self.folded,
+                         "snap_windows": [list(w) for w in self.snap_windows]})
+        return meta
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> CausalConstruction:
+        r = _Reader(meta, "meta")
+        kind = r.choice("construction", cls.KINDS)
+        phases = [Span(name, *_span(v, f"meta.phases.{name}"))
+                  for name, v in r.get("phases", dict).items()]
+        lifts = []
+        for i, x in enumerate(r.get("lifts", list, [])):
+            lr = _Reader(x, f"meta.lifts[{i}]")
+            lifts.append(CausalLift(lr.integer("round"), lr.integer("sequence"),
+                                    lr.integer("position"), lr.get("from", str),
+                                    lr.get("to", str), lr.get("lambda", str)))
+        rec = cls(kind=kind, seed=r.integer("seed"), N=r.integer("N"),
+                  constrained=r.integer("constrained"),
+                  stored_positions=r.integer("stored_positions"), R=r.integer("R"),
+                  moves=r.integer("moves"), phases=phases, lifts=lifts,
+                  interpolation_direction=_opt_strings(r.get("interpolation_direction",
+                                                             (list, type(None)), None),
+                                                       "meta.interpolation_direction"))
+        if kind == "causal-softmax":
+            rec.theta = r.get("theta", (str, type(None)), None)
+            rec.folded = r.get("folded", (bool, type(None)), None)
+            rec.snap_windows = [_four_strings(w, f"meta.snap_windows[{i}]")
+                                for i, w in enumerate(r.get("snap_windows", list, []))]
+        return rec
+
+
+def record_from_meta(meta: dict) -> Construction | CausalConstruction:
+    """The typed record of a ``"meta"`` object, set or causal by its ``"construction"``."""
+    if isinstance(meta, dict) and meta.get("construction") in CausalConstruction.KINDS:
+        return CausalConstruction.from_meta(meta)
+    return Construction.from_meta(meta)
+
+
 # ------------------------------------------------------------------------------ parsing
 class _Reader:
     def __init__(self, obj, where: str):
@@ -186,10 +273,14 @@ def _lift(x, where) -> Lift:
 
 def _window(x, where) -> SnapWindow:
     r = _Reader(x, where)
-    w = r.get("window", list)
-    if len(w) != 4 or not all(isinstance(c, str) for c in w):
-        raise RecordError(f"{where}.window: expected four number strings")
-    return SnapWindow(r.integer("sequence"), r.integer("slot"), tuple(w))
+    w = _four_strings(r.get("window", list), f"{where}.window")
+    return SnapWindow(r.integer("sequence"), r.integer("slot"), w)
+
+
+def _four_strings(w, where) -> tuple[str, str, str, str]:
+    if not isinstance(w, list) or len(w) != 4 or not all(isinstance(c, str) for c in w):
+        raise RecordError(f"{where}: expected four number strings")
+    return tuple(w)
 
 
 def _tau_out(t: float | None):

@@ -12,10 +12,12 @@ from dataclasses import asdict, dataclass, field
 import mpmath
 import numpy as np
 
+from .causal_data import CausalDataset
 from .data import Dataset
-from .evaluate import Arithmetic, PassStats, distinct_rows, forward
+from .evaluate import Arithmetic, PassStats, distinct_rows, forward, forward_causal
 from .model import Transformer
 from .numbers import to_fraction
+from .record import CausalConstruction
 
 
 def hausdorff(a: np.ndarray, b: np.ndarray) -> float:
@@ -145,7 +147,11 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     * float64 models: max Hausdorff error ≤ ``tolerance`` × coordinate scale.
 
     ``tau`` evaluates a softmax model at another temperature than the one it was built for.
+    A causal model (or a :class:`CausalDataset`) is checked position by position instead:
+    :func:`verify_causal`.
     """
+    if model.causal or isinstance(dataset, CausalDataset):
+        return verify_causal(model, dataset, tolerance, progress, digits, tau)
     if model.d != dataset.d:
         raise ValueError(f"the model is for d = {model.d} but the data have d = {dataset.d}")
     xs_f, ys_f = dataset.floats()
@@ -262,3 +268,157 @@ def _structured(model: Transformer) -> bool:
         if b.ff is not None and b.ff.width > 4:
             return False
     return True
+
+
+# ------------------------------------------------------------------------------ causal
+@dataclass
+class CausalReport:
+    """Position-by-position verdict for a causal model (docs/causal.md): ``exact_equal[j]`` says
+    whether every constrained output of sequence j equals its target (``==`` on Fractions,
+    rational hardmax), ``errors[j]`` its largest distance to a target in the arithmetic that
+    decides (float64, or mpmath for softmax), ``first_failure`` the first (sequence, position)
+    that fails."""
+
+    attention: str
+    arithmetic: str
+    N: int
+    d: int
+    tokens: int
+    constrained: int
+    blocks: int
+    blocks_design: int | None
+    R: int | None
+    max_width: int
+    params: int
+    params_dense: int
+    position_params: int  # the stored positions (rows × d), not counted in params
+    max_abs_param: float
+    exact_equal: list[bool] | None
+    errors: list[float]  # per sequence: the largest error in the deciding arithmetic
+    errors_float64: list[float]
+    position_errors: list[list[float]]  # per sequence and position (0 where unconstrained)
+    first_failure: tuple[int, int] | None
+    coordinate_scale: float
+    hardmax_margin: float | None
+    hat_clearance: float | None
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.first_failure is None
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["ok"] = self.ok
+        return out
+
+    def rows(self) -> list[tuple[str, str]]:
+        def g(v):
+            return "n/a" if v is None else f"{v:.3g}"
+        if self.exact_equal is not None:
+            how = (f"{sum(self.exact_equal)}/{self.N} sequences equal at every constrained "
+                   "position (exact rational arithmetic)")
+        else:
+            how = (f"max error {g(max(self.errors, default=0.0))} in {self.arithmetic} "
+                   f"(limit {g(self.tolerance)} × scale)")
+        fail = "none" if self.first_failure is None else \
+            f"sequence {self.first_failure[0]}, position {self.first_failure[1]}"
+        return [
+            ("verdict", ("EXACT" if self.exact_equal is not None else "OK") if self.ok
+             else "FAILED"),
+            ("interpolation", how),
+            ("first failing position", fail),
+            ("attention", f"{self.attention}, causal"),
+            ("sequences N / dimension d", f"{self.N} / {self.d}"),
+            ("tokens / constrained positions", f"{self.tokens} / {self.constrained}"),
+            ("blocks L", f"{self.blocks}  (design R_c + moves = {self.blocks_design}, "
+                         f"R_c = {self.R})"),
+            ("max FF width", str(self.max_width)),
+            ("parameters (structured / dense)", f"{self.params} / {self.params_dense}  "
+             f"(+ {self.position_params} in stored positions)"),
+            ("max |θ|", g(self.max_abs_param)),
+            ("float64 max error", g(max(self.errors_float64, default=0.0))),
+            ("smallest hardmax score margin", g(self.hardmax_margin)),
+            ("smallest hat clearance / scale", g(self.hat_clearance)),
+        ]
+
+    def table(self) -> str:
+        rows = self.rows()
+        w = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+
+
+def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float = 1e-9,
+                  progress: bool = False, digits: int = 50, tau=None) -> CausalReport:
+    """Check a causal model position by position, in order (not as sets).
+
+    Rational hardmax: every constrained output is compared with ``==`` to its target. Softmax:
+    a pass at ``digits`` digits whose largest error must be below 10^-(digits−10) × scale
+    (rational parameters) or ``tolerance`` × scale. Float64 hardmax: ``tolerance`` × scale.
+    """
+    if not model.causal or not isinstance(dataset, CausalDataset):
+        raise ValueError("a causal model is verified on a causal dataset (and only there)")
+    if model.d != dataset.d:
+        raise ValueError(f"the model is for d = {model.d} but the data have d = {dataset.d}")
+    stats = PassStats()
+    scale = dataset.coordinate_scale()
+    xs_f, ys_f = dataset.floats()
+    outs_f = forward_causal(model, xs_f, "float", stats=stats, tau=tau, progress=progress)
+    err_f = _position_errors(outs_f, ys_f, dataset.known)
+    exact_equal, errs, arithmetic = None, err_f, "float64"
+    first = _first_over(err_f, dataset.known, tolerance * scale)
+    if model.attention == "hardmax" and model.exact:
+        xs, ys = dataset.fractions()
+        outs = forward_causal(model, xs, "exact", progress=progress)
+        unequal = [[i for i in np.flatnonzero(k) if tuple(o[i]) != tuple(y[i])]
+                   for o, y, k in zip(outs, ys, dataset.known, strict=True)]
+        exact_equal = [not u for u in unequal]
+        first = next(((j, int(u[0])) for j, u in enumerate(unequal) if u), None)
+        arithmetic = "exact"
+    elif model.attention == "softmax":
+        xs, ys = dataset.fractions()
+        outs = forward_causal(model, xs, "mp", dps=digits, tau=tau, progress=progress)
+        if model.exact:
+            tolerance = 10.0 ** -(digits - 10)
+        ar = Arithmetic("mp", digits)
+        with mpmath.workdps(digits):
+            errs = _position_errors(outs, [ar.array(y) for y in ys], dataset.known)
+        first = _first_over(errs, dataset.known, tolerance * scale)
+        arithmetic = f"mp{digits}"
+    theta = np.array([float(v) for v in model.parameters()] or [0.0])
+    rec = model.record if isinstance(model.record, CausalConstruction) else None
+    R = None if rec is None else rec.R
+    return CausalReport(
+        attention=model.attention, arithmetic=arithmetic, N=dataset.N, d=dataset.d,
+        tokens=dataset.total_n, constrained=dataset.constrained, blocks=model.n_blocks,
+        blocks_design=None if rec is None else rec.R + rec.moves +
+        (1 if model.attention == "softmax" else 0), R=R, max_width=model.max_width(),
+        params=model.n_params(), params_dense=model.n_params_dense(),
+        position_params=0 if model.positions is None else int(np.size(model.positions)),
+        max_abs_param=float(np.abs(theta).max()), exact_equal=exact_equal,
+        errors=[max(e, default=0.0) for e in errs],
+        errors_float64=[max(e, default=0.0) for e in err_f], position_errors=errs,
+        first_failure=first,
+        coordinate_scale=scale, hardmax_margin=stats.hardmax_margin,
+        hat_clearance=stats.ridge_clearance, tolerance=tolerance)
+
+
+def _position_errors(outs, ys, known) -> list[list[float]]:
+    """Per sequence, the Euclidean distance to the target at every position (0 where the
+    position is unconstrained), differences taken in the outputs' own arithmetic."""
+    out = []
+    for o, y, k in zip(outs, ys, known, strict=True):
+        diff = np.asarray(o)[k] - np.asarray(y)[k]
+        e = np.zeros(len(k))
+        e[k] = [float(sum(v * v for v in row)) ** 0.5 for row in diff]
+        out.append(list(e))
+    return out
+
+
+def _first_over(errs, known, limit: float):
+    """The first (sequence, position) whose error exceeds ``limit``, or None."""
+    for j, (e, k) in enumerate(zip(errs, known, strict=True)):
+        for i in np.flatnonzero(k):
+            if not e[i] <= limit:
+                return (j, int(i))
+    return None

@@ -34,6 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .causal_data import CausalDataset
 from .data import Dataset
 from .evaluate import PassStats
 from .evaluate import forward as np_forward
@@ -52,14 +53,19 @@ UNIT_ROUNDOFF_32 = 2.0 ** -24
 
 # ------------------------------------------------------------------------------ attention
 def attention_weights(S: torch.Tensor, mask: torch.Tensor | None, attention: str,
-                      tau) -> torch.Tensor:
-    """Row-stochastic weights from scores S (B, n, n); padded keys get weight 0.
+                      tau, causal: bool = False) -> torch.Tensor:
+    """Row-stochastic weights from scores S (B, n, n); padded keys get weight 0, and with
+    ``causal`` so do keys after the query (scores above the diagonal set to −inf first).
 
     hardmax averages over each row's argmax set (ties average), as the NumPy evaluator does;
     softmax at temperature τ (None: 1) is ``torch.softmax(S/τ)``.
     """
     if mask is not None:
         S = S.masked_fill(~mask[:, None, :], float("-inf"))
+    if causal:
+        n = S.shape[-1]
+        S = S.masked_fill(torch.ones(n, n, dtype=torch.bool, device=S.device).triu(1),
+                          float("-inf"))
     if attention == "hardmax":
         hit = (S == S.amax(dim=-1, keepdim=True)).to(S.dtype)
         return hit / hit.sum(dim=-1, keepdim=True)
@@ -73,11 +79,18 @@ def _keys(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return x if mask is None else x.masked_fill(~mask[..., None], 0)
 
 
-def _run_blocks(blocks, x: torch.Tensor, mask, attention: str, tau) -> torch.Tensor:
-    """Both layouts' forward pass: padding zeroed on the way in and out."""
+def _run_blocks(blocks, x: torch.Tensor, mask, attention: str, tau, causal: bool = False,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Both layouts' forward pass: ``positions`` row i added to token i first (a causal model's
+    stored positions; longer sequences are an error), padding zeroed on the way in and out."""
+    if positions is not None:
+        if x.shape[-2] > positions.shape[0]:
+            raise ValueError(f"sequences of {x.shape[-2]} tokens, but the model stores "
+                             f"{positions.shape[0]} positions")
+        x = x + positions[: x.shape[-2]].to(x.dtype)
     x = _keys(x, mask)
     for blk in blocks:
-        x = blk(x, mask, attention, tau)
+        x = blk(x, mask, attention, tau, causal)
     return _keys(x, mask)
 
 
@@ -127,11 +140,11 @@ class LowRankSA(nn.Module):
         for name in ("a", "c", "p", "q"):
             setattr(self, name, _param(d, dtype=dtype))
 
-    def forward(self, x, mask, attention: str, tau) -> torch.Tensor:
+    def forward(self, x, mask, attention: str, tau, causal: bool = False) -> torch.Tensor:
         keys = _keys(x, mask)
         S = (x @ self.c)[..., :, None] * (keys @ self.a)[..., None, :]
         S = S + self.alpha * (x @ keys.transpose(-1, -2))
-        out = attention_weights(S, mask, attention, tau) @ keys
+        out = attention_weights(S, mask, attention, tau, causal) @ keys
         return self.rho * x + (self.beta * out + (out @ self.q)[..., None] * self.p)
 
 
@@ -140,10 +153,10 @@ class NativeBlock(nn.Module):
         super().__init__()
         self.ff, self.sa = ff, sa
 
-    def forward(self, x, mask, attention: str, tau) -> torch.Tensor:
+    def forward(self, x, mask, attention: str, tau, causal: bool = False) -> torch.Tensor:
         if self.ff is not None:
             x = self.ff(x)
-        return x if self.sa is None else self.sa(x, mask, attention, tau)
+        return x if self.sa is None else self.sa(x, mask, attention, tau, causal)
 
 
 class NativeTransformer(nn.Module):
@@ -184,10 +197,14 @@ class NativeTransformer(nn.Module):
                       p=sa.V.p, q=sa.V.q)
             layers.append(NativeBlock(ff_layer, sa_layer))
         self.blocks = nn.ModuleList(layers)
+        self.causal = model.causal
+        self.positions = None if model.positions is None else \
+            nn.Parameter(torch.as_tensor(_floats(model.positions), dtype=dtype))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, n, d); mask: (B, n) bool, True at real tokens. Padded outputs are zero."""
-        return _run_blocks(self.blocks, x, mask, self.attention, self.tau)
+        return _run_blocks(self.blocks, x, mask, self.attention, self.tau, self.causal,
+                           self.positions)
 
     def config(self) -> dict:
         """What the config file says about the native weights: ``native_config`` plus the FF
@@ -203,10 +220,10 @@ class RhoEtaAttention(nn.Module):
         self.to_k = nn.Linear(d, h, bias=False, dtype=dtype)
         self.to_v = nn.Linear(d, d, bias=False, dtype=dtype)
 
-    def forward(self, x, mask, attention: str, tau) -> torch.Tensor:
+    def forward(self, x, mask, attention: str, tau, causal: bool = False) -> torch.Tensor:
         keys = _keys(x, mask)
         S = self.to_q(x) @ self.to_k(keys).transpose(-1, -2)
-        return attention_weights(S, mask, attention, tau) @ self.to_v(keys)
+        return attention_weights(S, mask, attention, tau, causal) @ self.to_v(keys)
 
 
 class RhoEtaBlock(nn.Module):
@@ -218,27 +235,36 @@ class RhoEtaBlock(nn.Module):
         self.ff = nn.Sequential(nn.Linear(d, width, dtype=dtype), nn.ReLU(),
                                 nn.Linear(width, d, bias=False, dtype=dtype))
 
-    def forward(self, x, mask, attention: str, tau) -> torch.Tensor:
-        x = self.rho * x + self.attn(x, mask, attention, tau)
+    def forward(self, x, mask, attention: str, tau, causal: bool = False) -> torch.Tensor:
+        x = self.rho * x + self.attn(x, mask, attention, tau, causal)
         return self.eta * x + self.ff(x)
 
 
 class RhoEtaTransformer(nn.Module):
-    """Blocks x ← ρ·x + softmax((xW_qᵀ)(xW_kᵀ)ᵀ/τ)(xW_vᵀ); x ← η·x + FF(x) (or hardmax)."""
+    """Blocks x ← ρ·x + softmax((xW_qᵀ)(xW_kᵀ)ᵀ/τ)(xW_vᵀ); x ← η·x + FF(x) (or hardmax).
+
+    ``causal``: scores above the diagonal are −inf (token i attends to l ≤ i). ``positions``:
+    the number of stored position rows (the ``positions`` tensor, added to the input first)."""
 
     def __init__(self, d: int, n_blocks: int, h: int, attention: str = "softmax", tau=1.0,
-                 width: int = 4, dtype=torch.float64):
+                 width: int = 4, dtype=torch.float64, causal: bool = False,
+                 positions: int | None = None):
         super().__init__()
         self.d, self.h, self.width, self.attention, self.tau = d, h, width, attention, tau
+        self.causal = causal
         self.blocks = nn.ModuleList(RhoEtaBlock(d, h, width, dtype) for _ in range(n_blocks))
+        self.positions = None if positions is None else _param(positions, d, dtype=dtype)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, n, d); mask: (B, n) bool, True at real tokens. Padded outputs are zero."""
-        return _run_blocks(self.blocks, x, mask, self.attention, self.tau)
+        return _run_blocks(self.blocks, x, mask, self.attention, self.tau, self.causal,
+                           self.positions)
 
     def config(self) -> dict:
         return {"layout": "rho-eta", "d": self.d, "n_blocks": len(self.blocks), "h": self.h,
-                "width": self.width, "attention": self.attention, "tau": self.tau}
+                "width": self.width, "attention": self.attention, "tau": self.tau,
+                "causal": self.causal,
+                "positions": None if self.positions is None else self.positions.shape[0]}
 
 
 # ------------------------------------------------------------------------------ export
@@ -295,7 +321,8 @@ def native_config(model: Transformer) -> dict:
     """The config of ``model``'s native file: d, attention, τ and per block
     {"ff": null | {"width": w}, "sa": bool} (null / false: the identity layer, no keys)."""
     return {"layout": "native", "d": model.d, "attention": model.attention,
-            "tau": None if model.tau is None else float(model.tau),
+            "tau": None if model.tau is None else float(model.tau), "causal": model.causal,
+            "positions": None if model.positions is None else len(model.positions),
             "blocks": [{"ff": None if b.ff is None else {"width": b.ff.width},
                         "sa": b.sa is not None} for b in model.blocks]}
 
@@ -318,6 +345,8 @@ def native_tensors(model: Transformer, dtype=torch.float64) -> dict[str, torch.T
                               strict=True))
         for k, v in values.items():
             out[f"blocks.{i}.{k}"] = torch.as_tensor(_floats(v), dtype=dtype).contiguous()
+    if model.positions is not None:
+        out["positions"] = torch.as_tensor(_floats(model.positions), dtype=dtype).contiguous()
     return out
 
 
@@ -349,12 +378,15 @@ def native_model(tensors: dict[str, torch.Tensor], config: dict) -> Transformer:
                     ScoreMatrix(get(key + "alpha", ()), get(key + "a", (d,)), get(key + "c", (d,))),
                     ValueMatrix(get(key + "beta", ()), get(key + "p", (d,)), get(key + "q", (d,))))
         blocks.append(Block(ff, sa))
+    rows = config.get("positions")
+    positions = None if rows is None else get("positions", (rows, d))
     extra = sorted(set(tensors) - seen)
     if extra:
         raise ValueError(f"native weights: unexpected tensors {', '.join(extra[:5])}")
     tau = config.get("tau")
     return Transformer(d=d, attention=config["attention"], blocks=blocks,
-                       tau=None if tau is None else float(tau), exact=False)
+                       tau=None if tau is None else float(tau), exact=False,
+                       causal=bool(config.get("causal", False)), positions=positions)
 
 
 def round_model(model: Transformer, dtype=torch.float64) -> Transformer:
@@ -380,10 +412,14 @@ def to_rho_eta(model: Transformer, dtype=torch.float64, device=None) -> RhoEtaTr
              if sa is not None or ff is not None]
     width = max(4, model.max_width())
     tau = None if model.tau is None else float(model.tau)
-    module = RhoEtaTransformer(d, len(pairs), d + 1, model.attention, tau, width, dtype)
+    module = RhoEtaTransformer(d, len(pairs), d + 1, model.attention, tau, width, dtype,
+                               model.causal, None if model.positions is None
+                               else len(model.positions))
     with torch.no_grad():
         for p in module.parameters():
             p.zero_()
+    if model.positions is not None:
+        _fill(module, positions=model.positions)
     eye = np.eye(d, dtype=int)
     for blk, (sa, ff) in zip(module.blocks, pairs, strict=True):
         if sa is None:
@@ -480,7 +516,8 @@ def load_torch(path: str | Path, device=None, dtype=None, ff: str | None = None)
         model = native_model(tensors, config)
         return to_torch(model, dtype or file_dtype, device, ff or config.get("ff", "profile"))
     module = RhoEtaTransformer(config["d"], config["n_blocks"], config["h"],
-                               config["attention"], config["tau"], config["width"], file_dtype)
+                               config["attention"], config["tau"], config["width"], file_dtype,
+                               config.get("causal", False), config.get("positions"))
     module.load_state_dict(tensors)
     return module.to(device=device, dtype=dtype)
 
@@ -545,10 +582,15 @@ class Float32Verdict:
         return asdict(self)
 
 
-def max_error(module: nn.Module, dataset: Dataset) -> float:
-    """Largest Hausdorff distance between a pair's outputs and its targets, over the scale."""
+def max_error(module: nn.Module, dataset: Dataset | CausalDataset) -> float:
+    """Largest Hausdorff distance between a pair's outputs and its targets, over the scale (for
+    causal data: the largest distance at a constrained position)."""
     xs, ys = dataset.floats()
     outs = apply(module, xs)
+    if isinstance(dataset, CausalDataset):
+        return max((float(np.linalg.norm(o[i] - y[i])) for o, y, k in
+                    zip(outs, ys, dataset.known, strict=True) for i in np.flatnonzero(k)),
+                   default=0.0) / dataset.coordinate_scale()
     return max(hausdorff(o, y) for o, y in zip(outs, ys, strict=True)) / dataset.coordinate_scale()
 
 
