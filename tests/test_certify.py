@@ -78,9 +78,11 @@ def test_proves_random_softmax_models(data, seed):
 def test_proof_does_not_read_meta(demo):
     data, model = demo
     doc = model_to_dict(model)
-    doc["meta"] = {"phases": {"snap": [0, 1]}, "snap_windows": []}
+    doc["meta"]["phases"] = {"separation": [0, 1], "snap": [1, 2]}  # a forged record
+    doc["meta"]["snap_windows"] = []
+    assert model_from_dict(doc).record.phase("snap").start == 1
     assert prove(model_from_dict(doc), data).proved
-    assert prove(replace(model, meta={}), data).proved
+    assert prove(replace(model, record=None), data).proved
 
 
 def test_proves_hardmax_models_with_the_exact_pass():
