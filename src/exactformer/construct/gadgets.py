@@ -1,7 +1,8 @@
-"""The ReLU gadgets of DESIGN §3 as hidden units, and the assembly of FF layers from them.
+"""The ReLU gadgets as hidden units, and the assembly of FF layers from them.
 
 A unit is (u, b, w): it contributes w·relu(u·x + b). Gadgets read t = f·x + t0 for a direction f
 (and an offset t0, so that a gadget can read a coordinate that the same layer computes).
+Derivations: docs/gadgets.md.
 """
 
 from __future__ import annotations
@@ -24,25 +25,32 @@ class Unit:
 
 
 def hat_units(f, t0, c, delta, D, plateau: bool = True) -> list[Unit]:
-    """Move every token with f·x + t0 = c by D; leave |f·x + t0 − c| ≥ δ untouched.
+    """Move the token with t = f·x + t0 = c by D; leave every token with |t − c| ≥ 2δ untouched.
 
-    With ``plateau`` (4 ReLUs) every token with |t − c| ≤ δ/2 moves by exactly D, so a token that
-    arrives slightly off c (float rounding, softmax blur) still lands exactly where intended;
-    without it this is DESIGN's 3-ReLU hat, used where a layer has only 3 units to spare.
+    Without ``plateau`` this is the 3-ReLU hat D·max(0, 1 − |t − c|/δ), used where a layer has
+    only 3 units to spare: exact at t = c, zero for |t − c| ≥ δ. With it (4 ReLUs) δ becomes the
+    largest power of two δ' ≤ δ and c the nearest multiple c' of δ'/4; the layer adds exactly D
+    for |t − c'| ≤ δ'/2 (so a token within 3δ'/8 of c, slightly off through rounding or softmax
+    blur, still lands exactly) and exactly 0 for |t − c'| ≥ δ', which contains |t − c| ≥ 9δ/8.
+    Breakpoints on a dyadic grid are exact in float64 too. See docs/gadgets.md.
     """
     if not plateau:
         return [Unit(f, t0 - c + delta, D / delta),
                 Unit(f, t0 - c, D * (-2) / delta),
                 Unit(f, t0 - c - delta, D / delta)]
-    # Dyadic δ and c (c moves by ≤ δ/8, so the token stays on the plateau and every token
-    # outside stays outside): the biases are then exact in float64, so a float64 evaluation,
-    # also of a rational model, is exactly zero outside the window and exactly D on the plateau.
-    k = math.floor(math.log2(delta))
-    delta = Fraction(2) ** k if isinstance(delta, Fraction) else 2.0 ** k
+    delta = power_of_two_below(delta)
     c = round(c / (delta / 4)) * (delta / 4)
     half = delta / 2
     return [Unit(f, t0 - c + delta, D / half), Unit(f, t0 - c + half, -D / half),
             Unit(f, t0 - c - half, -D / half), Unit(f, t0 - c - delta, D / half)]
+
+
+def power_of_two_below(x):
+    """The largest power of two ≤ x > 0, exactly, in x's arithmetic (Fraction or float)."""
+    if isinstance(x, Fraction):
+        p = Fraction(2) ** (x.numerator.bit_length() - x.denominator.bit_length())
+        return p if p <= x else p / 2
+    return math.ldexp(0.5, math.frexp(float(x))[1])
 
 
 def snap_units(f, t0, e, c1, c2, c3, c4, y) -> list[Unit]:

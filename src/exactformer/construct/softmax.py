@@ -29,7 +29,7 @@ from ..evaluate import forward
 from ..model import Block, Transformer
 from ..numbers import as_number_array, num
 from ..record import Construction, SnapWindow, Span
-from .gadgets import ff_from_units, projection_unit, snap_units
+from .gadgets import ff_from_units, power_of_two_below, projection_unit, snap_units
 from .generic import ConstructionError, Draws, best_draw
 from .leaders import choose_leaders
 from .separation import TokenTable, separate
@@ -319,18 +319,11 @@ def _windows(line: list[tuple]) -> list[tuple]:
     out = []
     for (a, b), g in zip(line, gap, strict=True):
         q = g / 8
-        step = _power_of_two_below(q / 64)
+        step = power_of_two_below(q / 64)
         ramp = _grid(q, step, down=True)
         c2, c3 = _grid(a - q, step, down=True), _grid(b + q, step, down=False)
         out.append((c2 - ramp, c2, c3, c3 + ramp))
     return out
-
-
-def _power_of_two_below(q: Fraction) -> Fraction:
-    """The largest power of two ≤ q (q > 0), exactly."""
-    k = q.numerator.bit_length() - q.denominator.bit_length()
-    p = Fraction(2) ** k
-    return p if p <= q else p / 2
 
 
 def _grid(v: Fraction, step: Fraction, down: bool) -> Fraction:
