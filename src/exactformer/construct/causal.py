@@ -46,6 +46,7 @@ from .generic import (
     relative_gap,
     separated,
 )
+from .softmax import parse_tau
 
 REDRAWS = 20  # fresh positions (and everything after) on a coincidence of generic choices
 PAIR_SAMPLE = 200  # conflicting pairs looked at when choosing a test point
@@ -352,10 +353,7 @@ def _build_softmax(ctx: _Contexts, draws: Draws, tau, progress: bool) -> Transfo
     None: the largest θ = 2^-k that keeps every state's blob apart), then project and snap."""
     exact = ctx.exact
     if tau is not None:
-        theta = tau if isinstance(tau, Fraction) else Fraction(str(tau))
-        if theta <= 0:
-            raise ValueError(f"tau must be positive, got {tau}")
-        return _softmax_at(ctx, draws, theta, fold=False, progress=progress)
+        return _softmax_at(ctx, draws, parse_tau(tau), fold=False, progress=progress)
     theta = Fraction(1)
     while theta >= THETA_MIN:
         try:
