@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import warnings
+import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -18,7 +20,21 @@ from pathlib import Path
 
 import numpy as np
 
-from .numbers import is_exact_array, to_fraction, to_fraction_array
+from .numbers import (
+    NumberError,
+    fmt_array,
+    is_exact_array,
+    parse_exact,
+    to_fraction,
+    to_fraction_array,
+)
+
+# Nonzero coordinates must have a magnitude in [SMALLEST, LARGEST): the normal float64 range.
+# The construction and its checks measure scales and gaps in float64, which is impossible
+# for values that overflow or are subnormal there (see the README's dataset section).
+SMALLEST = Fraction(2) ** -1022
+LARGEST = Fraction(2) ** 1024
+SMALLEST_FLOAT = float(SMALLEST)
 
 
 class DatasetError(ValueError):
@@ -96,6 +112,10 @@ class Dataset:
     @classmethod
     def from_arrays(cls, inputs: Sequence, targets: Sequence) -> Dataset:
         """Build and validate from nested lists or arrays (numbers, Fractions or exact strings)."""
+        for kind, seqs in (("inputs", inputs), ("targets", targets)):
+            if not isinstance(seqs, (list, tuple, np.ndarray)):
+                raise DatasetError(f"{kind}: expected a list of sequences, got "
+                                   f"{type(seqs).__name__}")
         if len(inputs) != len(targets):
             raise DatasetError(f"{len(inputs)} input sequences but {len(targets)} target sequences")
         if len(inputs) == 0:
@@ -107,25 +127,34 @@ class Dataset:
 
     @classmethod
     def from_json(cls, path: str | Path) -> Dataset:
-        """Read ``{"inputs": [[[..], ..], ..], "targets": [...]}``; numbers are read exactly."""
+        """Read ``{"inputs": [[[..], ..], ..], "targets": [...]}``; numbers are read exactly,
+        except with ``"number": "float64"``, where each is the float64 nearest to it."""
         text = Path(path).read_text()
         try:
-            doc = json.loads(text, parse_float=Fraction, parse_int=Fraction)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{path}: not valid JSON ({e})") from None
+            doc = json.loads(text, parse_float=parse_exact, parse_int=parse_exact)
+        except RecursionError:
+            raise DatasetError(f"{path}: not valid JSON (nested too deeply)") from None
+        except NumberError as e:
+            raise DatasetError(f"{path}: {e}") from None
+        except ValueError as e:  # JSONDecodeError, or a number too long for Python's int
+            raise DatasetError(f"{path}: not valid JSON ({e})"[:300]) from None
         if not isinstance(doc, dict) or "inputs" not in doc or "targets" not in doc:
             raise DatasetError(f"{path}: expected an object with keys 'inputs' and 'targets'")
+        number = doc.get("number", "rational")
+        if number not in ("rational", "float64"):
+            raise DatasetError(f"{path}: \"number\" must be \"rational\" or \"float64\", got "
+                               f"{number!r}"[:200])
+        if number == "float64":
+            return cls.from_arrays(_float64_sequences(doc["inputs"], "input"),
+                                   _float64_sequences(doc["targets"], "target"))
         return cls.from_arrays(doc["inputs"], doc["targets"])
 
     @classmethod
     def from_npz(cls, path: str | Path) -> Dataset:
         """Read ``inputs`` (T×d), ``input_lengths`` (N), ``targets`` (M×d), ``target_lengths``."""
-        with np.load(path, allow_pickle=False) as z:
-            missing = {"inputs", "input_lengths", "targets", "target_lengths"} - set(z.files)
-            if missing:
-                raise DatasetError(f"{path}: missing arrays {sorted(missing)}")
-            xs = _split(z["inputs"], z["input_lengths"], "inputs", "input_lengths")
-            ys = _split(z["targets"], z["target_lengths"], "targets", "target_lengths")
+        arrays = _read_npz(path, ("inputs", "input_lengths", "targets", "target_lengths"))
+        xs = _split(arrays["inputs"], arrays["input_lengths"], "inputs", "input_lengths")
+        ys = _split(arrays["targets"], arrays["target_lengths"], "targets", "target_lengths")
         return cls.from_arrays(xs, ys)
 
     @classmethod
@@ -139,10 +168,12 @@ class Dataset:
         raise DatasetError(f"{path}: unknown dataset format (expected .json or .npz)")
 
     def to_json_dict(self) -> dict:
-        """The JSON form: exact strings for Fraction data, JSON numbers for float data."""
-        def enc(a):
-            return [[str(v) if isinstance(v, Fraction) else float(v) for v in row] for row in a]
-        return {"inputs": [enc(x) for x in self.inputs], "targets": [enc(y) for y in self.targets]}
+        """The JSON form, read back by ``from_json`` as identical values: "p/q" strings for
+        Fraction data; for float data ``"number": "float64"`` and each float's shortest
+        round-trip repr (a bare "0.1" would read back as 1/10, not as the float 0.1)."""
+        return {"number": "rational" if self.exact else "float64",
+                "inputs": [fmt_array(x) for x in self.inputs],
+                "targets": [fmt_array(y) for y in self.targets]}
 
     # ----------------------------------------------------------------------------- validation
     @classmethod
@@ -205,21 +236,75 @@ def _as_matrix(seq, name: str, exact: bool) -> np.ndarray:
         elif len(row) != width:
             raise DatasetError(f"{name}, token {i}: has {len(row)} coordinates but token 0 has "
                                f"{width} (ragged token dimensions)")
-        vals = []
-        for v in row:
-            try:
-                f = to_fraction(v) if exact else float(v)
-            except (ValueError, TypeError, ZeroDivisionError, OverflowError):
-                raise DatasetError(f"{name}, token {i}: value {v!r} is not a finite number") \
-                    from None
-            if not exact and not math.isfinite(f):
-                raise DatasetError(f"{name}, token {i}: value {v!r} is not finite (NaN or inf)")
-            vals.append(f)
-        out.append(vals)
+        out.append([_value(v, exact, f"{name}, token {i}") for v in row])
     arr = np.empty((len(out), width), dtype=object) if exact else np.array(out, dtype=float)
     if exact:
         arr[...] = out
     return arr
+
+
+def _value(v, exact: bool, where: str):
+    """One coordinate as a Fraction (exact) or a float, finite and in the normal float64
+    range (see SMALLEST, LARGEST)."""
+    try:
+        f = to_fraction(v) if exact else float(v)
+    except NumberError as e:
+        raise DatasetError(f"{where}: value is not a finite number: {e}") from None
+    except (ValueError, TypeError, ZeroDivisionError, OverflowError):
+        raise DatasetError(f"{where}: value {v!r} is not a finite number"[:300]) from None
+    if not exact and not math.isfinite(f):
+        raise DatasetError(f"{where}: value {v!r} is not finite (NaN or inf)")
+    if f != 0 and not (SMALLEST <= abs(f) < LARGEST if exact else abs(f) >= SMALLEST_FLOAT):
+        size = math.log10(abs(f.numerator)) - math.log10(f.denominator) if exact else \
+            math.log10(abs(f))
+        raise DatasetError(f"{where}: value of magnitude about 1e{math.floor(size)} is outside "
+                           "the normal float64 range (nonzero magnitudes from 2^-1022 to "
+                           "below 2^1024); rescale the data")
+    return f
+
+
+def _float64_sequences(seqs, kind: str):
+    """The sequences of a ``"number": "float64"`` JSON file with each number string (or JSON
+    number) replaced by the nearest float64; other structure is left to ``from_arrays``."""
+    if not isinstance(seqs, list):
+        return seqs
+    out = []
+    for j, seq in enumerate(seqs):
+        if not isinstance(seq, list):
+            out.append(seq)
+            continue
+        rows = []
+        for i, row in enumerate(seq):
+            if not isinstance(row, list):
+                rows.append(row)
+                continue
+            try:
+                rows.append([float(v) if isinstance(v, (str, Fraction)) else v for v in row])
+            except (ValueError, OverflowError):
+                raise DatasetError(f"{kind} {j}, token {i}: a value is not a float64 number "
+                                   f"string ({row!r})"[:300]) from None
+        out.append(rows)
+    return out
+
+
+def _read_npz(path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The named arrays of an .npz file; an unreadable or incomplete archive is a
+    DatasetError naming the file."""
+    try:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise DatasetError(f"{path}: holds a single .npy array, not an .npz archive of "
+                               f"the arrays {list(names)}")
+        with z:
+            missing = set(names) - set(z.files)
+            if missing:
+                raise DatasetError(f"{path}: missing arrays {sorted(missing)}")
+            return {name: z[name] for name in names}
+    except (EOFError, ValueError, OSError, zipfile.BadZipFile, zlib.error) as e:
+        if isinstance(e, (DatasetError, FileNotFoundError, PermissionError)):
+            raise
+        raise DatasetError(f"{path}: not a readable .npz archive ({type(e).__name__}: {e})"
+                           [:300]) from None
 
 
 def _check_distinct(seq: np.ndarray, name: str) -> None:
@@ -260,7 +345,9 @@ def _split(flat: np.ndarray, lengths: np.ndarray, name: str, lengths_name: str
            ) -> list[np.ndarray]:
     if flat.ndim != 2:
         raise DatasetError(f"{name}: expected a T×d array, got shape {flat.shape}")
-    lengths = np.asarray(lengths).astype(int)
+    if lengths.dtype.kind not in "iu":
+        raise DatasetError(f"{lengths_name}: expected integer lengths, got dtype {lengths.dtype}")
+    lengths = lengths.astype(int)
     if lengths.ndim != 1 or (lengths < 0).any() or lengths.sum() != flat.shape[0]:
         raise DatasetError(f"{lengths_name}: must be N non-negative lengths summing to "
                            f"{flat.shape[0]} (the rows of {name}; got sum {int(lengths.sum())})")

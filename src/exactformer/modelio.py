@@ -1,23 +1,29 @@
-"""The JSON model formats ``exactformer.model/1`` and ``/2`` (README) and atomic writes.
+"""The model formats ``exactformer.model/1`` and ``/2`` (README), as JSON or, for float64
+models, as an .npz companion; and atomic writes.
 
-Every number is a string that ``fractions.Fraction`` parses exactly. Float64 models write each
-float's shortest round-trip repr and record ``"number": "float64"`` so that loading restores the
-same floats; rational models write "p/q" strings. ``"ff": null`` / ``"sa": null`` are identities.
+JSON: every number is a string that ``fractions.Fraction`` parses exactly. Float64 models write
+each float's shortest round-trip repr and record ``"number": "float64"`` so that loading restores
+the same floats; rational models write "p/q" strings. ``"ff": null`` / ``"sa": null`` are
+identities. NPZ (float64 only): the same header as a JSON string and the parameters of all
+blocks concatenated into a few float64 arrays (see ``NPZ_KEYS`` and the README).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import signal
 import tempfile
+import threading
+import zipfile
 from contextlib import contextmanager
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 
 from .model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
-from .numbers import fmt
+from .numbers import fmt, fmt_array, parse_exact
 from .record import CausalConstruction, Construction, RecordError, record_from_meta
 
 FORMAT = "exactformer.model/1"
@@ -28,22 +34,48 @@ class ModelFormatError(ValueError):
     """A model file does not follow ``exactformer.model/1``; the message says where."""
 
 
+# ------------------------------------------------------------------------------ atomic writes
+@contextmanager
+def _sigterm_raises_exit():
+    """While the body runs in the main thread, SIGTERM raises SystemExit(143) instead of
+    killing the process, so that ``finally`` clauses (removing temporary files) run. A handler
+    the program installed itself is left alone."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def exit_now(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_now)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @contextmanager
 def atomic_path(path: str | Path):
-    """Yield a temporary path beside ``path``; move it into place only if the body succeeds."""
+    """Yield a temporary path beside ``path`` (same suffix); move it into place only if the
+    body succeeds. Nothing is left behind on an exception or on SIGTERM."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory, not a file to write")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
     umask = os.umask(0)
     os.umask(umask)
-    try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes owner-only files; use normal permissions
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with _sigterm_raises_exit():
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.",
+                                   suffix=f".tmp{path.suffix}")
+        os.close(fd)
+        try:
+            yield Path(tmp)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes owner-only files; use normal ones
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -51,22 +83,13 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         tmp.write_text(text)
 
 
-def model_to_dict(model: Transformer) -> dict:
-    def vec(a):
-        return [fmt(v) for v in a]
+def _is_npz(path) -> bool:
+    return Path(path).suffix.lower() == ".npz"
 
-    def mat(a):
-        return [vec(row) for row in a]
 
-    blocks = []
-    for b in model.blocks:
-        ff = None if b.ff is None else {"eta": fmt(b.ff.eta), "U": mat(b.ff.U), "b": vec(b.ff.b),
-                                        "W": mat(b.ff.W)}
-        sa = None if b.sa is None else {
-            "rho": fmt(b.sa.rho),
-            "A": {"alpha": fmt(b.sa.A.alpha), "a": vec(b.sa.A.a), "c": vec(b.sa.A.c)},
-            "V": {"beta": fmt(b.sa.V.beta), "p": vec(b.sa.V.p), "q": vec(b.sa.V.q)}}
-        blocks.append({"ff": ff, "sa": sa})
+# ------------------------------------------------------------------------------ saving
+def _header(model: Transformer) -> dict:
+    """Every top-level field except ``"blocks"``, in file order."""
     v2 = model.causal or model.positions is not None
     doc = {"format": FORMAT_2 if v2 else FORMAT, "d": model.d, "attention": model.attention,
            "number": "rational" if model.exact else "float64"}
@@ -75,123 +98,141 @@ def model_to_dict(model: Transformer) -> dict:
     if model.causal:
         doc["causal"] = True
     if model.positions is not None:
-        doc["positions"] = mat(model.positions)
-    doc["blocks"] = blocks
+        doc["positions"] = fmt_array(model.positions)
     doc["meta"] = model.meta
     return doc
 
 
+def _block_dict(b: Block) -> dict:
+    ff = None if b.ff is None else {"eta": fmt(b.ff.eta), "U": fmt_array(b.ff.U),
+                                    "b": fmt_array(b.ff.b), "W": fmt_array(b.ff.W)}
+    sa = None if b.sa is None else {
+        "rho": fmt(b.sa.rho),
+        "A": {"alpha": fmt(b.sa.A.alpha), "a": fmt_array(b.sa.A.a), "c": fmt_array(b.sa.A.c)},
+        "V": {"beta": fmt(b.sa.V.beta), "p": fmt_array(b.sa.V.p), "q": fmt_array(b.sa.V.q)}}
+    return {"ff": ff, "sa": sa}
+
+
+def model_to_dict(model: Transformer) -> dict:
+    header = _header(model)
+    meta = header.pop("meta")
+    return {**header, "blocks": [_block_dict(b) for b in model.blocks], "meta": meta}
+
+
 def save_model(model: Transformer, path: str | Path) -> None:
-    """Write the model as JSON; nothing is left at ``path`` if writing fails."""
+    """Write the model as JSON, or as .npz when ``path`` ends in .npz (float64 models only);
+    nothing is left at ``path`` if writing fails."""
+    if _is_npz(path):
+        _save_npz(model, path)
+        return
     write_text_atomic(path, json.dumps(model_to_dict(model), separators=(",", ":")))
 
 
+# ------------------------------------------------------------------------------ loading
 def load_model(path: str | Path) -> Transformer:
+    """Read a model saved by :func:`save_model` (.npz by its suffix, JSON otherwise)."""
+    if _is_npz(path):
+        return _load_npz(path)
     try:
         doc = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        raise ModelFormatError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ModelFormatError(f"{path}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # JSONDecodeError, or an integer too long for Python's int
+        raise ModelFormatError(f"{path}: not valid JSON ({e})"[:300]) from None
     return model_from_dict(doc)
 
 
-def model_from_dict(doc: dict) -> Transformer:
+class _Numbers:
+    """Reads number strings as Fractions (rational models) or floats (float64 models: the
+    float nearest to each string, arrays parsed in bulk)."""
+
+    def __init__(self, exact: bool):
+        self.exact = exact
+
+    def scalar(self, s, where: str):
+        if not isinstance(s, str):
+            raise ModelFormatError(f"{where}: {s!r} is not an exact number string"[:200])
+        if not self.exact:
+            try:  # float() keeps the sign of "-0.0", which Fraction cannot carry
+                v = float(s)
+                if math.isfinite(v):
+                    return v
+            except ValueError:
+                pass
+        try:
+            f = parse_exact(s)
+        except ValueError as e:
+            raise ModelFormatError(f"{where}: {s!r} is not an exact number string ({e})"
+                                   [:300]) from None
+        if self.exact:
+            return f
+        try:
+            return float(f)
+        except OverflowError:
+            raise ModelFormatError(f"{where}: {s[:40]!r} is beyond the float64 range") from None
+
+    def array(self, a, shape: tuple[int | None, ...], where: str) -> np.ndarray:
+        """A list (shape (n,)) or list of lists (shape (rows, cols)) of number strings; a
+        None in ``shape`` is any length."""
+        if len(shape) == 1:
+            if not isinstance(a, list) or len(a) != shape[0]:
+                raise ModelFormatError(f"{where}: expected a list of {shape[0]} numbers")
+            return self._parsed(a, (shape[0],), [(where, a)])
+        if not isinstance(a, list) or (shape[0] is not None and len(a) != shape[0]):
+            raise ModelFormatError(f"{where}: expected {shape[0]} rows")
+        rows = [(f"{where}[{i}]", row) for i, row in enumerate(a)]
+        for at, row in rows:
+            if not isinstance(row, list) or len(row) != shape[1]:
+                raise ModelFormatError(f"{at}: expected a list of {shape[1]} numbers")
+        return self._parsed([v for row in a for v in row], (len(a), shape[1]), rows)
+
+    def _parsed(self, flat: list, shape: tuple, rows: list[tuple[str, list]]) -> np.ndarray:
+        """``flat`` as an array of ``shape``: one bulk conversion for float64 models, else
+        (or when that fails) one number at a time, naming the row of a bad one."""
+        if not self.exact and all(type(v) is str for v in flat):
+            try:
+                out = np.array(flat, dtype=float).reshape(shape)
+                if np.isfinite(out).all():
+                    return out
+            except ValueError:
+                pass  # e.g. "1/3", or a bad string: read one by one below
+        out = np.empty(len(flat), dtype=object if self.exact else float)
+        out[:] = [self.scalar(v, at) for at, row in rows for v in row]
+        return out.reshape(shape)
+
+
+def _object(x, where: str, nullable: bool = False):
+    if x is None and nullable:
+        return None
+    if not isinstance(x, dict):
+        raise ModelFormatError(f"{where}: expected an object, got {x!r}"[:200])
+    return x
+
+
+def _read_header(doc) -> dict:
+    """The keyword arguments of Transformer other than ``blocks`` and ``record``, checked."""
     if not isinstance(doc, dict) or doc.get("format") not in (FORMAT, FORMAT_2):
         raise ModelFormatError(f"expected \"format\": \"{FORMAT}\" or \"{FORMAT_2}\"")
     d = doc.get("d")
-    if not isinstance(d, int) or d < 1:
-        raise ModelFormatError("\"d\" must be a positive integer")
+    if type(d) is not int or d < 1:
+        raise ModelFormatError(f"\"d\" must be a positive integer, got {d!r}"[:200])
     attention = doc.get("attention")
     if attention not in ("hardmax", "softmax"):
         raise ModelFormatError("\"attention\" must be \"hardmax\" or \"softmax\"")
-    exact = doc.get("number", "rational") != "float64"
-
-    def num(s, where):
-        try:
-            if not isinstance(s, str):
-                raise ValueError
-            f = Fraction(s)
-        except (ValueError, ZeroDivisionError):
-            raise ModelFormatError(f"{where}: {s!r} is not an exact number string") from None
-        if exact:
-            return f
-        try:  # float() keeps the sign of "-0.0", which Fraction cannot carry
-            return float(s)
-        except ValueError:
-            return float(f)
-
-    def obj(x, where, nullable=False):
-        if x is None and nullable:
-            return None
-        if not isinstance(x, dict):
-            raise ModelFormatError(f"{where}: expected an object, got {x!r}"[:200])
-        return x
-
-    def vec(a, n, where):
-        if not isinstance(a, list) or len(a) != n:
-            raise ModelFormatError(f"{where}: expected a list of {n} numbers")
-        out = np.empty(n, dtype=object if exact else float)
-        out[:] = [num(v, where) for v in a]
-        return out
-
-    def mat(a, rows, cols, where):
-        if not isinstance(a, list) or (rows is not None and len(a) != rows):
-            raise ModelFormatError(f"{where}: expected {rows} rows")
-        out = np.empty((len(a), cols), dtype=object if exact else float)
-        for i, row in enumerate(a):
-            out[i] = vec(row, cols, f"{where}[{i}]")
-        return out
-
-    raw_blocks = doc.get("blocks")
-    if not isinstance(raw_blocks, list):
-        raise ModelFormatError("\"blocks\" must be a list of blocks")
-    blocks = []
-    for i, b in enumerate(raw_blocks):
-        where = f"blocks[{i}]"
-        b = obj(b, where)
-        ff = sa = None
-        f = obj(b.get("ff"), f"{where}.ff", nullable=True)
-        if f is not None:
-            U = mat(f.get("U"), None, d, f"{where}.ff.U")
-            w = U.shape[0]
-            ff = FF(num(f.get("eta"), f"{where}.ff.eta"), U, vec(f.get("b"), w, f"{where}.ff.b"),
-                    mat(f.get("W"), d, w, f"{where}.ff.W"))
-        s = obj(b.get("sa"), f"{where}.sa", nullable=True)
-        if s is not None:
-            A, V = obj(s.get("A"), f"{where}.sa.A"), obj(s.get("V"), f"{where}.sa.V")
-            sa = SA(num(s.get("rho"), f"{where}.sa.rho"),
-                    ScoreMatrix(num(A.get("alpha"), f"{where}.sa.A.alpha"),
-                            vec(A.get("a"), d, f"{where}.sa.A.a"),
-                            vec(A.get("c"), d, f"{where}.sa.A.c")),
-                    ValueMatrix(num(V.get("beta"), f"{where}.sa.V.beta"),
-                            vec(V.get("p"), d, f"{where}.sa.V.p"),
-                            vec(V.get("q"), d, f"{where}.sa.V.q")))
-        blocks.append(Block(ff, sa))
+    number = doc.get("number", "rational")
+    if number not in ("rational", "float64"):
+        raise ModelFormatError(f"\"number\" must be \"rational\" or \"float64\", got "
+                               f"{number!r}"[:200])
+    exact = number == "rational"
+    numbers = _Numbers(exact)
     tau = None
     if attention == "softmax":
-        tau = num(doc.get("tau"), "tau")
+        tau = numbers.scalar(doc.get("tau"), "tau")
         if tau <= 0:
             raise ModelFormatError("\"tau\" must be positive")
-    causal, positions = _causal_fields(doc, lambda a, where: mat(a, None, d, where))
-    return Transformer(d=d, attention=attention, blocks=blocks, tau=tau, exact=exact,
-                       causal=causal, positions=positions,
-                       record=_record(doc.get("meta", {}), len(blocks)))
-
-
-def _record(meta, n_blocks: int) -> Construction | CausalConstruction | None:
-    """The construction record in ``"meta"`` (None when it records no construction)."""
-    if not isinstance(meta, dict):
-        raise ModelFormatError("\"meta\" must be an object")
-    if "construction" not in meta:
-        return None
-    try:
-        record = record_from_meta(meta)
-    except RecordError as e:
-        raise ModelFormatError(str(e)) from None
-    for p in record.phases:
-        if p.end > n_blocks:
-            raise ModelFormatError(f"meta.phases.{p.name}: ends at block {p.end}, but the "
-                                   f"model has {n_blocks} blocks")
-    return record
+    causal, positions = _causal_fields(doc, lambda a, where: numbers.array(a, (None, d), where))
+    return {"d": d, "attention": attention, "exact": exact, "tau": tau, "causal": causal,
+            "positions": positions}
 
 
 def _causal_fields(doc: dict, matrix) -> tuple[bool, np.ndarray | None]:
@@ -209,3 +250,173 @@ def _causal_fields(doc: dict, matrix) -> tuple[bool, np.ndarray | None]:
     if not isinstance(raw, list) or not raw:
         raise ModelFormatError("\"positions\" must be a non-empty list of rows of d numbers")
     return causal, matrix(raw, "positions")
+
+
+def _read_block(b, d: int, numbers: _Numbers, where: str) -> Block:
+    b = _object(b, where)
+    ff = sa = None
+    f = _object(b.get("ff"), f"{where}.ff", nullable=True)
+    if f is not None:
+        U = numbers.array(f.get("U"), (None, d), f"{where}.ff.U")
+        w = U.shape[0]
+        ff = FF(numbers.scalar(f.get("eta"), f"{where}.ff.eta"), U,
+                numbers.array(f.get("b"), (w,), f"{where}.ff.b"),
+                numbers.array(f.get("W"), (d, w), f"{where}.ff.W"))
+    s = _object(b.get("sa"), f"{where}.sa", nullable=True)
+    if s is not None:
+        A, V = _object(s.get("A"), f"{where}.sa.A"), _object(s.get("V"), f"{where}.sa.V")
+        sa = SA(numbers.scalar(s.get("rho"), f"{where}.sa.rho"),
+                ScoreMatrix(numbers.scalar(A.get("alpha"), f"{where}.sa.A.alpha"),
+                            numbers.array(A.get("a"), (d,), f"{where}.sa.A.a"),
+                            numbers.array(A.get("c"), (d,), f"{where}.sa.A.c")),
+                ValueMatrix(numbers.scalar(V.get("beta"), f"{where}.sa.V.beta"),
+                            numbers.array(V.get("p"), (d,), f"{where}.sa.V.p"),
+                            numbers.array(V.get("q"), (d,), f"{where}.sa.V.q")))
+    return Block(ff, sa)
+
+
+def model_from_dict(doc: dict) -> Transformer:
+    header = _read_header(doc)
+    raw_blocks = doc.get("blocks")
+    if not isinstance(raw_blocks, list):
+        raise ModelFormatError("\"blocks\" must be a list of blocks")
+    numbers = _Numbers(header["exact"])
+    blocks = [_read_block(b, header["d"], numbers, f"blocks[{i}]")
+              for i, b in enumerate(raw_blocks)]
+    return Transformer(blocks=blocks, record=_record(doc.get("meta", {}), len(blocks)),
+                       **header)
+
+
+# ------------------------------------------------------------------------------ meta
+def _record(meta, n_blocks: int) -> Construction | CausalConstruction | None:
+    """The construction record in ``"meta"`` (None when it records no construction)."""
+    if not isinstance(meta, dict):
+        raise ModelFormatError("\"meta\" must be an object")
+    if "construction" not in meta:
+        return None
+    try:
+        record = record_from_meta(meta)
+    except RecordError as e:
+        raise ModelFormatError(str(e)) from None
+    for p in record.phases:
+        if p.end > n_blocks:
+            raise ModelFormatError(f"meta.phases.{p.name}: ends at block {p.end}, but the "
+                                   f"model has {n_blocks} blocks")
+    return record
+
+
+# ------------------------------------------------------------------------------ .npz
+# key → (shape in terms of L blocks, F feed-forward layers, K hidden units, S attentions, d)
+NPZ_KEYS = {
+    "header": "() string: the JSON header, every field of the JSON format but \"blocks\"",
+    "ff_width": "(L,) int64: the width of block i's FF, -1 for an identity FF",
+    "has_sa": "(L,) bool: block i has an attention layer",
+    "ff_eta": "(F,)", "ff_U": "(K, d)", "ff_b": "(K,)", "ff_W": "(d, K)",
+    "sa_rho": "(S,)", "sa_alpha": "(S,)", "sa_a": "(S, d)", "sa_c": "(S, d)",
+    "sa_beta": "(S,)", "sa_p": "(S, d)", "sa_q": "(S, d)",
+}
+
+
+def _stack(arrays: list, shape: tuple, axis: int = 0) -> np.ndarray:
+    return np.concatenate([np.asarray(a, dtype=float) for a in arrays], axis=axis) if arrays \
+        else np.zeros(shape)
+
+
+def _npz_arrays(model: Transformer) -> dict[str, np.ndarray]:
+    d = model.d
+    ffs = [b.ff for b in model.blocks if b.ff is not None]
+    sas = [b.sa for b in model.blocks if b.sa is not None]
+    return {
+        "header": np.array(json.dumps(_header(model), separators=(",", ":"))),
+        "ff_width": np.array([-1 if b.ff is None else b.ff.width for b in model.blocks],
+                             dtype=np.int64),
+        "has_sa": np.array([b.sa is not None for b in model.blocks], dtype=bool),
+        "ff_eta": np.array([f.eta for f in ffs], dtype=float),
+        "ff_U": _stack([f.U for f in ffs], (0, d)),
+        "ff_b": _stack([f.b for f in ffs], (0,)),
+        "ff_W": _stack([f.W for f in ffs], (d, 0), axis=1),
+        "sa_rho": np.array([s.rho for s in sas], dtype=float),
+        "sa_alpha": np.array([s.A.alpha for s in sas], dtype=float),
+        "sa_a": _stack([s.A.a[None] for s in sas], (0, d)),
+        "sa_c": _stack([s.A.c[None] for s in sas], (0, d)),
+        "sa_beta": np.array([s.V.beta for s in sas], dtype=float),
+        "sa_p": _stack([s.V.p[None] for s in sas], (0, d)),
+        "sa_q": _stack([s.V.q[None] for s in sas], (0, d)),
+    }
+
+
+def _save_npz(model: Transformer, path) -> None:
+    if model.exact:
+        raise ValueError(f"{path}: .npz holds float64 models only; save a rational model as "
+                         ".json (or convert it with model.to_float())")
+    arrays = _npz_arrays(model)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _read_npz_arrays(path) -> dict[str, np.ndarray]:
+    try:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise ModelFormatError(f"{path}: holds a single .npy array, not an .npz model")
+        with z:
+            missing = set(NPZ_KEYS) - set(z.files)
+            if missing:
+                raise ModelFormatError(f"{path}: missing arrays {sorted(missing)}")
+            return {k: z[k] for k in NPZ_KEYS}
+    except (EOFError, ValueError, zipfile.BadZipFile) as e:
+        if isinstance(e, ModelFormatError):
+            raise
+        raise ModelFormatError(f"{path}: not a readable .npz model ({type(e).__name__}: "
+                               f"{e})"[:300]) from None
+
+
+def _check_npz_shapes(z: dict, d: int) -> None:
+    widths, has_sa = z["ff_width"], z["has_sa"]
+    if widths.dtype.kind not in "iu" or widths.ndim != 1 or (widths < -1).any():
+        raise ModelFormatError("\"ff_width\" must be L integers >= -1")
+    if has_sa.dtype != bool or has_sa.shape != widths.shape:
+        raise ModelFormatError(f"\"has_sa\" must be {len(widths)} booleans (one per block)")
+    F, K, S = int((widths >= 0).sum()), int(widths[widths > 0].sum()), int(has_sa.sum())
+    expect = {"ff_eta": (F,), "ff_U": (K, d), "ff_b": (K,), "ff_W": (d, K), "sa_rho": (S,),
+              "sa_alpha": (S,), "sa_a": (S, d), "sa_c": (S, d), "sa_beta": (S,),
+              "sa_p": (S, d), "sa_q": (S, d)}
+    for key, shape in expect.items():
+        a = z[key]
+        if a.dtype != np.float64 or a.shape != shape:
+            raise ModelFormatError(f"\"{key}\" must be a float64 array of shape {shape}, got "
+                                   f"{a.dtype} {a.shape}")
+        if not np.isfinite(a).all():
+            raise ModelFormatError(f"\"{key}\" holds a value that is not finite")
+
+
+def _load_npz(path) -> Transformer:
+    z = _read_npz_arrays(path)
+    if z["header"].dtype.kind != "U" or z["header"].shape != ():
+        raise ModelFormatError(f"{path}: \"header\" must be one string")
+    try:
+        doc = json.loads(str(z["header"]))
+    except RecursionError:
+        raise ModelFormatError(f"{path}: the header is nested too deeply") from None
+    except ValueError as e:
+        raise ModelFormatError(f"{path}: the header is not valid JSON ({e})"[:300]) from None
+    header = _read_header(doc)
+    if header["exact"]:
+        raise ModelFormatError(f"{path}: an .npz model must have \"number\": \"float64\"")
+    d = header["d"]
+    _check_npz_shapes(z, d)
+    blocks, f, k, s = [], 0, 0, 0
+    for w, has_sa in zip(z["ff_width"].tolist(), z["has_sa"].tolist(), strict=True):
+        ff = sa = None
+        if w >= 0:
+            ff = FF(float(z["ff_eta"][f]), z["ff_U"][k:k + w].copy(), z["ff_b"][k:k + w].copy(),
+                    z["ff_W"][:, k:k + w].copy())
+            f, k = f + 1, k + w
+        if has_sa:
+            sa = SA(float(z["sa_rho"][s]),
+                    ScoreMatrix(float(z["sa_alpha"][s]), z["sa_a"][s].copy(), z["sa_c"][s].copy()),
+                    ValueMatrix(float(z["sa_beta"][s]), z["sa_p"][s].copy(), z["sa_q"][s].copy()))
+            s += 1
+        blocks.append(Block(ff, sa))
+    return Transformer(blocks=blocks, record=_record(doc.get("meta", {}), len(blocks)),
+                       **header)

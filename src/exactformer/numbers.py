@@ -7,9 +7,41 @@ same NumPy expressions work on both, which keeps the construction and the evalua
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 
 import numpy as np
+
+# Largest decimal exponent accepted in a number string. Fraction("1e999999999") would build a
+# billion-digit integer (minutes of work and gigabytes); the float64 range ends near 1e±324,
+# and an exact decimal of any float64 needs an exponent of at most about ±1100.
+MAX_EXPONENT = 4300
+_EXPONENT = re.compile(r"[eE]([-+]?[0-9_]+)\s*$")
+
+
+class NumberError(ValueError):
+    """A number string that is well formed but refused: a zero denominator or an absurd
+    exponent. The message says which."""
+
+
+def parse_exact(s: str) -> Fraction:
+    """The exact value of a number string ("3/7", "-0.125", "2.5e-3"); the one parser of
+    every number read from a file or the command line (datasets, models, ``--tau``).
+
+    Raises ValueError for anything else, and its subclass NumberError for a zero denominator
+    and for a decimal exponent beyond ±MAX_EXPONENT, which is refused before any conversion
+    (see the README's dataset and model-format sections)."""
+    if not isinstance(s, str):
+        raise TypeError(f"expected a number string, got {type(s).__name__}")
+    m = _EXPONENT.search(s)
+    if m is not None:
+        digits = m.group(1).replace("_", "")
+        if len(digits.lstrip("+-0")) > 5 or abs(int(digits)) > MAX_EXPONENT:
+            raise NumberError(f"{s[:40]!r}: the exponent is beyond ±{MAX_EXPONENT}")
+    try:
+        return Fraction(s.strip())
+    except ZeroDivisionError:
+        raise NumberError(f"{s[:40]!r} has a zero denominator") from None
 
 
 def to_fraction(v) -> Fraction:
@@ -25,7 +57,7 @@ def to_fraction(v) -> Fraction:
             raise ValueError(f"{v!r} is not finite")
         return Fraction(float(v))
     if isinstance(v, str):
-        return Fraction(v.strip())
+        return parse_exact(v)
     raise TypeError(f"cannot read {v!r} as a number")
 
 
@@ -36,6 +68,16 @@ def fmt(v) -> str:
     if isinstance(v, (int, np.integer)):
         return str(int(v))
     return repr(float(v))
+
+
+def fmt_array(a: np.ndarray) -> list:
+    """``fmt`` of every entry, as nested lists of the array's shape; float64 arrays take a
+    fast path (``repr`` over ``tolist()``, the same strings as ``fmt``)."""
+    if a.dtype == object:
+        return [fmt_array(row) for row in a] if a.ndim > 1 else [fmt(v) for v in a]
+    if a.ndim > 1:
+        return [list(map(repr, row)) for row in np.asarray(a, dtype=float).tolist()]
+    return list(map(repr, np.asarray(a, dtype=float).tolist()))
 
 
 def is_exact_array(a: np.ndarray) -> bool:
