@@ -1,7 +1,9 @@
 """Command line: exactformer build | verify | info | generate | demo | export | train | plot.
 
-Errors go to stderr with exit status 2, and no command leaves a partial output file.
-``verify`` exits 0 only if every pair interpolates (exactly, for exact hardmax models), else 1.
+Errors go to stderr as one line with exit status 2, and no command leaves a partial output
+file. ``verify`` exits 0 only if every pair interpolates (exactly, for exact hardmax models),
+else 1. Long commands take ``--progress/--no-progress`` (default: bars only when stderr is a
+terminal).
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 import time
 import warnings
+from contextlib import nullcontext
 from fractions import Fraction
 from pathlib import Path
 
@@ -22,8 +26,8 @@ from .api import compile
 from .causal_data import load_dataset
 from .construct.generic import ConstructionError
 from .data import Dataset, DatasetError
-from .modelio import ModelFormatError, load_model, save_model, write_text_atomic
-from .numbers import as_number_array, fmt
+from .modelio import ModelFormatError, atomic_path, load_model, save_model, write_text_atomic
+from .numbers import as_number_array, fmt, parse_exact
 from .report import verify
 
 
@@ -31,11 +35,59 @@ class UsageError(Exception):
     """A request the CLI cannot honour; printed as an error with exit status 2."""
 
 
+# ------------------------------------------------------------------------------ argument types
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} is not a positive integer")
+    return v
+
+
+def _float_at_least(low: float, strict: bool):
+    """An argparse type: a finite float above ``low`` (or at least ``low``)."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(v) or v < low or (strict and v == low):
+            bound = f"> {low:g}" if strict else f">= {low:g}"
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number {bound}")
+        return v
+    return parse
+
+
+_positive_float = _float_at_least(0.0, strict=True)
+_nonnegative_float = _float_at_least(0.0, strict=False)
+
+
+def _exact_tau(text: str):
+    """A softmax temperature given exactly ("1/64", "0.5"): positive and finite."""
+    try:
+        v = parse_exact(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an exact number ({e})"[:200]) \
+            from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not positive")
+    return v
+
+
+def _progress(args) -> bool:
+    """--progress/--no-progress, by default on only when stderr is a terminal."""
+    return sys.stderr.isatty() if args.progress is None else args.progress
+
+
+# ------------------------------------------------------------------------------ commands
+
 def _build(args) -> int:
     data = load_dataset(args.data, causal=args.causal)
     t0 = time.perf_counter()
     model = compile(data, attention=args.attention, exact=not args.float, seed=args.seed,
-                    progress=True, **({"tau": args.tau} if args.tau is not None else {}))
+                    progress=_progress(args), **({"tau": args.tau} if args.tau is not None else {}))
     save_model(model, args.output)
     kind = f"{'causal ' if model.causal else ''}{model.attention}"
     print(f"built {kind} model: {model.n_blocks} blocks, width {model.max_width()}, "
@@ -46,7 +98,7 @@ def _build(args) -> int:
 def _verify(args) -> int:
     model = load_model(args.model)
     data = load_dataset(args.data, causal=model.causal)
-    report = verify(model, data, tolerance=args.tolerance, progress=True)
+    report = verify(model, data, tolerance=args.tolerance, progress=_progress(args))
     print(report.table())
     if args.json:
         write_text_atomic(args.json, json.dumps(report.to_dict(), indent=1, default=str))
@@ -149,7 +201,11 @@ def _train(args) -> int:
     ef_torch, ef_train = _torch_module("torch", "train"), _torch_module("train", "train")
     data = Dataset.load(args.data)
     if args.start:
-        start = ef_torch.to_rho_eta(load_model(args.start))
+        model = load_model(args.start)
+        if model.d != data.d:
+            raise UsageError(f"--from {args.start}: the model is for d = {model.d} but the data "
+                             f"have d = {data.d}")
+        start = ef_torch.to_rho_eta(model)
     else:
         start = ef_train.random_rho_eta(data.d, args.blocks, args.h, tau=args.tau,
                                         seed=args.seed)
@@ -158,7 +214,7 @@ def _train(args) -> int:
         reference = ef_torch.to_rho_eta(load_model(reference))
         ef_train.check_same_architecture(start, reference)
     result = ef_train.train(start, data, eps=args.eps, epochs=args.epochs, lr=args.lr,
-                            time_budget=args.budget)
+                            time_budget=args.budget, progress=_progress(args))
     ef_torch.save_torch(result.module, args.output)
     print(f"trained {len(start.blocks)} ρ/η blocks: {result.steps} steps ({result.stop}), "
           f"{result.seconds:.1f} s; loss {result.final_loss:.4g}, max Hausdorff error "
@@ -192,34 +248,54 @@ def _plot(args) -> int:
         raise UsageError(f"plot needs matplotlib (pip install 'exactformer[plot]'): {e}") \
             from None
     data = Dataset.load(args.data)
-    model = compile(data, attention=args.attention, exact=not args.float, seed=args.seed)
-    fig = plot.plot_phases(model, data, args.output, animate=args.gif or False)
+    model = compile(data, attention=args.attention, exact=not args.float, seed=args.seed,
+                    progress=_progress(args))
+    # both files appear or neither: each is written to a temporary path, moved at the end
+    with atomic_path(args.output) as png, \
+            (atomic_path(args.gif) if args.gif else nullcontext()) as gif:
+        fig = plot.plot_phases(model, data, png, animate=gif or False)
     print(f"{len(fig.axes)} panels ({model.attention}, {model.n_blocks} blocks) -> {args.output}"
           + (f", animation -> {args.gif}" if args.gif else ""))
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr, exit status 2, like every other error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars on stderr (default: only when it is a terminal)")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="exactformer", description=__doc__.splitlines()[0])
+    p = _Parser(prog="exactformer", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="construct a model that interpolates a dataset")
     b.add_argument("data", help="dataset (.json or .npz)")
-    b.add_argument("-o", "--output", required=True, help="model file to write (JSON)")
+    b.add_argument("-o", "--output", required=True,
+                   help="model file to write (.json; .npz for float64 models)")
     b.add_argument("--attention", choices=["hardmax", "softmax"], default="hardmax")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--float", action="store_true", help="float64 parameters (large data)")
-    b.add_argument("--tau", type=str, default=None, help="softmax temperature (default 1)")
+    b.add_argument("--tau", type=_exact_tau, default=None,
+                   help="softmax temperature, an exact positive number (default 1)")
     b.add_argument("--causal", action="store_true", help="causal data: a target or null per "
                    "position (implied by a dataset marked \"causal\": true)")
+    _add_progress(b)
     b.set_defaults(run=_build)
 
     v = sub.add_parser("verify", help="check that a model interpolates a dataset")
     v.add_argument("model")
     v.add_argument("data")
-    v.add_argument("--tolerance", type=float, default=1e-9,
+    v.add_argument("--tolerance", type=_positive_float, default=1e-9,
                    help="relative Hausdorff tolerance for non-exact verdicts")
     v.add_argument("--json", help="also write the report as JSON here")
+    _add_progress(v)
     v.set_defaults(run=_verify)
 
     g = sub.add_parser("generate", help="feed a causal model's output back as its next input")
@@ -252,14 +328,17 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--from", dest="start", help="warm start from this model (JSON)")
     t.add_argument("--reference", help="exact interpolant θ* (model JSON) for the diagnostic; "
                    "default: the --from model")
-    t.add_argument("--eps", type=float, default=1e-3, help="penalty weight ε")
-    t.add_argument("--epochs", type=int, default=2000)
-    t.add_argument("--lr", type=float, default=1e-2)
-    t.add_argument("--budget", type=float, default=None, help="stop after this many seconds")
-    t.add_argument("--blocks", type=int, default=1, help="random start: number of blocks")
-    t.add_argument("--h", type=int, default=1, help="random start: attention rank")
-    t.add_argument("--tau", type=float, default=1.0, help="random start: temperature")
+    t.add_argument("--eps", type=_nonnegative_float, default=1e-3, help="penalty weight ε")
+    t.add_argument("--epochs", type=_positive_int, default=2000)
+    t.add_argument("--lr", type=_positive_float, default=1e-2)
+    t.add_argument("--budget", type=_positive_float, default=None,
+                   help="stop after this many seconds")
+    t.add_argument("--blocks", type=_positive_int, default=1,
+                   help="random start: number of blocks")
+    t.add_argument("--h", type=_positive_int, default=1, help="random start: attention rank")
+    t.add_argument("--tau", type=_positive_float, default=1.0, help="random start: temperature")
     t.add_argument("--seed", type=int, default=0, help="random start: seed")
+    _add_progress(t)
     t.set_defaults(run=_train)
 
     dm = sub.add_parser("demo", help="build and verify a model for built-in data")
@@ -275,6 +354,7 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--float", action="store_true", help="float64 parameters (large data)")
     pl.add_argument("--gif", help="also write an animation through the blocks here")
+    _add_progress(pl)
     pl.set_defaults(run=_plot)
     return p
 
@@ -287,8 +367,16 @@ def main(argv: list[str] | None = None) -> int:
             return args.run(args)
     except (DatasetError, ModelFormatError, ConstructionError, UsageError, ValueError,
             OSError) as e:
-        print(f"exactformer {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(args.command, str(e))
+    except OverflowError as e:
+        return _fail(args.command, f"a number left the float64 range ({e}): the data span too "
+                     "many orders of magnitude for the float64 steps of the construction")
+
+
+def _fail(command: str, message: str) -> int:
+    """Print the error as one line on stderr; exit status 2."""
+    print(f"exactformer {command}: error: {' '.join(message.splitlines())}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

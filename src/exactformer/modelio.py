@@ -10,6 +10,7 @@ blocks concatenated into a few float64 arrays (see ``NPZ_KEYS`` and the README).
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -62,12 +63,16 @@ def atomic_path(path: str | Path):
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path}: is a directory, not a file to write")
-    path.parent.mkdir(parents=True, exist_ok=True)
     umask = os.umask(0)
     os.umask(umask)
     with _sigterm_raises_exit():
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.",
-                                   suffix=f".tmp{path.suffix}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.",
+                                       suffix=f".tmp{path.suffix}")
+        except OSError as e:  # name the file asked for, not the temporary one
+            why = "a parent is not a directory" if e.errno == errno.EEXIST else e.strerror
+            raise type(e)(e.errno, f"cannot write {path} ({why})") from None
         os.close(fd)
         try:
             yield Path(tmp)

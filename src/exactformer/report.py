@@ -183,7 +183,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
                                      for o, y in zip(outs, ys, strict=True)]
         if snap is not None:
             extra.update(_snap_margins(model, snap, snaps[snap], snaps_f[snap], scale))
-    theta = np.array([float(v) for v in model.parameters()]) if model.blocks else np.zeros(1)
+    theta = np.array([float(v) for v in model.parameters()] or [0.0])  # identities: none
     if model.attention == "softmax":
         used = model.tau if tau is None else tau
         extra["temperature τ (τ* of the geometry)"] = (f"{float(used):.6g} "
