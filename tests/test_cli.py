@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -217,17 +218,65 @@ def test_duplicate_pairs_warn_and_build(tmp_path, capsys):
         assert run(capsys, "verify", model, dup)[0] == 0
 
 
-def test_softmax_works_or_says_why(tmp_path, data, capsys):
-    # softmax is being implemented elsewhere: accept a model or a clear error, nothing else
+def test_softmax_build_then_verify(tmp_path, data, capsys):
     model = tmp_path / "model.json"
     rc, out, err = run(capsys, "build", data, "-o", model, "--attention", "softmax")
-    assert rc in (0, 2)
-    if rc == 2:
-        assert "error" in err and err.strip() != ""
-        assert not model.exists()
-        assert [p.name for p in tmp_path.iterdir()] == ["data.json"]
-    else:
-        assert load_model(model).attention == "softmax"
+    assert rc == 0, err
+    assert "built softmax model" in out
+    m = load_model(model)
+    assert m.attention == "softmax" and m.exact and m.tau == 1
+    assert m.meta["tau_star"] == "inf"  # these data are valid at every temperature tried
+    rc, out, err = run(capsys, "verify", model, data)
+    assert rc == 0, err
+    assert "OK" in out and "at 50 digits" in out
+    rc, out, err = run(capsys, "build", data, "-o", model, "--attention", "softmax",
+                       "--tau", "1/64")
+    assert rc == 0, err
+    assert load_model(model).tau == Fraction(1, 64)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json", "model.json"]
+
+
+def test_float_model_as_npz(tmp_path, data, capsys):
+    model = tmp_path / "model.npz"
+    rc, out, err = run(capsys, "build", data, "-o", model, "--float")
+    assert rc == 0, err
+    rc, out, err = run(capsys, "verify", model, data)
+    assert rc == 0 and "OK" in out, err
+    rc, out, err = run(capsys, "info", model)
+    assert rc == 0 and "float64" in out, err
+    rc, out, err = run(capsys, "build", data, "-o", tmp_path / "exact.npz")
+    assert rc == 2 and "float64 models only" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json", "model.npz"]
+
+
+# ------------------------------------------------------------------------------ progress
+def test_no_progress_bar_when_stderr_is_captured(tmp_path, data, capsys):
+    model = tmp_path / "model.json"
+    rc, out, err = run(capsys, "build", data, "-o", model)
+    assert rc == 0 and err == ""
+    rc, out, err = run(capsys, "verify", model, data)
+    assert rc == 0 and err == ""
+
+
+@pytest.mark.parametrize("flag, expected", [([], False), (["--progress"], True),
+                                            (["--no-progress"], False)])
+def test_progress_flag_reaches_the_library(tmp_path, data, capsys, monkeypatch, flag, expected):
+    import exactformer.cli as cli
+
+    seen = {}
+
+    def spy(name, real):
+        def wrapped(*args, **kwargs):
+            seen[name] = kwargs["progress"]
+            return real(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(cli, "compile", spy("compile", cli.compile))
+    monkeypatch.setattr(cli, "verify", spy("verify", cli.verify))
+    model = tmp_path / "model.json"
+    assert run(capsys, "build", data, "-o", model, *flag)[0] == 0
+    assert run(capsys, "verify", model, data, *flag)[0] == 0
+    assert seen == {"compile": expected, "verify": expected}
 
 
 def test_construction_failure_exits_2(tmp_path, capsys):

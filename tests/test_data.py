@@ -9,9 +9,13 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from conftest import datasets
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exactformer import Dataset, DatasetError
 from exactformer.data import DuplicatePairWarning
+from exactformer.numbers import MAX_EXPONENT, NumberError, parse_exact
 
 GOOD_X = [[[0, 1], [2, 3], [4, 1]], [[2, 3], [5, 5]]]
 GOOD_Y = [[[1, 1], [0, 0]], [[7, 7]]]
@@ -389,3 +393,108 @@ def test_sequence_that_is_a_number():
 def test_sequence_that_is_not_a_matrix():
     with raises_naming("input 0", "2-D"):
         Dataset.from_arrays([np.zeros(3)], [[[0, 0]]])
+
+
+# ------------------------------------------------------------------------------ JSON round trip
+def assert_same_values(a: Dataset, b: Dataset) -> None:
+    """Same exactness, shapes and values; floats bit for bit (-0.0 included)."""
+    assert a.exact == b.exact and a.N == b.N
+    for x, y in zip(a.inputs + a.targets, b.inputs + b.targets, strict=True):
+        assert x.shape == y.shape and x.dtype == y.dtype
+        if a.exact:
+            assert all(type(u) is Fraction and u == v for u, v in zip(x.flat, y.flat,
+                                                                       strict=True))
+        else:
+            assert (x.view(np.int64) == y.view(np.int64)).all()
+
+
+normal_floats = st.one_of(
+    st.sampled_from([0.1, 1 / 3, -0.0, 0.0, 2.2250738585072014e-308, 1.7976931348623157e308]),
+    st.floats(allow_nan=False, allow_infinity=False, allow_subnormal=False))
+
+
+@st.composite
+def float_datasets(draw):
+    d = draw(st.integers(2, 3))
+    token = st.tuples(*[normal_floats] * d)
+    seqs = draw(st.lists(st.lists(token, min_size=1, max_size=3, unique=True), min_size=1,
+                         max_size=4, unique_by=frozenset))
+    targets = [draw(st.lists(token, min_size=1, max_size=len(x), unique=True)) for x in seqs]
+    return Dataset.from_arrays([[list(t) for t in x] for x in seqs],
+                               [[list(t) for t in y] for y in targets])
+
+
+@settings(max_examples=40, deadline=None)
+@given(ds=st.one_of(datasets(), float_datasets()))
+def test_every_dataset_survives_json(tmp_path_factory, ds):
+    doc = ds.to_json_dict()
+    assert doc["number"] == ("rational" if ds.exact else "float64")
+    back = Dataset.from_json(write_json(tmp_path_factory.mktemp("rt"), doc))
+    assert_same_values(ds, back)
+
+
+def test_float_json_is_not_read_as_decimals(tmp_path):
+    ds = Dataset.from_arrays([[[0.1, 0.2]]], [[[0.3, 1e-300]]])
+    doc = ds.to_json_dict()
+    assert doc["inputs"] == [[["0.1", "0.2"]]]
+    back = Dataset.from_json(write_json(tmp_path, doc))
+    assert back.inputs[0].tolist() == [[0.1, 0.2]] and not back.exact
+    # without the marker the same strings are the decimals 1/10, 1/5: other values
+    del doc["number"]
+    exact = Dataset.from_json(write_json(tmp_path, doc))
+    assert exact.inputs[0].tolist() == [[Fraction(1, 10), Fraction(1, 5)]]
+
+
+def test_float64_json_errors_name_the_token(tmp_path):
+    doc = {"number": "float64", "inputs": [[["0", "1"], ["x", "2"]]], "targets": [[["0", "0"]]]}
+    with raises_naming("input 0, token 1", "float64 number"):
+        Dataset.from_json(write_json(tmp_path, doc))
+    doc["inputs"] = [[["0", "1"], ["inf", "2"]]]
+    with raises_naming("input 0, token 1", "not finite"):
+        Dataset.from_json(write_json(tmp_path, doc))
+    doc["number"] = "decimal"
+    with raises_naming('"number"', "float64"):
+        Dataset.from_json(write_json(tmp_path, doc))
+
+
+# ------------------------------------------------------------------------------ numbers
+@pytest.mark.parametrize("text, value", [
+    ("3/7", Fraction(3, 7)), (" -0.125 ", Fraction(-1, 8)), ("2.5e-3", Fraction(1, 400)),
+    (f"1e{MAX_EXPONENT}", Fraction(10) ** MAX_EXPONENT), ("1E-0_3", Fraction(1, 1000)),
+])
+def test_parse_exact(text, value):
+    assert parse_exact(text) == value
+
+
+@pytest.mark.parametrize("text, kind, words", [
+    (f"1e{MAX_EXPONENT + 1}", NumberError, "exponent"),
+    ("1e-999999999", NumberError, "exponent"),
+    ("1e" + "9" * 5000, NumberError, "exponent"),
+    ("1/0", NumberError, "zero denominator"),
+    ("nan", ValueError, "nan"), ("1/-2", ValueError, "1/-2"),
+])
+def test_parse_exact_refuses(text, kind, words):
+    with pytest.raises(kind, match=re.escape(words)):
+        parse_exact(text)
+
+
+# ------------------------------------------------------------------------------ range, shape
+@pytest.mark.parametrize("value", [Fraction(2) ** 1024, -Fraction(10) ** 400, "1e-320",
+                                   5e-324, Fraction(1, 2 ** 1023)])
+def test_values_outside_the_normal_float64_range(value):
+    with raises_naming("target 0, token 0", "normal float64 range"):
+        Dataset.from_arrays([[[0, 1]]], [[[value, 0]]])
+
+
+@pytest.mark.parametrize("value", [Fraction(2) ** -1022, 2.2250738585072014e-308,
+                                   1.7976931348623157e308, Fraction(2) ** 1024 - 1])
+def test_values_at_the_ends_of_the_range(value):
+    assert Dataset.from_arrays([[[0, 1]]], [[[value, 0]]]).targets[0][0, 0] == value
+
+
+@pytest.mark.parametrize("bad", [5, None, "abc", {"a": 1}])
+def test_sequences_that_are_not_a_list(bad):
+    with raises_naming("inputs", "list of sequences"):
+        Dataset.from_arrays(bad, [[[0, 0]]])
+    with raises_naming("targets", "list of sequences"):
+        Dataset.from_arrays([[[0, 0]]], bad)
