@@ -188,9 +188,9 @@ def test_bad_tau_is_refused_before_anything(tmp_path, capsys, tau, words):
 @pytest.mark.parametrize("argv, words", [
     (["verify", "m.json", "d.json", "--tolerance=-1"], ["--tolerance"]),
     (["verify", "m.json", "d.json", "--tolerance", "nan"], ["--tolerance"]),
-    (["train", "d.json", "-o", "t.safetensors", "--epochs=-1"], ["--epochs", "positive"]),
-    (["train", "d.json", "-o", "t.safetensors", "--blocks", "0"], ["--blocks", "positive"]),
-    (["train", "d.json", "-o", "t.safetensors", "--h", "0"], ["--h", "positive"]),
+    (["train", "d.json", "-o", "t.safetensors", "--epochs=-1"], ["--epochs", "integer >= 0"]),
+    (["train", "d.json", "-o", "t.safetensors", "--blocks", "0"], ["--blocks", "integer >= 1"]),
+    (["train", "d.json", "-o", "t.safetensors", "--h", "0"], ["--h", "integer >= 1"]),
     (["train", "d.json", "-o", "t.safetensors", "--lr", "0"], ["--lr"]),
     (["train", "d.json", "-o", "t.safetensors", "--eps=-1"], ["--eps"]),
     (["train", "d.json", "-o", "t.safetensors", "--tau", "inf"], ["--tau"]),

@@ -36,14 +36,20 @@ class UsageError(Exception):
 
 
 # ------------------------------------------------------------------------------ argument types
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} is not a positive integer")
-    return v
+def _int_at_least(low: int):
+    """An argparse type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{v} is not an integer >= {low}")
+        return v
+    return parse
+
+
+_positive_int = _int_at_least(1)
 
 
 def _float_at_least(low: float, strict: bool):
@@ -329,7 +335,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--reference", help="exact interpolant θ* (model JSON) for the diagnostic; "
                    "default: the --from model")
     t.add_argument("--eps", type=_nonnegative_float, default=1e-3, help="penalty weight ε")
-    t.add_argument("--epochs", type=_positive_int, default=2000)
+    t.add_argument("--epochs", type=_int_at_least(0), default=2000,
+                   help="Adam steps (0: evaluate the start only)")
     t.add_argument("--lr", type=_positive_float, default=1e-2)
     t.add_argument("--budget", type=_positive_float, default=None,
                    help="stop after this many seconds")
