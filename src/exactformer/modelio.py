@@ -19,6 +19,7 @@ import tempfile
 import threading
 import zipfile
 from contextlib import contextmanager
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -189,12 +190,12 @@ class _Numbers:
         for at, row in rows:
             if not isinstance(row, list) or len(row) != shape[1]:
                 raise ModelFormatError(f"{at}: expected a list of {shape[1]} numbers")
-        return self._parsed([v for row in a for v in row], (len(a), shape[1]), rows)
+        return self._parsed(list(chain.from_iterable(a)), (len(a), shape[1]), rows)
 
     def _parsed(self, flat: list, shape: tuple, rows: list[tuple[str, list]]) -> np.ndarray:
         """``flat`` as an array of ``shape``: one bulk conversion for float64 models, else
         (or when that fails) one number at a time, naming the row of a bad one."""
-        if not self.exact and all(type(v) is str for v in flat):
+        if not self.exact and set(map(type, flat)) <= {str}:
             try:
                 out = np.array(flat, dtype=float).reshape(shape)
                 if np.isfinite(out).all():
