@@ -46,8 +46,7 @@ def synthetic(n_blocks: int, d: int = 16, width: int = 4, seed: int = 0) -> Tran
                        ValueMatrix(float(r()), r(d), r(d))))
               for _ in range(n_blocks)]
     blocks[0].ff.U[0, 0] = -0.0
-    return Transformer(d=d, attention="hardmax", blocks=blocks, exact=False,
-                       meta={"construction": "synthetic", "seed": seed})
+    return Transformer(d=d, attention="hardmax", blocks=blocks, exact=False)
 
 
 def _per_number_dict(model: Transformer) -> dict:
@@ -92,8 +91,7 @@ def load_per_number(path: Path) -> Transformer:
                             SA(num(sa["rho"]), ScoreMatrix(num(A["alpha"]), vec(A["a"]),
                                                            vec(A["c"])),
                                ValueMatrix(num(V["beta"]), vec(V["p"]), vec(V["q"])))))
-    return Transformer(d=doc["d"], attention=doc["attention"], blocks=blocks, exact=False,
-                       meta=doc["meta"])
+    return Transformer(d=doc["d"], attention=doc["attention"], blocks=blocks, exact=False)
 
 
 def same_bits(m1: Transformer, m2: Transformer) -> bool:

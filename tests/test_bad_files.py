@@ -122,8 +122,12 @@ def test_bad_data_file(tmp_path, capsys, case):
 
 
 # ------------------------------------------------------------------------------ model files
+RECORD = {"construction": "hardmax", "seed": 0, "N": 2, "sum_m": 2, "R": 0, "phases": {}}
+
+
 def meta(**fields):
-    return {**MODEL, "meta": fields}
+    """MODEL with a construction record in "meta", some fields changed."""
+    return {**MODEL, "meta": {**RECORD, **fields}}
 
 
 MODEL_FILES = {
@@ -131,15 +135,15 @@ MODEL_FILES = {
     "d-float": ({**MODEL, "d": 2.0}, ['"d"', "positive integer"]),
     "number-kind": ({**MODEL, "number": "decimal"}, ['"number"']),
     "meta-list": ({**MODEL, "meta": [1]}, ['"meta"', "object"]),
-    "meta-R-string": (meta(R="x"), ['"meta.R"', "integer"]),
-    "meta-R-negative": (meta(R=-1), ['"meta.R"', "non-negative"]),
-    "meta-seed-bool": (meta(seed=True), ['"meta.seed"']),
-    "meta-phases-int": (meta(phases=3), ['"meta.phases"', "block ranges"]),
-    "meta-phases-beyond": (meta(phases={"a": [0, 5]}), ['"meta.phases"', "within the model"]),
-    "meta-snap-windows": (meta(snap_windows=[{"window": ["x"]}]), ['"meta.snap_windows"']),
-    "meta-tau-star": (meta(tau_star="big"), ['"meta.tau_star"']),
-    "meta-theta": (meta(theta="1/0"), ['"meta.theta"']),
-    "meta-construction": (meta(construction=5), ['"meta.construction"', "string"]),
+    "meta-R-string": (meta(R="x"), ["meta.R", "'x'"]),
+    "meta-R-negative": (meta(R=-1), ["meta.R", "non-negative"]),
+    "meta-seed-bool": (meta(seed=True), ["meta.seed", "True"]),
+    "meta-phases-int": (meta(phases=3), ["meta.phases", "3"]),
+    "meta-phases-beyond": (meta(phases={"a": [0, 5]}), ["meta.phases.a", "block 5", "0 blocks"]),
+    "meta-snap-windows": (meta(construction="softmax", snap_windows=[{"window": ["x"]}]),
+                          ["meta.snap_windows[0].window"]),
+    "meta-tau-star": (meta(construction="softmax", tau_star="big"), ["meta.tau_star"]),
+    "meta-construction": (meta(construction=5), ["meta.construction", "5"]),
     "deep-nesting": ('{"format": "exactformer.model/1", "meta": ' + "[" * 100_000,
                      ["nested too deeply"]),
     "huge-eta": ({**MODEL, "blocks": [{"ff": {"eta": "1e400", "U": [], "b": [],
@@ -161,7 +165,7 @@ def test_bad_model_file(tmp_path, capsys, case):
 
 @pytest.mark.parametrize("blocks", [[], [{"ff": None, "sa": None}] * 3], ids=["none", "null"])
 def test_identity_model_verifies(tmp_path, capsys, blocks):
-    model = write_input(tmp_path, "model.json", {**MODEL, "blocks": blocks})
+    model = write_input(tmp_path, "model.json", {**meta(), "blocks": blocks})
     data = write_input(tmp_path, "data.json", SAME)
     rc = main(["verify", str(model), str(data)])
     out, err = capsys.readouterr()

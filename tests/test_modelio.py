@@ -522,8 +522,10 @@ def npz_doc(tmp_path, **changes):
     (dict(header=np.array('{"format": "exactformer.model/1", "d": 2, "attention": '
                           '"hardmax", "number": "rational"}')), ["float64"]),
     (dict(header=np.array("{")), ["header", "not valid JSON"]),
-    (dict(header=np.array('{"format": "exactformer.model/1", "d": 2, "attention": "hardmax", '
-                          '"number": "float64", "meta": {"R": "x"}}')), ['"meta.R"']),
+    (dict(header=np.array(json.dumps({
+        "format": FORMAT, "d": 2, "attention": "hardmax", "number": "float64",
+        "meta": {"construction": "hardmax", "seed": 0, "N": 1, "sum_m": 1, "R": "x",
+                 "phases": {}}}))), ["meta.R", "'x'"]),
 ])
 def test_malformed_npz_models(tmp_path, changes, words):
     with pytest.raises(ModelFormatError) as info:
