@@ -163,6 +163,17 @@ def test_bad_model_file(tmp_path, capsys, case):
     assert_only(tmp_path, {"model.json", "data.json"})
 
 
+def test_overflow_in_float64_steps_is_an_error(tmp_path, capsys):
+    # every value is in range, but 1e300 next to 1 makes a float64 step of verify overflow
+    data = write_input(tmp_path, "d.json", {"inputs": [[["1e300", 0], [0, 1]], [[1, 1]]],
+                                            "targets": [[[0, "1e300"]], [[1, 0]]]})
+    rc, err = run(capsys, "build", data, "-o", tmp_path / "m.json")
+    assert rc == 0, err
+    rc, err = run(capsys, "verify", tmp_path / "m.json", data, "--json", tmp_path / "r.json")
+    assert_refused(rc, err, ["float64 range", "orders of magnitude"])
+    assert_only(tmp_path, {"d.json", "m.json"})
+
+
 @pytest.mark.parametrize("blocks", [[], [{"ff": None, "sa": None}] * 3], ids=["none", "null"])
 def test_identity_model_verifies(tmp_path, capsys, blocks):
     model = write_input(tmp_path, "model.json", {**meta(), "blocks": blocks})

@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args.command, str(e))
     except OverflowError as e:
         return _fail(args.command, f"a number left the float64 range ({e}): the data span too "
-                     "many orders of magnitude for the float64 steps of the construction")
+                     "many orders of magnitude for the float64 computations beside the exact ones")
 
 
 def _fail(command: str, message: str) -> int:
