@@ -165,8 +165,9 @@ def test_bad_model_file(tmp_path, capsys, case):
 
 def test_overflow_in_float64_steps_is_an_error(tmp_path, capsys):
     # every value is in range, but 1e300 next to 1 makes a float64 step of verify overflow
-    data = write_input(tmp_path, "d.json", {"inputs": [[["1e300", 0], [0, 1]], [[1, 1]]],
-                                            "targets": [[[0, "1e300"]], [[1, 0]]]})
+    data = write_input(tmp_path, "d.json", {
+        "inputs": [[["1e300", 0], [0, 1]], [[1, 1]], [[1, 2], [3, 4]]],
+        "targets": [[[0, "1e300"]], [[1, 0]], [[1, 1]]]})
     rc, err = run(capsys, "build", data, "-o", tmp_path / "m.json")
     assert rc == 0, err
     rc, err = run(capsys, "verify", tmp_path / "m.json", data, "--json", tmp_path / "r.json")
@@ -279,8 +280,11 @@ def test_sigterm_during_a_write_leaves_nothing(tmp_path):
          "rho": "1e999999999", "A": {"alpha": "0", "a": ["0", "0"], "c": ["0", "0"]},
          "V": {"beta": "0", "p": ["0", "0"], "q": ["0", "0"]}}}]}),
      ["blocks[0].sa.rho", "exponent"]),
-], ids=["data-string", "data-number", "model-info"])
+    (lambda p: ["generate", Path(p).with_name("model.json"), "--prompt", "[[0, 1]]",
+                "--vocabulary", p], "[[1e999999999, 0]]", ["exponent"]),
+], ids=["data-string", "data-number", "model-info", "generate-vocabulary"])
 def test_absurd_exponents_are_refused_quickly(tmp_path, argv_of, content, words):
+    write_input(tmp_path, "model.json", MODEL)
     path = tmp_path / "in.json"
     path.write_text(content)
     assert path.stat().st_size < 300
@@ -290,4 +294,4 @@ def test_absurd_exponents_are_refused_quickly(tmp_path, argv_of, content, words)
                           env={**os.environ, "PYTHONPATH": SRC}, timeout=120)
     assert time.monotonic() - t0 < 120
     assert_refused(done.returncode, done.stderr, words)
-    assert_only(tmp_path, {"in.json"})
+    assert_only(tmp_path, {"in.json", "model.json"})

@@ -9,7 +9,6 @@ with its (sequence, position), 0-based. Files: see docs/causal.md.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import Dataset, DatasetError, _all_floats_row, _as_matrix, _split
+from .data import Dataset, DatasetError, _all_floats_row, _as_matrix, _split, read_json, read_npz
 from .numbers import is_exact_array, to_fraction, to_fraction_array
 
 
@@ -232,19 +231,16 @@ def load_dataset(path: str | Path, causal: bool = False) -> Dataset | CausalData
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            marked = "causal" in z.files and bool(z["causal"])
+        arrays = read_npz(path)
+        marked = "causal" in arrays and bool(arrays["causal"])
         return CausalDataset.from_npz(path) if marked or causal else Dataset.from_npz(path)
     if suffix != ".json":
         raise DatasetError(f"{path}: unknown dataset format (expected .json or .npz)")
-    try:
-        doc = json.loads(path.read_text(), parse_float=Fraction, parse_int=Fraction)
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}: not valid JSON ({e})") from None
+    doc = read_json(path)
     if is_causal_doc(doc) or causal:
         return CausalDataset.from_dict(doc, str(path))
     if not isinstance(doc, dict) or "inputs" not in doc or "targets" not in doc:
         raise DatasetError(f"{path}: expected an object with keys 'inputs' and 'targets'")
     if "causal" in doc and doc["causal"] is not False:
         raise DatasetError(f"{path}: \"causal\" must be true or false")
-    return Dataset.from_arrays(doc["inputs"], doc["targets"])
+    return Dataset.from_doc(doc, path)

@@ -16,7 +16,6 @@ import sys
 import time
 import warnings
 from contextlib import nullcontext
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -152,9 +151,9 @@ def _generate(args) -> int:
 def _read_vocabulary(path: str):
     """(symbols or None, V×d vectors) from a JSON list of vectors or an object symbol → vector."""
     try:
-        doc = json.loads(Path(path).read_text(), parse_float=Fraction, parse_int=Fraction)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not valid JSON ({e})") from None
+        doc = json.loads(Path(path).read_text(), parse_float=parse_exact, parse_int=parse_exact)
+    except (RecursionError, ValueError) as e:  # bad JSON, or a number parse_exact refuses
+        raise UsageError(f"{path}: not valid JSON ({e or 'nested too deeply'})"[:300]) from None
     symbols = None
     if isinstance(doc, dict):
         symbols, doc = list(doc), list(doc.values())
@@ -166,8 +165,8 @@ def _read_vocabulary(path: str):
 def _read_prompt(text: str, symbols, vocab):
     """A JSON list of vectors or of symbols, or plain text (one symbol per character)."""
     try:
-        items = json.loads(text, parse_float=Fraction, parse_int=Fraction)
-    except json.JSONDecodeError:
+        items = json.loads(text, parse_float=parse_exact, parse_int=parse_exact)
+    except (RecursionError, ValueError):  # not JSON: plain text
         items = None
     if not isinstance(items, list):
         items = list(text)

@@ -129,15 +129,11 @@ class Dataset:
     def from_json(cls, path: str | Path) -> Dataset:
         """Read ``{"inputs": [[[..], ..], ..], "targets": [...]}``; numbers are read exactly,
         except with ``"number": "float64"``, where each is the float64 nearest to it."""
-        text = Path(path).read_text()
-        try:
-            doc = json.loads(text, parse_float=parse_exact, parse_int=parse_exact)
-        except RecursionError:
-            raise DatasetError(f"{path}: not valid JSON (nested too deeply)") from None
-        except NumberError as e:
-            raise DatasetError(f"{path}: {e}") from None
-        except ValueError as e:  # JSONDecodeError, or a number too long for Python's int
-            raise DatasetError(f"{path}: not valid JSON ({e})"[:300]) from None
+        return cls.from_doc(read_json(path), path)
+
+    @classmethod
+    def from_doc(cls, doc, path: str | Path) -> Dataset:
+        """The dataset of a parsed JSON document (``read_json``); ``path`` names it in errors."""
         if not isinstance(doc, dict) or "inputs" not in doc or "targets" not in doc:
             raise DatasetError(f"{path}: expected an object with keys 'inputs' and 'targets'")
         number = doc.get("number", "rational")
@@ -152,7 +148,7 @@ class Dataset:
     @classmethod
     def from_npz(cls, path: str | Path) -> Dataset:
         """Read ``inputs`` (T×d), ``input_lengths`` (N), ``targets`` (M×d), ``target_lengths``."""
-        arrays = _read_npz(path, ("inputs", "input_lengths", "targets", "target_lengths"))
+        arrays = read_npz(path, ("inputs", "input_lengths", "targets", "target_lengths"))
         xs = _split(arrays["inputs"], arrays["input_lengths"], "inputs", "input_lengths")
         ys = _split(arrays["targets"], arrays["target_lengths"], "targets", "target_lengths")
         return cls.from_arrays(xs, ys)
@@ -287,19 +283,33 @@ def _float64_sequences(seqs, kind: str):
     return out
 
 
-def _read_npz(path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The named arrays of an .npz file; an unreadable or incomplete archive is a
-    DatasetError naming the file."""
+def read_json(path: str | Path):
+    """The parsed JSON of a dataset file, every number read exactly (``parse_exact``, which
+    refuses absurd exponents); broken or too deeply nested JSON is a DatasetError."""
+    text = Path(path).read_text()
+    try:
+        return json.loads(text, parse_float=parse_exact, parse_int=parse_exact)
+    except RecursionError:
+        raise DatasetError(f"{path}: not valid JSON (nested too deeply)") from None
+    except NumberError as e:
+        raise DatasetError(f"{path}: {e}") from None
+    except ValueError as e:  # JSONDecodeError, or a number too long for Python's int
+        raise DatasetError(f"{path}: not valid JSON ({e})"[:300]) from None
+
+
+def read_npz(path, names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+    """The named arrays (default: all) of an .npz file; an unreadable or incomplete archive
+    is a DatasetError naming the file."""
     try:
         z = np.load(path, allow_pickle=False)
         if not isinstance(z, np.lib.npyio.NpzFile):
             raise DatasetError(f"{path}: holds a single .npy array, not an .npz archive of "
-                               f"the arrays {list(names)}")
+                               "named arrays")
         with z:
-            missing = set(names) - set(z.files)
+            missing = set(names or ()) - set(z.files)
             if missing:
                 raise DatasetError(f"{path}: missing arrays {sorted(missing)}")
-            return {name: z[name] for name in names}
+            return {name: z[name] for name in (z.files if names is None else names)}
     except (EOFError, ValueError, OSError, zipfile.BadZipFile, zlib.error) as e:
         if isinstance(e, (DatasetError, FileNotFoundError, PermissionError)):
             raise
