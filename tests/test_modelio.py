@@ -563,3 +563,15 @@ def test_model_benchmark_quick(tmp_path):
     rows = [line for line in out.read_text().splitlines() if line.startswith("| JSON")
             or line.startswith("| .npz")]
     assert len(rows) == 3 and all(r.rstrip(" |").endswith("yes") for r in rows)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".npz"])
+def test_causal_fields_survive(tmp_path, suffix):
+    m = hand_model(exact=False)
+    m.causal = True
+    m.positions = np.array([[0.5, -0.0], [1 / 3, 2.0], [3.0, 1e-300]])
+    save_model(m, tmp_path / f"m{suffix}")
+    back = load_model(tmp_path / f"m{suffix}")
+    assert back.causal and back.positions.shape == (3, 2)
+    assert (back.positions.view(np.int64) == m.positions.view(np.int64)).all()
+    assert_identical(m, back)
