@@ -4,7 +4,7 @@ import warnings
 from fractions import Fraction
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from exactformer import Dataset, DatasetError, generate
@@ -33,15 +33,42 @@ def small_datasets(draw):
         assume(False)
 
 
+# An input that waits on a 2-cycle without being on it (pair 0 → input 3 ⇄ input 1): breaking
+# the cycle at the first unfinished input instead of on the cycle looped forever.
+TAIL_INTO_CYCLE = Dataset.from_arrays(
+    [[[2, 1], [1, 1]], [[1, 1]], [[1, 1], [2, 3], [2, 1]], [[2, 3]]],
+    [[[2, 3]], [[2, 3]], [[1, 1], [2, 1], [2, 3]], [[1, 1]]])
+
+
+def wait_for_cycles(data) -> int:
+    """Cycles of "input x's target is input x′" among the inputs that move: each needs exactly
+    one step aside, however many other inputs wait on it."""
+    X, Y = flatten(data)
+    target = {tuple(x): tuple(y) for x, y in zip(X.tolist(), Y.tolist(), strict=True) if x != y}
+    cycles, seen = 0, set()
+    for start in target:
+        path, node = [], start
+        for _ in range(len(target)):
+            if node not in target or node in seen:
+                break
+            seen.add(node)
+            path.append(node)
+            node = target[node]
+        cycles += node in path
+    return cycles
+
+
 def expected_params(net, data) -> int:
     X, Y = flatten(data)
     moving = {tuple(x) for x, y in zip(X.tolist(), Y.tolist(), strict=True) if x != y}
     assert net.meta["moved"] == len(moving)
+    assert net.meta["cycles"] == wait_for_cycles(data)
     return resnet_param_count(len(moving) + net.meta["cycles"], X.shape[1])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(small_datasets(), st.integers(0, 3))
+@example(TAIL_INTO_CYCLE, 3)
 def test_interpolates_exactly_on_random_data(data, seed):
     net = build_resnet(data, seed=seed)
     report = verify_resnet(net, data)
@@ -64,6 +91,13 @@ def test_swapped_targets_need_one_extra_block():
     net = build_resnet(data)
     assert verify_resnet(net, data).ok
     assert net.meta["cycles"] == 1 and net.n_blocks == 4
+
+
+def test_input_waiting_on_a_cycle_it_is_not_on():
+    net = build_resnet(TAIL_INTO_CYCLE, seed=3)
+    assert verify_resnet(net, TAIL_INTO_CYCLE).ok
+    # inputs 0, 1, 2 and 3 move once each; the cycle 1 ⇄ 3 costs one step aside, pair 0 none
+    assert net.meta["cycles"] == 1 and net.meta["moved"] == 4 and net.n_blocks == 5
 
 
 def test_input_equal_to_target_costs_nothing():

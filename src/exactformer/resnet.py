@@ -1,4 +1,4 @@
-"""The residual-MLP baseline of DESIGN §7: exact interpolation on the flattened input.
+"""The residual-MLP baseline: exact interpolation on the flattened input.
 
 A ResNet sees one sequence as one vector: the n_j tokens in their given order, flattened and
 zero-padded to D = n_max·d coordinates. Its blocks are z ↦ z + W·relu(U·z + b) with width ≤ 4.
@@ -10,8 +10,9 @@ output's first m_j·d coordinates are the target tokens in their given order, th
 * one block per input: a flat-top hat (4 ReLUs, ``construct.gadgets.hat_units``) on t = f·z,
   centred at the input's value, as wide as half the gap to every other point present at that
   moment, adds target − input. Hats run in an order where no input lands on an input that has
-  not moved yet; when every remaining input waits on another (a cycle, such as two pairs whose
-  targets are each other's inputs), one input first moves to a fresh point above all values.
+  not moved yet; when every remaining input waits on another, the wait-for chain runs into a
+  cycle (such as two pairs whose targets are each other's inputs), and one input *on that
+  cycle* first moves to a fresh point above all values.
 
 Count. Every block has width 4 and reads all D coordinates, so
 
@@ -34,8 +35,14 @@ from fractions import Fraction
 
 import numpy as np
 
-from .construct.gadgets import hat_units
-from .construct.generic import Draws, best_draw, relative_gap, separated
+from .construct.gadgets import ff_from_units, hat_units
+from .construct.generic import (
+    ConstructionError,
+    Draws,
+    best_draw,
+    relative_gap,
+    separated,
+)
 from .data import Dataset
 from .numbers import to_fraction_array
 
@@ -149,36 +156,71 @@ def build_resnet(dataset: Dataset, seed: int = 0) -> ResNet:
         return relative_gap(vals) if separated(vals, True) else None
 
     f = best_draw(lambda: draws.vector(D), score, what="ResNet direction")
-    ff = f @ f
-    pos = [x for x, _ in points]
-    dest = [y for _, y in points]
-    done = [_key(x) == _key(y) for x, y in points]
-    top = max(fixed @ f)
-    blocks, cycles = [], 0
-    while not all(done):
-        waiting = {_key(pos[i]) for i in range(len(pos)) if not done[i]}
-        ready = [i for i in range(len(pos)) if not done[i] and _key(dest[i]) not in waiting]
-        if ready:
-            i = ready[0]
-            goal = dest[i]
-        else:  # every remaining input waits on another: break one cycle via a fresh point
-            i = done.index(False)
-            top += 1
-            goal = pos[i] + f * (top - pos[i] @ f) / ff
-            cycles += 1
-        c = pos[i] @ f
-        others = [abs(pos[k] @ f - c) for k in range(len(pos)) if k != i]
-        delta = min([Fraction(1)] + others) / 2
-        units = hat_units(f, Fraction(0), c, delta, goal - pos[i])
-        U = np.array([u.u for u in units], dtype=object)
-        b = np.array([u.b for u in units], dtype=object)
-        W = np.array([u.w for u in units], dtype=object).T
-        blocks.append(ResBlock(U, b, W))
-        pos[i] = goal
-        done[i] = bool(ready)
+    blocks, cycles = _hat_blocks(points, f, max(fixed @ f))
     meta = {"seed": seed, "N": dataset.N, "distinct_inputs": len(points),
             "moved": len(blocks) - cycles, "cycles": cycles}
     return ResNet(d=dataset.d, n_max=D // dataset.d, blocks=blocks, meta=meta)
+
+
+def _hat_blocks(points, f: np.ndarray, top) -> tuple[list[ResBlock], int]:
+    """One hat block per move, and the number of cycles broken.
+
+    Each input moves once onto its target, and an input on a cycle of the wait-for graph first
+    steps aside once to a fresh point above ``top`` (f·z of every point present), so at most
+    K + K/2 moves finish K inputs; more would mean a bug, reported instead of looping on.
+    """
+    pos = [x for x, _ in points]
+    dest = [y for _, y in points]
+    done = [_key(x) == _key(y) for x, y in points]
+    blocks, cycles = [], 0
+    limit = 2 * len(points)
+    for _ in range(limit + 1):
+        if all(done):
+            return blocks, cycles
+        i, ready = _next_move(pos, dest, done)
+        if ready:
+            goal = dest[i]
+        else:
+            top += 1
+            goal = pos[i] + f * (top - pos[i] @ f) / (f @ f)
+            cycles += 1
+        blocks.append(_hat_block(pos, i, goal, f))
+        pos[i], done[i] = goal, ready
+    raise ConstructionError(
+        f"ResNet construction: inputs {[i for i, ok in enumerate(done) if not ok]} are still "
+        f"not on their targets after {limit} blocks (at most 3 per 2 inputs are needed)")
+
+
+def _next_move(pos, dest, done) -> tuple[int, bool]:
+    """(i, True) for an unfinished input whose target no unfinished input occupies, or, when
+    every unfinished input waits on another, (i, False) for an input on a cycle of that
+    wait-for relation, which must step aside first.
+
+    Each unfinished input waits on at most one other (positions are distinct), so the relation
+    is a function; a walk of len(pos) steps along it from any input ends on a cycle, whereas the
+    first unfinished input may only lead into one (and stepping it aside would free nothing).
+    """
+    at = {_key(pos[k]): k for k in range(len(pos)) if not done[k]}
+    waits = {i: at[_key(dest[i])] for i in range(len(pos))
+             if not done[i] and _key(dest[i]) in at}
+    ready = [i for i in range(len(pos)) if not done[i] and i not in waits]
+    if ready:
+        return ready[0], True
+    i = done.index(False)
+    for _ in range(len(pos)):
+        i = waits[i]
+    return i, False
+
+
+def _hat_block(pos, i: int, goal: np.ndarray, f: np.ndarray) -> ResBlock:
+    """The block that moves pos[i] to ``goal`` and no other current position: a flat-top hat
+    on f·z as wide as half the gap to the nearest other position (docs/gadgets.md)."""
+    c = pos[i] @ f
+    others = [abs(p @ f - c) for k, p in enumerate(pos) if k != i]
+    delta = min([Fraction(1)] + others) / 2
+    units = hat_units(f, Fraction(0), c, delta, goal - pos[i])
+    ff = ff_from_units(units, Fraction(1), len(f), exact=True)
+    return ResBlock(ff.U, ff.b, ff.W)
 
 
 @dataclass
