@@ -24,28 +24,51 @@ def shared_pool(N: int, d: int, pool: int, n_max: int, m_max: int | None = None,
     sharing); targets of 1..m_max integer tokens (m_j = n_j if ``m_equals_n``)."""
     rng = np.random.default_rng(seed)
     points = _distinct_integer_points(rng, pool, d, 6)
-    xs, ys, seen = [], [], set()
-    tries = 0
-    while len(xs) < N:
-        tries += 1
-        if tries > 100 * N:
-            raise ValueError(f"cannot draw {N} distinct sequences from a pool of {pool}")
+
+    def draw():
         n = int(rng.integers(1, min(n_max, pool) + 1))
         idx = tuple(sorted(rng.choice(pool, n, replace=False).tolist()))
-        if idx in seen:
-            continue
-        seen.add(idx)
-        m = n if m_equals_n else int(rng.integers(1, min(n, m_max or n) + 1))
-        xs.append(_frac(points[list(idx)]))
-        ys.append(_frac(_distinct_integer_points(rng, m, d, 4)))
-    return Dataset.from_arrays(xs, ys)
+        return idx, idx
+
+    def make(idx):
+        m = len(idx) if m_equals_n else int(rng.integers(1, min(len(idx), m_max or len(idx)) + 1))
+        return _frac(points[list(idx)]), _frac(_distinct_integer_points(rng, m, d, 4))
+
+    pairs = _distinct_draws(N, draw, make, f"shared_pool: sequences from a pool of {pool}")
+    return Dataset.from_arrays([x for x, _ in pairs], [y for _, y in pairs])
 
 
-def _distinct_integer_points(rng, k: int, d: int, radius: int) -> np.ndarray:
-    while True:
+def _distinct_draws(N: int, draw, make, what: str, tries_per_item: int = 100) -> list:
+    """``make(value)`` for each of the first N draws ``draw() -> (key, value)`` with a new key.
+
+    ``make`` runs only for a new key, so the generator's stream (and every dataset drawn from a
+    seed) is what a plain rejection loop gives. After ``tries_per_item``·N draws it gives up with
+    a ValueError: the family has fewer than N distinct members (or nearly so)."""
+    seen, out = set(), []
+    for _ in range(tries_per_item * N):
+        if len(out) == N:
+            break
+        key, value = draw()
+        if key not in seen:
+            seen.add(key)
+            out.append(make(value))
+    if len(out) < N:
+        raise ValueError(f"{what}: only {len(out)} distinct of the {N} requested after "
+                         f"{tries_per_item * N} draws; ask for fewer")
+    return out
+
+
+def _distinct_integer_points(rng, k: int, d: int, radius: int, tries: int = 1000) -> np.ndarray:
+    """k distinct points of {-radius..radius}^d, drawn together (redrawn on a repeat)."""
+    if k > (2 * radius + 1) ** d:
+        raise ValueError(f"cannot draw {k} distinct points with integer coordinates in "
+                         f"[-{radius}, {radius}]^{d}: there are only {(2 * radius + 1) ** d}")
+    for _ in range(tries):
         p = rng.integers(-radius, radius + 1, size=(k, d))
         if len({tuple(r) for r in p.tolist()}) == k:
             return p
+    raise ValueError(f"no {k} distinct points in [-{radius}, {radius}]^{d} in {tries} draws; "
+                     "ask for fewer")
 
 
 def uniform(N: int, n: int, m: int, d: int, seed: int = 0) -> Dataset:
@@ -61,16 +84,14 @@ def vocabulary(N: int, vocab: int, n: int, m: int, d: int, seed: int = 0) -> Dat
     ``vocab`` random vectors, each mapped to m of its own words (a keyword set)."""
     rng = np.random.default_rng(seed)
     table = rng.standard_normal((vocab, d))
-    xs, ys, seen = [], [], set()
-    while len(xs) < N:
+
+    def draw():
         idx = rng.choice(vocab, n, replace=False)
-        key = frozenset(idx.tolist())
-        if key in seen:
-            continue
-        seen.add(key)
-        xs.append(table[idx])
-        ys.append(table[idx[:m]])
-    return Dataset.from_arrays(xs, ys)
+        return frozenset(idx.tolist()), idx
+
+    pairs = _distinct_draws(N, draw, lambda idx: (table[idx], table[idx[:m]]),
+                            f"vocabulary: sets of {n} of {vocab} words")
+    return Dataset.from_arrays([x for x, _ in pairs], [y for _, y in pairs])
 
 
 def nested(N: int, d: int, base: int = 3, seed: int = 0) -> Dataset:
@@ -117,15 +138,17 @@ def shared_maximum(N: int, d: int, seed: int = 0) -> Dataset:
     rng = np.random.default_rng(seed)
     big = [Fraction(100)] * d
     pool = _distinct_integer_points(rng, max(4, N // 2 + 3), d, 5)
-    xs, ys, seen = [], [], set()
-    while len(xs) < N:
+
+    def draw():
         idx = tuple(sorted(rng.choice(len(pool), int(rng.integers(1, 4)), replace=False)))
-        if idx in seen:
-            continue
-        seen.add(idx)
-        xs.append([big] + _frac(pool[list(idx)]))
-        ys.append(_frac(_distinct_integer_points(rng, int(rng.integers(1, 3)), d, 4)))
-    return Dataset.from_arrays(xs, ys)
+        return idx, idx
+
+    def make(idx):
+        return ([big] + _frac(pool[list(idx)]),
+                _frac(_distinct_integer_points(rng, int(rng.integers(1, 3)), d, 4)))
+
+    pairs = _distinct_draws(N, draw, make, f"shared_maximum: subsets of a pool of {len(pool)}")
+    return Dataset.from_arrays([x for x, _ in pairs], [y for _, y in pairs])
 
 
 def demo() -> Dataset:
