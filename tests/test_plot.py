@@ -16,7 +16,9 @@ from exactformer.plot import plot_phases  # noqa: E402
 
 
 def small_d2():
-    return generate.shared_pool(N=5, d=2, pool=5, n_max=4, m_max=2, seed=3)
+    """Shared tokens (so a leaders phase and its collapse) in few blocks: every block is a frame
+    of the animation, and drawing frames is what these tests spend their time on."""
+    return generate.shared_pool(N=3, d=2, pool=4, n_max=3, m_max=2, seed=1)
 
 
 def test_hardmax_panels_png_and_gif(tmp_path):
@@ -36,18 +38,25 @@ def test_hardmax_panels_png_and_gif(tmp_path):
         assert im.format == "GIF" and im.n_frames >= 2
 
 
-def test_softmax_and_projected_panels(tmp_path):
-    data = generate.demo()  # d = 3: panels are 2-D projections
-    for attention in ("hardmax", "softmax"):
-        try:
-            model = ef.compile(data, attention=attention, exact=attention == "hardmax")
-        except NotImplementedError:
-            continue
-        fig = plot_phases(model, data, tmp_path / f"{attention}.png")
-        assert len(fig.axes) == len(model.meta["phases"]) + 2
-        assert "principal directions" in fig.get_suptitle()
-        with Image.open(tmp_path / f"{attention}.png") as im:
-            im.verify()
+@pytest.mark.parametrize("attention, phases", [
+    ("hardmax", ["separation", "leaders", "interpolation"]),
+    ("softmax", ["separation", "leaders", "projection", "snap"]),
+])
+def test_softmax_and_projected_panels(tmp_path, attention, phases):
+    """Both attentions build (d = 3: panels are 2-D projections) and plot one panel per phase,
+    plus the input and the collapse that ends the leaders phase."""
+    data = generate.shared_pool(N=4, d=3, pool=4, n_max=3, m_max=2, seed=1)
+    model = ef.compile(data, attention=attention, exact=attention == "hardmax")
+    assert list(model.meta["phases"]) == phases
+    fig = plot_phases(model, data, tmp_path / f"{attention}.png")
+    expected = ["input", "after separation", "after leaders", "after the collapse"] + [
+        f"after {p}" for p in phases[2:]]
+    assert len(fig.axes) == len(expected)
+    for ax, title in zip(fig.axes, expected, strict=True):
+        assert ax.get_title().startswith(title)
+    assert "principal directions" in fig.get_suptitle()
+    with Image.open(tmp_path / f"{attention}.png") as im:
+        im.verify()
 
 
 def test_model_without_phases_gets_one_panel_per_phase(tmp_path):
