@@ -28,6 +28,7 @@ from .data import Dataset, DatasetError
 from .modelio import ModelFormatError, atomic_path, load_model, save_model, write_text_atomic
 from .numbers import as_number_array, fmt, parse_exact
 from .report import verify
+from .tables import format_table
 
 
 class UsageError(Exception):
@@ -125,8 +126,7 @@ def _info(args) -> int:
     for key in ("construction", "seed", "N", "sum_m", "constrained", "R", "moves", "phases"):
         if key in meta:
             rows.append((key, meta[key]))
-    w = max(len(k) for k, _ in rows)
-    print("\n".join(f"{k.ljust(w)}  {v}" for k, v in rows))
+    print(format_table(rows))
     return 0
 
 

@@ -18,6 +18,7 @@ from .evaluate import Arithmetic, PassStats, distinct_rows, forward, forward_cau
 from .model import Transformer
 from .numbers import to_fraction
 from .record import CausalConstruction
+from .tables import format_table
 
 
 def hausdorff(a: np.ndarray, b: np.ndarray) -> float:
@@ -121,9 +122,7 @@ class Report:
         return rows
 
     def table(self) -> str:
-        rows = self.rows()
-        w = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+        return format_table(self.rows())
 
 
 def design_bound(model: Transformer, N: int, sum_m: int) -> int | None:
