@@ -21,7 +21,7 @@ pytest.importorskip("safetensors")
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 
 import exactformer as ef  # noqa: E402
 from exactformer import cli, generate  # noqa: E402
@@ -153,7 +153,7 @@ def test_rho_eta_layout_reproduces_targets(name, attention):
     sd = et.to_rho_eta(model).state_dict()
     n = len({k.split(".")[1] for k in sd})
     assert set(sd) == {f"blocks.{i}.{k}" for i in range(n) for k in RHO_ETA_KEYS}
-    shapes = {"rho": (), "eta": (), "attn.to_q.weight": (d + 1, d),
+    shapes = {"rho": (1,), "eta": (1,), "attn.to_q.weight": (d + 1, d),
               "attn.to_k.weight": (d + 1, d), "attn.to_v.weight": (d, d),
               "ff.0.weight": (4, d), "ff.0.bias": (4,), "ff.2.weight": (d, 4)}
     for k, v in sd.items():
@@ -163,6 +163,71 @@ def test_rho_eta_layout_reproduces_targets(name, attention):
     fresh = et.RhoEtaTransformer(d, n, d + 1, attention=model.attention, tau=tau)
     fresh.load_state_dict(sd)
     assert target_error(et.apply(fresh, data.floats()[0]), data) <= 1e-9
+
+
+class PaperStyleTF(torch.nn.Module):
+    """A model class with the parameter names and shapes of the paper authors' public one
+    (blocks.{i}.rho / .eta of shape (1,), attn.to_q / to_k / to_v without bias, FF
+    Linear(d, 4) → ReLU → Linear(4, d) without bias, softmax scores over τ), written here: our
+    ρ/η state dict must load into it with strict=True and give our outputs."""
+
+    class Block(torch.nn.Module):
+        def __init__(self, d: int, h: int, tau: float):
+            super().__init__()
+            nn = torch.nn
+            self.tau = tau
+            self.rho, self.eta = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+            self.attn = nn.Module()
+            self.attn.to_q = nn.Linear(d, h, bias=False)
+            self.attn.to_k = nn.Linear(d, h, bias=False)
+            self.attn.to_v = nn.Linear(d, d, bias=False)
+            self.ff = nn.Sequential(nn.Linear(d, 4), nn.ReLU(), nn.Linear(4, d, bias=False))
+
+        def forward(self, x):
+            a = self.attn
+            weights = torch.softmax(a.to_q(x) @ a.to_k(x).transpose(-2, -1) / self.tau, dim=-1)
+            x = self.rho * x + weights @ a.to_v(x)
+            return self.eta * x + self.ff(x)
+
+    def __init__(self, d: int, h: int, tau: float, depth: int):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*[self.Block(d, h, tau) for _ in range(depth)])
+
+    def forward(self, x):
+        return self.blocks(x)
+
+
+@pytest.mark.parametrize("name", ["demo", "nested"])
+def test_rho_eta_state_dict_loads_into_the_paper_class_layout(name):
+    data, model = case(name, "softmax")
+    ours = et.to_rho_eta(model)
+    tau = 1.0 if model.tau is None else float(model.tau)
+    theirs = PaperStyleTF(model.d, model.d + 1, tau, len(ours.blocks)).double()
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    xs, _ = data.floats()
+    with torch.no_grad():
+        outs = [theirs(torch.as_tensor(x, dtype=torch.float64)[None])[0].numpy() for x in xs]
+    assert max_diff(outs, et.apply(ours, xs), data.coordinate_scale()) <= 1e-12
+    assert target_error(outs, data) <= 1e-9
+    # and back: their state dict loads into ours with strict=True
+    back = et.RhoEtaTransformer(model.d, len(ours.blocks), model.d + 1, "softmax", ours.tau)
+    back.load_state_dict(theirs.state_dict(), strict=True)
+    assert max_diff(et.apply(back, xs), outs, data.coordinate_scale()) == 0
+
+
+def test_rho_eta_file_with_scalar_rho_eta_still_loads(tmp_path):
+    """Files written when ρ and η had shape () load, with the same outputs."""
+    data, model = case("demo", "softmax")
+    path = tmp_path / "model.safetensors"
+    module = et.export(model, path, layout="rho-eta")
+    tensors = load_file(str(path))
+    old = {k: v.reshape(()) if k.endswith((".rho", ".eta")) else v for k, v in tensors.items()}
+    assert sum(v.dim() == 0 for v in old.values()) == 2 * len(module.blocks)
+    save_file(old, str(path))
+    again = et.load_torch(path)
+    assert all(tuple(b.rho.shape) == tuple(b.eta.shape) == (1,) for b in again.blocks)
+    xs, _ = data.floats()
+    assert max_diff(et.apply(again, xs), et.apply(module, xs), data.coordinate_scale()) == 0
 
 
 def test_rho_eta_shift_puts_identity_layers_at_the_ends():

@@ -116,6 +116,7 @@ def test_penalty_sums_the_squares_of_every_parameter_rho_and_eta_included():
     with torch.no_grad():
         for p in module.parameters():
             p.fill_(1)
+    assert all(b.rho.shape == b.eta.shape == (1,) for b in module.blocks)  # one number each
     per_block = 2 + 2 * h * d + d * d + width * d + width + d * width  # ρ, η, W_q, W_k, W_v, FF
     assert tr.norm_sq(module).item() == blocks * per_block
     with torch.no_grad():

@@ -42,6 +42,7 @@ from .model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from .modelio import atomic_path
 from .numbers import to_fraction_array
 from .report import hausdorff
+from .tables import format_table
 
 FORMAT = "exactformer.torch/1"
 LAYOUTS = ("native", "rho-eta")
@@ -227,10 +228,13 @@ class RhoEtaAttention(nn.Module):
 
 
 class RhoEtaBlock(nn.Module):
+    """ρ and η have shape (1,), as in the paper authors' model class, so that a state dict of
+    this layout loads into theirs with ``strict=True`` (and theirs into this one)."""
+
     def __init__(self, d: int, h: int, width: int, dtype=torch.float64):
         super().__init__()
-        self.rho = nn.Parameter(torch.ones((), dtype=dtype))  # residual by default
-        self.eta = nn.Parameter(torch.ones((), dtype=dtype))
+        self.rho = nn.Parameter(torch.ones(1, dtype=dtype))  # residual by default
+        self.eta = nn.Parameter(torch.ones(1, dtype=dtype))
         self.attn = RhoEtaAttention(d, h, dtype)
         self.ff = nn.Sequential(nn.Linear(d, width, dtype=dtype), nn.ReLU(),
                                 nn.Linear(width, d, bias=False, dtype=dtype))
@@ -518,8 +522,18 @@ def load_torch(path: str | Path, device=None, dtype=None, ff: str | None = None)
     module = RhoEtaTransformer(config["d"], config["n_blocks"], config["h"],
                                config["attention"], config["tau"], config["width"], file_dtype,
                                config.get("causal", False), config.get("positions"))
-    module.load_state_dict(tensors)
+    module.load_state_dict(_rho_eta_scalars_as_vectors(tensors))
     return module.to(device=device, dtype=dtype)
+
+
+def _rho_eta_scalars_as_vectors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A ρ/η state dict with every ``blocks.{i}.rho`` / ``.eta`` of shape (1,): files written
+    before ρ and η took that shape hold them with shape (), and still load."""
+    def vector(key: str, t: torch.Tensor) -> torch.Tensor:
+        scalar = key.rsplit(".", 1)[-1] in ("rho", "eta") and t.dim() == 0
+        return t.reshape(1) if scalar else t
+
+    return {k: vector(k, v) for k, v in tensors.items()}
 
 
 def export(model: Transformer, path: str | Path, layout: str = "native",
@@ -574,9 +588,7 @@ class Float32Verdict:
                 ("smallest hat clearance / scale", margin(self.ridge_clearance))]
 
     def table(self) -> str:
-        rows = self.rows()
-        w = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+        return format_table(self.rows())
 
     def to_dict(self) -> dict:
         return asdict(self)

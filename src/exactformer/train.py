@@ -47,6 +47,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .data import Dataset
+from .tables import format_table
 from .torch import RhoEtaTransformer, apply, pad_batch
 
 
@@ -295,9 +296,7 @@ class TikhonovDiagnostic:
                  f"{self.final_objective:.6g}  ({above(self.objective_above_bound)})")]
 
     def table(self) -> str:
-        rows = self.rows()
-        w = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+        return format_table(self.rows())
 
 
 def _signature(module: nn.Module) -> tuple:
