@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from fractions import Fraction
 
@@ -11,6 +12,11 @@ from hypothesis import strategies as st
 
 import exactformer as ef
 from exactformer.data import DuplicatePairWarning
+
+# torch spreads even a 4×4 softmax over a thread pool as wide as the machine; on a busy 2-core
+# machine those threads wait on each other and one op takes ~1000× longer (24 ms, not 24 µs).
+# The tests' tensors are tiny: one thread. Set before any test module imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def token_set(a) -> set:

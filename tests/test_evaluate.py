@@ -18,6 +18,7 @@ from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatr
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+SLOW = settings(SETTINGS, max_examples=25)  # whole random models through exact passes: ~0.3 s each
 
 
 def F(*values):
@@ -345,7 +346,7 @@ def inputs_for(draw, d, max_len=6):
     return seqs
 
 
-@SETTINGS
+@SLOW
 @given(data=st.data())
 def test_fast_path_equals_reference(data):
     model = data.draw(models())
@@ -357,7 +358,7 @@ def test_fast_path_equals_reference(data):
         assert rows(g) == w  # token by token, exactly
 
 
-@SETTINGS
+@SLOW
 @given(data=st.data())
 def test_ridge_only_models_equal_reference(data):
     d = data.draw(st.integers(2, 3))
@@ -416,7 +417,7 @@ def test_many_tokens_through_many_windows():
 
 
 # ------------------------------------------------------------------------------ arithmetics
-@SETTINGS
+@SLOW
 @given(data=st.data())
 def test_exact_float_mp_agree(data):
     model = data.draw(models())

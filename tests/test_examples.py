@@ -17,7 +17,7 @@ def load(name: str):
 
 def test_digits_inpainting_small():
     pytest.importorskip("sklearn")
-    rows = load("digits_inpainting").main(n_images=12, exact_images=3)
+    rows = load("digits_inpainting").main(n_images=6, exact_images=2)
     assert rows and all(r["ok"] for r in rows)
     assert {(r["attention"], r["parameters"]) for r in rows} >= {("hardmax", "float64"),
                                                                  ("hardmax", "rational")}

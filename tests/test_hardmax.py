@@ -37,6 +37,7 @@ from exactformer.modelio import model_to_dict
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 FEW = settings(SETTINGS, max_examples=15)
+SLOW = settings(SETTINGS, max_examples=25)  # exact builds plus several passes: ~0.2 s each
 seeds = st.integers(0, 2**31 - 1)
 def check_exact_model(model, ds):
     """Everything an exact hardmax model must satisfy on its dataset."""
@@ -84,7 +85,7 @@ def test_random_shared_pool_interpolates_exactly(ds, seed):
         assert model.meta["R"] == 0
 
 
-@SETTINGS
+@SLOW
 @given(ds=datasets(rational=True), seed=seeds)
 def test_rational_coordinates(ds, seed):
     check_exact_model(ef.compile(ds, exact=True, seed=seed), ds)
@@ -292,7 +293,7 @@ def test_float64_mode_agrees(ds, seed):
         assert hausdorff(o, y) <= 1e-9 * scale
 
 
-@SETTINGS
+@SLOW
 @given(ds=datasets(), seed=seeds)
 def test_exact_model_in_float_and_mp_agrees_with_exact(ds, seed):
     model = ef.compile(ds, exact=True, seed=seed)
