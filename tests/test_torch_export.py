@@ -384,7 +384,11 @@ def test_native_evaluation_forms():
     assert profile.model is model and dense.model is model
     xs, _ = data.floats()
     assert max_diff(et.apply(dense, xs), et.apply(profile, xs), data.coordinate_scale()) <= 1e-10
-    assert et.max_error(et.to_torch(model, torch.float32), data) <= 2 ** 6 * 2.0 ** -24  # 64 u
+    # float32 (u = 2⁻²⁴ ≈ 6e-8): the profile form stays within a few dozen u of the targets,
+    # the dense form's cancelling ReLU sums lose orders of magnitude more
+    err_profile = et.max_error(et.to_torch(model, torch.float32), data)
+    err_dense = et.max_error(et.to_torch(model, torch.float32, ff="dense"), data)
+    assert err_profile <= 64 * et.UNIT_ROUNDOFF_32 and 10 * err_profile < err_dense
     with pytest.raises(ValueError, match="ff must be"):
         et.to_torch(model, ff="relu")
 
