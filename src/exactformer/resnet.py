@@ -1,4 +1,4 @@
-"""The residual-MLP baseline: exact interpolation on the flattened input.
+"""The residual-MLP baseline: exact interpolation on the flattened input (docs/baselines.md).
 
 A ResNet sees one sequence as one vector: the n_j tokens in their given order, flattened and
 zero-padded to D = n_max·d coordinates. Its blocks are z ↦ z + W·relu(U·z + b) with width ≤ 4.

@@ -2,7 +2,8 @@
 
 A table is a list of (label, value) rows: the labels left-justified to the longest one, two
 spaces, then the value as ``str`` gives it. The verification report, ``exactformer info``, the
-float32 verdict and the Tikhonov diagnostic all print this way, so they line up alike.
+float32 verdict and the Tikhonov diagnostic all print this way, so they line up alike (see
+docs/verification.md, "The report").
 """
 
 from __future__ import annotations
