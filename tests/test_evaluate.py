@@ -18,7 +18,7 @@ from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatr
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-SLOW = settings(SETTINGS, max_examples=25)  # whole random models through exact passes: ~0.3 s each
+SLOW = settings(SETTINGS, max_examples=20)  # whole random models through exact passes: ~0.3 s each
 
 
 def F(*values):

@@ -274,7 +274,7 @@ def test_different_seeds_give_different_models():
 
 
 # ------------------------------------------------------------------------------ float64
-@SETTINGS
+@SLOW
 @given(ds=datasets(), seed=seeds)
 def test_float64_mode_agrees(ds, seed):
     fm = ef.compile(ds, exact=False, seed=seed)
