@@ -342,9 +342,7 @@ class CausalReport:
         ]
 
     def table(self) -> str:
-        rows = self.rows()
-        w = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+        return format_table(self.rows())
 
 
 def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float = 1e-9,
