@@ -17,6 +17,7 @@ L blocks and T tokens near O(T + L log T) for constructed models; any other laye
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import sys
@@ -70,7 +71,9 @@ class Arithmetic:
         if self.kind == "float":
             return a.astype(float)
         out = np.empty(a.shape, dtype=object)
-        out.flat[:] = [self.scalar(v) for v in a.ravel().tolist()]  # Python scalars: faster
+        vals = a.ravel().tolist()  # Python scalars convert faster than NumPy ones
+        exact_ints = self.kind == "exact" and a.dtype.kind in "iu"
+        out.flat[:] = list(map(mpq if exact_ints else self.scalar, vals))
         return out
 
     def public(self, a: np.ndarray) -> np.ndarray:
@@ -200,6 +203,37 @@ def _zero_dot(xs: list, ys: list) -> bool:
                Fraction(0)) == 0
 
 
+def _float_image(a: np.ndarray) -> np.ndarray | None:
+    """float64 values of ``a``; None for an object array with a value beyond float range.
+    Each exact value has a single image and the conversion is monotone (rounding or
+    truncation), so floats can pre-sort and pre-group exact values."""
+    try:
+        return a.astype(float)
+    except OverflowError:
+        return None
+
+
+def _max_abs(x: np.ndarray) -> float:
+    """The largest |coordinate| of ``x`` as a float (inf beyond float range)."""
+    f = _float_image(x)
+    return float(np.abs(f).max(initial=0.0)) if f is not None else math.inf
+
+
+def _stable_argsort(t: np.ndarray) -> np.ndarray:
+    """``np.argsort(t, kind="stable")`` for exact or mpmath values, sorting by the values' float
+    images first and comparing exactly only within runs of equal floats."""
+    tf = _float_image(t) if t.dtype == object else t
+    if tf is None or t.dtype != object:
+        return np.argsort(t, kind="stable")
+    order = np.argsort(tf, kind="stable")
+    sf = tf[order]
+    starts = np.flatnonzero(np.concatenate([[True], sf[1:] != sf[:-1], [True]]))
+    for s, e in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
+        if e - s > 1:
+            order[s:e] = sorted(order[s:e].tolist(), key=t.__getitem__)
+    return order
+
+
 class _SortedProjection:
     """Rows' values t = P·f kept in a sorted index; moved rows wait in a small dirty set."""
 
@@ -208,7 +242,7 @@ class _SortedProjection:
         self._rebuild()
 
     def _rebuild(self):
-        self.order = np.argsort(self.t, kind="stable")
+        self.order = _stable_argsort(self.t)
         self.sorted_t = self.t[self.order]
         self.dirty: set[int] = set()
         self.is_dirty = np.zeros(len(self.t), dtype=bool)
@@ -282,12 +316,12 @@ class _State:
             key = np.column_stack([self.seq.astype(float), self.P])
             _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
             inv = inv.reshape(-1)
-        else:  # exact keys hashed in sequence order; numbered in order of first sight
+        else:  # rows numbered in sequence order, by first sight of their key
             order = np.argsort(self.seq, kind="stable")
-            index: dict[tuple, int] = {}
-            keys = zip(self.seq[order].tolist(), *self.P[order].T.tolist(), strict=True)
-            ids = np.fromiter((index.setdefault(k, len(index)) for k in keys), dtype=np.int64,
-                              count=len(order))
+            keys = _row_keys(self.seq, self.P)
+            index: dict = {}
+            ids = np.fromiter((index.setdefault(keys[r], len(index)) for r in order.tolist()),
+                              dtype=np.int64, count=len(order))
             inv = np.empty(len(order), dtype=np.int64)
             inv[order] = ids
             first = order[np.unique(ids, return_index=True)[1]]
@@ -309,6 +343,25 @@ class _State:
         return np.split(full, np.cumsum(self.lengths)[:-1])
 
 
+def _row_keys(seq: np.ndarray, P: np.ndarray) -> list:
+    """A hashable key per row of an object array, equal exactly when (sequence, point) are.
+
+    Hashing big rationals is the slow part of compaction, so a row whose (sequence, float
+    image) no other row shares gets that image's number (an int) as its key; only rows that
+    share a float image are keyed by their exact values (a tuple, never equal to an int).
+    """
+    Pf = _float_image(P)
+    if Pf is None:
+        return list(zip(seq.tolist(), *P.T.tolist(), strict=True))
+    _, fid, count = np.unique(np.column_stack([seq, Pf]), axis=0, return_inverse=True,
+                              return_counts=True)
+    fid = fid.reshape(-1)
+    keys: list = fid.tolist()
+    for r in np.flatnonzero(count[fid] > 1).tolist():
+        keys[r] = (int(seq[r]), *P[r].tolist())
+    return keys
+
+
 # ------------------------------------------------------------------------------ layers
 def _apply_ff(st: _State, ff: FF, ridge: Ridge | None, stats: PassStats, scale: float):
     """Apply an FF: a ridge window only to the rows inside it, anything else densely."""
@@ -316,7 +369,7 @@ def _apply_ff(st: _State, ff: FF, ridge: Ridge | None, stats: PassStats, scale: 
         sp = st.projection(ridge.f)
         rows, gap = sp.rows_in(ridge.lo, ridge.hi)
         if gap is not None:
-            stats._min("ridge_clearance", float(gap) / (scale * _norm(ridge.f)))
+            stats._min("ridge_clearance", gap / (scale * _norm(ridge.f)))
         if len(rows) == 0:
             return
         X = st.P[rows]
@@ -463,7 +516,7 @@ def forward(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "flo
     with mpmath.workdps(dps):
         if model.positions is not None:  # added in the pass's arithmetic (exactly when exact)
             xs = with_positions(ar.array(model.positions), [ar.array(x) for x in xs])
-        scale = max(1.0, max(float(np.abs(x.astype(float)).max(initial=0.0)) for x in xs))
+        scale = max(1.0, max(_max_abs(x) for x in xs))
         job = _Job.of(model, ar, tau)
         bounds = _chunk_bounds(xs, model.n_blocks, ar, workers)
         if len(bounds) == 1:
