@@ -5,7 +5,9 @@ The plain-Fraction reference pass and the random models come from test_evaluate.
 
 from __future__ import annotations
 
+import importlib.util
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,8 +17,10 @@ from test_evaluate import F, attend, hat_ff, inputs_for, model_of, models, ref_f
 
 import exactformer as ef
 import exactformer.evaluate as ev
+from exactformer.causal_data import CausalDataset
 from exactformer.evaluate import Arithmetic, PassStats, _chunk_bounds, _stable_argsort
 from exactformer.generate import shared_pool
+from exactformer.generation import Decoder, generate
 from exactformer.model import Block
 
 SETTINGS = settings(max_examples=25, deadline=None,
@@ -144,3 +148,33 @@ def test_verify_with_workers(monkeypatch):
     serial = ef.verify(model, data, workers=1).to_dict()
     parallel = ef.verify(model, data, workers=2).to_dict()
     assert parallel == serial and serial["ok"] and serial["arithmetic"] == "exact"
+
+
+def test_bench_exact_quick_table(tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "bench_exact", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_exact.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "exact.md"
+    assert bench.main(["--quick", "--workers", "2", "--out", str(out)]) == 0
+    lines = [line.split("|")[1:-1] for line in out.read_text().splitlines()
+             if line.startswith(("| image-like", "| vocabulary"))]
+    assert len(lines) == 2
+    for cells in lines:
+        r = dict(zip(bench.COLUMNS, (c.strip() for c in cells), strict=True))
+        assert r["verdict"] == "EXACT"
+        assert float(r["ratio (1)"]) > 0 and float(r["ratio (k)"]) > 0
+
+
+def test_causal_passes_and_generation_return_fractions():
+    # the decoder and the causal pass run on mpq too; what they hand out must be Fractions
+    data = CausalDataset.from_arrays([[[1, 0, 2], [0, 1, -1], [2, 2, 0]]],
+                                     [[[0, 1, -1], [2, 2, 0], None]])
+    model = ef.compile(data)
+    outs = ef.forward(model, data.inputs, "exact")
+    assert all_fractions(outs)
+    assert [rows(o)[:2] for o in outs] == [rows(data.inputs[0][1:])]
+    dec = Decoder(model)
+    assert all_fractions([dec.push(x) for x in data.inputs[0]])
+    tokens = generate(model, data.inputs[0][:1], 2)
+    assert all_fractions([tokens]) and rows(tokens) == rows(data.inputs[0][1:])
