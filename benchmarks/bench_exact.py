@@ -17,6 +17,7 @@ import argparse
 import datetime
 import os
 import platform
+import resource
 import sys
 import time
 import warnings
@@ -33,8 +34,8 @@ RESULTS = Path(__file__).parent / "results"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 COLUMNS = ["data", "N", "tokens", "L", "float64 verify s", "exact verify s (1 worker)",
-           "ratio (1)", "exact verify s (k workers)", "ratio (k)", "exact CPU s (1 worker)",
-           "verdict"]
+           "ratio (1)", "exact verify s (k workers)", "ratio (k)", "float64 CPU s",
+           "exact CPU s (1 worker)", "CPU ratio (1)", "exact CPU s (k workers)", "verdict"]
 
 
 def digits(n_images: int) -> tuple[str, ef.Dataset]:
@@ -77,10 +78,14 @@ def cases(quick: bool):
 
 
 def timed(fn):
-    """(result, wall seconds, CPU seconds of this process)."""
-    w, c = time.perf_counter(), time.process_time()
+    """(result, wall seconds, CPU seconds of this process and of its finished children)."""
+    def cpu():
+        ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + ch.ru_utime + ch.ru_stime
+
+    w, c = time.perf_counter(), cpu()
     out = fn()
-    return out, time.perf_counter() - w, time.process_time() - c
+    return out, time.perf_counter() - w, cpu() - c
 
 
 def run(label: str, data: ef.Dataset, workers: int) -> dict:
@@ -88,16 +93,18 @@ def run(label: str, data: ef.Dataset, workers: int) -> dict:
         warnings.simplefilter("ignore")
         exact = ef.compile(data, exact=True)
         floats = ef.compile(data, exact=False)
-        rep_f, t_f, _ = timed(lambda: ef.verify(floats, data))
+        rep_f, t_f, c_f = timed(lambda: ef.verify(floats, data))
         rep_1, t_1, c_1 = timed(lambda: ef.verify(exact, data, workers=1))
-        rep_k, t_k, _ = timed(lambda: ef.verify(exact, data, workers=workers))
+        rep_k, t_k, c_k = timed(lambda: ef.verify(exact, data, workers=workers))
     if rep_1.exact_equal != rep_k.exact_equal:
         raise AssertionError(f"{label}: serial and parallel verification disagree")
     verdict = "EXACT" if rep_1.ok and rep_k.ok else "FAILED"
     return {"data": label, "N": data.N, "tokens": data.total_n, "L": exact.n_blocks,
             "float64 verify s": f"{t_f:.2f}", "exact verify s (1 worker)": f"{t_1:.2f}",
             "ratio (1)": f"{t_1 / t_f:.1f}", "exact verify s (k workers)": f"{t_k:.2f}",
-            "ratio (k)": f"{t_k / t_f:.1f}", "exact CPU s (1 worker)": f"{c_1:.2f}",
+            "ratio (k)": f"{t_k / t_f:.1f}", "float64 CPU s": f"{c_f:.2f}",
+            "exact CPU s (1 worker)": f"{c_1:.2f}", "CPU ratio (1)": f"{c_1 / c_f:.1f}",
+            "exact CPU s (k workers)": f"{c_k:.2f}",
             "verdict": verdict if rep_f.ok else verdict + " (float64 FAILED)"}
 
 
@@ -124,8 +131,8 @@ def main(argv=None) -> int:
             f"({os.cpu_count()} CPUs, k = {args.workers} workers, Python "
             f"{platform.python_version()}, numpy {np.__version__}, gmpy2 {gmpy2.version()}). "
             f"Load average {load0:.1f} before and {load1:.1f} after: other processes shared "
-            "the CPUs, so wall-clock times and parallel speed-ups are only indicative; the CPU "
-            "column is less affected.")
+            "the CPUs, so wall-clock times and parallel speed-ups are only indicative; CPU times "
+            "(this process and its workers) are less affected.")
     text = "\n\n".join(["# Exact against float64 verification", head,
                         markdown(rows, COLUMNS),
                         "Ratios are exact verification time over float64 verification time "
