@@ -1,4 +1,8 @@
-"""Forward passes in three arithmetics: exact (Fraction), float64 and mpmath (any precision).
+"""Forward passes in three arithmetics: exact (rational), float64 and mpmath (any precision).
+
+The exact pass computes with gmpy2's ``mpq`` (GMP rationals, several times faster than
+``fractions.Fraction`` in the hot loops); its inputs and outputs are ``Fraction``s, converted at
+entry and exit, so users only ever see Fractions (see docs/numerics.md).
 
 The pass keeps each sequence as a *multiset* of points (rows with counts): two tokens of one
 sequence at the same point stay together forever, because FF acts per token and SA depends only
@@ -13,11 +17,17 @@ L blocks and T tokens near O(T + L log T) for constructed models; any other laye
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, fields
 from fractions import Fraction
 
 import mpmath
 import numpy as np
+from gmpy2 import mpq
 from tqdm import tqdm
 
 from .model import FF, SA, Transformer
@@ -29,7 +39,8 @@ ARITHMETICS = ("exact", "float", "mp")
 # ------------------------------------------------------------------------------ arithmetic
 @dataclass
 class Arithmetic:
-    """How numbers are represented: 'exact' (Fraction), 'float' (float64), 'mp' (mpmath)."""
+    """How numbers are represented: 'exact' (gmpy2 mpq inside a pass, Fraction outside),
+    'float' (float64), 'mp' (mpmath)."""
 
     kind: str = "float"
     dps: int = 50
@@ -48,9 +59,9 @@ class Arithmetic:
         if self.kind == "float":
             return float(v)
         if self.kind == "exact":
-            if isinstance(v, Fraction):
+            if isinstance(v, mpq):
                 return v
-            return Fraction(float(v)) if isinstance(v, (float, np.floating)) else Fraction(v)
+            return mpq(v) if isinstance(v, (int, Fraction)) else mpq(to_fraction(v))
         if isinstance(v, Fraction):
             return mpmath.mpf(v.numerator) / v.denominator
         return mpmath.mpf(v)
@@ -60,7 +71,19 @@ class Arithmetic:
         if self.kind == "float":
             return a.astype(float)
         out = np.empty(a.shape, dtype=object)
-        out.flat[:] = [self.scalar(v) for v in a.flat]
+        vals = a.ravel().tolist()  # Python scalars convert faster than NumPy ones
+        exact_ints = self.kind == "exact" and a.dtype.kind in "iu"
+        out.flat[:] = list(map(mpq if exact_ints else self.scalar, vals))
+        return out
+
+    def public(self, a: np.ndarray) -> np.ndarray:
+        """``a`` as users see it: the exact pass's mpq values become Fractions; float and mp
+        arrays are returned unchanged."""
+        if self.kind != "exact":
+            return a
+        out = np.empty(a.shape, dtype=object)
+        out.flat[:] = [Fraction(int(v.numerator), int(v.denominator))
+                       for v in a.ravel().tolist()]
         return out
 
     def exp(self, a: np.ndarray) -> np.ndarray:
@@ -89,6 +112,16 @@ class PassStats:
         v = float(v)
         cur = getattr(self, name)
         setattr(self, name, v if cur is None else min(cur, v))
+
+    def merge(self, other: PassStats) -> None:
+        """Fold in the statistics of a pass over other sequences (a chunk of a parallel pass):
+        counts add up, margins take the smaller value, so the result equals one serial pass."""
+        for f in fields(self):
+            v = getattr(other, f.name)
+            if isinstance(v, int):
+                setattr(self, f.name, getattr(self, f.name) + v)
+            elif v is not None:
+                self._min(f.name, v)
 
 
 # ------------------------------------------------------------------------------ ridge FFs
@@ -170,6 +203,37 @@ def _zero_dot(xs: list, ys: list) -> bool:
                Fraction(0)) == 0
 
 
+def _float_image(a: np.ndarray) -> np.ndarray | None:
+    """float64 values of ``a``; None for an object array with a value beyond float range.
+    Each exact value has a single image and the conversion is monotone (rounding or
+    truncation), so floats can pre-sort and pre-group exact values."""
+    try:
+        return a.astype(float)
+    except OverflowError:
+        return None
+
+
+def _max_abs(x: np.ndarray) -> float:
+    """The largest |coordinate| of ``x`` as a float (inf beyond float range)."""
+    f = _float_image(x)
+    return float(np.abs(f).max(initial=0.0)) if f is not None else math.inf
+
+
+def _stable_argsort(t: np.ndarray) -> np.ndarray:
+    """``np.argsort(t, kind="stable")`` for exact or mpmath values, sorting by the values' float
+    images first and comparing exactly only within runs of equal floats."""
+    tf = _float_image(t) if t.dtype == object else t
+    if tf is None or t.dtype != object:
+        return np.argsort(t, kind="stable")
+    order = np.argsort(tf, kind="stable")
+    sf = tf[order]
+    starts = np.flatnonzero(np.concatenate([[True], sf[1:] != sf[:-1], [True]]))
+    for s, e in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
+        if e - s > 1:
+            order[s:e] = sorted(order[s:e].tolist(), key=t.__getitem__)
+    return order
+
+
 class _SortedProjection:
     """Rows' values t = P·f kept in a sorted index; moved rows wait in a small dirty set."""
 
@@ -178,7 +242,7 @@ class _SortedProjection:
         self._rebuild()
 
     def _rebuild(self):
-        self.order = np.argsort(self.t, kind="stable")
+        self.order = _stable_argsort(self.t)
         self.sorted_t = self.t[self.order]
         self.dirty: set[int] = set()
         self.is_dirty = np.zeros(len(self.t), dtype=bool)
@@ -252,17 +316,15 @@ class _State:
             key = np.column_stack([self.seq.astype(float), self.P])
             _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
             inv = inv.reshape(-1)
-        else:
-            index: dict[tuple, int] = {}
-            inv = np.empty(len(self.seq), dtype=np.int64)
-            firsts = []
-            for r in np.lexsort((np.arange(len(self.seq)), self.seq)):
-                k = (int(self.seq[r]), *self.P[r].tolist())
-                if k not in index:
-                    index[k] = len(firsts)
-                    firsts.append(r)
-                inv[r] = index[k]
-            first = np.asarray(firsts, dtype=int)
+        else:  # rows numbered in sequence order, by first sight of their key
+            order = np.argsort(self.seq, kind="stable")
+            keys = _row_keys(self.seq, self.P)
+            index: dict = {}
+            ids = np.fromiter((index.setdefault(keys[r], len(index)) for r in order.tolist()),
+                              dtype=np.int64, count=len(order))
+            inv = np.empty(len(order), dtype=np.int64)
+            inv[order] = ids
+            first = order[np.unique(ids, return_index=True)[1]]
         self.cnt = np.bincount(inv, weights=self.cnt, minlength=len(first)).astype(np.int64)
         self.P, self.seq = self.P[first], self.seq[first]
         self.owner = inv[self.owner]
@@ -275,8 +337,29 @@ class _State:
         return list(zip(starts.tolist(), ends.tolist(), strict=True))
 
     def outputs(self) -> list[np.ndarray]:
-        full = self.P[self.owner]
+        """Every original token's current point, per sequence, in the public representation
+        (converted once per distinct row, then shared by its tokens)."""
+        full = self.ar.public(self.P)[self.owner]
         return np.split(full, np.cumsum(self.lengths)[:-1])
+
+
+def _row_keys(seq: np.ndarray, P: np.ndarray) -> list:
+    """A hashable key per row of an object array, equal exactly when (sequence, point) are.
+
+    Hashing big rationals is the slow part of compaction, so a row whose (sequence, float
+    image) no other row shares gets that image's number (an int) as its key; only rows that
+    share a float image are keyed by their exact values (a tuple, never equal to an int).
+    """
+    Pf = _float_image(P)
+    if Pf is None:
+        return list(zip(seq.tolist(), *P.T.tolist(), strict=True))
+    _, fid, count = np.unique(np.column_stack([seq, Pf]), axis=0, return_inverse=True,
+                              return_counts=True)
+    fid = fid.reshape(-1)
+    keys: list = fid.tolist()
+    for r in np.flatnonzero(count[fid] > 1).tolist():
+        keys[r] = (int(seq[r]), *P[r].tolist())
+    return keys
 
 
 # ------------------------------------------------------------------------------ layers
@@ -309,8 +392,9 @@ def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
     qa = P @ sa.A.c  # c·x_i
     ka = P @ sa.A.a  # a·x_l
     out = np.empty_like(P)
+    weights = ar.array(cnt)  # multiplicities, in the pass's arithmetic
     for s, e in st.segments():
-        X, w = P[s:e], ar.array(cnt[s:e])  # multiplicities, in the pass's arithmetic
+        X, w = P[s:e], weights[s:e]
         if attention == "hardmax":
             out[s:e] = _hardmax_rows(X, qa[s:e], ka[s:e], sa.A.alpha, w, stats)
             continue
@@ -411,47 +495,137 @@ def _hardmax_rows(X, qa, ka, alpha, w, stats: PassStats) -> np.ndarray:
 # ------------------------------------------------------------------------------ public
 def forward(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "float",
             dps: int = 50, snapshots: set[int] | None = None, stats: PassStats | None = None,
-            tau=None, progress: bool = False):
+            tau=None, progress: bool = False, workers: int | None = None):
     """Run the model on every input sequence; return the n_j×d outputs (length preserving).
 
     ``snapshots``: block indices (0 = the input, i = after block i) whose positions are also
     returned, as a dict, in a second return value. ``tau`` overrides the model's temperature.
-    ``progress`` shows a progress bar over the blocks.
+    ``progress`` shows a progress bar over the blocks (over the chunks when parallel).
+    ``workers``: processes for exact and mp passes (default: the CPUs this process may use).
+    Sequences never interact, so a large pass is split into that many chunks of sequences run
+    in a process pool; outputs, snapshots and ``stats`` equal those of a serial pass. Float
+    passes and small inputs stay serial (see docs/verification.md).
     """
     if model.causal:  # ordered outputs under the causal mask (docs/causal.md)
         if snapshots is not None:
             raise ValueError("snapshots are not available for causal models")
         return forward_causal(model, inputs, arithmetic, dps, stats, tau, progress)
     ar = Arithmetic(arithmetic, dps)
+    stats = PassStats() if stats is None else stats
+    xs = [np.asarray(x) for x in inputs]
     with mpmath.workdps(dps):
         if model.positions is not None:  # added in the pass's arithmetic (exactly when exact)
-            inputs = with_positions(ar.array(model.positions),
-                                    [ar.array(np.asarray(x)) for x in inputs])
-        return _forward(model, inputs, ar, snapshots, stats or PassStats(), tau, progress)
-
-
-def _forward(model, inputs, ar, snapshots, stats, tau, progress):
-    params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
-    blocks = [_convert_block(b, ar) for b in params.blocks]
-    ridges = [_ridge_in(b.ff, ar) if b.ff is not None else None for b in model.blocks]
-    tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
-    st = _State([np.asarray(x) for x in inputs], ar)
-    st.compact()
-    scale = max(1.0, float(np.abs(st.P.astype(float)).max()))
-    snaps = {}
-    if snapshots and 0 in snapshots:
-        snaps[0] = st.outputs()
-    bar = tqdm(blocks, desc=f"forward ({ar.kind})", unit="block", disable=not progress,
-               leave=False, delay=1)
-    for i, (blk, ridge) in enumerate(zip(bar, ridges, strict=True), start=1):
-        if blk.ff is not None:
-            _apply_ff(st, blk.ff, ridge, stats, scale)
-        if blk.sa is not None and not blk.sa.is_identity():
-            _apply_sa(st, blk.sa, model.attention, tau, stats)
-        if snapshots and i in snapshots:
-            snaps[i] = st.outputs()
-    outs = st.outputs()
+            xs = with_positions(ar.array(model.positions), [ar.array(x) for x in xs])
+        scale = max(1.0, max(_max_abs(x) for x in xs))
+        job = _Job.of(model, ar, tau)
+        bounds = _chunk_bounds(xs, model.n_blocks, ar, workers)
+        if len(bounds) == 1:
+            outs, snaps = job.run(xs, snapshots, stats, scale, progress)
+        else:
+            outs, snaps = _run_parallel(job, xs, bounds, snapshots, stats, scale, progress)
     return (outs, snaps) if snapshots is not None else outs
+
+
+@dataclass
+class _Job:
+    """A model ready to run in one arithmetic: converted blocks, their ridge windows, τ."""
+
+    ar: Arithmetic
+    attention: str
+    blocks: list
+    ridges: list
+    tau: object
+
+    @classmethod
+    def of(cls, model: Transformer, ar: Arithmetic, tau) -> _Job:
+        params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
+        blocks = [_convert_block(b, ar) for b in params.blocks]
+        ridges = [_ridge_in(b.ff, ar) if b.ff is not None else None for b in model.blocks]
+        tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
+        return cls(ar, model.attention, blocks, ridges, tau)
+
+    def run(self, xs: list[np.ndarray], snapshots, stats: PassStats, scale: float,
+            progress: bool) -> tuple[list, dict]:
+        """The pass over ``xs``; ``scale`` (≥ 1, the largest input coordinate of the whole
+        pass) normalises the ridge clearances so that chunks report like one pass."""
+        st = _State(xs, self.ar)
+        st.compact()
+        snaps = {}
+        if snapshots and 0 in snapshots:
+            snaps[0] = st.outputs()
+        bar = tqdm(self.blocks, desc=f"forward ({self.ar.kind})", unit="block",
+                   disable=not progress, leave=False, delay=1)
+        for i, (blk, ridge) in enumerate(zip(bar, self.ridges, strict=True), start=1):
+            if blk.ff is not None:
+                _apply_ff(st, blk.ff, ridge, stats, scale)
+            if blk.sa is not None and not blk.sa.is_identity():
+                _apply_sa(st, blk.sa, self.attention, self.tau, stats)
+            if snapshots and i in snapshots:
+                snaps[i] = st.outputs()
+        return st.outputs(), snaps
+
+
+# ------------------------------------------------------------------------------ parallel
+PARALLEL_MIN_WORK = 10**6  # tokens × blocks below which a pool costs more than it saves
+
+
+def default_workers() -> int:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _chunk_bounds(xs: list[np.ndarray], n_blocks: int, ar: Arithmetic,
+                  workers: int | None) -> list[tuple[int, int]]:
+    """Contiguous ranges of sequences with about equal token counts, one per worker; a single
+    range when the pass should stay serial (float, little work, one worker, or inside a
+    daemonic process, which may not start children)."""
+    workers = default_workers() if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    lengths = np.array([len(x) for x in xs])
+    k = min(workers, len(xs))
+    if (ar.kind == "float" or k < 2 or int(lengths.sum()) * n_blocks < PARALLEL_MIN_WORK
+            or multiprocessing.current_process().daemon):
+        return [(0, len(xs))]
+    cuts = np.searchsorted(np.cumsum(lengths), lengths.sum() * np.arange(1, k) / k)
+    edges = sorted({0, len(xs), *(int(c) + 1 for c in cuts)})
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+_WORKER: dict = {}  # the job and inputs of a pool worker, set once by its initializer
+
+
+def _init_worker(job: _Job, xs: list[np.ndarray], snapshots, scale: float) -> None:
+    _WORKER.update(job=job, xs=xs, snapshots=snapshots, scale=scale)
+
+
+def _run_chunk(bounds: tuple[int, int]) -> tuple[list, dict, PassStats]:
+    w, (s, e), stats = _WORKER, bounds, PassStats()
+    with mpmath.workdps(w["job"].ar.dps):
+        outs, snaps = w["job"].run(w["xs"][s:e], w["snapshots"], stats, w["scale"], False)
+    return outs, snaps, stats
+
+
+def _run_parallel(job: _Job, xs, bounds, snapshots, stats: PassStats, scale: float,
+                  progress: bool) -> tuple[list, dict]:
+    """Run the chunks in a process pool and join their results in sequence order. On Linux
+    the workers are forked, so they inherit the prepared job instead of unpickling it."""
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
+    outs: list = []
+    snaps: dict = {}
+    with ProcessPoolExecutor(len(bounds), mp_context=ctx, initializer=_init_worker,
+                             initargs=(job, xs, snapshots, scale)) as pool:
+        results = tqdm(pool.map(_run_chunk, bounds), total=len(bounds), unit="chunk",
+                       desc=f"forward ({job.ar.kind}, {len(bounds)} processes)",
+                       disable=not progress, leave=False, delay=1)
+        for chunk_outs, chunk_snaps, chunk_stats in results:
+            outs += chunk_outs
+            for i, v in chunk_snaps.items():
+                snaps.setdefault(i, []).extend(v)
+            stats.merge(chunk_stats)
+    return outs, snaps
 
 
 def _ridge_in(ff: FF, ar: Arithmetic) -> Ridge | None:

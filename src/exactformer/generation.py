@@ -124,7 +124,7 @@ class Decoder:
                     z = z * layer.eta + relu(layer.U @ z + layer.b) @ layer.W.T
                 else:
                     z = layer.push(z, self.stats)
-            return z
+            return self.ar.public(z)  # Fractions, not the exact pass's mpq
 
     def _run(self, run: _Run, z: np.ndarray) -> np.ndarray:
         """Apply, in order, the FFs of the run whose open window contains f·z."""
@@ -172,7 +172,7 @@ def generate(model: Transformer, prompt, steps: int, vocabulary=None,
         tokens.append(nxt)
         if s + 1 < steps:
             out = dec.push(nxt)
-    return np.array(tokens, dtype=out.dtype).reshape(steps, model.d)
+    return dec.ar.public(np.array(tokens, dtype=out.dtype).reshape(steps, model.d))
 
 
 def _has_fractions(a) -> bool:

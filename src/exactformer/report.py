@@ -134,7 +134,8 @@ def design_bound(model: Transformer, N: int, sum_m: int) -> int | None:
 
 
 def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
-           progress: bool = False, digits: int = 50, tau=None) -> Report:
+           progress: bool = False, digits: int = 50, tau=None,
+           workers: int | None = None) -> Report:
     """Check every pair.
 
     * hardmax, rational parameters: proved in exact arithmetic (set equality);
@@ -146,6 +147,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     * float64 models: max Hausdorff error ≤ ``tolerance`` × coordinate scale.
 
     ``tau`` evaluates a softmax model at another temperature than the one it was built for.
+    ``workers``: processes for the exact and mp passes (see :func:`forward`).
     A causal model (or a :class:`CausalDataset`) is checked position by position instead:
     :func:`verify_causal`.
     """
@@ -166,13 +168,13 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     extra: dict = {}
     if model.exact and model.attention == "hardmax":
         xs, ys = dataset.fractions()
-        outs = forward(model, xs, "exact", progress=progress)
+        outs = forward(model, xs, "exact", progress=progress, workers=workers)
         exact_equal = [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)]
         arithmetic = "exact"
     elif model.attention == "softmax":
         xs, ys = dataset.fractions()
         outs, snaps = forward(model, xs, "mp", dps=digits, progress=progress, tau=tau,
-                              snapshots=at)
+                              snapshots=at, workers=workers)
         arithmetic = f"mp{digits}"
         if model.exact:  # rational snaps are flat on the data: exact up to the precision
             tolerance = 10.0 ** -(digits - 10)

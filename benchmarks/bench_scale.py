@@ -1,0 +1,100 @@
+"""Heavy-sharing scaling benchmark: N sequences over one 4 000-word vocabulary in R^16.
+
+Each sequence has n = 50 distinct words and maps to m = 3 of them; every word is shared by
+about 50·N/4000 sequences, which is what the separation phase has to undo. A float64 hardmax
+model is built and verified for each N; the table gives build and verify time, the peak
+resident memory of the process that did both, the separation depth R and the block count L.
+Each N runs in a fresh process, so its peak memory is its own. Writes
+benchmarks/results/scale.md with the date and machine.
+
+    python benchmarks/bench_scale.py            # N = 10^3, 10^4
+    python benchmarks/bench_scale.py --big      # and N = 10^5
+    python benchmarks/bench_scale.py --quick    # N = 10^3 only
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import multiprocessing
+import os
+import platform
+import resource
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+import exactformer as ef
+from exactformer import generate
+
+RESULTS = Path(__file__).parent / "results"
+VOCAB, N_TOKENS, M_TARGETS, D = 4000, 50, 3, 16
+
+COLUMNS = ["N", "T", "R", "L", "build s", "verify s", "peak RSS MiB", "verdict", "error"]
+
+
+def run(N: int) -> dict:
+    """Generate, build and verify one size, in the calling process."""
+    data = generate.vocabulary(N, VOCAB, N_TOKENS, M_TARGETS, D, seed=N)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        model = ef.compile(data, exact=False)
+        t1 = time.perf_counter()
+        report = ef.verify(model, data)
+        t2 = time.perf_counter()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    peak_mib = peak / 2 ** 20 if sys.platform == "darwin" else peak / 2 ** 10
+    return {"N": N, "T": data.total_n, "R": model.meta.get("R", "n/a"), "L": model.n_blocks,
+            "build s": f"{t1 - t0:.1f}", "verify s": f"{t2 - t1:.1f}",
+            "peak RSS MiB": f"{peak_mib:.0f}", "verdict": "OK" if report.ok else "FAILED",
+            "error": f"{report.relative_error_float64:.1e}"}
+
+
+def run_fresh(N: int) -> dict:
+    """:func:`run` in a new process (forked where possible), so that peak memory is per N."""
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
+    with ctx.Pool(1) as pool:
+        return pool.apply(run, (N,))
+
+
+def markdown(rows: list[dict], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="N = 10^3 only")
+    size.add_argument("--big", action="store_true", help="N up to 10^5")
+    ap.add_argument("--out", default=str(RESULTS / "scale.md"))
+    args = ap.parse_args(argv)
+    Ns = [10 ** 3] if args.quick else [10 ** 3, 10 ** 4] + ([10 ** 5] if args.big else [])
+    load0 = os.getloadavg()[0]
+    rows = []
+    for N in Ns:
+        rows.append(run_fresh(N))
+        print(" | ".join(f"{c} {rows[-1][c]}" for c in COLUMNS), flush=True)
+    head = (f"Measured {datetime.date.today()} on {platform.machine()} "
+            f"({os.cpu_count()} CPUs, Python {platform.python_version()}, numpy "
+            f"{np.__version__}); load average {load0:.1f} at the start. Vocabulary of {VOCAB} "
+            f"words in R^{D}, n = {N_TOKENS} words per sequence, m = {M_TARGETS} targets, "
+            "float64 hardmax models.")
+    text = "\n\n".join(["# Scaling with heavy token sharing", head,
+                        markdown(rows, COLUMNS),
+                        "T: input tokens. R: separation blocks. Peak RSS includes the Python "
+                        "interpreter and NumPy (about 100 MiB)."]) + "\n"
+    print("\n" + text)
+    if not args.quick or args.out != str(RESULTS / "scale.md"):
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+    return 0 if all(r["verdict"] == "OK" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
