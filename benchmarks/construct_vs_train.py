@@ -1,4 +1,4 @@
-"""Construction against gradient training on the same data (issue 6 part C).
+"""Construction against gradient training on the same data (README, Construction vs training).
 
 For a few small built-in datasets:
 

@@ -1,4 +1,4 @@
-"""Transformer against ResNet as the sequence length n grows (DESIGN §7, issue 5 part B).
+"""Transformer against ResNet as the sequence length n grows (docs/baselines.md).
 
 For N pairs of n uniform tokens in [0,1]^d with m target tokens each (N and Σm fixed), build
 and verify both interpolants for every n:

@@ -1,4 +1,4 @@
-"""The Tikhonov experiment of Alcalde–Fantuzzi–Zuazua (DESIGN §7, issue 5 part A.3), one command.
+"""The Tikhonov experiment of Alcalde–Fantuzzi–Zuazua (docs/baselines.md), one command.
 
 Data: N = 10 sequences of n = 100 tokens uniform in [0,1]^16; each target is the output of one
 generating block (exactformer.train.mean_ff_generator: zero query/key matrices, so every token

@@ -1,4 +1,4 @@
-"""Dataset construction, loaders and every validation rule of DESIGN §1."""
+"""Dataset construction, loaders and every validation rule of docs/problem.md."""
 
 from __future__ import annotations
 

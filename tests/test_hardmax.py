@@ -1,4 +1,4 @@
-"""The hardmax construction (DESIGN §4): exact interpolation, block counts, determinism, float64.
+"""Hardmax construction (docs/hardmax.md): exact interpolation, block counts, determinism, float64.
 
 Every positive claim is checked in exact rational arithmetic (output token sets compared with
 ``==``), and the check itself is shown able to fail on deliberately broken models.

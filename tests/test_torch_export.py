@@ -1,4 +1,4 @@
-"""PyTorch export (issue 4): native and ρ/η layouts, safetensors files, padding, float32 verdict.
+"""PyTorch export (README): native and ρ/η layouts, safetensors files, padding, float32 verdict.
 
 References: the NumPy evaluator in mpmath arithmetic (50 digits, the model's true outputs) and in
 float64; the targets themselves. "Relative" means relative to the dataset's coordinate scale.

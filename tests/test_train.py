@@ -1,4 +1,4 @@
-"""Regularised training and the Tikhonov diagnostic (issue 5 part A, exactformer.train)."""
+"""Regularised training and the Tikhonov diagnostic (docs/baselines.md, exactformer.train)."""
 
 from __future__ import annotations
 

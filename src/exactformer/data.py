@@ -1,4 +1,4 @@
-"""Datasets of ragged sequence pairs, their loaders and the validation of DESIGN §1.
+"""Datasets of ragged sequence pairs, their loaders and the validation rules of docs/problem.md.
 
 A dataset holds N pairs (X_j, Y_j) with X_j of shape n_j×d and Y_j of shape m_j×d. Values are kept
 exactly as given: float64 arrays when every value is a float, otherwise object arrays of
@@ -38,7 +38,7 @@ SMALLEST_FLOAT = float(SMALLEST)
 
 
 class DatasetError(ValueError):
-    """A dataset breaks one of the rules of DESIGN §1; the message names the pair and the rule."""
+    """A dataset breaks a rule of docs/problem.md; the message names the pair and the rule."""
 
 
 class DuplicatePairWarning(UserWarning):

@@ -1,4 +1,6 @@
-"""Tikhonov-regularised training of the ρ/η layout, and the global-minimum diagnostic (DESIGN §7).
+"""Tikhonov-regularised training of the ρ/η layout, and the global-minimum diagnostic.
+
+See docs/baselines.md.
 
 The trained architecture is :class:`exactformer.torch.RhoEtaTransformer`: blocks
 x ← ρ·x + Attn(x); x ← η·x + FF(x) with attention rank h, temperature τ and FF width 4. Training

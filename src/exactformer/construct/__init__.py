@@ -1,1 +1,1 @@
-"""Constructions of exactly interpolating transformers (DESIGN §4 and §5)."""
+"""Constructions of exactly interpolating transformers: docs/hardmax.md, softmax.md, causal.md."""
