@@ -370,7 +370,7 @@ def _apply_ff(st: _State, ff: FF, ridge: Ridge | None, stats: PassStats, scale: 
         sp = st.projection(ridge.f)
         rows, gap = sp.rows_in(ridge.lo, ridge.hi)
         if gap is not None:
-            stats._min("ridge_clearance", _to_float(gap) / (scale * _norm(ridge.f)))
+            stats._min("ridge_clearance", safe_float(gap) / (scale * _norm(ridge.f)))
         if len(rows) == 0:
             return
         X = st.P[rows]
@@ -419,7 +419,7 @@ def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
 SAFE_EXPONENT = 250  # float pre-filters trust only magnitudes in [2^-250, 2^250] (see below)
 
 
-def _to_float(v) -> float:
+def safe_float(v) -> float:
     """``float(v)`` with overflow mapped to ±inf (Fractions raise instead of rounding)."""
     try:
         return float(v)
@@ -432,7 +432,7 @@ def _floats(a: np.ndarray) -> np.ndarray:
     if a.dtype != object:
         return a.astype(float)
     out = np.empty(a.shape)
-    out.flat[:] = [_to_float(v) for v in a.flat]
+    out.flat[:] = [safe_float(v) for v in a.flat]
     return out
 
 
@@ -452,7 +452,7 @@ def _float_scores(X, qa, ka, alpha):
     """The scores (c·x_i)(a·x_l) + α⟨x_i, x_l⟩ in float64 (overflow gives inf or nan)."""
     Xf, qf, kf = _floats(X), _floats(qa), _floats(ka)
     with np.errstate(all="ignore"):
-        return np.outer(qf, kf) + (_to_float(alpha) * (Xf @ Xf.T) if alpha != 0 else 0.0)
+        return np.outer(qf, kf) + (safe_float(alpha) * (Xf @ Xf.T) if alpha != 0 else 0.0)
 
 
 def _softmax_rows_mp(X, qa, ka, alpha, w, tau, ar: Arithmetic) -> np.ndarray:
