@@ -384,7 +384,7 @@ def _apply_ff(st: _State, ff: FF, ridge: Ridge | None, stats: PassStats, scale: 
 
 
 def _norm(f) -> float:
-    return float(np.linalg.norm(_floats(np.asarray(f))))
+    return float(np.linalg.norm(safe_floats(np.asarray(f))))
 
 
 def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
@@ -427,7 +427,7 @@ def safe_float(v) -> float:
         return math.inf if v > 0 else -math.inf
 
 
-def _floats(a: np.ndarray) -> np.ndarray:
+def safe_floats(a: np.ndarray) -> np.ndarray:
     """A float64 copy of ``a``; exact or mpmath values are rounded, overflow becomes ±inf."""
     if a.dtype != object:
         return a.astype(float)
@@ -440,7 +440,7 @@ def _trusted_floats(exact: np.ndarray) -> np.ndarray | None:
     """Floats of ``exact`` when every value rounds with *relative* error ≤ 2^-53: each nonzero
     value must land in [2^-250, 2^250]. None when some value is out of that range (it would
     round to a subnormal, to zero or to inf, and a relative bound would no longer hold)."""
-    f = _floats(exact)
+    f = safe_floats(exact)
     mag = np.abs(f)
     nonzero = np.array([v != 0 for v in exact.flat], dtype=bool).reshape(exact.shape)
     if (nonzero & ((mag < 2.0 ** -SAFE_EXPONENT) | (mag > 2.0 ** SAFE_EXPONENT))).any():
@@ -450,7 +450,7 @@ def _trusted_floats(exact: np.ndarray) -> np.ndarray | None:
 
 def _float_scores(X, qa, ka, alpha):
     """The scores (c·x_i)(a·x_l) + α⟨x_i, x_l⟩ in float64 (overflow gives inf or nan)."""
-    Xf, qf, kf = _floats(X), _floats(qa), _floats(ka)
+    Xf, qf, kf = safe_floats(X), safe_floats(qa), safe_floats(ka)
     with np.errstate(all="ignore"):
         return np.outer(qf, kf) + (safe_float(alpha) * (Xf @ Xf.T) if alpha != 0 else 0.0)
 

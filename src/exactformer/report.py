@@ -16,8 +16,16 @@ import numpy as np
 
 from .causal_data import CausalDataset
 from .data import Dataset
-from .evaluate import (Arithmetic, PassStats, dense_forward, distinct_rows, forward, forward_causal,
-                       safe_float)
+from .evaluate import (
+    Arithmetic,
+    PassStats,
+    dense_forward,
+    distinct_rows,
+    forward,
+    forward_causal,
+    safe_float,
+    safe_floats,
+)
 from .model import Transformer
 from .numbers import to_fraction
 from .record import CausalConstruction
@@ -207,8 +215,8 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     stats = PassStats()
     snap = _snap_start(model)
     at = {snap} if snap is not None else set()
-    outs_f, snaps_f = _float_pass(model, dataset, stats, progress, tau, at)
-    ys_f = dataset.floats()[1]
+    xs_f, ys_f = [safe_floats(x) for x in xs], [safe_floats(y) for y in ys]
+    outs_f, snaps_f = _float_pass(model, xs_f, stats, progress, tau, at)
     hd = [hausdorff(distinct_rows(o), y) for o, y in zip(outs_f, ys_f, strict=True)]
     extra: dict = {}
     if model.attention == "softmax" and model.exact:
@@ -230,7 +238,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     nonfinite: list[int] = []
     if not model.exact:  # the model's own arithmetic: inf or nan there is a failure
         nonfinite = [j for j, o in enumerate(outs_f) if not np.isfinite(o).all()]
-        nonfinite = sorted(set(nonfinite) | set(_independent(model, dataset, tau, extra)))
+        nonfinite = sorted(set(nonfinite) | set(_independent(model, xs_f, ys_f, tau, extra)))
     if model.attention == "softmax":
         used = model.tau if tau is None else tau
         extra["temperature τ (τ* of the geometry)"] = (f"{float(used):.6g} "
@@ -262,15 +270,15 @@ def _relative(err: float, scale: float) -> float:
     return 0.0 if err == 0 else math.inf
 
 
-def _float_pass(model, dataset, stats, progress, tau, at):
+def _float_pass(model, xs_f, stats, progress, tau, at):
     """The fast evaluator in float64: outputs and snapshots. A rational model with a parameter
     beyond float64's range has no float64 form: its outputs are reported as inf."""
     try:
         with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
-            return forward(model, dataset.floats()[0], "float", stats=stats,
-                           progress=progress, tau=tau, snapshots=at)
+            return forward(model, xs_f, "float", stats=stats, progress=progress, tau=tau,
+                           snapshots=at)
     except OverflowError:
-        return [np.full(x.shape, math.inf) for x in dataset.inputs], {}
+        return [np.full(x.shape, math.inf) for x in xs_f], {}
 
 
 def _decide_hardmax(model, xs, ys, limit: Fraction, extra: dict, progress: bool, workers):
@@ -331,11 +339,10 @@ def _prove_softmax(model, dataset, tau) -> tuple[bool, str]:
 INDEPENDENT_BUDGET = 2e9  # dense float64 operations the independent check may spend
 
 
-def _independent(model, dataset, tau, extra: dict) -> list[int]:
+def _independent(model, xs, ys, tau, extra: dict) -> list[int]:
     """The float64 error of a second implementation (the torch module when torch is
     installed, else :func:`dense_forward`), recorded in ``extra``; returns the pairs whose
-    outputs are not finite there."""
-    xs, ys = dataset.floats()
+    outputs are not finite there. ``xs``, ``ys``: the data in float64."""
     cost = model.n_blocks * model.d * sum(len(x) ** 2 for x in xs)
     if cost > INDEPENDENT_BUDGET:
         extra["independent float64 check"] = f"skipped ({cost:.2g} dense operations)"
