@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
+from exactformer.construct.generic import ConstructionError
 from exactformer.modelio import model_from_dict
 
 FORMAT = "exactformer.model/1"
@@ -374,3 +375,50 @@ def test_verify_never_says_yes_wrongly(case):
         assert report.ok == (not misses)
     if model.attention == "hardmax" and not model.exact and not report.nonfinite_pairs:
         assert report.ok == (not misses)
+
+
+# ------------------------------------------------------------------------------ construction
+NEAR = [[0.09741625155082811, 0.6880756351461902, 0.46075326388153504],  # token pool
+        [0.945998687301501, 0.3827069233677618, 0.5763469329439368],
+        [0.9340188528480032, 0.045178074184349964, 0.9761881239207163],
+        [0.4145848959677375, 0.6828831762988674, 0.9031155838251314],
+        [0.030293157486611877, 0.04465792525380674, 0.2959027419707818],
+        [0.9340188528479867, 0.0451780741843546, 0.9761881239205912],  # 2, moved by ~1e-13
+        [0.9459986873012766, 0.38270692336811507, 0.5763469329435054]]  # 1, moved by ~1e-13
+NEAR_SEQS = [(0, 1, 2), (3, 1, 2), (4, 1, 5), (4, 3, 5), (6, 1, 5), (4, 6, 5)]
+
+
+def near_duplicates(seed=0):
+    rng = np.random.default_rng(seed)
+    return ef.Dataset.from_arrays([[NEAR[i] for i in s] for s in NEAR_SEQS],
+                                  [rng.random((2, 3)) for _ in NEAR_SEQS])
+
+
+def test_float_construction_refuses_spacing_it_cannot_resolve():
+    """Near-duplicate tokens (relative spacing ~1e-13) beside the token of the leader phase's
+    3-ReLU hat: its slope (~1e12) times float64 rounding of its input misplaces the token in
+    any evaluator that rounds unlike the construction. The float64 build refuses and points
+    to the rational mode, which builds and proves the same data."""
+    data = near_duplicates()
+    with pytest.raises(ConstructionError, match="cannot resolve.*exact rational"):
+        ef.compile(data, exact=False, seed=0)
+    assert ef.verify(ef.compile(data, exact=True, seed=0), data).proved
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), digits=st.integers(11, 14))
+def test_float_construction_never_emits_a_model_that_misses(seed, digits):
+    """Random near-duplicate data: the float64 build refuses, or its model verifies (with the
+    exact evaluation of its stored floats)."""
+    rng = np.random.default_rng(seed)
+    pool = rng.random((7, 3))
+    for k in (5, 6):
+        pool[k] = pool[rng.integers(0, 5)] * (1 + 10.0 ** -digits * rng.standard_normal(3))
+    seqs = {tuple(sorted(rng.choice(7, 3, replace=False))) for _ in range(6)}
+    try:
+        data = ef.Dataset.from_arrays([pool[list(s)] for s in seqs],
+                                      [rng.random((2, 3)) for _ in seqs])
+        model = ef.compile(data, exact=False, seed=0)
+    except (ConstructionError, ef.DatasetError):
+        return
+    assert ef.verify(model, data).ok
