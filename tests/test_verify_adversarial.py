@@ -351,7 +351,19 @@ def independent_misses(model, data, tolerance) -> bool | None:
         return e2 > lim
 
 
+def huge_parameters():
+    """Parameters 1e57 and data 1e80: certify once overflowed describing the mismatch."""
+    big, ff = "1" + "0" * 57, {"eta": "0", "b": ["0"]}
+    blocks = [attention_block("-" + big, ["0", "0"], ["0", "0"], rho="0",
+                              ff={**ff, "U": [["0", "2" + big[1:]]], "W": [["-" + big], ["0"]]}),
+              attention_block("0", ["0", "0"], ["0", "0"], rho="0",
+                              ff={**ff, "U": [["-" + big, "0"]], "W": [["0"], [big]]})]
+    model = model_from_dict(model_doc(blocks, attention="softmax", tau="1"))
+    return model, [[0, 10 ** 80]], Fraction(1, 10 ** 45)
+
+
 @example(case=(huge_softmax()[0], huge_softmax()[1], None))
+@example(case=huge_parameters())
 @given(case=adversarial())
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

@@ -330,7 +330,10 @@ def _prove_softmax(model, dataset, tau) -> tuple[bool, str]:
         from .certify import prove
     except ImportError:
         return False, "not proved (exactformer.certify is not available)"
-    proof = prove(model, dataset)
+    try:
+        proof = prove(model, dataset)
+    except ArithmeticError as e:  # e.g. a value beyond float64 while describing a mismatch
+        return False, f"not proved (certify stopped: {type(e).__name__}: {e})"
     if proof.proved:
         return True, f"ball arithmetic at {proof.bits} bits"
     return False, f"not proved: {proof.reason}"
