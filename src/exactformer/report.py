@@ -83,7 +83,8 @@ class Report:
     """What ``verify`` found; see docs/verification.md for what each verdict means."""
 
     attention: str
-    arithmetic: str  # how interpolation was decided: "exact" or "mp<digits>"
+    arithmetic: str  # how interpolation was decided: "exact" (set ==), "exact-floats" (exact
+    # evaluation of a float64 model against the tolerance) or "mp<digits>"
     N: int
     d: int
     sum_m: int
@@ -224,7 +225,8 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     limit = Fraction(tolerance) * scale
     if model.attention == "hardmax":
         exact_equal, within = _decide_hardmax(model, xs, ys, limit, extra, progress, workers)
-        arithmetic, proved = "exact", exact_equal is not None and all(exact_equal)
+        arithmetic = "exact" if model.exact else "exact-floats"  # set ==, or exact tolerance
+        proved = exact_equal is not None and all(exact_equal)
         proof = "exact rational arithmetic (==)" if proved else "not proved"
     else:
         exact_equal = None

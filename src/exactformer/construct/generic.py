@@ -99,7 +99,7 @@ def check_sloped_hat(f, x, t0, delta, exact: bool) -> None:
     torch) rounds differently, so beyond ``SLOPED_HAT_LIMIT`` the model would be right only in
     the evaluator that reproduces the construction's rounding. δ is half the gap from the token
     to its nearest neighbour on the projection, so this refuses data whose relative spacing
-    near that token float64 cannot resolve. See docs/construction.md.
+    near that token float64 cannot resolve. See docs/numerics.md#the-extreme-token-rule.
     """
     if exact:
         return
