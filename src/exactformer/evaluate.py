@@ -831,7 +831,7 @@ def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str
         ridges = [_ridge_in(b.ff, ar) if b.ff is not None else None for b in model.blocks]
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         st = _CausalState(xs, ar)
-        scale = max(1.0, float(np.abs(st.P.astype(float)).max()))
+        scale = max(1.0, float(np.abs(safe_floats(st.P)).max()))
         bar = tqdm(blocks, desc=f"causal forward ({ar.kind})", unit="block",
                    disable=not progress, leave=False, delay=1)
         for blk, ridge in zip(bar, ridges, strict=True):
@@ -878,8 +878,8 @@ def causal_hardmax_rows(X, qa, ka, alpha, stats: PassStats) -> np.ndarray:
         for i in range(len(X)):
             out[i] = causal_row(X, qa, ka, alpha, i, np.arange(i + 1), "hardmax", None, stats)
         return out
-    scan = CausalScan(float(np.abs(qa.astype(float)).max()) *
-                      float(np.abs(ka.astype(float)).max()))
+    scan = CausalScan(float(np.abs(safe_floats(qa)).max()) *
+                      float(np.abs(safe_floats(ka)).max()))
     for i in range(len(X)):
         out[i] = scan.push(qa[i], ka[i], X[i], stats)
     return out
@@ -906,7 +906,7 @@ class CausalScan:
             return self.total / self.n
         stats.hardmax_ties += int(ext.mixed)
         if ext.second is not None:
-            gap = abs(float(q)) * abs(float(ext.best) - float(ext.second))
+            gap = abs(safe_float(q)) * abs(safe_float(ext.best) - safe_float(ext.second))
             stats._min("hardmax_margin", gap / self.scale)
         return ext.sum if ext.count == 1 else ext.sum / ext.count
 
@@ -948,8 +948,8 @@ def causal_row(X, qa, ka, alpha, i: int, idx: np.ndarray, attention: str, tau,
                                           for l in hit))
             rest = [v for v in sc if v != best]
             if rest:
-                scale = float(max(abs(v) for v in sc)) or 1.0
-                stats._min("hardmax_margin", float(best - max(rest)) / scale)
+                scale = safe_float(max(abs(v) for v in sc)) or 1.0
+                stats._min("hardmax_margin", safe_float(best - max(rest)) / scale)
         return X[hit].sum(axis=0) / len(hit)
     z = (sc - best) / tau
     wts = ar.exp(z) if ar is not None else np.exp(z)
@@ -957,20 +957,23 @@ def causal_row(X, qa, ka, alpha, i: int, idx: np.ndarray, attention: str, tau,
 
 
 def causal_softmax_rows(X, qa, ka, alpha, tau, ar: Arithmetic) -> np.ndarray:
-    """Row i: Σ_{l ≤ i} softmax_l(s_il/τ)·x_l. In high precision, weights below
-    10^-(dps+10) of the row's largest (found with float64 scores) are skipped, as in a set
-    pass."""
-    Sf = _float_scores(X, qa, ka, alpha)[3]
+    """Row i: Σ_{l ≤ i} softmax_l(s_il/τ)·x_l. High-precision passes drop, at the pass's own
+    precision, the keys whose weights cannot matter, as :func:`_softmax_rows_mp` does."""
     n = len(X)
-    Sf = np.where(np.tri(n, dtype=bool), Sf, -np.inf)
-    Zf = (Sf - Sf.max(axis=1)[:, None]) / float(tau)
     if not ar.is_object:
-        M = np.exp(Zf)
-        return (M / M.sum(axis=1)[:, None]) @ X
-    cut = -(ar.dps + 10) * np.log(10.0) - 1.0
+        with np.errstate(invalid="ignore", over="ignore"):
+            Sf = np.where(np.tri(n, dtype=bool), _float_scores(X, qa, ka, alpha), -np.inf)
+            M = np.exp((Sf - Sf.max(axis=1)[:, None]) / float(tau))
+            return (M / M.sum(axis=1)[:, None]) @ X
     out = np.empty_like(X)
     for i in range(n):
-        row = Zf[i, : i + 1]
-        idx = np.flatnonzero(~(row < cut)) if np.isfinite(row).all() else np.arange(i + 1)
-        out[i] = causal_row(X, qa, ka, alpha, i, idx, "softmax", tau, ar=ar)
+        idx = np.arange(i + 1)
+        sc = qa[i] * ka[idx]
+        if alpha != 0:
+            sc = sc + (X[idx] @ X[i]) * alpha
+        z = (sc - max(sc)) / tau
+        cut = -(mpmath.mp.prec + 8) * mpmath.ln2 - mpmath.log(i + 1)
+        keep = np.array([v >= cut for v in z], dtype=bool)
+        wts = ar.exp(z[keep])
+        out[i] = (wts @ X[idx[keep]]) / sum(wts)
     return out
