@@ -119,13 +119,14 @@ def test_underflowing_scores_hardmax():
     assert {tuple(r) for r in ef.predict(model, X)} == {tuple(r) for r in right}
 
 
-@pytest.mark.parametrize("exponent", [-540, -520, 0, 500, 520, 1400])
+@pytest.mark.parametrize("exponent", [-540, -520, 0, 500, 520, 1000])
 @given(ints=st.lists(st.lists(st.integers(-50, 50), min_size=2, max_size=2), min_size=2,
                      max_size=5, unique_by=tuple), alpha=st.sampled_from(["1", "-1", "0"]))
 @settings(max_examples=15, deadline=None)
 def test_exact_hardmax_at_every_scale(exponent, ints, alpha):
-    """Exact passes agree with the dense Fraction reference at scales from 2^-540 to 2^1400,
-    where float64 scores underflow, lose precision as subnormals or overflow."""
+    """Exact passes agree with the dense Fraction reference at scales from 2^-540 to 2^1000,
+    where float64 scores underflow, lose precision as subnormals or overflow (data stay in
+    float64's normal range, as the data rules require)."""
     e = Fraction(2) ** exponent
     X = [[e * v for v in r] for r in ints]
     model = model_from_dict(model_doc([attention_block(alpha, ["1", "-3/7"], ["2", "1"])]))
