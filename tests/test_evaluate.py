@@ -440,3 +440,68 @@ def test_exact_float_mp_agree(data):
             err = max(abs(a - mpmath.mpf(b.numerator) / b.denominator)
                       for a, b in zip(m.flat, e.flat, strict=True))
             assert err <= mpmath.mpf(10) ** -30 * scale
+
+
+# ------------------------------------------------------------------------------ verify helpers
+def unpruned_softmax(X, alpha, a, c, tau, dps):
+    """Every row's softmax average over every key at ``dps`` digits (no key dropped)."""
+    with mpmath.workdps(dps):
+        def m(v):
+            v = Fraction(v)
+            return mpmath.mpf(v.numerator) / v.denominator
+        Xm = [[m(v) for v in r] for r in X]
+        out = []
+        for xi in Xm:
+            s = [m(alpha) * sum(p * q for p, q in zip(xi, xl, strict=True))
+                 + sum(m(u) * v for u, v in zip(c, xi, strict=True))
+                 * sum(m(u) * v for u, v in zip(a, xl, strict=True)) for xl in Xm]
+            w = [mpmath.exp((v - max(s)) / m(tau)) for v in s]
+            out.append([sum(wl * xl[k] for wl, xl in zip(w, Xm, strict=True)) / sum(w)
+                        for k in range(len(xi))])
+        return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(keys=st.lists(st.integers(-10 ** 6, 10 ** 6), min_size=2, max_size=8, unique=True),
+       key_exp=st.integers(-12, 12), query_exp=st.integers(0, 30),
+       tau_exp=st.integers(-3, 3), alpha=st.sampled_from([0, 1, Fraction(-1, 3)]))
+def test_pruned_softmax_rows_match_unpruned_200_digits(keys, key_exp, query_exp, tau_exp,
+                                                       alpha):
+    """Sharp softmax rows with scores up to ~1e42: the 50-digit pass, which drops keys whose
+    weights cannot matter, agrees with an unpruned 200-digit evaluation to 50 digits."""
+    e = Fraction(10) ** key_exp
+    X = [[k * e, Fraction(1)] for k in keys]
+    a, c = [1, 0], [0, Fraction(10) ** query_exp]
+    tau = Fraction(10) ** tau_exp
+    sa = SA(Fraction(0), scores(alpha, a, c), values(1, [0, 0], [0, 0]))
+    model = Transformer(d=2, attention="softmax", blocks=[Block(None, sa)], tau=tau)
+    (got,) = ef.forward(model, [F(X)], "mp", dps=50)
+    want = unpruned_softmax(X, alpha, a, c, tau, 200)
+    scale = max(abs(v) for r in X for v in r)
+    with mpmath.workdps(200):
+        err = max(abs(g - w) for gr, wr in zip(got, want, strict=True)
+                  for g, w in zip(gr, wr, strict=True))
+        assert err <= mpmath.mpf(10) ** -45 * (mpmath.mpf(scale.numerator) / scale.denominator)
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_dense_reference_pass_agrees_with_the_reference(data):
+    """The independent float64 pass of ``verify`` (no multisets, no ridge windows) equals the
+    exact per-token reference up to float rounding; binary-fraction parameters keep hardmax
+    argmax sets free of rounding."""
+    d = data.draw(st.integers(2, 3))
+    blocks = [Block(data.draw(ridge_ffs(d, max_gadgets=2, dyadic=True)), None)
+              for _ in range(data.draw(st.integers(1, 3)))]
+    dy = st.lists(dyadics(), min_size=d, max_size=d)
+    blocks.append(Block(None, SA(Fraction(data.draw(st.sampled_from([0, 1]))),
+                                 scores(data.draw(st.sampled_from([0, 1])), data.draw(dy),
+                                        data.draw(dy)),
+                                 values(1, data.draw(dy), data.draw(dy)))))
+    model = model_of(d, *blocks)
+    pool = data.draw(st.lists(st.lists(dyadics(-3, 3, 4), min_size=d, max_size=d),
+                              min_size=1, max_size=6, unique_by=tuple))
+    X = [F(data.draw(st.permutations(pool))) for _ in range(data.draw(st.integers(1, 3)))]
+    got = ef.evaluate.dense_forward(model, [np.asarray(x, float) for x in X])
+    for g, w in zip(got, ref_forward(model, X), strict=True):
+        np.testing.assert_allclose(g, np.asarray(w, dtype=float), rtol=1e-12, atol=1e-9)

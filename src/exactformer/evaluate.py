@@ -17,6 +17,7 @@ L blocks and T tokens near O(T + L log T) for constructed models; any other laye
 
 from __future__ import annotations
 
+import bisect
 import math
 import multiprocessing
 import os
@@ -369,7 +370,7 @@ def _apply_ff(st: _State, ff: FF, ridge: Ridge | None, stats: PassStats, scale: 
         sp = st.projection(ridge.f)
         rows, gap = sp.rows_in(ridge.lo, ridge.hi)
         if gap is not None:
-            stats._min("ridge_clearance", gap / (scale * _norm(ridge.f)))
+            stats._min("ridge_clearance", safe_float(gap) / (scale * _norm(ridge.f)))
         if len(rows) == 0:
             return
         X = st.P[rows]
@@ -383,7 +384,7 @@ def _apply_ff(st: _State, ff: FF, ridge: Ridge | None, stats: PassStats, scale: 
 
 
 def _norm(f) -> float:
-    return float(np.sqrt(sum(float(v) ** 2 for v in f)))
+    return float(np.linalg.norm(safe_floats(np.asarray(f))))
 
 
 def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
@@ -415,73 +416,156 @@ def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
     st.compact()
 
 
+SAFE_EXPONENT = 250  # float pre-filters trust only magnitudes in [2^-250, 2^250] (see below)
+
+
+def safe_float(v) -> float:
+    """``float(v)`` with overflow mapped to ±inf (Fractions raise instead of rounding)."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
+def safe_floats(a: np.ndarray) -> np.ndarray:
+    """A float64 copy of ``a``; exact or mpmath values are rounded, overflow becomes ±inf."""
+    if a.dtype != object:
+        return a.astype(float)
+    out = np.empty(a.shape)
+    out.flat[:] = [safe_float(v) for v in a.flat]
+    return out
+
+
+def _trusted_floats(exact: np.ndarray) -> np.ndarray | None:
+    """Floats of ``exact`` when every value rounds with *relative* error ≤ 2^-53: each nonzero
+    value must land in [2^-250, 2^250]. None when some value is out of that range (it would
+    round to a subnormal, to zero or to inf, and a relative bound would no longer hold)."""
+    f = safe_floats(exact)
+    mag = np.abs(f)
+    nonzero = np.array([v != 0 for v in exact.flat], dtype=bool).reshape(exact.shape)
+    if (nonzero & ((mag < 2.0 ** -SAFE_EXPONENT) | (mag > 2.0 ** SAFE_EXPONENT))).any():
+        return None
+    return f
+
+
 def _float_scores(X, qa, ka, alpha):
-    """X, c·x, a·x and the scores (c·x_i)(a·x_l) + α⟨x_i, x_l⟩, all in float64."""
-    Xf, qf, kf = X.astype(float), qa.astype(float), ka.astype(float)
-    Sf = np.outer(qf, kf) + (float(alpha) * (Xf @ Xf.T) if alpha != 0 else 0.0)
-    return Xf, qf, kf, Sf
+    """The scores (c·x_i)(a·x_l) + α⟨x_i, x_l⟩ in float64 (overflow gives inf or nan)."""
+    Xf, qf, kf = safe_floats(X), safe_floats(qa), safe_floats(ka)
+    with np.errstate(all="ignore"):
+        return np.outer(qf, kf) + (safe_float(alpha) * (Xf @ Xf.T) if alpha != 0 else 0.0)
 
 
 def _softmax_rows_mp(X, qa, ka, alpha, w, tau, ar: Arithmetic) -> np.ndarray:
-    """Softmax averages in high precision, skipping weights below 10^-(dps+10) of the row's
-    largest (found with float64 scores and a unit of slack): together they move an output by
-    less than n·10^-(dps+10) of the coordinate scale, far below the pass's own precision, and
-    sharp attention then costs O(n) high-precision exponentials instead of O(n²)."""
-    Sf = _float_scores(X, qa, ka, alpha)[3]
-    Zf = (Sf - Sf.max(axis=1)[:, None]) / float(tau)
-    cut = -(ar.dps + 10) * np.log(10.0) - 1.0
-    keep = ~(Zf < cut) if np.isfinite(Zf).all() else np.ones(Zf.shape, dtype=bool)
+    """Softmax averages in high precision, dropping the weights that cannot matter.
+
+    Everything is decided at the pass's precision (mpmath numbers, whose exponent range is
+    unbounded): a key is dropped when its weight is below e^cut of the row's largest, with
+    e^cut·Σw ≤ 2^-(prec+8). The dropped keys then move the row's average by at most
+    e^cut·Σw·(largest distance between two points of the sequence), which is below the
+    rounding of the pass itself (see docs/verification.md). For rank-one scores (α = 0) the
+    kept keys are a run of the keys sorted by a·x, found by bisection, so sharp attention
+    costs O(n log n) high-precision operations instead of O(n²).
+    """
+    n = len(X)
+    cut = -(mpmath.mp.prec + 8) * mpmath.ln2 - mpmath.log(sum(w))
     out = np.empty_like(X)
-    for i in range(len(X)):
-        idx = np.flatnonzero(keep[i])
-        sc = qa[i] * ka[idx]
-        if alpha != 0:
-            sc = sc + (X[idx] @ X[i]) * alpha
+    order = sorted(range(n), key=lambda l: ka[l]) if alpha == 0 else None
+    ks = [ka[l] for l in order] if order is not None else None
+    for i in range(n):
+        if order is not None:
+            idx = _rank_one_kept(qa[i], ks, order, cut * tau)
+            sc = qa[i] * ka[idx]
+        else:
+            idx = np.arange(n)
+            sc = qa[i] * ka + (X @ X[i]) * alpha
         z = (sc - max(sc)) / tau
+        if order is None:
+            keep = [v >= cut for v in z]
+            idx, z = idx[keep], z[keep]
         wts = ar.exp(z) * w[idx]
         out[i] = (wts @ X[idx]) / sum(wts)
     return out
+
+
+def _rank_one_kept(q, ks: list, order: list, gap) -> np.ndarray:
+    """Keys l (indices) with q·(k_l − best) ≥ gap (gap = cut·τ ≤ 0), for keys ks sorted
+    ascending: the best is the largest k when q > 0, the smallest when q < 0."""
+    if q > 0:
+        lo = bisect.bisect_left(ks, ks[-1] + gap / q)
+        return np.asarray(order[lo:], dtype=int)
+    if q < 0:
+        hi = bisect.bisect_right(ks, ks[0] + gap / q)
+        return np.asarray(order[:hi], dtype=int)
+    return np.asarray(order, dtype=int)
+
+
+def _rank_one_argmax(qa, ka) -> list[np.ndarray]:
+    """Exact argmax sets of s_il = (c·x_i)(a·x_l), with no floats: the keys with the largest
+    a·x when c·x_i > 0, the smallest when c·x_i < 0, every key when c·x_i = 0. O(n)."""
+    kmax, kmin = max(ka), min(ka)
+    top = np.flatnonzero([v == kmax for v in ka])
+    bottom = np.flatnonzero([v == kmin for v in ka])
+    every = np.arange(len(ka))
+    return [top if q > 0 else bottom if q < 0 else every for q in qa]
+
+
+def _exact_candidates(X, qa, ka, alpha) -> np.ndarray:
+    """For each row, the keys that can be in its argmax set, from a float64 pre-filter that is
+    provably safe, or every key where it is not.
+
+    The filter is used only when X, c·x, a·x and α all round to floats with relative error
+    ≤ 2^-53 (nonzero magnitudes in [2^-250, 2^250], so no product or sum of the score
+    formula underflows or overflows). Then each float score is within
+    B_il = 2(d+6)·2^-53·(|c·x_i||a·x_l| + |α|·Σ_j|x_ij||x_lj|) of the exact one (the
+    conversions and d+5 operations, with a factor 2 of slack), and a key more than
+    2·max_l B_il below the row's best float score cannot be an argmax.
+    """
+    n, d = X.shape
+    fs = [_trusted_floats(v) for v in (X, qa, ka, np.array([alpha], dtype=object))]
+    if any(f is None for f in fs):
+        return np.ones((n, n), dtype=bool)
+    Xf, qf, kf, (af,) = fs
+    absX = np.abs(Xf)
+    Sf = np.outer(qf, kf) + (af * (Xf @ Xf.T) if af != 0 else 0.0)
+    bound = np.outer(np.abs(qf), np.abs(kf)) + abs(af) * (absX @ absX.T)
+    bound *= 2 * (d + 6) * 2.0 ** -53
+    return Sf >= (Sf.max(axis=1) - 2 * bound.max(axis=1))[:, None]
+
+
+def _hardmax_sets(X, qa, ka, alpha) -> list[np.ndarray]:
+    """Exact argmax sets (exact or high-precision passes): rank one in O(n) exactly, else
+    exact comparisons among the candidates of a safe float pre-filter."""
+    if alpha == 0:
+        return _rank_one_argmax(qa, ka)
+    cand = _exact_candidates(X, qa, ka, alpha)
+    sets = []
+    for i in range(len(X)):
+        idx = np.flatnonzero(cand[i])
+        sc = qa[i] * ka[idx] + (X[idx] @ X[i]) * alpha
+        best = max(sc)
+        sets.append(idx[[v == best for v in sc]])
+    return sets
 
 
 def _hardmax_rows(X, qa, ka, alpha, w, stats: PassStats) -> np.ndarray:
     """Each row's average (with multiplicities w) over its argmax set of scores
     s_il = (c·x_i)(a·x_l) + α⟨x_i, x_l⟩.
 
-    Float64 passes decide in float64. Exact and high-precision passes first score in float64
-    with a rigorous rounding bound, then compare exactly only the candidates within that bound
-    of each row's best: the same argmax sets as an all-exact comparison, at O(n) exact work.
+    Float64 passes decide in float64. Exact and high-precision passes decide exactly (see
+    :func:`_hardmax_sets`), at every scale: no float rounding can change their argmax sets.
     """
-    n, d = X.shape
-    Xf, qf, kf, Sf = _float_scores(X, qa, ka, alpha)
+    n = len(X)
+    Sf = _float_scores(X, qa, ka, alpha)
     if X.dtype != object:
         hit = Sf == Sf.max(axis=1)[:, None]
         sets = None
     else:
-        absX = np.abs(Xf)
-        bound = np.outer(np.abs(qf), np.abs(kf)) + abs(float(alpha)) * (absX @ absX.T)
-        bound *= 2 * (d + 6) * 2.0 ** -53  # exact values rounded once, then d + 5 operations
-        if not (np.isfinite(Sf).all() and np.isfinite(bound).all()):
-            cand = np.ones((n, n), dtype=bool)  # out of float range: compare everything exactly
-        else:
-            cand = Sf >= (Sf.max(axis=1) - 2 * bound.max(axis=1))[:, None]
+        sets = _hardmax_sets(X, qa, ka, alpha)
         hit = np.zeros((n, n), dtype=bool)
-        sets = []
-        for i in range(n):
-            idx = np.flatnonzero(cand[i])
-            sc = qa[i] * ka[idx]
-            if alpha != 0:
-                sc = sc + (X[idx] @ X[i]) * alpha
-            best = max(sc)
-            idx = idx[[v == best for v in sc]]
+        for i, idx in enumerate(sets):
             hit[i, idx] = True
-            sets.append(idx)
     stats.hardmax_ties += int((hit.sum(axis=1) > 1).sum())
-    if n > 1:  # margins are a report: float precision is enough for them
-        scale = float(np.abs(Sf).max()) or 1.0
-        second = np.where(hit, -np.inf, Sf).max(axis=1)
-        ok = np.isfinite(second)
-        if ok.any():
-            stats._min("hardmax_margin", float((Sf.max(axis=1) - second)[ok].min()) / scale)
+    _record_margin(Sf, hit, stats)
     if sets is None:
         M = hit * w[None, :]
         return (M / M.sum(axis=1)[:, None]) @ X
@@ -490,6 +574,18 @@ def _hardmax_rows(X, qa, ka, alpha, w, stats: PassStats) -> np.ndarray:
         ws = w[idx]
         out[i] = (ws @ X[idx]) / sum(ws)
     return out
+
+
+def _record_margin(Sf: np.ndarray, hit: np.ndarray, stats: PassStats) -> None:
+    """Smallest best-minus-second float score gap over the score scale. A report only: float
+    precision is enough, and rows whose float scores are not finite are skipped."""
+    if len(Sf) < 2 or not np.isfinite(Sf).all():
+        return
+    scale = float(np.abs(Sf).max()) or 1.0
+    second = np.where(hit, -np.inf, Sf).max(axis=1)
+    ok = np.isfinite(second)
+    if ok.any():
+        stats._min("hardmax_margin", float((Sf.max(axis=1) - second)[ok].min()) / scale)
 
 
 # ------------------------------------------------------------------------------ public
@@ -640,6 +736,43 @@ def _convert_block(b, ar: Arithmetic):
     return b if ar.kind == "float" else b.converted(ar.scalar, ar.array)
 
 
+def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None) -> list[np.ndarray]:
+    """A plain float64 pass, written apart from :func:`forward` to check it independently:
+    every token of every sequence, every layer dense (A and V as d×d matrices, full n×n
+    scores), no multisets and no ridge windows. Sequences of equal length run as one batch.
+    Overflow is not trapped: it shows as inf or nan in the outputs (see docs/verification.md).
+    """
+    params = model.to_float() if model.exact else model
+    t = float(tau if tau is not None else (model.tau if model.tau is not None else 1))
+    xs = [np.asarray(x, dtype=float) for x in inputs]
+    outs: list = [None] * len(xs)
+    for n in sorted({len(x) for x in xs}):
+        js = [j for j, x in enumerate(xs) if len(x) == n]
+        X = np.stack([xs[j] for j in js])  # (B, n, d)
+        with np.errstate(all="ignore"):
+            for blk in params.blocks:
+                X = _dense_block(X, blk, model.attention, t)
+        for j, y in zip(js, X, strict=True):
+            outs[j] = y
+    return outs
+
+
+def _dense_block(X: np.ndarray, blk, attention: str, tau: float) -> np.ndarray:
+    """One block x ↦ SA(FF(x)) on a (B, n, d) batch, densely, in float64."""
+    if blk.ff is not None:
+        ff = blk.ff
+        X = ff.eta * X + np.maximum(X @ ff.U.T + ff.b, 0.0) @ ff.W.T
+    if blk.sa is None or blk.sa.is_identity():
+        return X
+    S = (X @ blk.sa.A.dense().T) @ np.swapaxes(X, 1, 2)  # S[b, i, l] = <A x_i, x_l>
+    if attention == "hardmax":
+        M = (S == S.max(axis=2, keepdims=True)).astype(float)
+    else:
+        M = np.exp((S - S.max(axis=2, keepdims=True)) / tau)
+    M = M / M.sum(axis=2, keepdims=True)
+    return blk.sa.rho * X + (M @ X) @ blk.sa.V.dense().T
+
+
 def distinct_rows(a: np.ndarray) -> np.ndarray:
     """The distinct rows of ``a`` in first-seen order (exact comparison)."""
     seen, keep = set(), []
@@ -698,7 +831,7 @@ def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str
         ridges = [_ridge_in(b.ff, ar) if b.ff is not None else None for b in model.blocks]
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         st = _CausalState(xs, ar)
-        scale = max(1.0, float(np.abs(st.P.astype(float)).max()))
+        scale = max(1.0, float(np.abs(safe_floats(st.P)).max()))
         bar = tqdm(blocks, desc=f"causal forward ({ar.kind})", unit="block",
                    disable=not progress, leave=False, delay=1)
         for blk, ridge in zip(bar, ridges, strict=True):
@@ -745,8 +878,8 @@ def causal_hardmax_rows(X, qa, ka, alpha, stats: PassStats) -> np.ndarray:
         for i in range(len(X)):
             out[i] = causal_row(X, qa, ka, alpha, i, np.arange(i + 1), "hardmax", None, stats)
         return out
-    scan = CausalScan(float(np.abs(qa.astype(float)).max()) *
-                      float(np.abs(ka.astype(float)).max()))
+    scan = CausalScan(float(np.abs(safe_floats(qa)).max()) *
+                      float(np.abs(safe_floats(ka)).max()))
     for i in range(len(X)):
         out[i] = scan.push(qa[i], ka[i], X[i], stats)
     return out
@@ -773,7 +906,7 @@ class CausalScan:
             return self.total / self.n
         stats.hardmax_ties += int(ext.mixed)
         if ext.second is not None:
-            gap = abs(float(q)) * abs(float(ext.best) - float(ext.second))
+            gap = abs(safe_float(q)) * abs(safe_float(ext.best) - safe_float(ext.second))
             stats._min("hardmax_margin", gap / self.scale)
         return ext.sum if ext.count == 1 else ext.sum / ext.count
 
@@ -815,8 +948,8 @@ def causal_row(X, qa, ka, alpha, i: int, idx: np.ndarray, attention: str, tau,
                                           for l in hit))
             rest = [v for v in sc if v != best]
             if rest:
-                scale = float(max(abs(v) for v in sc)) or 1.0
-                stats._min("hardmax_margin", float(best - max(rest)) / scale)
+                scale = safe_float(max(abs(v) for v in sc)) or 1.0
+                stats._min("hardmax_margin", safe_float(best - max(rest)) / scale)
         return X[hit].sum(axis=0) / len(hit)
     z = (sc - best) / tau
     wts = ar.exp(z) if ar is not None else np.exp(z)
@@ -824,20 +957,23 @@ def causal_row(X, qa, ka, alpha, i: int, idx: np.ndarray, attention: str, tau,
 
 
 def causal_softmax_rows(X, qa, ka, alpha, tau, ar: Arithmetic) -> np.ndarray:
-    """Row i: Σ_{l ≤ i} softmax_l(s_il/τ)·x_l. In high precision, weights below
-    10^-(dps+10) of the row's largest (found with float64 scores) are skipped, as in a set
-    pass."""
-    Sf = _float_scores(X, qa, ka, alpha)[3]
+    """Row i: Σ_{l ≤ i} softmax_l(s_il/τ)·x_l. High-precision passes drop, at the pass's own
+    precision, the keys whose weights cannot matter, as :func:`_softmax_rows_mp` does."""
     n = len(X)
-    Sf = np.where(np.tri(n, dtype=bool), Sf, -np.inf)
-    Zf = (Sf - Sf.max(axis=1)[:, None]) / float(tau)
     if not ar.is_object:
-        M = np.exp(Zf)
-        return (M / M.sum(axis=1)[:, None]) @ X
-    cut = -(ar.dps + 10) * np.log(10.0) - 1.0
+        with np.errstate(invalid="ignore", over="ignore"):
+            Sf = np.where(np.tri(n, dtype=bool), _float_scores(X, qa, ka, alpha), -np.inf)
+            M = np.exp((Sf - Sf.max(axis=1)[:, None]) / float(tau))
+            return (M / M.sum(axis=1)[:, None]) @ X
     out = np.empty_like(X)
     for i in range(n):
-        row = Zf[i, : i + 1]
-        idx = np.flatnonzero(~(row < cut)) if np.isfinite(row).all() else np.arange(i + 1)
-        out[i] = causal_row(X, qa, ka, alpha, i, idx, "softmax", tau, ar=ar)
+        idx = np.arange(i + 1)
+        sc = qa[i] * ka[idx]
+        if alpha != 0:
+            sc = sc + (X[idx] @ X[i]) * alpha
+        z = (sc - max(sc)) / tau
+        cut = -(mpmath.mp.prec + 8) * mpmath.ln2 - mpmath.log(i + 1)
+        keep = np.array([v >= cut for v in z], dtype=bool)
+        wts = ar.exp(z[keep])
+        out[i] = (wts @ X[idx[keep]]) / sum(wts)
     return out

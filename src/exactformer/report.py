@@ -7,14 +7,25 @@ and the margins that say whether lower precision would still work.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, replace
+from fractions import Fraction
 
 import mpmath
 import numpy as np
 
 from .causal_data import CausalDataset
 from .data import Dataset
-from .evaluate import Arithmetic, PassStats, distinct_rows, forward, forward_causal
+from .evaluate import (
+    Arithmetic,
+    PassStats,
+    dense_forward,
+    distinct_rows,
+    forward,
+    forward_causal,
+    safe_float,
+    safe_floats,
+)
 from .model import Transformer
 from .numbers import to_fraction
 from .record import CausalConstruction
@@ -24,17 +35,38 @@ from .tables import format_table
 def hausdorff(a: np.ndarray, b: np.ndarray) -> float:
     """Hausdorff distance between two finite point sets (rows), returned as a float.
 
-    Differences are taken in the arrays' own arithmetic (object arrays of mpmath numbers keep
-    their precision), so errors far below float64 resolution are measured, not rounded away.
+    Differences are taken in the arrays' own arithmetic (object arrays of Fractions or mpmath
+    numbers keep their precision), so errors far below float64 resolution are measured, not
+    rounded away. Non-finite floats give nan or inf, never a finite distance.
     """
     a, b = np.asarray(a), np.asarray(b)
     if a.dtype == object or b.dtype == object:
-        diff = a.astype(object)[:, None, :] - b.astype(object)[None, :, :]
-        D = np.array([[float(sum(v * v for v in cell)) for cell in row] for row in diff])
-        D = np.sqrt(D)
-    else:
+        return float(np.sqrt(safe_float(hausdorff_sq(a, b))))
+    with np.errstate(invalid="ignore", over="ignore"):
         D = np.sqrt(((a[:, None, :] - b[None, :, :]) ** 2).sum(-1))
+    if not np.isfinite(D).all():
+        return math.nan if np.isnan(D).any() else math.inf
     return float(max(D.min(axis=1).max(), D.min(axis=0).max()))
+
+
+def hausdorff_sq(a: np.ndarray, b: np.ndarray):
+    """Squared Hausdorff distance of two object arrays of points, in their own arithmetic
+    (exact for Fractions): what a verdict compares with (tolerance × scale)²."""
+    D = [[sum(((u - v) * (u - v) for u, v in zip(ra, rb, strict=True)), 0 * ra[0])
+          for rb in b] for ra in a]
+    return max(max(min(row) for row in D), max(min(col) for col in zip(*D, strict=True)))
+
+
+def worst(values) -> float:
+    """The largest value, nan if any value is nan (``max`` would skip a nan after a number)."""
+    values = [float(v) for v in values]
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
+
+
+def data_scale(xs: list[np.ndarray], ys: list[np.ndarray]) -> Fraction:
+    """The data's own coordinate scale: the largest |coordinate| of inputs and targets, exact.
+    Tolerances are relative to it; 0 (all-zero data) makes every tolerance exact equality."""
+    return max(abs(v) for a in xs + ys for v in a.flat)
 
 
 def as_set(a: np.ndarray) -> set:
@@ -48,8 +80,11 @@ def paper_bound(attention: str, N: int, sum_m: int) -> int:
 
 @dataclass
 class Report:
+    """What ``verify`` found; see docs/verification.md for what each verdict means."""
+
     attention: str
-    arithmetic: str  # how interpolation was decided: "exact", "float" or "mp<digits>"
+    arithmetic: str  # how interpolation was decided: "exact" (set ==), "exact-floats" (exact
+    # evaluation of a float64 model against the tolerance) or "mp<digits>"
     N: int
     d: int
     sum_m: int
@@ -63,47 +98,48 @@ class Report:
     params_dense: int
     max_abs_param: float
     param_l2: float
-    exact_equal: list[bool] | None
-    hausdorff_float64: list[float]
+    exact_equal: list[bool] | None  # rational hardmax: output set == target set, per pair
+    hausdorff_float64: list[float]  # the fast evaluator in float64 (nan/inf when non-finite)
     max_hausdorff_float64: float
     relative_error_float64: float
-    coordinate_scale: float
+    coordinate_scale: float  # the data's own largest |coordinate|
     hardmax_margin: float | None
     hardmax_ties: int
     hat_clearance: float | None
     tolerance: float
     extra: dict = field(default_factory=dict)
+    within_tolerance: list[bool] | None = None  # the deciding evaluation, per pair
+    nonfinite_pairs: list[int] = field(default_factory=list)  # float64 models: inf/nan outputs
+    proved: bool = False  # interpolation proved (exact ==, or certify's ball arithmetic)
+    proof: str = ""  # how it was proved, or why not
 
     @property
     def ok(self) -> bool:
-        """Every pair interpolates: exactly (exact arithmetic) or within ``tolerance``."""
+        """Every pair interpolates (exactly, or within ``tolerance`` × scale in the deciding
+        evaluation) and no float64 output of a float64 model is inf or nan."""
+        if self.nonfinite_pairs:
+            return False
         if self.exact_equal is not None:
             return all(self.exact_equal)
-        errs = self.extra.get("hausdorff_mp", self.hausdorff_float64)
-        return max(errs) <= self.tolerance * self.coordinate_scale
+        return self.within_tolerance is not None and all(self.within_tolerance)
 
     def to_dict(self) -> dict:
         out = asdict(self)
         out["ok"] = self.ok
         return out
 
+    def verdict(self) -> str:
+        """PROVED EXACT, OK (within tolerance, not proved) or FAILED."""
+        if not self.ok:
+            return "FAILED"
+        return "PROVED EXACT" if self.proved else "OK"
+
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) lines for a readable table."""
-        def g(v):
-            return "n/a" if v is None else f"{v:.3g}"
-        if self.exact_equal is not None:
-            verdict = (f"{sum(self.exact_equal)}/{self.N} pairs equal as sets "
-                       f"(exact rational arithmetic)")
-        elif "hausdorff_mp" in self.extra:
-            verdict = (f"max Hausdorff error {g(max(self.extra['hausdorff_mp']))} at "
-                       f"{self.arithmetic[2:]} digits (limit {g(self.tolerance)} × scale)")
-        else:
-            verdict = (f"max Hausdorff error {g(max(self.hausdorff_float64))} in float64 "
-                       f"(limit {g(self.tolerance)} × scale)")
         rows = [
-            ("verdict", ("EXACT" if self.exact_equal is not None else "OK") if self.ok
-             else "FAILED"),
-            ("interpolation", verdict),
+            ("verdict", self.verdict()),
+            ("interpolation", self._interpolation()),
+            ("proof", self.proof),
             ("attention", self.attention),
             ("pairs N / dimension d", f"{self.N} / {self.d}"),
             ("input tokens / target tokens Σm", f"{self.total_tokens} / {self.sum_m}"),
@@ -112,17 +148,35 @@ class Report:
             ("max FF width", str(self.max_width)),
             ("structured A, V", "yes" if self.structured else "NO"),
             ("parameters (structured / dense)", f"{self.params} / {self.params_dense}"),
-            ("max |θ| / ‖θ‖₂", f"{g(self.max_abs_param)} / {g(self.param_l2)}"),
-            ("float64 max Hausdorff error", f"{g(self.max_hausdorff_float64)} "
-                                            f"(relative {g(self.relative_error_float64)})"),
-            ("smallest hardmax score margin", g(self.hardmax_margin)),
-            ("smallest hat clearance / scale", g(self.hat_clearance)),
+            ("max |θ| / ‖θ‖₂", f"{_g(self.max_abs_param)} / {_g(self.param_l2)}"),
+            ("float64 max Hausdorff error", f"{_g(self.max_hausdorff_float64)} "
+                                            f"(relative {_g(self.relative_error_float64)})"),
+            ("smallest hardmax score margin", _g(self.hardmax_margin)),
+            ("smallest hat clearance / scale", _g(self.hat_clearance)),
         ]
-        rows += [(k, str(v)) for k, v in self.extra.items() if k != "hausdorff_mp"]
+        if self.nonfinite_pairs:
+            rows.insert(2, ("non-finite float64 outputs", f"pairs {self.nonfinite_pairs[:10]}"))
+        hidden = ("hausdorff_mp", "hausdorff_exact")
+        rows += [(k, str(v)) for k, v in self.extra.items() if k not in hidden]
         return rows
+
+    def _interpolation(self) -> str:
+        limit = f"(limit {_g(self.tolerance)} × scale {_g(self.coordinate_scale)})"
+        if self.exact_equal is not None:
+            return (f"{sum(self.exact_equal)}/{self.N} pairs equal as sets "
+                    f"(exact rational arithmetic)")
+        if "hausdorff_exact" in self.extra:
+            return (f"max Hausdorff error {_g(worst(self.extra['hausdorff_exact']))} in exact "
+                    f"arithmetic on the stored floats {limit}")
+        return (f"max Hausdorff error {_g(worst(self.extra['hausdorff_mp']))} at "
+                f"{self.arithmetic[2:]} digits {limit}")
 
     def table(self) -> str:
         return format_table(self.rows())
+
+
+def _g(v) -> str:
+    return "n/a" if v is None else f"{v:.3g}"
 
 
 def design_bound(model: Transformer, N: int, sum_m: int) -> int | None:
@@ -136,15 +190,17 @@ def design_bound(model: Transformer, N: int, sum_m: int) -> int | None:
 def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
            progress: bool = False, digits: int = 50, tau=None,
            workers: int | None = None) -> Report:
-    """Check every pair.
+    """Check every pair (see docs/verification.md).
 
-    * hardmax, rational parameters: proved in exact arithmetic (set equality);
-    * softmax: evaluated with mpmath at ``digits`` significant digits; interpolation holds when
-      the max Hausdorff error is below 10^-(digits−10) × coordinate scale (rational parameters)
-      or ``tolerance`` × scale (float64 parameters, whose rounded snaps are flat only to
-      rounding). Snap margins are measured on the projection line, in that precision and in
-      float64;
-    * float64 models: max Hausdorff error ≤ ``tolerance`` × coordinate scale.
+    * hardmax, rational parameters: proved in exact arithmetic (set equality with ``==``);
+    * hardmax, float64 parameters: the stored floats evaluated exactly; the exact Hausdorff
+      distance is compared exactly with ``tolerance`` × the data's coordinate scale. A second,
+      independent float64 implementation (torch, else a dense NumPy pass) is reported beside it;
+    * softmax: mpmath at ``digits`` and at twice as many digits (more while they disagree);
+      the error plus the disagreement must be below 10^-(digits−10) × scale (rational
+      parameters) or ``tolerance`` × scale (float64). Proved when ``exactformer.certify``
+      proves it. Snap margins are measured on the projection line;
+    * float64 models whose float64 outputs are inf or nan fail.
 
     ``tau`` evaluates a softmax model at another temperature than the one it was built for.
     ``workers``: processes for the exact and mp passes (see :func:`forward`).
@@ -155,52 +211,160 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         return verify_causal(model, dataset, tolerance, progress, digits, tau)
     if model.d != dataset.d:
         raise ValueError(f"the model is for d = {model.d} but the data have d = {dataset.d}")
-    xs_f, ys_f = dataset.floats()
+    xs, ys = dataset.fractions()
+    scale = data_scale(xs, ys)
     stats = PassStats()
     snap = _snap_start(model)
     at = {snap} if snap is not None else set()
-    scale = dataset.coordinate_scale()
-    outs_f, snaps_f = forward(model, xs_f, "float", stats=stats, progress=progress, tau=tau,
-                              snapshots=at)
+    xs_f, ys_f = [safe_floats(x) for x in xs], [safe_floats(y) for y in ys]
+    outs_f, snaps_f = _float_pass(model, xs_f, stats, progress, tau, at)
     hd = [hausdorff(distinct_rows(o), y) for o, y in zip(outs_f, ys_f, strict=True)]
-    exact_equal = None
-    arithmetic = "float64"
     extra: dict = {}
-    if model.exact and model.attention == "hardmax":
-        xs, ys = dataset.fractions()
-        outs = forward(model, xs, "exact", progress=progress, workers=workers)
-        exact_equal = [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)]
-        arithmetic = "exact"
-    elif model.attention == "softmax":
-        xs, ys = dataset.fractions()
-        outs, snaps = forward(model, xs, "mp", dps=digits, progress=progress, tau=tau,
-                              snapshots=at, workers=workers)
-        arithmetic = f"mp{digits}"
-        if model.exact:  # rational snaps are flat on the data: exact up to the precision
-            tolerance = 10.0 ** -(digits - 10)
-        ar = Arithmetic("mp", digits)
-        with mpmath.workdps(digits):  # targets and differences at the pass's precision
-            extra["hausdorff_mp"] = [hausdorff(distinct_rows(o), ar.array(y))
-                                     for o, y in zip(outs, ys, strict=True)]
-        if snap is not None:
-            extra.update(_snap_margins(model, snap, snaps[snap], snaps_f[snap], scale))
-    theta = np.array([float(v) for v in model.parameters()] or [0.0])  # identities: none
+    if model.attention == "softmax" and model.exact:
+        tolerance = 10.0 ** -(digits - 10)  # rational snaps are flat on the data
+    limit = Fraction(tolerance) * scale
+    if model.attention == "hardmax":
+        exact_equal, within = _decide_hardmax(model, xs, ys, limit, extra, progress, workers)
+        arithmetic = "exact" if model.exact else "exact-floats"  # set ==, or exact tolerance
+        proved = exact_equal is not None and all(exact_equal)
+        proof = "exact rational arithmetic (==)" if proved else "not proved"
+    else:
+        exact_equal = None
+        within, used, snaps = _decide_softmax(model, xs, ys, limit, digits, tau, at, extra,
+                                              progress, workers)
+        arithmetic = f"mp{used}"
+        if snap is not None and snap in snaps_f:
+            extra.update(_snap_margins(model, snap, snaps[snap], snaps_f[snap],
+                                       safe_float(scale) or 1.0))
+        proved, proof = _prove_softmax(model, dataset, tau)
+    nonfinite: list[int] = []
+    if not model.exact:  # the model's own arithmetic: inf or nan there is a failure
+        nonfinite = [j for j, o in enumerate(outs_f) if not np.isfinite(o).all()]
+        nonfinite = sorted(set(nonfinite) | set(_independent(model, xs_f, ys_f, tau, extra)))
     if model.attention == "softmax":
         used = model.tau if tau is None else tau
         extra["temperature τ (τ* of the geometry)"] = (f"{float(used):.6g} "
                                                       f"({_tau_star(model)})")
-    return Report(
+    theta = np.array([safe_float(v) for v in model.parameters()] or [0.0])
+    with np.errstate(over="ignore"):
+        l2 = float(np.sqrt((theta ** 2).sum()))
+    scale_f = safe_float(scale)
+    report = Report(
         attention=model.attention, arithmetic=arithmetic, N=dataset.N, d=dataset.d,
         sum_m=dataset.total_m, total_tokens=dataset.total_n, blocks=model.n_blocks,
         blocks_paper=paper_bound(model.attention, dataset.N, dataset.total_m),
         blocks_design=design_bound(model, dataset.N, dataset.total_m),
         max_width=model.max_width(), structured=_structured(model), params=model.n_params(),
         params_dense=model.n_params_dense(), max_abs_param=float(np.abs(theta).max()),
-        param_l2=float(np.sqrt((theta ** 2).sum())), exact_equal=exact_equal,
-        hausdorff_float64=hd, max_hausdorff_float64=max(hd),
-        relative_error_float64=max(hd) / scale, coordinate_scale=scale,
-        hardmax_margin=stats.hardmax_margin, hardmax_ties=stats.hardmax_ties,
-        hat_clearance=stats.ridge_clearance, tolerance=tolerance, extra=extra)
+        param_l2=l2, exact_equal=exact_equal, hausdorff_float64=hd,
+        max_hausdorff_float64=worst(hd), relative_error_float64=_relative(worst(hd), scale_f),
+        coordinate_scale=scale_f, hardmax_margin=stats.hardmax_margin,
+        hardmax_ties=stats.hardmax_ties, hat_clearance=stats.ridge_clearance,
+        tolerance=tolerance, extra=extra, within_tolerance=within, nonfinite_pairs=nonfinite,
+        proved=proved, proof=proof)
+    report.proved = report.proved and report.ok  # a proof never outranks a failed check
+    return report
+
+
+def _relative(err: float, scale: float) -> float:
+    if scale > 0:
+        return err / scale
+    return 0.0 if err == 0 else math.inf
+
+
+def _float_pass(model, xs_f, stats, progress, tau, at):
+    """The fast evaluator in float64: outputs and snapshots. A rational model with a parameter
+    beyond float64's range has no float64 form: its outputs are reported as inf."""
+    try:
+        with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
+            return forward(model, xs_f, "float", stats=stats, progress=progress, tau=tau,
+                           snapshots=at)
+    except OverflowError:
+        return [np.full(x.shape, math.inf) for x in xs_f], {}
+
+
+def _decide_hardmax(model, xs, ys, limit: Fraction, extra: dict, progress: bool, workers):
+    """Exact evaluation (floats read as their exact binary values). Rational models: set
+    equality; float64 models: exact squared Hausdorff distance ≤ limit², decided exactly."""
+    outs = forward(model, xs, "exact", progress=progress, workers=workers)
+    if model.exact:
+        return [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)], None
+    sq = [hausdorff_sq(distinct_rows(o), y) for o, y in zip(outs, ys, strict=True)]
+    extra["hausdorff_exact"] = [float(np.sqrt(safe_float(v))) for v in sq]
+    return None, [v <= limit * limit for v in sq]
+
+
+MAX_DIGITS_FACTOR = 16  # the softmax precision check stops at 16 × the requested digits
+
+
+def _decide_softmax(model, xs, ys, limit: Fraction, digits: int, tau, at, extra: dict,
+                    progress: bool, workers):
+    """mpmath passes at ``digits`` and 2·``digits`` digits, doubling while the two disagree by
+    more than limit/64 (up to 16 × ``digits``). A pair is within tolerance when its error at
+    the higher precision plus the disagreement is at most ``limit``. Returns (within per pair,
+    digits used, snapshots of the last pass)."""
+    lo = forward(model, xs, "mp", dps=digits, progress=progress, tau=tau, workers=workers)
+    dps = 2 * digits
+    while True:
+        hi, snaps = forward(model, xs, "mp", dps=dps, progress=progress, tau=tau, snapshots=at,
+                            workers=workers)
+        with mpmath.workdps(dps):
+            lim = mpmath.mpf(limit.numerator) / limit.denominator
+            drift = max(max(abs(u - v) for u, v in zip(a.flat, b.flat, strict=True))
+                        for a, b in zip(lo, hi, strict=True))
+            if drift <= lim / 64 or dps >= MAX_DIGITS_FACTOR * digits:
+                ar = Arithmetic("mp", dps)
+                sq = [hausdorff_sq(distinct_rows(o), ar.array(y))
+                      for o, y in zip(hi, ys, strict=True)]
+                within = [mpmath.sqrt(v) + drift <= lim for v in sq]
+                extra["hausdorff_mp"] = [float(mpmath.sqrt(v)) for v in sq]
+                extra["precision check"] = (f"{dps // 2} and {dps} digits agree to "
+                                            f"{float(drift):.3g}")
+                return within, dps, snaps
+        lo, dps = hi, 2 * dps
+
+
+def _prove_softmax(model, dataset, tau) -> tuple[bool, str]:
+    """Ask ``exactformer.certify`` (ball arithmetic) for a proof; not proved without it."""
+    if tau is not None and tau != model.tau:
+        return False, "not proved (evaluated at another temperature)"
+    try:
+        from .certify import prove
+    except ImportError:
+        return False, "not proved (exactformer.certify is not available)"
+    try:
+        proof = prove(model, dataset)
+    except ArithmeticError as e:  # e.g. a value beyond float64 while describing a mismatch
+        return False, f"not proved (certify stopped: {type(e).__name__}: {e})"
+    if proof.proved:
+        return True, f"ball arithmetic at {proof.bits} bits"
+    return False, f"not proved: {proof.reason}"
+
+
+INDEPENDENT_BUDGET = 2e9  # dense float64 operations the independent check may spend
+
+
+def _independent(model, xs, ys, tau, extra: dict) -> list[int]:
+    """The float64 error of a second implementation (the torch module when torch is
+    installed, else :func:`dense_forward`), recorded in ``extra``; returns the pairs whose
+    outputs are not finite there. ``xs``, ``ys``: the data in float64."""
+    cost = model.n_blocks * model.d * sum(len(x) ** 2 for x in xs)
+    if cost > INDEPENDENT_BUDGET:
+        extra["independent float64 check"] = f"skipped ({cost:.2g} dense operations)"
+        return []
+    m = model if tau is None else replace(model, tau=tau)
+    try:
+        from .torch import apply, to_torch
+        module = to_torch(m, ff="dense")
+    except ImportError:
+        module = None
+    if module is not None and any(True for _ in module.parameters()):
+        outs, name = apply(module, xs), "torch"
+    else:  # no torch, or no parameters at all (nothing for torch to run)
+        outs, name = dense_forward(m, xs), "NumPy dense"
+    hd = [hausdorff(distinct_rows(o), y) for o, y in zip(outs, ys, strict=True)]
+    extra[f"float64 max Hausdorff error ({name})"] = _g(worst(hd))
+    return [j for j, o in enumerate(outs) if not np.isfinite(o).all()]
 
 
 def _tau_star(model: Transformer) -> str:

@@ -85,6 +85,36 @@ def _sorted(values) -> np.ndarray:
     return out
 
 
+SLOPED_HAT_LIMIT = 2.0 ** -27  # landing error a float64 sloped hat may risk, over its move
+
+
+def check_sloped_hat(f, x, t0, delta, exact: bool) -> None:
+    """Refuse a float64 hat without plateau that float64 cannot place robustly.
+
+    A 3-ReLU hat (slope move/δ) lands its token exactly only where its input t = f·x + t0 is
+    exactly the peak c that the construction computed. Rounding of t, up to
+    (d+1)·ε·(Σ|f_i·x_i| + |t0|) for the float64 dot product (and as much between the
+    construction's float64 belief and the exact value of the stored floats), moves the landing
+    point by up to that error over δ times the move. Every other evaluator (exact arithmetic,
+    torch) rounds differently, so beyond ``SLOPED_HAT_LIMIT`` the model would be right only in
+    the evaluator that reproduces the construction's rounding. δ is half the gap from the token
+    to its nearest neighbour on the projection, so this refuses data whose relative spacing
+    near that token float64 cannot resolve. See docs/numerics.md#the-extreme-token-rule.
+    """
+    if exact:
+        return
+    err = (len(f) + 1) * EPS * (sum(abs(float(a) * float(b)) for a, b in zip(f, x, strict=True))
+                                + abs(float(t0)))
+    if err > SLOPED_HAT_LIMIT * float(delta):
+        raise ConstructionError(
+            f"float64 parameters cannot resolve the data's relative spacing: a token is only "
+            f"{2 * float(delta):.3g} from its nearest neighbour on a projection to [1, 3], so "
+            f"float64 rounding of its position (up to {err:.2g}) could move it by "
+            f"{err / float(delta):.2g} of its hat's move, and the model would be right only "
+            "in float64 evaluations that round like the construction; build with exact "
+            "rational arithmetic instead (without --float / exact=True)")
+
+
 def best_draw(draw: Callable[[], object], score: Callable[[object], float | None],
               tries: int = 4, limit: int = 200, what: str = "choice"):
     """Keep the best-scoring of the first ``tries`` valid draws (``score`` None = invalid)."""

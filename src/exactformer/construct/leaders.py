@@ -20,7 +20,7 @@ from tqdm import tqdm
 from ..model import SA, Block, ScoreMatrix, ValueMatrix
 from ..numbers import num, unit, zeros
 from .gadgets import ff_from_units, hat_units, projection_unit
-from .generic import ConstructionError, Draws, best_draw, generic_score
+from .generic import ConstructionError, Draws, best_draw, check_sloped_hat, generic_score
 
 
 @dataclass
@@ -80,7 +80,8 @@ def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
         q = zeros(d, exact)
         q[0], q[1] = circle[k]
         points[j][chosen[j].index(i)] = q
-        ffs.append(_leader_hat(axis, flat, axis.uprime[j][i], q, first=k == 0, exact=exact))
+        ffs.append(_leader_hat(axis, flat, axis.uprime[j][i], q, positions[j][i], first=k == 0,
+                               exact=exact))
     if not ffs:
         ffs.append(ff_from_units([projection_unit(axis.g, axis.g0, e1)], num(0, exact), d,
                                  exact))
@@ -173,17 +174,19 @@ def _isolation(flat: list, v):
     return min(gaps) if gaps else 1
 
 
-def _leader_hat(axis: _Axis, flat: list, c, q, first: bool, exact: bool):
-    """The FF moving the token at u' = c to the circle point q. The first one shares the
-    non-residual projection layer, which every evaluator computes densely: it sits at the
-    extreme token and is mirrored when that is the smallest, so every other token lies where
-    all its units are exactly zero (docs/numerics.md#the-extreme-token-rule)."""
+def _leader_hat(axis: _Axis, flat: list, c, q, x, first: bool, exact: bool):
+    """The FF moving the token at u' = c (position x) to the circle point q. The first one
+    shares the non-residual projection layer, which every evaluator computes densely: it sits
+    at the extreme token and is mirrored when that is the smallest, so every other token lies
+    where all its units are exactly zero (docs/numerics.md#the-extreme-token-rule); it has no
+    plateau, so float64 builds check that rounding cannot misplace it."""
     d = len(axis.g)
     e1 = unit(d, 0, exact)
     delta = min(num(1, exact) / 2, _isolation(flat, c) / 2)
     if not first:
         return ff_from_units(hat_units(e1, 0 * c, c, delta, q - e1 * c), num(1, exact), d, exact)
     sign = axis.first[2] if axis.first else 1
+    check_sloped_hat(axis.g, x, axis.g0, delta, exact)
     units = [projection_unit(axis.g, axis.g0, e1),
              *hat_units(axis.g * sign, axis.g0 * sign, c * sign, delta, q - e1 * c,
                         plateau=False)]

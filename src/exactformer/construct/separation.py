@@ -20,7 +20,7 @@ from ..model import SA, Block, ScoreMatrix, ValueMatrix
 from ..numbers import num, unit, zeros
 from ..record import Lift
 from .gadgets import ff_from_units, hat_units, projection_unit
-from .generic import ConstructionError, Draws, best_draw, generic_score
+from .generic import ConstructionError, Draws, best_draw, check_sloped_hat, generic_score
 
 
 @dataclass
@@ -235,6 +235,8 @@ def _round_blocks(table, a, a0, u, order, tests, heights, lams, draws, score_sca
         if p is not None:
             c, delta = u[p], _half_gap(u, order, pos[p], exact)
             move = e1 * (heights[k] - c)
+            if r == 0:  # a hat without plateau: float64 must place it robustly
+                check_sloped_hat(a, table.points[p], a0, delta, exact)
             units += hat_units(a, a0, c, delta, move, plateau=False) if r == 0 else \
                 hat_units(e1, 0 * c, c, delta, move)
             lifts.append(Lift(r, int(p), str(c), str(heights[k]), str(delta), str(lam)))
