@@ -20,6 +20,7 @@ from exactformer.cli import main
 from exactformer.data import DatasetError
 from exactformer.evaluate import forward_causal
 from exactformer.generation import Decoder, generate
+from exactformer.model import FF, Block
 from exactformer.modelio import ModelFormatError, model_from_dict, model_to_dict
 
 
@@ -413,3 +414,26 @@ def test_the_causal_record_is_type_checked_on_load():
         model_from_dict({**doc, "meta": {**doc["meta"], "lifts": [
             {"round": 1, "sequence": 0, "position": "x", "from": "1", "to": "2",
              "lambda": "1"}]}})
+
+
+def _float_causal(blocks):
+    return ef.Transformer(d=2, attention="hardmax", blocks=blocks, exact=False, causal=True)
+
+
+def test_float_causal_verdict_rests_on_the_exact_pass():
+    """x ↦ (x + 10^16) − 10^16 is the identity exactly but sends x = 1 to 0 in float64: with
+    0 as the target a float64 pass says it is met; the exact pass of the stored floats says no."""
+    up = FF(1.0, np.zeros((1, 2)), np.array([1e16]), np.array([[1.0], [0.0]]))
+    down = FF(1.0, np.zeros((1, 2)), np.array([1e16]), np.array([[-1.0], [0.0]]))
+    data = CausalDataset.from_arrays([[[1.0, 0.0], [4.0, 1.0]]], [[[0.0, 0.0], [4.0, 1.0]]])
+    report = ef.verify(_float_causal([Block(up, None), Block(down, None)]), data)
+    assert report.errors_float64[0] == 0.0
+    assert not report.ok and not report.proved and report.first_failure == (0, 0)
+
+
+def test_causal_tolerance_is_relative_to_the_data_scale():
+    """The identity model on data at 1e-10 whose targets are 1e-10 away: not a pass."""
+    data = CausalDataset.from_arrays([[[1e-10, 0.0], [0.0, 1e-10]]],
+                                     [[[2e-10, 0.0], None]])
+    report = ef.verify(_float_causal([]), data)
+    assert not report.ok and report.coordinate_scale == 2e-10

@@ -472,9 +472,14 @@ class CausalReport:
     def ok(self) -> bool:
         return self.first_failure is None
 
+    @property
+    def proved(self) -> bool:
+        """Every constrained position equal to its target under ``==`` (rational hardmax)."""
+        return self.ok and self.exact_equal is not None and all(self.exact_equal)
+
     def to_dict(self) -> dict:
         out = asdict(self)
-        out["ok"] = self.ok
+        out["ok"], out["proved"] = self.ok, self.proved
         return out
 
     def rows(self) -> list[tuple[str, str]]:
@@ -484,13 +489,12 @@ class CausalReport:
             how = (f"{sum(self.exact_equal)}/{self.N} sequences equal at every constrained "
                    "position (exact rational arithmetic)")
         else:
-            how = (f"max error {g(max(self.errors, default=0.0))} in {self.arithmetic} "
+            how = (f"max error {g(worst([0.0, *self.errors]))} in {self.arithmetic} "
                    f"(limit {g(self.tolerance)} × scale)")
         fail = "none" if self.first_failure is None else \
             f"sequence {self.first_failure[0]}, position {self.first_failure[1]}"
         return [
-            ("verdict", ("EXACT" if self.exact_equal is not None else "OK") if self.ok
-             else "FAILED"),
+            ("verdict", "PROVED EXACT" if self.proved else "OK" if self.ok else "FAILED"),
             ("interpolation", how),
             ("first failing position", fail),
             ("attention", f"{self.attention}, causal"),
@@ -502,7 +506,7 @@ class CausalReport:
             ("parameters (structured / dense)", f"{self.params} / {self.params_dense}  "
              f"(+ {self.position_params} in stored positions)"),
             ("max |θ|", g(self.max_abs_param)),
-            ("float64 max error", g(max(self.errors_float64, default=0.0))),
+            ("float64 max error", g(worst([0.0, *self.errors_float64]))),
             ("smallest hardmax score margin", g(self.hardmax_margin)),
             ("smallest hat clearance / scale", g(self.hat_clearance)),
         ]
@@ -515,30 +519,36 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
                   progress: bool = False, digits: int = 50, tau=None) -> CausalReport:
     """Check a causal model position by position, in order (not as sets).
 
-    Rational hardmax: every constrained output is compared with ``==`` to its target. Softmax:
-    a pass at ``digits`` digits whose largest error must be below 10^-(digits−10) × scale
-    (rational parameters) or ``tolerance`` × scale. Float64 hardmax: ``tolerance`` × scale.
+    Hardmax: an exact pass (floats read as their exact binary values); rational models compare
+    every constrained output with ``==`` to its target, float64 ones compare the exact squared
+    distance with (``tolerance`` × scale)², exactly. Softmax: a pass at ``digits`` digits whose
+    largest error must be below 10^-(digits−10) × scale (rational parameters) or ``tolerance`` ×
+    scale. The scale is the data's own largest |coordinate| (docs/verification.md).
     """
     if not model.causal or not isinstance(dataset, CausalDataset):
         raise ValueError("a causal model is verified on a causal dataset (and only there)")
     if model.d != dataset.d:
         raise ValueError(f"the model is for d = {model.d} but the data have d = {dataset.d}")
     stats = PassStats()
-    scale = dataset.coordinate_scale()
+    xs, ys = dataset.fractions()
+    exact_scale = data_scale(xs, [y[k] for y, k in zip(ys, dataset.known, strict=True)])
+    scale = float(exact_scale)
     xs_f, ys_f = dataset.floats()
     outs_f = forward_causal(model, xs_f, "float", stats=stats, tau=tau, progress=progress)
     err_f = _position_errors(outs_f, ys_f, dataset.known)
-    exact_equal, errs, arithmetic = None, err_f, "float64"
-    first = _first_over(err_f, dataset.known, tolerance * scale)
-    if model.attention == "hardmax" and model.exact:
-        xs, ys = dataset.fractions()
+    exact_equal, errs = None, err_f
+    if model.attention == "hardmax":
         outs = forward_causal(model, xs, "exact", progress=progress)
-        unequal = [[i for i in np.flatnonzero(k) if tuple(o[i]) != tuple(y[i])]
-                   for o, y, k in zip(outs, ys, dataset.known, strict=True)]
-        exact_equal = [not u for u in unequal]
-        first = next(((j, int(u[0])) for j, u in enumerate(unequal) if u), None)
-        arithmetic = "exact"
-    elif model.attention == "softmax":
+        errs = _position_errors(outs, ys, dataset.known)
+        if model.exact:
+            unequal = [[i for i in np.flatnonzero(k) if tuple(o[i]) != tuple(y[i])]
+                       for o, y, k in zip(outs, ys, dataset.known, strict=True)]
+            exact_equal = [not u for u in unequal]
+            first = next(((j, int(u[0])) for j, u in enumerate(unequal) if u), None)
+        else:
+            first = _first_exact_over(outs, ys, dataset.known, Fraction(tolerance) * exact_scale)
+        arithmetic = "exact" if model.exact else "exact-floats"
+    else:
         xs, ys = dataset.fractions()
         outs = forward_causal(model, xs, "mp", dps=digits, tau=tau, progress=progress)
         if model.exact:
@@ -559,8 +569,8 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         params=model.n_params(), params_dense=model.n_params_dense(),
         position_params=0 if model.positions is None else int(np.size(model.positions)),
         max_abs_param=float(np.abs(theta).max()), exact_equal=exact_equal,
-        errors=[max(e, default=0.0) for e in errs],
-        errors_float64=[max(e, default=0.0) for e in err_f], position_errors=errs,
+        errors=[worst([0.0, *e]) for e in errs],
+        errors_float64=[worst([0.0, *e]) for e in err_f], position_errors=errs,
         first_failure=first,
         coordinate_scale=scale, hardmax_margin=stats.hardmax_margin,
         hat_clearance=stats.ridge_clearance, tolerance=tolerance)
@@ -573,9 +583,19 @@ def _position_errors(outs, ys, known) -> list[list[float]]:
     for o, y, k in zip(outs, ys, known, strict=True):
         diff = np.asarray(o)[k] - np.asarray(y)[k]
         e = np.zeros(len(k))
-        e[k] = [float(sum(v * v for v in row)) ** 0.5 for row in diff]
+        e[k] = [safe_float(sum(v * v for v in row)) ** 0.5 for row in diff]
         out.append(list(e))
     return out
+
+
+def _first_exact_over(outs, ys, known, limit: Fraction):
+    """The first (sequence, position) whose exact squared distance to its target exceeds
+    limit² (outputs and targets in exact arithmetic), or None."""
+    for j, (o, y, k) in enumerate(zip(outs, ys, known, strict=True)):
+        for i in np.flatnonzero(k):
+            if sum((a - b) ** 2 for a, b in zip(o[i], y[i], strict=True)) > limit * limit:
+                return (j, int(i))
+    return None
 
 
 def _first_over(errs, known, limit: float):
