@@ -128,8 +128,8 @@ class Decoder:
 
     def _run(self, run: _Run, z: np.ndarray) -> np.ndarray:
         """Apply, in order, the FFs of the run whose open window contains f·z."""
-        k = 0
-        while True:
+        k = 0  # the FFs before k are applied (they left z alone or moved it)
+        while k < len(run.ffs):
             t = z @ run.f
             tf = float(t)
             cand = np.flatnonzero((run.lo_f[k:] <= tf) & (tf <= run.hi_f[k:])) + k
@@ -139,6 +139,7 @@ class Decoder:
             ff = run.ffs[hit]
             z = z + relu(ff.U @ z + ff.b) @ ff.W.T
             k = hit + 1
+        return z
 
 
 def nearest(vocabulary: np.ndarray, y: np.ndarray) -> int:

@@ -184,38 +184,39 @@ def _choose_test(ctx: _Contexts, conflicts, draws: Draws) -> int:
 
 def _separate(ctx: _Contexts, points: np.ndarray, draws: Draws, score_scale,
               progress: bool) -> _Separation:
-    """Rounds until no class holds two different targets; see the module docstring."""
+    """Rounds until no class holds two different targets; see the module docstring. The rounds
+    are planned first (their FFs and the prefix maxima), then the multipliers are drawn and each
+    block is built whole."""
     exact, d = ctx.exact, ctx.d
     e1, e2 = unit(d, 0, exact), unit(d, 1, exact)
     a, a0 = _project(points, draws)
     u = as_number_array(points @ a + a0, exact)
-    sep = _Separation(blocks=[Block(ff_from_units([projection_unit(a, a0, e1)], num(0, exact),
-                                                  d, exact), None)])
+    ffs = [ff_from_units([projection_unit(a, a0, e1)], num(0, exact), d, exact)]
     history = [_prefix_max(ctx, u)]
-    sep.cls = _refine(ctx.pid, history[0])
+    cls = _refine(ctx.pid, history[0])
     lifted = []  # (round, sequence, position, from, to) of each lift
     bar = tqdm(desc="causal separation rounds", unit="round", disable=not progress,
                leave=False, delay=1)
-    while conflicts := _conflicted(ctx, sep.cls):
+    while conflicts := _conflicted(ctx, cls):
+        if len(ffs) > len(u):  # each round splits a class of contexts
+            raise ConstructionError("causal separation did not finish in one round per context")
         bar.update()
         p = _choose_test(ctx, conflicts, draws)
         top, c = max(u) + 1, u[p]
         gaps = np.abs(np.delete(u, p) - c)
         delta = min([num(1, exact) / 2, *([gaps.min() / 2] if len(gaps) else [])])
-        ff = ff_from_units(hat_units(e1, 0 * c, c, delta, e1 * (top - c)), num(1, exact), d,
-                           exact)
-        sep.blocks.append(Block(ff, None))
+        ffs.append(ff_from_units(hat_units(e1, 0 * c, c, delta, e1 * (top - c)), num(1, exact),
+                                 d, exact))
         lifted.append((len(history), *ctx.first[p], str(c), str(top)))
         u[p] = top
         history.append(_prefix_max(ctx, u))
-        sep.cls = _refine(sep.cls, history[-1])
+        cls = _refine(cls, history[-1])
     bar.close()
-    lams = _multipliers(ctx, sep.cls, history, draws, max(u) + 1)
-    for blk, lam in zip(sep.blocks, lams, strict=True):
-        blk.sa = SA(num(1, exact), ScoreMatrix(num(0, exact), e1 * score_scale, e1),
-                    ValueMatrix(num(0, exact), e2 * lam, e1))
-    sep.lifts = [CausalLift(*x, str(lams[x[0]])) for x in lifted]
-    return sep
+    lams = _multipliers(ctx, cls, history, draws, max(u) + 1)
+    blocks = [Block(ff, SA(num(1, exact), ScoreMatrix(num(0, exact), e1 * score_scale, e1),
+                           ValueMatrix(num(0, exact), e2 * lam, e1)))
+              for ff, lam in zip(ffs, lams, strict=True)]
+    return _Separation(blocks, cls, [CausalLift(*x, str(lams[x[0]])) for x in lifted])
 
 
 def _multipliers(ctx: _Contexts, cls, history, draws: Draws, top) -> list:

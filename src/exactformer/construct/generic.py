@@ -41,12 +41,13 @@ class Draws:
         points to the same value (a coincidence for every draw), a fine one almost never does.
         """
         scale = 1 << bits
-        while True:
+        for _ in range(64):  # all-zero has probability (2·2^bits + 1)^-d per draw
             v = [self.rng.randint(-scale, scale) for _ in range(d)]
             if any(v):
                 arr = np.empty(d, dtype=object if self.exact else float)
                 arr[:] = [num(Fraction(x, scale), self.exact) for x in v]
                 return arr
+        raise ConstructionError("64 random directions were all zero")
 
 
 def relative_gap(values) -> float:
