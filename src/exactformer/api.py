@@ -14,8 +14,9 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
             width: int = 4, heads: int = 1):
     """Construct a transformer that interpolates ``dataset`` exactly.
 
-    attention: "hardmax" (DESIGN §4) or "softmax" (DESIGN §5). exact: rational parameters
-    (True) or float64 ones for large data (False). seed: all generic choices derive from it.
+    attention: "hardmax" (docs/hardmax.md) or "softmax" (docs/softmax.md). exact: rational
+    parameters (True) or float64 ones for large data (False). seed: all generic choices derive
+    from it.
     tau: softmax temperature (default 1). progress: show progress bars on long phases.
     causal: a decoder model with a target at every position (docs/causal.md); a
     :class:`CausalDataset` implies it. width: the widest FF layer, a multiple of 4 (hardmax):
