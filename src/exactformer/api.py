@@ -19,7 +19,7 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     from it.
     tau: softmax temperature (default 1). progress: show progress bars on long phases.
     causal: a decoder model with a target at every position (docs/causal.md); a
-    :class:`CausalDataset` implies it. width: the widest FF layer, a multiple of 4 (hardmax):
+    :class:`CausalDataset` implies it. width: the widest FF layer, a multiple of 4:
     width/4 hats (or snaps) share a layer, for about 4/width as many blocks (docs/heads.md).
     heads: attention heads a separation round may use (at most d − 1 are used).
     """
