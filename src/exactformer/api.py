@@ -4,21 +4,28 @@ from __future__ import annotations
 
 from .causal_data import CausalDataset
 from .construct.causal import compile_causal
-from .construct.hardmax import compile_hardmax
+from .construct.hardmax import check_heads, compile_hardmax, hats_per_layer
 from .construct.softmax import compile_softmax
 from .data import Dataset
 
 
 def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact: bool = True,
-            seed: int = 0, tau=None, progress: bool = False, causal: bool = False):
+            seed: int = 0, tau=None, progress: bool = False, causal: bool = False,
+            width: int = 4, heads: int = 1):
     """Construct a transformer that interpolates ``dataset`` exactly.
 
-    attention: "hardmax" (DESIGN §4) or "softmax" (DESIGN §5). exact: rational parameters
-    (True) or float64 ones for large data (False). seed: all generic choices derive from it.
+    attention: "hardmax" (docs/hardmax.md) or "softmax" (docs/softmax.md). exact: rational
+    parameters (True) or float64 ones for large data (False). seed: all generic choices derive
+    from it.
     tau: softmax temperature (default 1). progress: show progress bars on long phases.
     causal: a decoder model with a target at every position (docs/causal.md); a
-    :class:`CausalDataset` implies it.
+    :class:`CausalDataset` implies it. width: the widest FF layer, a multiple of 4:
+    width/4 hats (or snaps) share a layer, for about 4/width as many blocks (docs/heads.md).
+    heads: attention heads a separation round may use (at most d − 1 are used).
     """
+    if (width != 4 or heads != 1) and (causal or isinstance(dataset, CausalDataset)):
+        raise ValueError(f"width={width!r}, heads={heads!r}: wider layers and several heads are "
+                         "built for set-to-set models only (docs/heads.md); use width=4, heads=1")
     if causal or isinstance(dataset, CausalDataset):
         if not isinstance(dataset, CausalDataset):
             raise TypeError("causal=True expects an exactformer.CausalDataset (see "
@@ -34,7 +41,11 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     if attention == "hardmax":
         if tau is not None:
             raise ValueError("tau applies to softmax attention only")
-        return compile_hardmax(dataset, exact=exact, seed=seed, progress=progress)
+        return compile_hardmax(dataset, exact=exact, seed=seed, progress=progress, width=width,
+                               heads=heads)
     if attention == "softmax":
-        return compile_softmax(dataset, exact=exact, seed=seed, tau=tau, progress=progress)
+        hats_per_layer(width)
+        check_heads(heads)
+        return compile_softmax(dataset, exact=exact, seed=seed, tau=tau, progress=progress,
+                               width=width, heads=heads)
     raise ValueError(f"attention must be 'hardmax' or 'softmax', got {attention!r}")

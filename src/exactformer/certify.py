@@ -28,7 +28,7 @@ from flint import arb, arb_mat, ctx, fmpq, fmpq_mat
 
 from .data import Dataset
 from .evaluate import forward
-from .model import FF, SA, Transformer
+from .model import FF, SA, Head, Transformer
 from .numbers import to_fraction
 
 START_BITS = 64
@@ -318,20 +318,32 @@ class _FFq:
         return fr.images[k, S]
 
 
+class _HeadQ:
+    """One head in exact rationals: A = α·I + a·cᵀ, V = β·I + p·qᵀ."""
+
+    def __init__(self, head: Head):
+        self.alpha, self.beta = _q(head.A.alpha), _q(head.V.beta)
+        self.a, self.c = _col(map(_q, head.A.a)), _col(map(_q, head.A.c))
+        self.p, self.q = _col(map(_q, head.V.p)), _col(map(_q, head.V.q))
+        self.v_zero = head.V.is_zero()
+
+
 class _SAq:
-    """A self-attention layer in exact rationals: ρ, A = α·I + a·cᵀ, V = β·I + p·qᵀ."""
+    """A self-attention layer in exact rationals: ρ and its heads (docs/heads.md)."""
 
     def __init__(self, sa: SA, tau):
-        d = len(sa.A.a)
-        self.rho, self.alpha, self.beta = _q(sa.rho), _q(sa.A.alpha), _q(sa.V.beta)
-        self.a, self.c = _col(map(_q, sa.A.a)), _col(map(_q, sa.A.c))
-        self.p, self.q = _col(map(_q, sa.V.p)), _col(map(_q, sa.V.q))
+        d = len(sa.heads[0].A.a)
+        self.rho = _q(sa.rho)
+        self.heads = [_HeadQ(h) for h in sa.heads if not h.V.is_zero()]
         self.tau = _q(tau)
         self.identity = sa.is_identity()
-        self.v_zero = sa.V.is_zero()
+        self.v_zero = not self.heads
         self.rho_I = _identity(d) * self.rho
-        # one distinct point x in the sequence: x ↦ ρx + Vx, an exact linear map
-        self.alone = self.rho_I + _identity(d) * self.beta + self.p * self.q.transpose()
+        # one distinct point x in the sequence: every head averages x alone, so
+        # x ↦ ρx + Σ_h V_h x, an exact linear map
+        self.alone = self.rho_I
+        for h in self.heads:
+            self.alone = self.alone + _identity(d) * h.beta + h.p * h.q.transpose()
         self.zero = fmpq_mat(d, 1)
 
 
@@ -456,16 +468,24 @@ class _Run:
         return self._attend(sa, seq)
 
     def _attend(self, sa: _SAq, seq: _Seq) -> list:
-        """Softmax attention in balls: each row is its dominant token plus the weighted
-        differences to the others (weights from scores shifted by the dominant score's
-        midpoint), so a saturated row stays as tight as its dominant token."""
-        n, d = len(seq.toks), sa.a.nrows()
+        """ρ·x_i plus, per head, V applied to the head's softmax averages (:meth:`_average`)."""
+        n, d = len(seq.toks), sa.rho_I.nrows()
         cols = [_ball(t) for t in seq.toks]
         X = arb_mat(n, d, [c[i, 0] for c in cols for i in range(d)])
-        S = (X * self.arb(sa.c)) * (X * self.arb(sa.a)).transpose()
-        if sa.alpha != 0:
-            S = S + (X * X.transpose()) * arb(sa.alpha)
-        tau = arb(sa.tau)
+        out = X * arb(sa.rho)
+        for h in sa.heads:
+            Y = self._average(h, X, seq, arb(sa.tau))
+            out = out + Y * arb(h.beta) + (Y * self.arb(h.q)) * self.arb(h.p).transpose()
+        return [_Ball(arb_mat(d, 1, [out[i, t] for t in range(d)])) for i in range(n)]
+
+    def _average(self, h: _HeadQ, X: arb_mat, seq: _Seq, tau: arb) -> arb_mat:
+        """One head's softmax averages in balls: each row is its dominant token plus the
+        weighted differences to the others (weights from scores shifted by the dominant score's
+        midpoint), so a saturated row stays as tight as its dominant token."""
+        n, d = X.nrows(), X.ncols()
+        S = (X * self.arb(h.c)) * (X * self.arb(h.a)).transpose()
+        if h.alpha != 0:
+            S = S + (X * X.transpose()) * arb(h.alpha)
         refs, weights = [], []
         for i in range(n):
             mids = [float(S[i, l].mid()) for l in range(n)]
@@ -483,10 +503,7 @@ class _Run:
             Y = arb_mat(len(mine), n, [w for i in mine for w in weights[i]]) * diff
             for r, i in enumerate(mine):
                 rows[i] = [X[ref, t] + Y[r, t] for t in range(d)]
-        Y = arb_mat(n, d, [v for row in rows for v in row])
-        out = X * arb(sa.rho) + Y * arb(sa.beta) + (Y * self.arb(sa.q)) * \
-            self.arb(sa.p).transpose()
-        return [_Ball(arb_mat(d, 1, [out[i, t] for t in range(d)])) for i in range(n)]
+        return arb_mat(n, d, [v for row in rows for v in row])
 
 
 def _sign(z: arb | fmpq) -> bool | None:

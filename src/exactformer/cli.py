@@ -93,10 +93,12 @@ def _build(args) -> int:
     data = load_dataset(args.data, causal=args.causal)
     t0 = time.perf_counter()
     model = compile(data, attention=args.attention, exact=not args.float, seed=args.seed,
-                    progress=_progress(args), **({"tau": args.tau} if args.tau is not None else {}))
+                    progress=_progress(args), width=args.width, heads=args.heads,
+                    **({"tau": args.tau} if args.tau is not None else {}))
     save_model(model, args.output)
     kind = f"{'causal ' if model.causal else ''}{model.attention}"
     print(f"built {kind} model: {model.n_blocks} blocks, width {model.max_width()}, "
+          f"{model.max_heads()} head{'s' if model.max_heads() != 1 else ''}, "
           f"{model.n_params()} parameters, {time.perf_counter() - t0:.2f} s -> {args.output}")
     return 0
 
@@ -117,6 +119,7 @@ def _info(args) -> int:
     rows = [("attention", model.attention), ("d", model.d),
             ("parameters", "rational" if model.exact else "float64"),
             ("blocks", model.n_blocks), ("max FF width", model.max_width()),
+            ("max attention heads", model.max_heads()),
             ("parameters (structured / dense)", f"{model.n_params()} / {model.n_params_dense()}")]
     if model.tau is not None:
         rows.append(("tau", model.tau))
@@ -254,7 +257,7 @@ def _plot(args) -> int:
             from None
     data = Dataset.load(args.data)
     model = compile(data, attention=args.attention, exact=not args.float, seed=args.seed,
-                    progress=_progress(args))
+                    progress=_progress(args), width=args.width, heads=args.heads)
     # both files appear or neither: each is written to a temporary path, moved at the end
     with atomic_path(args.output) as png, \
             (atomic_path(args.gif) if args.gif else nullcontext()) as gif:
@@ -269,6 +272,13 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _width_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--width", type=int, default=4, help="widest FF layer, a multiple of 4: "
+                   "width/4 hats per layer, fewer blocks (docs/heads.md)")
+    p.add_argument("--heads", type=int, default=1, help="attention heads a separation round "
+                   "may use (at most d - 1)")
 
 
 def _add_progress(p: argparse.ArgumentParser) -> None:
@@ -291,6 +301,7 @@ def parser() -> argparse.ArgumentParser:
                    help="softmax temperature, an exact positive number (default 1)")
     b.add_argument("--causal", action="store_true", help="causal data: a target or null per "
                    "position (implied by a dataset marked \"causal\": true)")
+    _width_options(b)
     _add_progress(b)
     b.set_defaults(run=_build)
 
@@ -360,6 +371,7 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--float", action="store_true", help="float64 parameters (large data)")
     pl.add_argument("--gif", help="also write an animation through the blocks here")
+    _width_options(pl)
     _add_progress(pl)
     pl.set_defaults(run=_plot)
     return p

@@ -364,18 +364,23 @@ def _row_keys(seq: np.ndarray, P: np.ndarray) -> list:
 
 
 # ------------------------------------------------------------------------------ layers
-def _apply_ff(st: _State, ff: FF, ridge: Ridge | None, stats: PassStats, scale: float):
-    """Apply an FF: a ridge window only to the rows inside it, anything else densely."""
-    if ridge is not None:
-        sp = st.projection(ridge.f)
-        rows, gap = sp.rows_in(ridge.lo, ridge.hi)
-        if gap is not None:
-            stats._min("ridge_clearance", safe_float(gap) / (scale * _norm(ridge.f)))
-        if len(rows) == 0:
-            return
-        X = st.P[rows]
-        st.P[rows] = X + relu(X @ ff.U.T + ff.b) @ ff.W.T
-        st.moved(rows)
+def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: PassStats,
+              scale: float):
+    """Apply an FF: each ridge window only to the rows inside it (every window's change is
+    computed from the layer's input, then the changes are added), anything else densely."""
+    if ridges is not None:
+        moves = []
+        for ridge, part in ridges:
+            sp = st.projection(ridge.f)
+            rows, gap = sp.rows_in(ridge.lo, ridge.hi)
+            if gap is not None:
+                stats._min("ridge_clearance", safe_float(gap) / (scale * _norm(ridge.f)))
+            if len(rows):
+                X = st.P[rows]
+                moves.append((rows, relu(X @ part.U.T + part.b) @ part.W.T))
+        for rows, change in moves:
+            st.P[rows] = st.P[rows] + change
+            st.moved(rows)
         return
     st.P = st.P * ff.eta + relu(st.P @ ff.U.T + ff.b) @ ff.W.T
     st.changed_everything()
@@ -388,32 +393,41 @@ def _norm(f) -> float:
 
 
 def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
+    """ρ·x_i plus, for every head, V_h applied to the head's own average (docs/heads.md)."""
+    new = st.P * sa.rho
+    for head in sa.heads:
+        out = _head_average(st, head.A, attention, tau, stats)
+        new = new + out * head.V.beta + np.outer(out @ head.V.q, head.V.p)
+    st.P = new
+    st.changed_everything()
+    st.compact()
+
+
+def _head_average(st: _State, A, attention: str, tau, stats: PassStats) -> np.ndarray:
+    """Every row's attention average Σ_l π_il x_l under one head's scores ⟨A x_i, x_l⟩."""
     ar = st.ar
     P, cnt = st.P, st.cnt
-    qa = P @ sa.A.c  # c·x_i
-    ka = P @ sa.A.a  # a·x_l
+    qa = P @ A.c  # c·x_i
+    ka = P @ A.a  # a·x_l
     out = np.empty_like(P)
     weights = ar.array(cnt)  # multiplicities, in the pass's arithmetic
     for s, e in st.segments():
         X, w = P[s:e], weights[s:e]
         if attention == "hardmax":
-            out[s:e] = _hardmax_rows(X, qa[s:e], ka[s:e], sa.A.alpha, w, stats)
+            out[s:e] = _hardmax_rows(X, qa[s:e], ka[s:e], A.alpha, w, stats)
             continue
         if ar.is_object:
-            out[s:e] = _softmax_rows_mp(X, qa[s:e], ka[s:e], sa.A.alpha, w, tau, ar)
+            out[s:e] = _softmax_rows_mp(X, qa[s:e], ka[s:e], A.alpha, w, tau, ar)
             continue
         S = np.outer(qa[s:e], ka[s:e])
-        if sa.A.alpha != 0:
-            S = S + (X @ X.T) * sa.A.alpha
+        if A.alpha != 0:
+            S = S + (X @ X.T) * A.alpha
         Z = S - S.max(axis=1)[:, None]
         if tau != 1:
             Z = Z / tau
         M = ar.exp(Z) * w[None, :]
         out[s:e] = (M / M.sum(axis=1)[:, None]) @ X
-    Vy = out * sa.V.beta + np.outer(out @ sa.V.q, sa.V.p)
-    st.P = P * sa.rho + Vy
-    st.changed_everything()
-    st.compact()
+    return out
 
 
 SAFE_EXPONENT = 250  # float pre-filters trust only magnitudes in [2^-250, 2^250] (see below)
@@ -636,7 +650,8 @@ class _Job:
     def of(cls, model: Transformer, ar: Arithmetic, tau) -> _Job:
         params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
         blocks = [_convert_block(b, ar) for b in params.blocks]
-        ridges = [_ridge_in(b.ff, ar) if b.ff is not None else None for b in model.blocks]
+        ridges = [_ridges_in(b.ff, c.ff, ar) if b.ff is not None else None
+                  for b, c in zip(model.blocks, blocks, strict=True)]
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         return cls(ar, model.attention, blocks, ridges, tau)
 
@@ -731,6 +746,45 @@ def _ridge_in(ff: FF, ar: Arithmetic) -> Ridge | None:
         return None
     return Ridge(ar.array(r.f), ar.scalar(r.lo), ar.scalar(r.hi))
 
+
+
+def _ridges_in(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | None:
+    """``ff`` cut into ridge windows, each with its units taken from ``params`` (the layer in
+    the pass's arithmetic): a wide layer of k hats on one direction is k windows, so a token
+    outside every window is never touched (docs/heads.md). None: apply the layer densely."""
+    cuts = ridge_groups(ff)
+    if cuts is None:
+        return None
+    out = []
+    for idx in cuts:
+        r = ridge_window(_sub_ff(ff, idx))
+        out.append((Ridge(ar.array(r.f), ar.scalar(r.lo), ar.scalar(r.hi)), _sub_ff(params, idx)))
+    return out
+
+
+def ridge_groups(ff: FF) -> list[list[int]] | None:
+    """The hidden units of ``ff`` split into consecutive groups (by breakpoint along their
+    common direction) that are each a ridge window, or None when ``ff`` is not a ridge window
+    at all. One group when the layer cannot be cut."""
+    if ridge_window(ff) is None:
+        return None
+    U, b = ff.U, ff.b
+    live = [i for i in range(U.shape[0]) if any(v != 0 for v in U[i])]
+    f = U[live[0]]
+    if not all(np.array_equal(U[i], f) for i in live) or len(live) < U.shape[0]:
+        return [list(range(U.shape[0]))]
+    order = sorted(live, key=lambda i: -to_fraction(b[i]))
+    groups, cur = [], []
+    for i in order:
+        cur.append(i)
+        if ridge_window(_sub_ff(ff, cur)) is not None:
+            groups.append(cur)
+            cur = []
+    return groups if not cur else [list(range(U.shape[0]))]
+
+
+def _sub_ff(ff: FF, idx: list[int]) -> FF:
+    return FF(ff.eta, ff.U[idx], ff.b[idx], ff.W[:, idx])
 
 def _convert_block(b, ar: Arithmetic):
     return b if ar.kind == "float" else b.converted(ar.scalar, ar.array)
@@ -828,7 +882,8 @@ def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str
         pos = None if model.positions is None else ar.array(model.positions)
         xs = with_positions(pos, [ar.array(np.asarray(x)) for x in inputs])
         blocks = [_convert_block(b, ar) for b in params.blocks]
-        ridges = [_ridge_in(b.ff, ar) if b.ff is not None else None for b in model.blocks]
+        ridges = [_ridges_in(b.ff, c.ff, ar) if b.ff is not None else None
+                  for b, c in zip(model.blocks, blocks, strict=True)]
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         st = _CausalState(xs, ar)
         scale = max(1.0, float(np.abs(safe_floats(st.P)).max()))
@@ -843,23 +898,32 @@ def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str
 
 
 def _apply_causal_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats) -> None:
+    """ρ·x_i plus every head's V_h applied to its causal average (docs/heads.md)."""
     P = st.P
-    qa, ka = _sparse_dot(P, sa.A.c), _sparse_dot(P, sa.A.a)
+    new = P if sa.rho == 1 else P * sa.rho
+    for head in sa.heads:
+        new = _add_causal_head(st, P, new, head, attention, tau, stats)
+    st.P = new
+    st.changed_everything()
+
+
+def _add_causal_head(st: _State, P, new, head, attention: str, tau, stats: PassStats):
+    """``new`` plus V·(the head's causal averages of the rows P)."""
+    A, V = head.A, head.V
+    qa, ka = _sparse_dot(P, A.c), _sparse_dot(P, A.a)
     out = np.empty_like(P)
     for s, e in st.segments():
         if attention == "hardmax":
-            out[s:e] = causal_hardmax_rows(P[s:e], qa[s:e], ka[s:e], sa.A.alpha, stats)
+            out[s:e] = causal_hardmax_rows(P[s:e], qa[s:e], ka[s:e], A.alpha, stats)
         else:
-            out[s:e] = causal_softmax_rows(P[s:e], qa[s:e], ka[s:e], sa.A.alpha, tau, st.ar)
-    new = P if sa.rho == 1 else P * sa.rho
-    if sa.V.beta != 0:
-        new = new + out * sa.V.beta
-    cols = [k for k, v in enumerate(sa.V.p) if v != 0]
+            out[s:e] = causal_softmax_rows(P[s:e], qa[s:e], ka[s:e], A.alpha, tau, st.ar)
+    if V.beta != 0:
+        new = new + out * V.beta
+    cols = [k for k, v in enumerate(V.p) if v != 0]
     if cols:  # only the columns that p·(q·y) changes, q·y over q's nonzero entries
         new = new.copy() if new is P else new
-        new[:, cols] = new[:, cols] + np.outer(_sparse_dot(out, sa.V.q), sa.V.p[cols])
-    st.P = new
-    st.changed_everything()
+        new[:, cols] = new[:, cols] + np.outer(_sparse_dot(out, V.q), V.p[cols])
+    return new
 
 
 def _sparse_dot(X: np.ndarray, v: np.ndarray) -> np.ndarray:

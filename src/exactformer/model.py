@@ -4,8 +4,9 @@ A block is x ↦ SA(FF(x)). ``None`` for a layer means the identity. Parameters 
 (exact models) or floats (float64 models); the arrays are object or float64 NumPy arrays.
 
 * FF(x) = η·x + W·relu(U·x + b), U ∈ R^{w×d}, b ∈ R^w, W ∈ R^{d×w}.
-* SA_i(X) = ρ·x_i + V·Σ_l π_il x_l with scores s_il = α⟨x_i, x_l⟩ + (c·x_i)(a·x_l), i.e.
-  A = α·I + a·cᵀ, and V·y = β·y + p·(q·y), i.e. V = β·I + p·qᵀ.
+* SA_i(X) = ρ·x_i + Σ_h V_h·Σ_l π^h_il x_l over heads h, each with its own scores
+  s^h_il = α⟨x_i, x_l⟩ + (c·x_i)(a·x_l), i.e. A_h = α·I + a·cᵀ, its own argmax or softmax π^h,
+  and V_h·y = β·y + p·(q·y), i.e. V_h = β·I + p·qᵀ (docs/heads.md).
 
 See docs/architecture.md.
 """
@@ -81,24 +82,60 @@ def _dense(s, u, v) -> np.ndarray:
 
 
 @dataclass
-class SA:
-    """Self-attention layer SA_i(X) = ρ·x_i + V·Σ_l π_il x_l, scores ⟨A x_i, x_l⟩."""
+class Head:
+    """One attention head: scores ⟨A x_i, x_l⟩ and the value map V of its average."""
 
-    rho: object
     A: ScoreMatrix
     V: ValueMatrix
 
+    def converted(self, scalar, array) -> Head:
+        return Head(self.A.converted(scalar, array), self.V.converted(scalar, array))
+
+
+@dataclass(init=False)
+class SA:
+    """Self-attention layer SA_i(X) = ρ·x_i + Σ_h V_h·Σ_l π^h_il x_l.
+
+    ``SA(rho, A, V)`` builds a one-head layer and ``SA(rho, heads=[...])`` any number; ``.A``
+    and ``.V`` read the head of a one-head layer (docs/heads.md).
+    """
+
+    rho: object
+    heads: list[Head]
+
+    def __init__(self, rho, A: ScoreMatrix | None = None, V: ValueMatrix | None = None, *,
+                 heads: list[Head] | None = None):
+        if (heads is None) == (A is None or V is None):
+            raise ValueError("SA takes either A and V (one head) or heads=[...], not both")
+        self.rho = rho
+        self.heads = [Head(A, V)] if heads is None else list(heads)
+        if not self.heads:
+            raise ValueError("an SA layer needs at least one head")
+
+    def _only(self) -> Head:
+        if len(self.heads) != 1:
+            raise ValueError(f"this SA layer has {len(self.heads)} heads; read sa.heads")
+        return self.heads[0]
+
+    @property
+    def A(self) -> ScoreMatrix:
+        return self._only().A
+
+    @property
+    def V(self) -> ValueMatrix:
+        return self._only().V
+
     def n_params(self) -> int:
-        d = self.A.a.shape[0]
-        return 2 * (2 * d + 1) + 1
+        """2(2d+1) per head (α, a, c, β, p, q) and ρ."""
+        d = self.heads[0].A.a.shape[0]
+        return 2 * (2 * d + 1) * len(self.heads) + 1
 
     def is_identity(self) -> bool:
-        """ρ = 1 and V = 0: the layer changes nothing, whatever the scores."""
-        return self.rho == 1 and self.V.is_zero()
+        """ρ = 1 and every V = 0: the layer changes nothing, whatever the scores."""
+        return self.rho == 1 and all(h.V.is_zero() for h in self.heads)
 
     def converted(self, scalar, array) -> SA:
-        return SA(scalar(self.rho), self.A.converted(scalar, array),
-                  self.V.converted(scalar, array))
+        return SA(scalar(self.rho), heads=[h.converted(scalar, array) for h in self.heads])
 
 
 @dataclass
@@ -137,16 +174,22 @@ class Transformer:
     def max_width(self) -> int:
         return max((b.ff.width for b in self.blocks if b.ff is not None), default=0)
 
+    def max_heads(self) -> int:
+        """The most heads of any SA layer (0 without attention)."""
+        return max((len(b.sa.heads) for b in self.blocks if b.sa is not None), default=0)
+
     def n_params(self) -> int:
-        """Structured parameter count: w(2d+1)+1 per FF, 2(2d+1)+1 per SA, 0 per identity."""
+        """Structured parameter count: w(2d+1)+1 per FF, 2(2d+1)·H+1 per SA with H heads, 0 per
+        identity."""
         return sum((b.ff.n_params() if b.ff else 0) + (b.sa.n_params() if b.sa else 0)
                    for b in self.blocks)
 
     def n_params_dense(self) -> int:
-        """Count in a standard dense layout: the same FF, and A, V as full d×d matrices plus ρ."""
+        """Count in a standard dense layout: the same FF, and per head A, V as full d×d matrices,
+        plus ρ."""
         d = self.d
-        return sum((b.ff.n_params() if b.ff else 0) + (2 * d * d + 1 if b.sa else 0)
-                   for b in self.blocks)
+        return sum((b.ff.n_params() if b.ff else 0) +
+                   (2 * d * d * len(b.sa.heads) + 1 if b.sa else 0) for b in self.blocks)
 
     def parameters(self) -> list:
         """Every parameter value, in a fixed order (identity layers contribute none)."""
@@ -155,8 +198,9 @@ class Transformer:
             if b.ff:
                 out += [b.ff.eta, *b.ff.U.flat, *b.ff.b.flat, *b.ff.W.flat]
             if b.sa:
-                out += [b.sa.rho, b.sa.A.alpha, *b.sa.A.a, *b.sa.A.c, b.sa.V.beta, *b.sa.V.p,
-                        *b.sa.V.q]
+                out.append(b.sa.rho)
+                for h in b.sa.heads:
+                    out += [h.A.alpha, *h.A.a, *h.A.c, h.V.beta, *h.V.p, *h.V.q]
         return out
 
     def to_float(self) -> Transformer:

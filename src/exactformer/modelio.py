@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
+from .model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 from .numbers import fmt, fmt_array, parse_exact
 from .record import CausalConstruction, Construction, RecordError, record_from_meta
 
 FORMAT = "exactformer.model/1"
-FORMAT_2 = "exactformer.model/2"  # adds "causal" and "positions" (docs/causal.md)
+FORMAT_2 = "exactformer.model/2"  # adds "causal", "positions" and "heads" (docs/heads.md)
 
 
 class ModelFormatError(ValueError):
@@ -96,7 +96,7 @@ def _is_npz(path) -> bool:
 # ------------------------------------------------------------------------------ saving
 def _header(model: Transformer) -> dict:
     """Every top-level field except ``"blocks"``, in file order."""
-    v2 = model.causal or model.positions is not None
+    v2 = model.causal or model.positions is not None or model.max_heads() > 1
     doc = {"format": FORMAT_2 if v2 else FORMAT, "d": model.d, "attention": model.attention,
            "number": "rational" if model.exact else "float64"}
     if model.attention == "softmax":
@@ -112,10 +112,12 @@ def _header(model: Transformer) -> dict:
 def _block_dict(b: Block) -> dict:
     ff = None if b.ff is None else {"eta": fmt(b.ff.eta), "U": fmt_array(b.ff.U),
                                     "b": fmt_array(b.ff.b), "W": fmt_array(b.ff.W)}
-    sa = None if b.sa is None else {
-        "rho": fmt(b.sa.rho),
-        "A": {"alpha": fmt(b.sa.A.alpha), "a": fmt_array(b.sa.A.a), "c": fmt_array(b.sa.A.c)},
-        "V": {"beta": fmt(b.sa.V.beta), "p": fmt_array(b.sa.V.p), "q": fmt_array(b.sa.V.q)}}
+    sa = None
+    if b.sa is not None:  # one head as "A"/"V", several as "heads" (docs/heads.md)
+        heads = [{"A": {"alpha": fmt(h.A.alpha), "a": fmt_array(h.A.a), "c": fmt_array(h.A.c)},
+                  "V": {"beta": fmt(h.V.beta), "p": fmt_array(h.V.p), "q": fmt_array(h.V.q)}}
+                 for h in b.sa.heads]
+        sa = {"rho": fmt(b.sa.rho), **(heads[0] if len(heads) == 1 else {"heads": heads})}
     return {"ff": ff, "sa": sa}
 
 
@@ -258,7 +260,7 @@ def _causal_fields(doc: dict, matrix) -> tuple[bool, np.ndarray | None]:
     return causal, matrix(raw, "positions")
 
 
-def _read_block(b, d: int, numbers: _Numbers, where: str) -> Block:
+def _read_block(b, d: int, numbers: _Numbers, where: str, fmt_name: str) -> Block:
     b = _object(b, where)
     ff = sa = None
     f = _object(b.get("ff"), f"{where}.ff", nullable=True)
@@ -270,15 +272,33 @@ def _read_block(b, d: int, numbers: _Numbers, where: str) -> Block:
                 numbers.array(f.get("W"), (d, w), f"{where}.ff.W"))
     s = _object(b.get("sa"), f"{where}.sa", nullable=True)
     if s is not None:
-        A, V = _object(s.get("A"), f"{where}.sa.A"), _object(s.get("V"), f"{where}.sa.V")
-        sa = SA(numbers.scalar(s.get("rho"), f"{where}.sa.rho"),
-                ScoreMatrix(numbers.scalar(A.get("alpha"), f"{where}.sa.A.alpha"),
-                            numbers.array(A.get("a"), (d,), f"{where}.sa.A.a"),
-                            numbers.array(A.get("c"), (d,), f"{where}.sa.A.c")),
-                ValueMatrix(numbers.scalar(V.get("beta"), f"{where}.sa.V.beta"),
-                            numbers.array(V.get("p"), (d,), f"{where}.sa.V.p"),
-                            numbers.array(V.get("q"), (d,), f"{where}.sa.V.q")))
+        heads = []
+        for hw, h in _raw_heads(s, fmt_name, f"{where}.sa"):
+            A, V = _object(h.get("A"), f"{hw}.A"), _object(h.get("V"), f"{hw}.V")
+            heads.append(Head(ScoreMatrix(numbers.scalar(A.get("alpha"), f"{hw}.A.alpha"),
+                                          numbers.array(A.get("a"), (d,), f"{hw}.A.a"),
+                                          numbers.array(A.get("c"), (d,), f"{hw}.A.c")),
+                              ValueMatrix(numbers.scalar(V.get("beta"), f"{hw}.V.beta"),
+                                          numbers.array(V.get("p"), (d,), f"{hw}.V.p"),
+                                          numbers.array(V.get("q"), (d,), f"{hw}.V.q"))))
+        sa = SA(numbers.scalar(s.get("rho"), f"{where}.sa.rho"), heads=heads)
     return Block(ff, sa)
+
+
+def _raw_heads(s: dict, fmt_name: str, where: str) -> list[tuple[str, dict]]:
+    """The heads of an ``"sa"`` object with where each is: ``"heads"`` (a non-empty list, /2
+    only, without ``"A"``/``"V"`` beside it) or the one head ``"A"``, ``"V"``."""
+    if "heads" not in s:
+        return [(where, s)]
+    if fmt_name == FORMAT:
+        raise ModelFormatError(f"{where}.heads: \"heads\" is not part of {FORMAT}; a file that "
+                               f"uses it says \"format\": \"{FORMAT_2}\"")
+    if "A" in s or "V" in s:
+        raise ModelFormatError(f"{where}: \"heads\" and a single \"A\"/\"V\" together")
+    raw = s["heads"]
+    if not isinstance(raw, list) or not raw:
+        raise ModelFormatError(f"{where}.heads: expected a non-empty list of heads")
+    return [(f"{where}.heads[{i}]", _object(h, f"{where}.heads[{i}]")) for i, h in enumerate(raw)]
 
 
 def model_from_dict(doc: dict) -> Transformer:
@@ -287,7 +307,7 @@ def model_from_dict(doc: dict) -> Transformer:
     if not isinstance(raw_blocks, list):
         raise ModelFormatError("\"blocks\" must be a list of blocks")
     numbers = _Numbers(header["exact"])
-    blocks = [_read_block(b, header["d"], numbers, f"blocks[{i}]")
+    blocks = [_read_block(b, header["d"], numbers, f"blocks[{i}]", doc["format"])
               for i, b in enumerate(raw_blocks)]
     return Transformer(blocks=blocks, record=_record(doc.get("meta", {}), len(blocks)),
                        **header)
@@ -355,6 +375,9 @@ def _save_npz(model: Transformer, path) -> None:
     if model.exact:
         raise ValueError(f"{path}: .npz holds float64 models only; save a rational model as "
                          ".json (or convert it with model.to_float())")
+    if model.max_heads() > 1:
+        raise ValueError(f"{path}: .npz holds one attention head per layer; save a model with "
+                         f"{model.max_heads()} heads as .json (docs/heads.md)")
     arrays = _npz_arrays(model)
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, **arrays)

@@ -159,8 +159,10 @@ def _headline(model: Transformer, dataset: Dataset) -> str:
     where = ("tokens in R^2, drawn as they are" if dataset.d == 2 else
              f"tokens in R^{dataset.d}: each panel projected onto its points' first two "
              "principal directions")
+    shape = "" if model.max_width() <= 4 and model.max_heads() <= 1 else \
+        f" (width {model.max_width()}, {model.max_heads()} heads)"
     return (f"{model.attention} transformer, N = {dataset.N} sequences, L = {model.n_blocks} "
-            f"blocks; {where}\ndots: tokens, coloured by sequence; black ×: target tokens "
+            f"blocks{shape}; {where}\ndots: tokens, coloured by sequence; black ×: target tokens "
             "(first and last panel)")
 
 

@@ -31,7 +31,9 @@ class Span:
 @dataclass(frozen=True)
 class Lift:
     """A separation round that lifted ``token`` (its distinct-token id) from u = ``source`` to
-    u = ``height`` with a hat of half-width ``delta``, then added λ·(sequence max) to v."""
+    u = ``height`` with a hat of half-width ``delta``, then added λ·(sequence max) to v.
+    ``channel`` c ≥ 1: the token (at u = ``source``) was lifted to ``height`` on the free
+    coordinate c + 1 instead, read by its own head (docs/heads.md)."""
 
     round: int
     token: int
@@ -39,6 +41,7 @@ class Lift:
     height: str
     delta: str
     multiplier: str
+    channel: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,8 @@ class Construction:
                 "phases": {p.name: [p.start, p.end] for p in self.phases},
                 "tests": self.tests,
                 "lifts": [{"round": x.round, "token": x.token, "from": x.source,
-                           "to": x.height, "delta": x.delta, "lambda": x.multiplier}
+                           "to": x.height, "delta": x.delta, "lambda": x.multiplier,
+                           **({"channel": x.channel} if x.channel else {})}
                           for x in self.lifts],
                 "leaders": self.leaders}
         if self.interpolation_direction is not None:
@@ -268,7 +272,7 @@ def _opt_strings(v, where) -> list[str] | None:
 def _lift(x, where) -> Lift:
     r = _Reader(x, where)
     return Lift(r.integer("round"), r.integer("token"), r.get("from", str), r.get("to", str),
-                r.get("delta", str), r.get("lambda", str))
+                r.get("delta", str), r.get("lambda", str), r.get("channel", int, 0))
 
 
 def _window(x, where) -> SnapWindow:

@@ -93,6 +93,9 @@ class Report:
     blocks_paper: int
     blocks_design: int | None
     max_width: int
+    max_heads: int
+    blocks_width4: int | None  # the width-4 design bound with this build's R
+    blocks_width_target: int | None  # R + ⌈(blocks_width4 − R)/k⌉ for k = width/4
     structured: bool
     params: int
     params_dense: int
@@ -145,7 +148,9 @@ class Report:
             ("input tokens / target tokens Σm", f"{self.total_tokens} / {self.sum_m}"),
             ("blocks L", f"{self.blocks}  (design bound {self.blocks_design}, paper "
                          f"{self.blocks_paper})"),
-            ("max FF width", str(self.max_width)),
+            ("max FF width / heads", f"{self.max_width} / {self.max_heads}"),
+            ("width-4 bound L₄ / R + ⌈(L₄ − R)/k⌉", f"{self.blocks_width4} / "
+                                                     f"{self.blocks_width_target}"),
             ("structured A, V", "yes" if self.structured else "NO"),
             ("parameters (structured / dense)", f"{self.params} / {self.params_dense}"),
             ("max |θ| / ‖θ‖₂", f"{_g(self.max_abs_param)} / {_g(self.param_l2)}"),
@@ -179,12 +184,31 @@ def _g(v) -> str:
     return "n/a" if v is None else f"{v:.3g}"
 
 
-def design_bound(model: Transformer, N: int, sum_m: int) -> int | None:
+def design_bound(model: Transformer, N: int, sum_m: int, k: int | None = None) -> int | None:
+    """The construction's block count with k = width/4 hats per layer (default: the model's):
+    R + (1 + ⌈(M − 1)/k⌉ leader layers, 1 when M = Σm − N = 0) + ⌈Σm/k⌉, plus the softmax
+    projection; see docs/heads.md."""
     if model.record is None:
         return None
-    R = model.record.R
+    k = hats_per_layer(model) if k is None else k
+    R, moves = model.record.R, sum_m - N
     extra = 1 if model.attention == "softmax" else 0
-    return R + max(1, sum_m - N) + extra + sum_m
+    leaders = 1 + -(-(moves - 1) // k) if moves > 0 else 1
+    return R + leaders + extra + -(-sum_m // k)
+
+
+def hats_per_layer(model: Transformer) -> int:
+    """k = max FF width / 4 (at least 1): the hats the widest layer holds."""
+    return max(1, model.max_width() // 4)
+
+
+def _width_bounds(model: Transformer, N: int, sum_m: int) -> tuple[int | None, int | None]:
+    """The width-4 bound L₄ (this build's R) and the target R + ⌈(L₄ − R)/k⌉."""
+    L4 = design_bound(model, N, sum_m, k=1)
+    if L4 is None:
+        return None, None
+    R = model.record.R
+    return L4, R + -(-(L4 - R) // hats_per_layer(model))
 
 
 def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
@@ -241,6 +265,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     if not model.exact:  # the model's own arithmetic: inf or nan there is a failure
         nonfinite = [j for j, o in enumerate(outs_f) if not np.isfinite(o).all()]
         nonfinite = sorted(set(nonfinite) | set(_independent(model, xs_f, ys_f, tau, extra)))
+    L4, L4k = _width_bounds(model, dataset.N, dataset.total_m)
     if model.attention == "softmax":
         used = model.tau if tau is None else tau
         extra["temperature τ (τ* of the geometry)"] = (f"{float(used):.6g} "
@@ -254,7 +279,9 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         sum_m=dataset.total_m, total_tokens=dataset.total_n, blocks=model.n_blocks,
         blocks_paper=paper_bound(model.attention, dataset.N, dataset.total_m),
         blocks_design=design_bound(model, dataset.N, dataset.total_m),
-        max_width=model.max_width(), structured=_structured(model), params=model.n_params(),
+        max_width=model.max_width(), max_heads=model.max_heads(),
+        blocks_width4=L4, blocks_width_target=L4k, structured=_structured(model),
+        params=model.n_params(),
         params_dense=model.n_params_dense(), max_abs_param=float(np.abs(theta).max()),
         param_l2=l2, exact_equal=exact_equal, hausdorff_float64=hd,
         max_hausdorff_float64=worst(hd), relative_error_float64=_relative(worst(hd), scale_f),
@@ -375,7 +402,7 @@ def _tau_star(model: Transformer) -> str:
 def _snap_start(model: Transformer) -> int | None:
     """Block index after which tokens sit on the snap line, read from the layers: the last FF
     with η = 0 (the projection onto the line) when every later layer is a residual FF reading
-    one direction with four units (a snap). None for any other model."""
+    one direction with a multiple of four units (snaps). None for any other model."""
     last = None
     for i, b in enumerate(model.blocks):
         if b.ff is not None and b.ff.eta == 0:
@@ -383,7 +410,7 @@ def _snap_start(model: Transformer) -> int | None:
     if last is None or model.attention != "softmax" or last + 1 >= model.n_blocks:
         return None
     snaps = model.blocks[last + 1:]
-    if all(b.sa is None and b.ff is not None and b.ff.width == 4 and b.ff.eta == 1
+    if all(b.sa is None and b.ff is not None and b.ff.width % 4 == 0 and b.ff.eta == 1
            and _one_direction(b.ff) for b in snaps):
         return last + 1
     return None
@@ -394,11 +421,12 @@ def _one_direction(ff) -> bool:
 
 
 def _flat_pieces(model: Transformer, s0: int) -> list[tuple[float, float]]:
-    """[c2, c3] of every snap, from its breakpoints c_i = −b_i (units read f' with scale 1)."""
+    """[c2, c3] of every snap, from its breakpoints c_i = −b_i (units read f' with scale 1);
+    the snaps of one layer have disjoint windows, so sorted breakpoints come in fours."""
     out = []
     for b in model.blocks[s0:]:
         c = sorted(-to_fraction(v) for v in b.ff.b)
-        out.append((float(c[1]), float(c[2])))
+        out += [(float(c[i + 1]), float(c[i + 2])) for i in range(0, len(c), 4)]
     return sorted(out)
 
 
@@ -424,15 +452,10 @@ def _snap_margins(model: Transformer, s0: int, line_mp, line_f, scale: float) ->
 
 
 def _structured(model: Transformer) -> bool:
-    """Every A and V is s·I + u·vᵀ with d-vectors, and every FF has width ≤ 4."""
+    """Every head's A and V is s·I + u·vᵀ with d-vectors (FF widths are reported apart)."""
     d = model.d
-    for b in model.blocks:
-        if b.sa is not None:
-            if any(v.shape != (d,) for v in (b.sa.A.a, b.sa.A.c, b.sa.V.p, b.sa.V.q)):
-                return False
-        if b.ff is not None and b.ff.width > 4:
-            return False
-    return True
+    return all(v.shape == (d,) for b in model.blocks if b.sa is not None for h in b.sa.heads
+               for v in (h.A.a, h.A.c, h.V.p, h.V.q))
 
 
 # ------------------------------------------------------------------------------ causal

@@ -38,7 +38,7 @@ from .causal_data import CausalDataset
 from .data import Dataset
 from .evaluate import PassStats
 from .evaluate import forward as np_forward
-from .model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
+from .model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 from .modelio import atomic_path
 from .numbers import to_fraction_array
 from .report import hausdorff
@@ -132,21 +132,31 @@ class ProfileFF(nn.Module):
 
 
 class LowRankSA(nn.Module):
-    """SA_i(X) = ρ·x_i + V·Σ_l π_il x_l, scores α⟨x_i, x_l⟩ + (c·x_i)(a·x_l), V = β·I + p·qᵀ."""
+    """SA_i(X) = ρ·x_i + Σ_h V_h·Σ_l π^h_il x_l, scores α_h⟨x_i, x_l⟩ + (c_h·x_i)(a_h·x_l),
+    V_h = β_h·I + p_h·q_hᵀ. ``heads`` None: one head with scalar α, β and d-vectors; an int H:
+    the heads stacked along a first dimension (α, β of shape (H,), a, c, p, q of (H, d))."""
 
-    def __init__(self, d: int, dtype=torch.float64):
+    def __init__(self, d: int, dtype=torch.float64, heads: int | None = None):
         super().__init__()
-        for name in ("rho", "alpha", "beta"):
-            setattr(self, name, _param(dtype=dtype))
+        lead = () if heads is None else (heads,)
+        self.rho = _param(dtype=dtype)
+        for name in ("alpha", "beta"):
+            setattr(self, name, _param(*lead, dtype=dtype))
         for name in ("a", "c", "p", "q"):
-            setattr(self, name, _param(d, dtype=dtype))
+            setattr(self, name, _param(*lead, d, dtype=dtype))
 
     def forward(self, x, mask, attention: str, tau, causal: bool = False) -> torch.Tensor:
         keys = _keys(x, mask)
-        S = (x @ self.c)[..., :, None] * (keys @ self.a)[..., None, :]
-        S = S + self.alpha * (x @ keys.transpose(-1, -2))
-        out = attention_weights(S, mask, attention, tau, causal) @ keys
-        return self.rho * x + (self.beta * out + (out @ self.q)[..., None] * self.p)
+        out = self.rho * x
+        stacked = self.a.dim() == 2
+        for h in range(self.a.shape[0] if stacked else 1):
+            alpha, a, c, beta, p, q = (t[h] if stacked else t for t in
+                                       (self.alpha, self.a, self.c, self.beta, self.p, self.q))
+            S = (x @ c)[..., :, None] * (keys @ a)[..., None, :]
+            S = S + alpha * (x @ keys.transpose(-1, -2))
+            y = attention_weights(S, mask, attention, tau, causal) @ keys
+            out = out + beta * y + (y @ q)[..., None] * p
+        return out
 
 
 class NativeBlock(nn.Module):
@@ -193,9 +203,9 @@ class NativeTransformer(nn.Module):
                           ends=np.array(ends))
             sa_layer = None
             if not is_identity_sa(blk.sa):
-                sa, sa_layer = blk.sa, LowRankSA(d, dtype)
-                _fill(sa_layer, rho=sa.rho, alpha=sa.A.alpha, a=sa.A.a, c=sa.A.c, beta=sa.V.beta,
-                      p=sa.V.p, q=sa.V.q)
+                sa = blk.sa
+                sa_layer = LowRankSA(d, dtype, None if len(sa.heads) == 1 else len(sa.heads))
+                _fill(sa_layer, rho=sa.rho, **_head_values(sa))
             layers.append(NativeBlock(ff_layer, sa_layer))
         self.blocks = nn.ModuleList(layers)
         self.causal = model.causal
@@ -215,27 +225,37 @@ class NativeTransformer(nn.Module):
 
 # ------------------------------------------------------------------------------ ρ/η layout
 class RhoEtaAttention(nn.Module):
-    def __init__(self, d: int, h: int, dtype=torch.float64):
+    """Σ over ``heads`` heads of softmax((x W_qᵀ)(x W_kᵀ)ᵀ/τ)(x W_vᵀ): head t uses rows
+    t·h..(t+1)·h of ``to_q``/``to_k`` ((heads·h)×d) and rows t·d..(t+1)·d of ``to_v``
+    ((heads·d)×d), each head its own weights π^t (docs/heads.md)."""
+
+    def __init__(self, d: int, h: int, dtype=torch.float64, heads: int = 1):
         super().__init__()
-        self.to_q = nn.Linear(d, h, bias=False, dtype=dtype)
-        self.to_k = nn.Linear(d, h, bias=False, dtype=dtype)
-        self.to_v = nn.Linear(d, d, bias=False, dtype=dtype)
+        self.d, self.h, self.heads = d, h, heads
+        self.to_q = nn.Linear(d, heads * h, bias=False, dtype=dtype)
+        self.to_k = nn.Linear(d, heads * h, bias=False, dtype=dtype)
+        self.to_v = nn.Linear(d, heads * d, bias=False, dtype=dtype)
 
     def forward(self, x, mask, attention: str, tau, causal: bool = False) -> torch.Tensor:
         keys = _keys(x, mask)
-        S = self.to_q(x) @ self.to_k(keys).transpose(-1, -2)
-        return attention_weights(S, mask, attention, tau, causal) @ self.to_v(keys)
+        Q, K, V = self.to_q(x), self.to_k(keys), self.to_v(keys)
+        out = 0
+        for t in range(self.heads):
+            qs, vs = slice(t * self.h, (t + 1) * self.h), slice(t * self.d, (t + 1) * self.d)
+            S = Q[..., qs] @ K[..., qs].transpose(-1, -2)
+            out = out + attention_weights(S, mask, attention, tau, causal) @ V[..., vs]
+        return out
 
 
 class RhoEtaBlock(nn.Module):
     """ρ and η have shape (1,), as in the paper authors' model class, so that a state dict of
     this layout loads into theirs with ``strict=True`` (and theirs into this one)."""
 
-    def __init__(self, d: int, h: int, width: int, dtype=torch.float64):
+    def __init__(self, d: int, h: int, width: int, dtype=torch.float64, heads: int = 1):
         super().__init__()
         self.rho = nn.Parameter(torch.ones(1, dtype=dtype))  # residual by default
         self.eta = nn.Parameter(torch.ones(1, dtype=dtype))
-        self.attn = RhoEtaAttention(d, h, dtype)
+        self.attn = RhoEtaAttention(d, h, dtype, heads)
         self.ff = nn.Sequential(nn.Linear(d, width, dtype=dtype), nn.ReLU(),
                                 nn.Linear(width, d, bias=False, dtype=dtype))
 
@@ -252,11 +272,12 @@ class RhoEtaTransformer(nn.Module):
 
     def __init__(self, d: int, n_blocks: int, h: int, attention: str = "softmax", tau=1.0,
                  width: int = 4, dtype=torch.float64, causal: bool = False,
-                 positions: int | None = None):
+                 positions: int | None = None, heads: int = 1):
         super().__init__()
         self.d, self.h, self.width, self.attention, self.tau = d, h, width, attention, tau
-        self.causal = causal
-        self.blocks = nn.ModuleList(RhoEtaBlock(d, h, width, dtype) for _ in range(n_blocks))
+        self.causal, self.heads = causal, heads
+        self.blocks = nn.ModuleList(RhoEtaBlock(d, h, width, dtype, heads)
+                                    for _ in range(n_blocks))
         self.positions = None if positions is None else _param(positions, d, dtype=dtype)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -267,7 +288,7 @@ class RhoEtaTransformer(nn.Module):
     def config(self) -> dict:
         return {"layout": "rho-eta", "d": self.d, "n_blocks": len(self.blocks), "h": self.h,
                 "width": self.width, "attention": self.attention, "tau": self.tau,
-                "causal": self.causal,
+                "causal": self.causal, "heads": self.heads,
                 "positions": None if self.positions is None else self.positions.shape[0]}
 
 
@@ -313,6 +334,17 @@ def ff_profile(ff: FF):
     return f, t, [phi(s) for s in t], (left, right)
 
 
+def _head_values(sa: SA) -> dict:
+    """α, a, c, β, p, q of a one-head layer, or each stacked over the heads."""
+    def field(get):
+        vals = [get(h) for h in sa.heads]
+        return vals[0] if len(vals) == 1 else np.array(vals, dtype=object)
+
+    return {"alpha": field(lambda h: h.A.alpha), "a": field(lambda h: h.A.a),
+            "c": field(lambda h: h.A.c), "beta": field(lambda h: h.V.beta),
+            "p": field(lambda h: h.V.p), "q": field(lambda h: h.V.q)}
+
+
 def to_torch(model: Transformer, dtype=torch.float64, device=None,
              ff: str = "profile") -> NativeTransformer:
     """The native-layout module of ``model``, evaluating its FFs by their profiles
@@ -323,18 +355,21 @@ def to_torch(model: Transformer, dtype=torch.float64, device=None,
 # ------------------------------------------------------------------------------ native files
 def native_config(model: Transformer) -> dict:
     """The config of ``model``'s native file: d, attention, τ and per block
-    {"ff": null | {"width": w}, "sa": bool} (null / false: the identity layer, no keys)."""
+    {"ff": null | {"width": w}, "sa": bool | {"heads": H}} (null / false: the identity layer,
+    no keys; {"heads": H}: H ≥ 2 heads stacked along a first dimension)."""
     return {"layout": "native", "d": model.d, "attention": model.attention,
             "tau": None if model.tau is None else float(model.tau), "causal": model.causal,
             "positions": None if model.positions is None else len(model.positions),
             "blocks": [{"ff": None if b.ff is None else {"width": b.ff.width},
-                        "sa": b.sa is not None} for b in model.blocks]}
+                        "sa": b.sa is not None if b.sa is None or len(b.sa.heads) == 1
+                        else {"heads": len(b.sa.heads)}} for b in model.blocks]}
 
 
 def native_tensors(model: Transformer, dtype=torch.float64) -> dict[str, torch.Tensor]:
     """The native file's tensors: the model's parameters, each rounded to ``dtype``, under
     ``blocks.{i}.ff.{eta, U, b, W}`` and ``blocks.{i}.sa.{rho, alpha, a, c, beta, p, q}`` (the
-    names of the JSON model format, with A's and V's entries flattened into the SA)."""
+    names of the JSON model format, with A's and V's entries flattened into the SA; a layer
+    of H ≥ 2 heads stacks them: shapes (H,) and (H, d))."""
     out = {}
     for i, blk in enumerate(model.blocks):
         values = {}
@@ -344,9 +379,8 @@ def native_tensors(model: Transformer, dtype=torch.float64) -> dict[str, torch.T
                               strict=True))
         if blk.sa is not None:
             sa = blk.sa
-            values.update(zip((f"sa.{k}" for k in NATIVE_SA_KEYS),
-                              (sa.rho, sa.A.alpha, sa.A.a, sa.A.c, sa.V.beta, sa.V.p, sa.V.q),
-                              strict=True))
+            values.update({f"sa.{k}": v for k, v in
+                           {"rho": sa.rho, **_head_values(sa)}.items()})
         for k, v in values.items():
             out[f"blocks.{i}.{k}"] = torch.as_tensor(_floats(v), dtype=dtype).contiguous()
     if model.positions is not None:
@@ -377,10 +411,7 @@ def native_model(tensors: dict[str, torch.Tensor], config: dict) -> Transformer:
             ff = FF(get(key + "eta", ()), get(key + "U", (w, d)), get(key + "b", (w,)),
                     get(key + "W", (d, w)))
         if spec["sa"]:
-            key = f"blocks.{i}.sa."
-            sa = SA(get(key + "rho", ()),
-                    ScoreMatrix(get(key + "alpha", ()), get(key + "a", (d,)), get(key + "c", (d,))),
-                    ValueMatrix(get(key + "beta", ()), get(key + "p", (d,)), get(key + "q", (d,))))
+            sa = _native_sa(get, f"blocks.{i}.sa.", d, spec["sa"])
         blocks.append(Block(ff, sa))
     rows = config.get("positions")
     positions = None if rows is None else get("positions", (rows, d))
@@ -391,6 +422,23 @@ def native_model(tensors: dict[str, torch.Tensor], config: dict) -> Transformer:
     return Transformer(d=d, attention=config["attention"], blocks=blocks,
                        tau=None if tau is None else float(tau), exact=False,
                        causal=bool(config.get("causal", False)), positions=positions)
+
+
+def _native_sa(get, key: str, d: int, spec) -> SA:
+    """The SA layer at ``key``: one head (``spec`` true) or {"heads": H} stacked heads."""
+    if spec is True:
+        return SA(get(key + "rho", ()),
+                  ScoreMatrix(get(key + "alpha", ()), get(key + "a", (d,)), get(key + "c", (d,))),
+                  ValueMatrix(get(key + "beta", ()), get(key + "p", (d,)), get(key + "q", (d,))))
+    H = spec.get("heads") if isinstance(spec, dict) else None
+    if not isinstance(H, int) or isinstance(H, bool) or H < 2:
+        raise ValueError(f"native config: {key[:-1]} must be true, false or {{\"heads\": H}} "
+                         f"with an integer H ≥ 2, got {spec!r}")
+    alpha, a, c = get(key + "alpha", (H,)), get(key + "a", (H, d)), get(key + "c", (H, d))
+    beta, p, q = get(key + "beta", (H,)), get(key + "p", (H, d)), get(key + "q", (H, d))
+    return SA(get(key + "rho", ()), heads=[
+        Head(ScoreMatrix(float(alpha[h]), a[h], c[h]), ValueMatrix(float(beta[h]), p[h], q[h]))
+        for h in range(H)])
 
 
 def round_model(model: Transformer, dtype=torch.float64) -> Transformer:
@@ -408,6 +456,8 @@ def to_rho_eta(model: Transformer, dtype=torch.float64, device=None) -> RhoEtaTr
     Scores ⟨A x_i, x_l⟩ = α x_i·x_l + (c·x_i)(a·x_l) = (W_q x_i)·(W_k x_l) with
     W_q = [α·I; cᵀ], W_k = [I; aᵀ] (h = d + 1, no square roots); W_v = V. Narrow FFs get zero
     hidden units; an identity FF is η = 1 with zero weights, an identity SA ρ = 1 with W_v = 0.
+    Every layer gets the model's most heads H (docs/heads.md): head t's W_q, W_k, W_v are rows
+    t·h.., t·h.., t·d.. of ``to_q``, ``to_k``, ``to_v``; a layer's missing heads have W_v = 0.
     """
     d = model.d
     ffs = [b.ff for b in model.blocks] + [None]
@@ -416,9 +466,10 @@ def to_rho_eta(model: Transformer, dtype=torch.float64, device=None) -> RhoEtaTr
              if sa is not None or ff is not None]
     width = max(4, model.max_width())
     tau = None if model.tau is None else float(model.tau)
+    H = max(1, model.max_heads())
     module = RhoEtaTransformer(d, len(pairs), d + 1, model.attention, tau, width, dtype,
                                model.causal, None if model.positions is None
-                               else len(model.positions))
+                               else len(model.positions), H)
     with torch.no_grad():
         for p in module.parameters():
             p.zero_()
@@ -430,9 +481,14 @@ def to_rho_eta(model: Transformer, dtype=torch.float64, device=None) -> RhoEtaTr
             _fill(blk, rho=1)
         else:
             _fill(blk, rho=sa.rho)
-            _fill(blk.attn.to_q, weight=np.vstack([eye * sa.A.alpha, sa.A.c[None, :]]))
-            _fill(blk.attn.to_k, weight=np.vstack([eye, sa.A.a[None, :]]))
-            _fill(blk.attn.to_v, weight=sa.V.dense())
+            pad = [np.zeros((d + 1, d), dtype=int)] * (H - len(sa.heads))
+            _fill(blk.attn.to_q, weight=np.vstack(
+                [np.vstack([eye * h.A.alpha, h.A.c[None, :]]) for h in sa.heads] + pad))
+            _fill(blk.attn.to_k, weight=np.vstack(
+                [np.vstack([eye, h.A.a[None, :]]) for h in sa.heads] + pad))
+            _fill(blk.attn.to_v, weight=np.vstack(
+                [h.V.dense() for h in sa.heads] + [np.zeros((d, d), dtype=int)] *
+                (H - len(sa.heads))))
         if ff is None:
             _fill(blk, eta=1)
         else:
@@ -521,7 +577,8 @@ def load_torch(path: str | Path, device=None, dtype=None, ff: str | None = None)
         return to_torch(model, dtype or file_dtype, device, ff or config.get("ff", "profile"))
     module = RhoEtaTransformer(config["d"], config["n_blocks"], config["h"],
                                config["attention"], config["tau"], config["width"], file_dtype,
-                               config.get("causal", False), config.get("positions"))
+                               config.get("causal", False), config.get("positions"),
+                               config.get("heads", 1))
     module.load_state_dict(_rho_eta_scalars_as_vectors(tensors))
     return module.to(device=device, dtype=dtype)
 

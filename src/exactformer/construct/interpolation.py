@@ -2,8 +2,9 @@
 
 A generic direction h separates every leader from every other leader and from every target, so
 each hat (centred at h·leader) can be as wide as half the distance to the nearest point that
-must stay put: the leaders not yet moved and the targets already placed.
-See docs/hardmax.md#interpolation.
+must stay put: the leaders not yet moved and the targets already placed. A layer of width 4k
+holds k hats: they read the same input, and half-distance windows around distinct present
+points are pairwise disjoint. See docs/hardmax.md#interpolation and docs/heads.md.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ class LeaderOnTarget(ConstructionError):
 
 
 def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Draws,
-                progress: bool = False) -> tuple[list[Block], np.ndarray]:
-    """Hats moving leader i of sequence j onto target i of sequence j, in sequence order."""
+                progress: bool = False, per_layer: int = 1) -> tuple[list[Block], np.ndarray]:
+    """Hats moving leader i of sequence j onto target i of sequence j, in sequence order,
+    ``per_layer`` hats to an FF layer."""
     exact = draws.exact
     d = targets[0].shape[1]
     L = np.concatenate(leaders, axis=0)
@@ -44,17 +46,25 @@ def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Dra
     every = sorted(lv + list(Yu @ h))
     cap = (every[-1] - every[0]) if len(every) > 1 else num(1, exact)
     blocks = []
-    moves = zip(lv, yv, L, strict=True)
-    for c, y, leader in tqdm(moves, total=len(lv), desc="interpolation hats", unit="hat",
-                             disable=not progress, leave=False, delay=1):
-        present.pop(bisect_left(present, c))
-        i = bisect_left(present, c)
-        near = [abs(present[k] - c) for k in (i - 1, i) if 0 <= k < len(present)]
-        delta = min([cap] + near) / 2
-        ff = ff_from_units(hat_units(h, 0 * c, c, delta, Y[len(blocks)] - leader),
-                           num(1, exact), d, exact)
-        blocks.append(Block(ff, None))
-        j = bisect_left(present, y)
-        if j == len(present) or present[j] != y:
-            insort(present, y)
+    starts = range(0, len(lv), per_layer)
+    for s in tqdm(starts, total=len(starts), desc="interpolation layers", unit="layer",
+                  disable=not progress, leave=False, delay=1):
+        layer = range(s, min(s + per_layer, len(lv)))
+        units = [u for i in layer for u in hat_units(
+            h, 0 * lv[i], lv[i], _half_room(present, lv[i], cap), Y[i] - L[i])]
+        blocks.append(Block(ff_from_units(units, num(1, exact), d, exact), None))
+        for i in layer:
+            present.pop(bisect_left(present, lv[i]))
+        for i in layer:
+            j = bisect_left(present, yv[i])
+            if j == len(present) or present[j] != yv[i]:
+                insort(present, yv[i])
     return blocks, h
+
+
+def _half_room(present: list, c, cap):
+    """Half the distance from c (one of the sorted values ``present``) to its nearest other
+    value, at most cap/2."""
+    i = bisect_left(present, c)
+    near = [abs(present[k] - c) for k in (i - 1, i + 1) if 0 <= k < len(present)]
+    return min([cap] + near) / 2

@@ -3,8 +3,9 @@
 A non-residual FF maps each token to u' = g·x + g0 > 0 on the e1 axis, all u' distinct. In each
 sequence the token with the largest u' is the P-leader and stays; m_j − 1 further tokens (the most
 isolated ones, so hats can be wide) move by a hat each to rational points of a half circle in
-u < 0. The last block's attention (A = α·I, V = I, ρ = 0, hardmax) then sends every token onto its
-leader. See docs/hardmax.md#leaders-and-the-collapse.
+u < 0, k hats to a layer of width 4k on disjoint windows of the u axis (docs/heads.md), the
+first alone with the projection. The last block's attention (A = α·I, V = I, ρ = 0, hardmax)
+then sends every token onto its leader. See docs/hardmax.md#leaders-and-the-collapse.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tqdm import tqdm
 
 from ..model import SA, Block, ScoreMatrix, ValueMatrix
 from ..numbers import num, unit, zeros
-from .gadgets import ff_from_units, hat_units, projection_unit
+from .gadgets import Unit, ff_from_units, hat_units, projection_unit
 from .generic import ConstructionError, Draws, best_draw, check_sloped_hat, generic_score
 
 
@@ -59,10 +60,11 @@ def circle_points(k: int, r0, exact: bool) -> list[tuple]:
 
 
 def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
-                   collapse_alpha=1, progress: bool = False) -> Leaders:
+                   collapse_alpha=1, progress: bool = False, per_layer: int = 1) -> Leaders:
     """Leaders and collapse for tokens at ``positions`` (per sequence, n_j×d, after separation).
 
-    ``collapse_alpha`` scales the collapse's A = α·I (softmax models fold 1/τ into it).
+    ``collapse_alpha`` scales the collapse's A = α·I (softmax models fold 1/τ into it);
+    ``per_layer`` hats share an FF layer after the first.
     """
     exact = draws.exact
     d = positions[0].shape[1]
@@ -74,14 +76,17 @@ def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
     for j in range(len(m)):
         points[j][0] = e1 * axis.uprime[j][chosen[j][0]]
     flat = sorted(v for r in axis.uprime for v in r)
-    ffs = []
+    hats = []
     for k, (j, i) in enumerate(tqdm(moves, desc="leader hats", unit="hat",
                                     disable=not progress, leave=False, delay=1)):
         q = zeros(d, exact)
         q[0], q[1] = circle[k]
         points[j][chosen[j].index(i)] = q
-        ffs.append(_leader_hat(axis, flat, axis.uprime[j][i], q, positions[j][i], first=k == 0,
-                               exact=exact))
+        hats.append(_leader_hat(axis, flat, axis.uprime[j][i], q, positions[j][i],
+                                first=k == 0, exact=exact))
+    ffs = [ff_from_units(hats[0], num(0, exact), d, exact)] if hats else []
+    ffs += [ff_from_units([u for units in hats[s:s + per_layer] for u in units], num(1, exact),
+                          d, exact) for s in range(1, len(hats), per_layer)]
     if not ffs:
         ffs.append(ff_from_units([projection_unit(axis.g, axis.g0, e1)], num(0, exact), d,
                                  exact))
@@ -174,8 +179,8 @@ def _isolation(flat: list, v):
     return min(gaps) if gaps else 1
 
 
-def _leader_hat(axis: _Axis, flat: list, c, q, x, first: bool, exact: bool):
-    """The FF moving the token at u' = c (position x) to the circle point q. The first one
+def _leader_hat(axis: _Axis, flat: list, c, q, x, first: bool, exact: bool) -> list[Unit]:
+    """The units moving the token at u' = c (position x) to the circle point q. The first one
     shares the non-residual projection layer, which every evaluator computes densely: it sits
     at the extreme token and is mirrored when that is the smallest, so every other token lies
     where all its units are exactly zero (docs/numerics.md#the-extreme-token-rule); it has no
@@ -184,10 +189,9 @@ def _leader_hat(axis: _Axis, flat: list, c, q, x, first: bool, exact: bool):
     e1 = unit(d, 0, exact)
     delta = min(num(1, exact) / 2, _isolation(flat, c) / 2)
     if not first:
-        return ff_from_units(hat_units(e1, 0 * c, c, delta, q - e1 * c), num(1, exact), d, exact)
+        return hat_units(e1, 0 * c, c, delta, q - e1 * c)
     sign = axis.first[2] if axis.first else 1
     check_sloped_hat(axis.g, x, axis.g0, delta, exact)
-    units = [projection_unit(axis.g, axis.g0, e1),
-             *hat_units(axis.g * sign, axis.g0 * sign, c * sign, delta, q - e1 * c,
-                        plateau=False)]
-    return ff_from_units(units, num(0, exact), d, exact)
+    return [projection_unit(axis.g, axis.g0, e1),
+            *hat_units(axis.g * sign, axis.g0 * sign, c * sign, delta, q - e1 * c,
+                       plateau=False)]

@@ -4,9 +4,10 @@ After the projection every token is (u, 0, …) with u = a·x + a0 ∈ [1, 2], d
 distinct u. A separation round lifts one *test* token above every u (a hat) and lets every token
 add λ_r·(its sequence's max u) to its second coordinate (a rank-one hardmax attention). After the
 rounds, sequences that share a token have different second coordinates σ_j, so no point is
-shared. The rounds are planned on classes of sequences (partition refinement), then the
-multipliers λ are drawn, then the blocks are built: nothing is patched afterwards.
-See docs/hardmax.md#separation.
+shared. A layer of width 4k can lift up to k tests in one round to heights T_1 < … < T_k, and a
+sequence's max is then the highest test it holds: k + 1 outcomes per round (docs/heads.md). The
+rounds are planned on classes of sequences (partition refinement), then the multipliers λ are
+drawn, then the blocks are built: nothing is patched afterwards. See docs/hardmax.md#separation.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from ..model import SA, Block, ScoreMatrix, ValueMatrix
+from ..model import SA, Block, Head, ScoreMatrix, ValueMatrix
 from ..numbers import num, unit, zeros
 from ..record import Lift
 from .gadgets import ff_from_units, hat_units, projection_unit
@@ -59,13 +60,15 @@ class TokenTable:
 
 @dataclass
 class Plan:
-    """The rounds, decided on token ranks before any number is drawn: ``tests[r]`` is the token
-    lifted in round r (None: a round without a lift); ``maxima[r, j]`` the rank of sequence j's
-    largest u after round r (ranks ≥ T are the lift heights, in order); ``classes`` the final
-    class of every sequence (equal signatures, pairwise token-disjoint)."""
+    """The rounds, decided on token ranks before any number is drawn: ``tests[r]`` are the
+    tokens lifted in round r, lowest height first (None: a round without a lift);
+    ``maxima[r, j]`` the rank of sequence j's largest u after round r (ranks ≥ T are the lift
+    heights, in order); ``classes`` the final class of every sequence (equal signatures,
+    pairwise token-disjoint)."""
 
-    tests: list[int | None]
+    tests: list[list[tuple[int, int]] | None]  # per round (channel, token), in lift order
     maxima: np.ndarray
+    rows: list[tuple[int, int]]  # (round, channel) of every row of ``maxima``
     classes: np.ndarray
 
 
@@ -76,12 +79,18 @@ class Separation:
     blocks: list[Block]
     u: list  # u of every distinct token after its lift (if any)
     sigma: list  # the second coordinate σ_j of every token of sequence j
-    tests: list[int | None]
+    tests: list[list[tuple[int, int]] | None]  # per round (channel, token), in lift order
     lifts: list[Lift]
+    channels: dict[tuple[int, int], object]  # (channel ≥ 1, token) → its height on e_{c+1}
 
     @property
     def R(self) -> int:
         return len(self.blocks)
+
+    def tested(self) -> list[int | None]:
+        """Every lifted token in lift order, None for a round without a lift (the record's
+        ``tests``)."""
+        return [t for r in self.tests for t in ([None] if r is None else [q for _, q in r])]
 
 
 def project(table: TokenTable, draws: Draws) -> tuple[np.ndarray, object, list]:
@@ -97,7 +106,8 @@ def project(table: TokenTable, draws: Draws) -> tuple[np.ndarray, object, list]:
     return a_s, a0, list(table.points @ a_s + a0)
 
 
-def plan_rounds(table: TokenTable, u_rank: np.ndarray, progress: bool = False) -> Plan:
+def plan_rounds(table: TokenTable, u_rank: np.ndarray, progress: bool = False,
+                per_round: int = 1, channels: int = 1) -> Plan:
     """Greedy tests until no two sequences of one class share a token (R ≤ N − 1).
 
     Sequences with equal signatures form a class; a class is unresolved while two of its
@@ -105,23 +115,27 @@ def plan_rounds(table: TokenTable, u_rank: np.ndarray, progress: bool = False) -
     C ∖ owners(p); the greedy takes the token that splits most pairs among the sequences of
     unresolved classes that hold a repeated token. Each round splits an unresolved class, so at
     most N − 1 rounds are needed. A first round without a lift records the sequences' own maxima
-    when that already splits a shared token.
+    when that already splits a shared token. With ``per_round`` > 1 a round takes further tests
+    (:func:`_round_tests`) on ``channels`` registers: channel 0 is u, channel c ≥ 1 a free
+    coordinate read by its own head (docs/heads.md).
     """
     N, T = table.N, len(u_rank)
     seq, tok = table.seq_of, table.token_of
-    cur = np.full(N, -1, dtype=np.int64)
-    np.maximum.at(cur, seq, u_rank[tok])
+    cur = [np.full(N, -1, dtype=np.int64) for _ in range(channels)]
+    np.maximum.at(cur[0], seq, u_rank[tok])
     classes = np.zeros(N, dtype=np.int64)
     owners = _owners(seq, tok, T)
-    tests, maxima = [], []
+    tests, maxima, rows = [], [], []
     active = np.arange(len(seq))
     if _repeated_weight(classes, seq, tok, T) == 0:
-        return Plan([], np.zeros((0, N), dtype=np.int64), classes)
-    split = _refine(classes, cur)
+        return Plan([], np.zeros((0, N), dtype=np.int64), [], classes)
+    split = _refine(classes, cur[0])
     if _repeated_weight(split, seq, tok, T) < _repeated_weight(classes, seq, tok, T):
         classes = split
         tests.append(None)
-        maxima.append(cur.copy())
+        maxima.append(cur[0].copy())
+        rows.append((0, 0))
+    lifted = 0
     bar = tqdm(desc="separation rounds", unit="round", disable=not progress, leave=False, delay=1)
     with bar:
         while True:
@@ -131,13 +145,50 @@ def plan_rounds(table: TokenTable, u_rank: np.ndarray, progress: bool = False) -
             if len(tests) >= N:
                 raise ConstructionError(f"separation did not finish in N = {N} rounds")
             bar.update()
-            held = np.zeros(N, dtype=np.int64)
-            held[owners[p]] = 1
-            classes = _refine(classes, held)
-            cur[owners[p]] = T + len([t for t in tests if t is not None])
-            tests.append(p)
-            maxima.append(cur.copy())
-    return Plan(tests, np.array(maxima, dtype=np.int64).reshape(-1, N), classes)
+            chosen, classes = _round_tests(p, classes, owners, seq, tok, active, T, per_round,
+                                           channels)
+            for i, (c, q) in enumerate(chosen):  # the highest test held is the register's max
+                cur[c][owners[q]] = T + lifted + i
+            lifted += len(chosen)
+            for c in sorted({0} | {c for c, _ in chosen}):
+                maxima.append(cur[c].copy())
+                rows.append((len(tests), c))
+            tests.append(chosen)
+    return Plan(tests, np.array(maxima, dtype=np.int64).reshape(-1, N), rows, classes)
+
+
+def _round_tests(p, classes, owners, seq, tok, active, T, per_round, channels):
+    """The tests of one round as (channel, token), starting with (0, p), and the classes after
+    it. In each channel the i-th test is lifted to the i-th height, so a sequence's outcome
+    there is the highest test it holds (0: none). Each further test is the greedy best on the
+    classes refined so far, put in the channel where the true outcome split lowers the
+    repeated weight most (a fresh channel is an independent presence bit); none that lowers
+    it ends the round."""
+    keys = {0: np.zeros(len(classes), dtype=np.int64)}
+    keys[0][owners[p]] = 1
+    chosen = [(0, p)]
+    after = _refine(classes, keys[0])
+    weight = _repeated_weight(after, seq, tok, T)
+    while len(chosen) < per_round and weight > 0:
+        q = _best_test(after, seq, tok, active, T)[1]
+        if q is None or q in [t for _, t in chosen]:
+            break
+        best = None
+        for c in sorted(keys) + ([len(keys)] if len(keys) < channels else []):
+            trial = dict(keys)
+            trial[c] = keys.get(c, np.zeros(len(classes), dtype=np.int64)).copy()
+            trial[c][owners[q]] = sum(ch == c for ch, _ in chosen) + 1
+            refined = classes
+            for key in trial.values():
+                refined = _refine(refined, key)
+            w = _repeated_weight(refined, seq, tok, T)
+            if best is None or w < best[0]:
+                best = (w, c, trial, refined)
+        if best[0] >= weight:
+            break
+        weight, c, keys, after = best
+        chosen.append((c, q))
+    return chosen, after
 
 
 def _owners(seq: np.ndarray, tok: np.ndarray, T: int) -> list[np.ndarray]:
@@ -182,32 +233,41 @@ def _best_test(classes, seq, tok, active, T) -> tuple[np.ndarray, int | None]:
     return active[keep], p
 
 
-def separate(table: TokenTable, draws: Draws, score_scale=1, progress: bool = False
-             ) -> Separation:
+def separate(table: TokenTable, draws: Draws, score_scale=1, progress: bool = False,
+             per_round: int = 1, heads: int = 1) -> Separation:
     """Plan the rounds, draw their multipliers and build their blocks. ``score_scale``
-    multiplies every attention matrix A (softmax models fold 1/τ into it)."""
+    multiplies every attention matrix A (softmax models fold 1/τ into it); ``per_round``
+    tests at most share a round (a layer of width 4·per_round), on at most ``heads`` channels
+    (one head each; channel c ≥ 1 uses the free coordinate e_{c+1}, so at most d − 1)."""
     exact = draws.exact
+    d = table.points.shape[1]
     a, a0, u = project(table, draws)
     order = sorted(range(len(u)), key=u.__getitem__)
     u_rank = np.empty(len(u), dtype=np.int64)
     u_rank[order] = np.arange(len(u))
-    plan = plan_rounds(table, u_rank, progress)
+    plan = plan_rounds(table, u_rank, progress, per_round, max(1, min(heads, d - 1)))
     N = table.N
     if not plan.tests:
-        return Separation([], u, [num(0, exact)] * N, [], [])
-    n_lifts = sum(t is not None for t in plan.tests)
+        return Separation([], u, [num(0, exact)] * N, [], [], {})
+    n_lifts = sum(len(t) for t in plan.tests if t is not None)
     heights = [num(3 + k, exact) for k in range(n_lifts)]  # every u ≤ 2 < 3
     value = [u[i] for i in order] + heights  # rank → value
-    M = np.array([[value[r] for r in row] for row in plan.maxima],
-                 dtype=object if exact else float)  # R × N maxima
+
+    def at(rank, channel):  # a channel c ≥ 1 is 0 where nothing was lifted
+        return num(0, exact) if rank < 0 else value[rank]
+
+    M = np.array([[at(r, c) for r in row] for row, (_, c) in zip(plan.maxima, plan.rows,
+                                                                   strict=True)],
+                 dtype=object if exact else float)  # one row per (round, channel)
     lams = _multipliers(M, plan.classes, heights[-1] if heights else num(3, exact), draws)
     sigma = list(np.asarray(lams) @ M)
-    blocks, lifts = _round_blocks(table, a, a0, u, order, plan.tests, heights, lams, draws,
-                                  score_scale)
+    blocks, lifts, channels = _round_blocks(table, a, a0, u, order, plan, heights, lams, draws,
+                                            score_scale)
     lifted = list(u)
     for x, h in zip(lifts, heights, strict=True):
-        lifted[x.token] = h
-    return Separation(blocks, lifted, sigma, plan.tests, lifts)
+        if x.channel == 0:
+            lifted[x.token] = h
+    return Separation(blocks, lifted, sigma, plan.tests, lifts, channels)
 
 
 def _multipliers(M: np.ndarray, classes: np.ndarray, top, draws: Draws) -> list:
@@ -223,29 +283,39 @@ def _multipliers(M: np.ndarray, classes: np.ndarray, top, draws: Draws) -> list:
                      what="separation multipliers")
 
 
-def _round_blocks(table, a, a0, u, order, tests, heights, lams, draws, score_scale):
-    """One block per round: the lift hat (or only the projection, first block) and the
-    rank-one attention adding λ_r·(sequence max of u) to the second coordinate."""
+def _round_blocks(table, a, a0, u, order, plan: Plan, heights, lams, draws, score_scale):
+    """One block per round: the lift hats (or only the projection, first block) and one
+    rank-one hardmax head per channel used, adding λ·(the sequence's max of the channel) to the
+    second coordinate. Every hat reads u on a half-gap window (pairwise disjoint); channel 0
+    lifts along e1, channel c along e_{c+1}."""
     exact, d = draws.exact, table.points.shape[1]
-    e1, e2 = unit(d, 0, exact), unit(d, 1, exact)
+    e = [unit(d, i, exact) for i in range(d)]
     pos = {t: i for i, t in enumerate(order)}
+    lam_of = dict(zip(plan.rows, lams, strict=True))
     blocks, lifts, k = [], [], 0
-    for r, (p, lam) in enumerate(zip(tests, lams, strict=True)):
-        units = [projection_unit(a, a0, e1)] if r == 0 else []
-        if p is not None:
-            c, delta = u[p], _half_gap(u, order, pos[p], exact)
-            move = e1 * (heights[k] - c)
+    now = [{} for _ in range(max(1, d - 1))]  # per channel: every lifted token's height
+    for r, chosen in enumerate(plan.tests):
+        units = [projection_unit(a, a0, e[0])] if r == 0 else []
+        for c, p in chosen or []:
+            # heights are integers ≥ 3 and every unlifted u ≤ 2: a lifted token has room 1/2
+            x = now[0].get(p, u[p])
+            delta = num(1, exact) / 2 if p in now[0] else _half_gap(u, order, pos[p], exact)
+            move = e[c + 1 if c else 0] * (heights[k] - now[c].get(p, 0 * x if c else x))
+            now[c][p] = heights[k]
             if r == 0:  # a hat without plateau: float64 must place it robustly
                 check_sloped_hat(a, table.points[p], a0, delta, exact)
-            units += hat_units(a, a0, c, delta, move, plateau=False) if r == 0 else \
-                hat_units(e1, 0 * c, c, delta, move)
-            lifts.append(Lift(r, int(p), str(c), str(heights[k]), str(delta), str(lam)))
+            units += hat_units(a, a0, x, delta, move, plateau=False) if r == 0 else \
+                hat_units(e[0], 0 * x, x, delta, move)
+            lifts.append(Lift(r, int(p), str(x), str(heights[k]), str(delta),
+                              str(lam_of[r, c]), channel=c))
             k += 1
         ff = ff_from_units(units, num(0 if r == 0 else 1, exact), d, exact)
-        sa = SA(num(1, exact), ScoreMatrix(num(0, exact), e1 * score_scale, e1),
-                ValueMatrix(num(0, exact), e2 * lam, e1))
-        blocks.append(Block(ff, sa))
-    return blocks, lifts
+        heads = [Head(ScoreMatrix(num(0, exact), e[c + 1 if c else 0] * score_scale, e[0]),
+                      ValueMatrix(num(0, exact), e[1] * lam_of[r, c], e[c + 1 if c else 0]))
+                 for rr, c in plan.rows if rr == r]
+        blocks.append(Block(ff, SA(num(1, exact), heads=heads)))
+    channels = {(c, t): h for c in range(1, len(now)) for t, h in now[c].items()}
+    return blocks, lifts, channels
 
 
 def _half_gap(u, order, i, exact):
@@ -266,5 +336,7 @@ def separated_positions(inputs: list[np.ndarray], table: TokenTable, sep: Separa
         p = zeros((len(s), table.points.shape[1]), exact)
         p[:, 0] = [sep.u[t] for t in s]
         p[:, 1] = sep.sigma[j]
+        for (c, t), h in sep.channels.items():  # lifted on a free coordinate (docs/heads.md)
+            p[s == t, c + 1] = h
         out.append(p)
     return out

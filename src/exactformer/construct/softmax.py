@@ -67,6 +67,8 @@ class _Geometry:
     exact: bool
     seed: int
     digits: int | None  # simulation precision: None for float64, else mpmath digits
+    per_layer: int = 1  # hats, snaps and separation tests per layer (width/4, docs/heads.md)
+    heads: int = 1  # separation channels (docs/heads.md)
 
 
 def parse_tau(tau) -> Fraction:
@@ -81,13 +83,15 @@ def parse_tau(tau) -> Fraction:
 
 
 def compile_softmax(dataset: Dataset, exact: bool = True, seed: int = 0, tau=None,
-                    progress: bool = False) -> Transformer:
-    """Construct the softmax transformer (τ = 1 with 1/θ folded into A, or the given τ)."""
+                    progress: bool = False, width: int = 4, heads: int = 1) -> Transformer:
+    """Construct the softmax transformer (τ = 1 with 1/θ folded into A, or the given τ).
+    ``width``/4 hats, snaps or separation tests share a layer, on up to ``heads`` separation
+    channels (docs/heads.md)."""
     theta = None if tau is None else parse_tau(tau)
     inputs, targets = dataset.fractions() if exact else dataset.floats()
     geo = _Geometry(TokenTable.build(inputs), inputs, dataset.floats()[0], targets,
                     dataset.target_lengths, dataset.d, exact, seed,
-                    simulation_digits(inputs) if exact else None)
+                    simulation_digits(inputs) if exact else None, width // 4, heads)
     tau_star = find_tau_star(geo, progress)
     model = _at_default_tau(geo, tau_star) if theta is None else \
         _at_given_tau(geo, theta, tau_star)
@@ -179,13 +183,15 @@ def _build(geo: _Geometry, theta: Fraction, fold: bool) -> Transformer:
     scale = num(1 / theta, exact) if fold else num(1, exact)
     tau = num(1, exact) if fold else num(theta, exact)
     try:
-        sep = separate(geo.table, draws, score_scale=scale)
+        sep = separate(geo.table, draws, score_scale=scale, per_round=geo.per_layer,
+                       heads=geo.heads)
     except ConstructionError as e:
         raise _Invalid(str(e)) from None
     positions = _separated_positions(geo, sep.blocks, tau)
     for _ in range(TARGET_TRIES):
         try:
-            lead = choose_leaders(positions, geo.m, draws, collapse_alpha=scale)
+            lead = choose_leaders(positions, geo.m, draws, collapse_alpha=scale,
+                                  per_layer=geo.per_layer)
             proj, snaps, windows = _project_and_snap(geo, sep.blocks + lead.blocks,
                                                      lead.chosen, tau, draws)
             break
@@ -201,7 +207,8 @@ def _build(geo: _Geometry, theta: Fraction, fold: bool) -> Transformer:
         kind="softmax", seed=geo.seed, N=len(geo.m), sum_m=sum(geo.m), R=R,
         phases=[Span("separation", 0, R), Span("leaders", R, R + nl),
                 Span("projection", R + nl, R + nl + 1), Span("snap", R + nl + 1, len(blocks))],
-        tests=[None if t is None else [str(v) for v in geo.table.points[t]] for t in sep.tests],
+        tests=[None if t is None else [str(v) for v in geo.table.points[t]]
+               for t in sep.tested()],
         lifts=sep.lifts, leaders=lead.chosen, snap_windows=windows, theta=str(theta),
         folded=fold)
     return Transformer(d=geo.d, attention="softmax", blocks=blocks, tau=tau, exact=exact,
@@ -253,11 +260,13 @@ def _project_and_snap(geo, blocks, chosen, tau, draws):
     proj = ff_from_units([projection_unit(f, shift, e)], num(0, exact), d, exact)
     windows = _windows([(a + Fraction(shift), b + Fraction(shift)) for a, b in iv])  # t ≥ 1
     fp = _reader(geo, groups, windows, e, draws)
-    snaps = []
+    units = []
     for (j, slot, _), win in zip(groups, windows, strict=True):
         c1, c2, c3, c4 = (num(c, exact) for c in win)
-        units = snap_units(fp, num(0, exact), e, c1, c2, c3, c4, geo.targets[j][slot])
-        snaps.append(Block(ff_from_units(units, num(1, exact), d, exact), None))
+        units.append(snap_units(fp, num(0, exact), e, c1, c2, c3, c4, geo.targets[j][slot]))
+    k = geo.per_layer  # snaps on disjoint windows of the line share a layer (docs/heads.md)
+    snaps = [Block(ff_from_units([u for s in units[i:i + k] for u in s], num(1, exact), d, exact),
+                   None) for i in range(0, len(units), k)]
     records = [SnapWindow(j, slot, tuple(str(c) for c in win))
                for (j, slot, _), win in zip(groups, windows, strict=True)]
     return Block(proj, None), snaps, records
