@@ -94,10 +94,10 @@ def test_backend_conversions():
 
 # ------------------------------------------------------------------------------ parallel
 def test_pass_stats_merge():
-    a = PassStats(hardmax_margin=0.5, hardmax_ties=2, ridge_clearance=None)
-    a.merge(PassStats(hardmax_margin=0.25, hardmax_ties=3, ridge_clearance=0.1))
+    a = PassStats(hardmax_margin=0.5, hardmax_ties=2, hat_clearance=None)
+    a.merge(PassStats(hardmax_margin=0.25, hardmax_ties=3, hat_clearance=0.1))
     a.merge(PassStats())
-    assert a == PassStats(hardmax_margin=0.25, hardmax_ties=5, ridge_clearance=0.1)
+    assert a == PassStats(hardmax_margin=0.25, hardmax_ties=5, hat_clearance=0.1)
 
 
 def test_chunk_bounds(monkeypatch):

@@ -472,7 +472,7 @@ def test_float32_verdict_matches_a_float32_run(name, layout, attention):
     err /= data.coordinate_scale()
     assert verdict.error == pytest.approx(err, rel=1e-12)
     assert verdict.interpolates == (err <= verdict.tolerance)
-    assert verdict.ridge_clearance > 0
+    assert verdict.hat_clearance > 0
     assert (verdict.hardmax_margin > 0) if attention == "hardmax" else \
         verdict.hardmax_margin is None
     if layout == "native":  # the profile form keeps float32 on the targets here

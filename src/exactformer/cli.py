@@ -89,12 +89,16 @@ def _progress(args) -> bool:
 
 # ------------------------------------------------------------------------------ commands
 
+def _compiled(args, data):
+    """The model that ``build`` and ``plot`` construct from their shared options."""
+    return compile(data, attention=args.attention, exact=not args.float, seed=args.seed,
+                   tau=args.tau, progress=_progress(args), width=args.width, heads=args.heads)
+
+
 def _build(args) -> int:
     data = load_dataset(args.data, causal=args.causal)
     t0 = time.perf_counter()
-    model = compile(data, attention=args.attention, exact=not args.float, seed=args.seed,
-                    progress=_progress(args), width=args.width, heads=args.heads,
-                    **({"tau": args.tau} if args.tau is not None else {}))
+    model = _compiled(args, data)
     save_model(model, args.output)
     kind = f"{'causal ' if model.causal else ''}{model.attention}"
     print(f"built {kind} model: {model.n_blocks} blocks, width {model.max_width()}, "
@@ -256,8 +260,7 @@ def _plot(args) -> int:
         raise UsageError(f"plot needs matplotlib (pip install 'exactformer[plot]'): {e}") \
             from None
     data = Dataset.load(args.data)
-    model = compile(data, attention=args.attention, exact=not args.float, seed=args.seed,
-                    progress=_progress(args), width=args.width, heads=args.heads)
+    model = _compiled(args, data)
     # both files appear or neither: each is written to a temporary path, moved at the end
     with atomic_path(args.output) as png, \
             (atomic_path(args.gif) if args.gif else nullcontext()) as gif:
@@ -291,18 +294,9 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="construct a model that interpolates a dataset")
-    b.add_argument("data", help="dataset (.json or .npz)")
-    b.add_argument("-o", "--output", required=True,
-                   help="model file to write (.json; .npz for float64 models)")
-    b.add_argument("--attention", choices=["hardmax", "softmax"], default="hardmax")
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--float", action="store_true", help="float64 parameters (large data)")
-    b.add_argument("--tau", type=_exact_tau, default=None,
-                   help="softmax temperature, an exact positive number (default 1)")
+    _construction_options(b, "model file to write (.json; .npz for float64 models)")
     b.add_argument("--causal", action="store_true", help="causal data: a target or null per "
                    "position (implied by a dataset marked \"causal\": true)")
-    _width_options(b)
-    _add_progress(b)
     b.set_defaults(run=_build)
 
     v = sub.add_parser("verify", help="check that a model interpolates a dataset")
@@ -365,16 +359,23 @@ def parser() -> argparse.ArgumentParser:
     dm.set_defaults(run=_demo)
 
     pl = sub.add_parser("plot", help="figure of the token positions after each phase")
-    pl.add_argument("data", help="dataset (.json or .npz)")
-    pl.add_argument("-o", "--output", required=True, help="figure to write (PNG)")
-    pl.add_argument("--attention", choices=["hardmax", "softmax"], default="hardmax")
-    pl.add_argument("--seed", type=int, default=0)
-    pl.add_argument("--float", action="store_true", help="float64 parameters (large data)")
+    _construction_options(pl, "figure to write (PNG)")
     pl.add_argument("--gif", help="also write an animation through the blocks here")
-    _width_options(pl)
-    _add_progress(pl)
     pl.set_defaults(run=_plot)
     return p
+
+
+def _construction_options(p: argparse.ArgumentParser, output: str) -> None:
+    """The options of every command that constructs a model (build, plot)."""
+    p.add_argument("data", help="dataset (.json or .npz)")
+    p.add_argument("-o", "--output", required=True, help=output)
+    p.add_argument("--attention", choices=["hardmax", "softmax"], default="hardmax")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--float", action="store_true", help="float64 parameters (large data)")
+    p.add_argument("--tau", type=_exact_tau, default=None,
+                   help="softmax temperature, an exact positive number (default 1)")
+    _width_options(p)
+    _add_progress(p)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -107,7 +107,7 @@ class PassStats:
 
     hardmax_margin: float | None = None  # smallest best-minus-second score gap / score scale
     hardmax_ties: int = 0  # queries whose best score is shared by two distinct points
-    ridge_clearance: float | None = None  # smallest distance of an untouched token to a window
+    hat_clearance: float | None = None  # smallest distance of an untouched token to a window
 
     def _min(self, name: str, v) -> None:
         v = float(v)
@@ -374,7 +374,7 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
             sp = st.projection(ridge.f)
             rows, gap = sp.rows_in(ridge.lo, ridge.hi)
             if gap is not None:
-                stats._min("ridge_clearance", safe_float(gap) / (scale * _norm(ridge.f)))
+                stats._min("hat_clearance", safe_float(gap) / (scale * _norm(ridge.f)))
             if len(rows):
                 X = st.P[rows]
                 moves.append((rows, relu(X @ part.U.T + part.b) @ part.W.T))

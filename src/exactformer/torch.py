@@ -630,7 +630,7 @@ class Float32Verdict:
     error_float32_file: float  # the module loaded from a float32 file, in float32
     tolerance: float
     hardmax_margin: float | None  # smallest best-minus-second score gap / score scale
-    ridge_clearance: float | None  # smallest distance of a token to a window / scale
+    hat_clearance: float | None  # smallest distance of a token to a window / scale
     unit_roundoff: float = UNIT_ROUNDOFF_32
 
     def rows(self) -> list[tuple[str, str]]:
@@ -642,7 +642,7 @@ class Float32Verdict:
                 ("float64 max error / scale", f"{self.error_float64:.3g}"),
                 ("float32 file max error / scale", f"{self.error_float32_file:.3g}"),
                 ("smallest hardmax score margin", margin(self.hardmax_margin)),
-                ("smallest hat clearance / scale", margin(self.ridge_clearance))]
+                ("smallest hat clearance / scale", margin(self.hat_clearance))]
 
     def table(self) -> str:
         return format_table(self.rows())
@@ -676,4 +676,4 @@ def float32_verdict(model: Transformer, dataset: Dataset, layout: str = "native"
     err_file = err32 if layout != "native" else \
         max_error(to_torch(round_model(model, torch.float32), torch.float32, device), dataset)
     return Float32Verdict(layout, bool(err32 <= tolerance), err32, err64, err_file, tolerance,
-                          stats.hardmax_margin, stats.ridge_clearance)
+                          stats.hardmax_margin, stats.hat_clearance)
