@@ -145,16 +145,10 @@ def ridge_window(ff: FF) -> Ridge | None:
     if ff.eta != 1:
         return None
     U, b, W = ff.U, ff.b, ff.W
-    nz = [i for i in range(U.shape[0]) if any(v != 0 for v in U[i])]
-    if not nz:
+    found = direction_scales(U)
+    if found is None:
         return None
-    f = U[nz[0]]
-    if all(i not in nz or np.array_equal(U[i], f) for i in range(U.shape[0])):
-        ks = [1 if i in nz else 0 for i in range(U.shape[0])]
-    else:
-        ks = _row_scales(to_fraction_array(U), nz[0])
-        if ks is None:
-            return None
+    f, ks = found
     for i, k in enumerate(ks):
         if k == 0 and b[i] > 0 and any(v != 0 for v in W[:, i]):
             return None  # a constant shift everywhere
@@ -175,6 +169,22 @@ def ridge_window(ff: FF) -> Ridge | None:
         if not all(_zero_dot(x, y) for x, y in rows):
             return None
     return Ridge(to_fraction_array(f), min(bps), max(bps))
+
+
+def direction_scales(U: np.ndarray) -> tuple[np.ndarray, list] | None:
+    """(f, k) with every row U_i = k_i·f exactly, f the first nonzero row, or None when the
+    hidden units do not all read one direction (or all are zero): the one test behind the ridge
+    windows here and the profile form of the torch export (docs/numerics.md). Every gadget
+    repeats f itself (k = 1, decided on the numbers as they are); other rows are decided in
+    Fractions."""
+    nz = [i for i in range(U.shape[0]) if any(v != 0 for v in U[i])]
+    if not nz:
+        return None
+    f = U[nz[0]]
+    if all(i not in nz or np.array_equal(U[i], f) for i in range(U.shape[0])):
+        return f, [1 if i in nz else 0 for i in range(U.shape[0])]
+    ks = _row_scales(to_fraction_array(U), nz[0])
+    return None if ks is None else (f, ks)
 
 
 def _row_scales(U: np.ndarray, first: int) -> list | None:

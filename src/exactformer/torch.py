@@ -36,7 +36,7 @@ from torch import nn
 
 from .causal_data import CausalDataset
 from .data import Dataset
-from .evaluate import PassStats
+from .evaluate import PassStats, direction_scales
 from .evaluate import forward as np_forward
 from .model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 from .modelio import atomic_path
@@ -315,14 +315,10 @@ def ff_profile(ff: FF):
     """(f, breakpoints, values, (left slope, right slope)) in exact numbers when every hidden
     unit of ``ff`` reads one direction f (U_i = k_i·f), else None."""
     U, b, W = (to_fraction_array(a) for a in (ff.U, ff.b, ff.W))
-    nonzero = [i for i in range(U.shape[0]) if any(v != 0 for v in U[i])]
-    if not nonzero:
+    found = direction_scales(U)
+    if found is None:
         return None
-    f = U[nonzero[0]]
-    j0 = next(j for j, v in enumerate(f) if v != 0)
-    k = [U[i, j0] / f[j0] for i in range(U.shape[0])]
-    if any(any(v != 0 for v in U[i] - f * k[i]) for i in range(U.shape[0])):
-        return None
+    f, k = found
     t = sorted({-b[i] / k[i] for i in range(len(k)) if k[i] != 0})
     zero = W[:, 0] * 0
 
