@@ -17,12 +17,21 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import Dataset, DatasetError, _all_floats_row, _as_matrix, _split, read_json, read_npz
-from .numbers import is_exact_array, to_fraction, to_fraction_array
+from .data import (
+    Dataset,
+    DatasetError,
+    SequenceData,
+    _all_floats_row,
+    _as_matrix,
+    _split,
+    read_json,
+    read_npz,
+)
+from .numbers import to_fraction
 
 
 @dataclass(frozen=True)
-class CausalDataset:
+class CausalDataset(SequenceData):
     """``inputs[j]`` is n_j×d; ``targets[j]`` is n_j×d with row i meaningful only where
     ``known[j][i]`` (a bool array of length n_j) is True; the other rows are zeros."""
 
@@ -31,37 +40,13 @@ class CausalDataset:
     known: tuple[np.ndarray, ...]
 
     @property
-    def N(self) -> int:
-        return len(self.inputs)
-
-    @property
-    def d(self) -> int:
-        return self.inputs[0].shape[1]
-
-    @property
-    def exact(self) -> bool:
-        return is_exact_array(self.inputs[0])
-
-    @property
     def lengths(self) -> list[int]:
         return [x.shape[0] for x in self.inputs]
-
-    @property
-    def total_n(self) -> int:
-        return sum(self.lengths)
 
     @property
     def constrained(self) -> int:
         """Number of positions with a target."""
         return int(sum(k.sum() for k in self.known))
-
-    def fractions(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        return ([to_fraction_array(x) for x in self.inputs],
-                [to_fraction_array(y) for y in self.targets])
-
-    def floats(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        return ([np.asarray(x, dtype=float) for x in self.inputs],
-                [np.asarray(y, dtype=float) for y in self.targets])
 
     def coordinate_scale(self) -> float:
         """Largest absolute coordinate over inputs and constrained targets (at least 1)."""

@@ -45,9 +45,8 @@ class DuplicatePairWarning(UserWarning):
     """Two inputs are equal as sets and so are their targets: the pairs were merged."""
 
 
-@dataclass(frozen=True)
-class Dataset:
-    """N validated pairs. ``inputs[j]`` is n_j×d, ``targets[j]`` is m_j×d (float64 or Fraction)."""
+class SequenceData:
+    """What set and causal datasets share: ``inputs`` and ``targets``, tuples of arrays."""
 
     inputs: tuple[np.ndarray, ...]
     targets: tuple[np.ndarray, ...]
@@ -66,20 +65,8 @@ class Dataset:
         return is_exact_array(self.inputs[0])
 
     @property
-    def input_lengths(self) -> list[int]:
-        return [x.shape[0] for x in self.inputs]
-
-    @property
-    def target_lengths(self) -> list[int]:
-        return [y.shape[0] for y in self.targets]
-
-    @property
-    def total_m(self) -> int:
-        return sum(self.target_lengths)
-
-    @property
     def total_n(self) -> int:
-        return sum(self.input_lengths)
+        return sum(x.shape[0] for x in self.inputs)
 
     def fractions(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Inputs and targets as object arrays of Fractions (exact for float data too)."""
@@ -90,6 +77,26 @@ class Dataset:
         """Inputs and targets as float64 arrays."""
         return ([np.asarray(x, dtype=float) for x in self.inputs],
                 [np.asarray(y, dtype=float) for y in self.targets])
+
+
+@dataclass(frozen=True)
+class Dataset(SequenceData):
+    """N validated pairs. ``inputs[j]`` is n_j×d, ``targets[j]`` is m_j×d (float64 or Fraction)."""
+
+    inputs: tuple[np.ndarray, ...]
+    targets: tuple[np.ndarray, ...]
+
+    @property
+    def input_lengths(self) -> list[int]:
+        return [x.shape[0] for x in self.inputs]
+
+    @property
+    def target_lengths(self) -> list[int]:
+        return [y.shape[0] for y in self.targets]
+
+    @property
+    def total_m(self) -> int:
+        return sum(self.target_lengths)
 
     def check_float64(self) -> None:
         """Raise DatasetError if rounding to float64 breaks a rule (distinct tokens or inputs
