@@ -139,10 +139,6 @@ class CausalDataset(SequenceData):
         _check_consistent(xs, ys, known)
         return cls(tuple(xs), tuple(ys), tuple(np.asarray(k, dtype=bool) for k in known))
 
-    def prefix_ids(self) -> list[np.ndarray]:
-        """Per sequence, an id per position equal exactly when the ordered prefixes are."""
-        return _prefix_ids(self.inputs)
-
 
 def _target_rows(ts, j: int, n: int, d: int, exact: bool) -> tuple[np.ndarray, np.ndarray]:
     """One sequence's targets as an n×d array (zeros at nulls) and its mask."""
