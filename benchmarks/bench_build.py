@@ -23,6 +23,7 @@ import numpy as np
 
 import exactformer as ef
 from exactformer import generate
+from exactformer.tables import markdown_table
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -97,12 +98,6 @@ def scaling(quick: bool) -> tuple[list[dict], float, float]:
     return rows, float(slope_b), float(slope_v)
 
 
-def markdown(rows: list[dict], columns: list[str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes only")
@@ -120,9 +115,9 @@ def main(argv=None) -> int:
             f"({os.cpu_count()} CPUs, Python {platform.python_version()}, "
             f"numpy {np.__version__}).")
     text = "\n\n".join([
-        "# Build and verification benchmark", head, markdown(rows, COLUMNS),
+        "# Build and verification benchmark", head, markdown_table(rows, COLUMNS),
         "## Scaling with the number of input tokens T (hardmax, float64, n = 50, m = 2, d = 8)",
-        markdown(srows, ["N", "T", "L", "build s", "verify s", "verdict", "error"]),
+        markdown_table(srows, ["N", "T", "L", "build s", "verify s", "verdict", "error"]),
         f"Fitted exponents (time ∝ T^k): build k = {sb:.2f}, verify k = {sv:.2f}. "
         "L grows with N here (Σm = 2N), so these include the growth of the model."]) + "\n"
     print("\n" + text)

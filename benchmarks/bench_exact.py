@@ -29,6 +29,7 @@ import numpy as np
 import exactformer as ef
 from exactformer import generate
 from exactformer.evaluate import default_workers
+from exactformer.tables import markdown_table
 
 RESULTS = Path(__file__).parent / "results"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -108,12 +109,6 @@ def run(label: str, data: ef.Dataset, workers: int) -> dict:
             "verdict": verdict if rep_f.ok else verdict + " (float64 FAILED)"}
 
 
-def markdown(rows: list[dict], columns: list[str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes only")
@@ -134,7 +129,7 @@ def main(argv=None) -> int:
             "the CPUs, so wall-clock times and parallel speed-ups are only indicative; CPU times "
             "(this process and its workers) are less affected.")
     text = "\n\n".join(["# Exact against float64 verification", head,
-                        markdown(rows, COLUMNS),
+                        markdown_table(rows, COLUMNS),
                         "Ratios are exact verification time over float64 verification time "
                         "of the float64 model built from the same data. The exact "
                         "verification also runs the float64 pass of its model (for the "

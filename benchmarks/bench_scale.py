@@ -29,6 +29,7 @@ import numpy as np
 
 import exactformer as ef
 from exactformer import generate
+from exactformer.tables import markdown_table
 
 RESULTS = Path(__file__).parent / "results"
 VOCAB, N_TOKENS, M_TARGETS, D = 4000, 50, 3, 16
@@ -61,12 +62,6 @@ def run_fresh(N: int) -> dict:
         return pool.apply(run, (N,))
 
 
-def markdown(rows: list[dict], columns: list[str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
@@ -86,7 +81,7 @@ def main(argv=None) -> int:
             f"words in R^{D}, n = {N_TOKENS} words per sequence, m = {M_TARGETS} targets, "
             "float64 hardmax models.")
     text = "\n\n".join(["# Scaling with heavy token sharing", head,
-                        markdown(rows, COLUMNS),
+                        markdown_table(rows, COLUMNS),
                         "T: input tokens. R: separation blocks. Peak RSS includes the Python "
                         "interpreter and NumPy (about 100 MiB)."]) + "\n"
     print("\n" + text)

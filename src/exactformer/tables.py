@@ -13,3 +13,10 @@ def format_table(rows: list[tuple[str, object]]) -> str:
     """The rows as lines ``label  value``, labels padded to one width (no trailing newline)."""
     width = max((len(label) for label, _ in rows), default=0)
     return "\n".join(f"{label.ljust(width)}  {value}" for label, value in rows)
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    """The rows (dicts) as a Markdown table of the given columns: the benchmarks' results."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
