@@ -331,6 +331,23 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     e.set_defaults(run=_export)
 
+    _add_train(sub)
+
+    dm = sub.add_parser("demo", help="build and verify a model for built-in data")
+    dm.add_argument("--attention", choices=["hardmax", "softmax"], default="hardmax")
+    dm.add_argument("--seed", type=int, default=0)
+    dm.add_argument("-o", "--output", help="also save the model here")
+    dm.set_defaults(run=_demo)
+
+    pl = sub.add_parser("plot", help="figure of the token positions after each phase")
+    _construction_options(pl, "figure to write (PNG)")
+    pl.add_argument("--gif", help="also write an animation through the blocks here")
+    pl.set_defaults(run=_plot)
+    return p
+
+
+def _add_train(sub) -> None:
+    """The ``train`` command's options (a random start, or a warm start ``--from`` a model)."""
     t = sub.add_parser("train", help="Tikhonov-regularised Adam training of the ρ/η layout, "
                                      "with the global-minimum diagnostic")
     t.add_argument("data", help="dataset (.json or .npz)")
@@ -351,18 +368,6 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0, help="random start: seed")
     _add_progress(t)
     t.set_defaults(run=_train)
-
-    dm = sub.add_parser("demo", help="build and verify a model for built-in data")
-    dm.add_argument("--attention", choices=["hardmax", "softmax"], default="hardmax")
-    dm.add_argument("--seed", type=int, default=0)
-    dm.add_argument("-o", "--output", help="also save the model here")
-    dm.set_defaults(run=_demo)
-
-    pl = sub.add_parser("plot", help="figure of the token positions after each phase")
-    _construction_options(pl, "figure to write (PNG)")
-    pl.add_argument("--gif", help="also write an animation through the blocks here")
-    pl.set_defaults(run=_plot)
-    return p
 
 
 def _construction_options(p: argparse.ArgumentParser, output: str) -> None:

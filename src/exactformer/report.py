@@ -265,25 +265,14 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     if not model.exact:  # the model's own arithmetic: inf or nan there is a failure
         nonfinite = [j for j, o in enumerate(outs_f) if not np.isfinite(o).all()]
         nonfinite = sorted(set(nonfinite) | set(_independent(model, xs_f, ys_f, tau, extra)))
-    L4, L4k = _width_bounds(model, dataset.N, dataset.total_m)
     if model.attention == "softmax":
         used = model.tau if tau is None else tau
         extra["temperature τ (τ* of the geometry)"] = (f"{float(used):.6g} "
                                                       f"({_tau_star(model)})")
-    theta = np.array([safe_float(v) for v in model.parameters()] or [0.0])
-    with np.errstate(over="ignore"):
-        l2 = float(np.sqrt((theta ** 2).sum()))
     scale_f = safe_float(scale)
     report = Report(
-        attention=model.attention, arithmetic=arithmetic, N=dataset.N, d=dataset.d,
-        sum_m=dataset.total_m, total_tokens=dataset.total_n, blocks=model.n_blocks,
-        blocks_paper=paper_bound(model.attention, dataset.N, dataset.total_m),
-        blocks_design=design_bound(model, dataset.N, dataset.total_m),
-        max_width=model.max_width(), max_heads=model.max_heads(),
-        blocks_width4=L4, blocks_width_target=L4k, structured=_structured(model),
-        params=model.n_params(),
-        params_dense=model.n_params_dense(), max_abs_param=float(np.abs(theta).max()),
-        param_l2=l2, exact_equal=exact_equal, hausdorff_float64=hd,
+        **_shape(model, dataset), arithmetic=arithmetic, exact_equal=exact_equal,
+        hausdorff_float64=hd,
         max_hausdorff_float64=worst(hd), relative_error_float64=_relative(worst(hd), scale_f),
         coordinate_scale=scale_f, hardmax_margin=stats.hardmax_margin,
         hardmax_ties=stats.hardmax_ties, hat_clearance=stats.hat_clearance,
@@ -291,6 +280,23 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         proved=proved, proof=proof)
     report.proved = report.proved and report.ok  # a proof never outranks a failed check
     return report
+
+
+def _shape(model: Transformer, dataset: Dataset) -> dict:
+    """The report's fields that describe the model and the data, not the verdict."""
+    L4, L4k = _width_bounds(model, dataset.N, dataset.total_m)
+    theta = np.array([safe_float(v) for v in model.parameters()] or [0.0])
+    with np.errstate(over="ignore"):
+        l2 = float(np.sqrt((theta ** 2).sum()))
+    return dict(
+        attention=model.attention, N=dataset.N, d=dataset.d, sum_m=dataset.total_m,
+        total_tokens=dataset.total_n, blocks=model.n_blocks,
+        blocks_paper=paper_bound(model.attention, dataset.N, dataset.total_m),
+        blocks_design=design_bound(model, dataset.N, dataset.total_m),
+        max_width=model.max_width(), max_heads=model.max_heads(), blocks_width4=L4,
+        blocks_width_target=L4k, structured=_structured(model), params=model.n_params(),
+        params_dense=model.n_params_dense(), max_abs_param=float(np.abs(theta).max()),
+        param_l2=l2)
 
 
 def _relative(err: float, scale: float) -> float:
