@@ -31,6 +31,7 @@ import numpy as np
 from gmpy2 import mpq
 from tqdm import tqdm
 
+from . import enclosure
 from .model import FF, SA, Transformer
 from .numbers import to_fraction, to_fraction_array
 
@@ -152,7 +153,7 @@ def ridge_window(ff: FF) -> Ridge | None:
     for i, k in enumerate(ks):
         if k == 0 and b[i] > 0 and any(v != 0 for v in W[:, i]):
             return None  # a constant shift everywhere
-    bps = [-to_fraction(b[i]) / to_fraction(ks[i]) for i in range(len(ks)) if ks[i] != 0]
+    bps = _breakpoints(b, ks)
     for sign in (1, -1):  # beyond the last breakpoint on each side the sum must vanish
         act = [i for i in range(len(ks)) if ks[i] * sign > 0]
         if not act:
@@ -168,7 +169,15 @@ def ridge_window(ff: FF) -> Ridge | None:
                     for vals in ([ks[i] for i in act], [b[i] for i in act])]
         if not all(_zero_dot(x, y) for x, y in rows):
             return None
-    return Ridge(to_fraction_array(f), min(bps), max(bps))
+    return Ridge(f if f.dtype == float else to_fraction_array(f), min(bps), max(bps))
+
+
+def _breakpoints(b: np.ndarray, ks: list) -> list:
+    """The units' breakpoints −b_i/k_i (k_i ≠ 0), exactly: float biases with k = 1 are their
+    own exact negations, anything else goes through Fractions."""
+    if b.dtype == float and all(k in (0, 1) for k in ks):
+        return [-v for v, k in zip(b.tolist(), ks, strict=True) if k]
+    return [-to_fraction(b[i]) / to_fraction(ks[i]) for i in range(len(ks)) if ks[i] != 0]
 
 
 def direction_scales(U: np.ndarray) -> tuple[np.ndarray, list] | None:
@@ -181,7 +190,8 @@ def direction_scales(U: np.ndarray) -> tuple[np.ndarray, list] | None:
     if not nz:
         return None
     f = U[nz[0]]
-    if all(i not in nz or np.array_equal(U[i], f) for i in range(U.shape[0])):
+    if U.dtype != object and (U[nz] == f).all() or \
+            all(i not in nz or np.array_equal(U[i], f) for i in range(U.shape[0])):
         return f, [1 if i in nz else 0 for i in range(U.shape[0])]
     ks = _row_scales(to_fraction_array(U), nz[0])
     return None if ks is None else (f, ks)
@@ -294,21 +304,37 @@ class _SortedProjection:
 
 # ------------------------------------------------------------------------------ state
 class _State:
-    """Rows of distinct points per sequence, contiguous by sequence after each compaction."""
+    """Rows of points per sequence (equal points merged at compactions), contiguous by
+    sequence. A float64 pass may carry ``rad``: per coordinate, a bound on the distance of the
+    exact evaluation from the float one (docs/numerics.md#enclosures)."""
 
-    def __init__(self, inputs: list[np.ndarray], ar: Arithmetic):
+    def __init__(self, inputs: list[np.ndarray], ar: Arithmetic, rad: list | None = None):
         self.ar = ar
         self.N = len(inputs)
         self.lengths = [x.shape[0] for x in inputs]
         self.P = ar.array(np.concatenate(inputs, axis=0))
+        self.rad = None if rad is None else np.concatenate(rad, axis=0).astype(float)
         self.seq = np.repeat(np.arange(self.N), self.lengths)
         self.cnt = np.ones(len(self.seq), dtype=np.int64)
         self.owner = np.arange(len(self.seq))  # original token -> current row
         # direction (as a tuple) -> (direction, sorted index of P·direction)
         self.projections: dict[tuple, tuple[np.ndarray, _SortedProjection]] = {}
+        self.extent = None  # (largest radius, largest |coordinate|) over the rows, or None
 
     def changed_everything(self):
         self.projections.clear()
+        self.extent = None
+
+    def reach(self, f) -> float:
+        """A bound on |f·x − f·m| for every row m and exact point x within its radius,
+        including the rounding of the float f·m (widens a ridge window's row search). Rows
+        whose radius is not finite are left out: their sequences are undecided whatever
+        happens, and FF layers act on each row alone."""
+        if self.extent is None:
+            self.extent = _extent(self.P, self.rad)
+        r, m = self.extent
+        af = float(np.abs(f).sum())
+        return enclosure.up(af * r + enclosure.rounding(af * m, len(f)), len(f) + 2)
 
     def projection(self, f: np.ndarray) -> _SortedProjection:
         key = tuple(f.tolist())
@@ -320,12 +346,16 @@ class _State:
         """Rows changed by a ridge FF: refresh their values in every sorted index."""
         for f, sp in self.projections.values():
             sp.update(rows, self.P[rows] @ f)
+        if self.extent is not None and len(rows):
+            r, m = _extent(self.P[rows], self.rad[rows])
+            self.extent = (max(r, self.extent[0]), max(m, self.extent[1]))
 
     def compact(self):
         """Merge equal points of the same sequence; rows end up grouped by sequence."""
         if self.ar.kind == "float":
-            key = np.column_stack([self.seq.astype(float), self.P])
-            _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+            rows = self.P if self.rad is None else np.column_stack([self.P, self.rad])
+            _, first, inv = np.unique(_float_row_keys(self.seq, rows), return_index=True,
+                                      return_inverse=True)
             inv = inv.reshape(-1)
         else:  # rows numbered in sequence order, by first sight of their key
             order = np.argsort(self.seq, kind="stable")
@@ -338,8 +368,16 @@ class _State:
             first = order[np.unique(ids, return_index=True)[1]]
         self.cnt = np.bincount(inv, weights=self.cnt, minlength=len(first)).astype(np.int64)
         self.P, self.seq = self.P[first], self.seq[first]
+        if self.rad is not None:
+            self.rad = self.rad[first]
         self.owner = inv[self.owner]
         self.changed_everything()
+
+    def segment_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's segment number and every segment's first row (rows are contiguous by
+        sequence: inputs are concatenated in order and compaction keeps that order)."""
+        first = np.concatenate([[True], self.seq[1:] != self.seq[:-1]])
+        return np.cumsum(first) - 1, np.flatnonzero(first)
 
     def segments(self) -> list[tuple[int, int]]:
         bounds = np.flatnonzero(np.diff(self.seq)) + 1
@@ -352,6 +390,24 @@ class _State:
         (converted once per distinct row, then shared by its tokens)."""
         full = self.ar.public(self.P)[self.owner]
         return np.split(full, np.cumsum(self.lengths)[:-1])
+
+    def radii(self) -> list[np.ndarray]:
+        """Every original token's current radius, per sequence (a tracking pass only)."""
+        return np.split(self.rad[self.owner], np.cumsum(self.lengths)[:-1])
+
+
+def _extent(P: np.ndarray, rad: np.ndarray) -> tuple[float, float]:
+    """Largest radius and largest |coordinate| over the rows with finite values."""
+    ok = np.isfinite(rad).all(axis=1) & np.isfinite(P).all(axis=1)
+    return float(rad[ok].max(initial=0.0)), float(np.abs(P[ok]).max(initial=0.0))
+
+
+def _float_row_keys(seq: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """One fixed-size byte string per row, equal exactly when (sequence, point) are: sorting
+    these is twice as fast as ``np.unique(axis=0)``. Adding 0.0 turns −0.0 into 0.0, so the
+    bytes compare like the numbers (NaN rows merge only with bitwise equal NaN rows)."""
+    key = np.ascontiguousarray(np.column_stack([seq.astype(float), P + 0.0]))
+    return key.view(np.dtype((np.void, key.shape[1] * key.itemsize))).ravel()
 
 
 def _row_keys(seq: np.ndarray, P: np.ndarray) -> list:
@@ -379,23 +435,46 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
     """Apply an FF: each ridge window only to the rows inside it (every window's change is
     computed from the layer's input, then the changes are added), anything else densely."""
     if ridges is not None:
-        moves = []
+        moves, spread = [], []
         for ridge, part in ridges:
             sp = st.projection(ridge.f)
             rows, gap = sp.rows_in(ridge.lo, ridge.hi)
             if gap is not None:
                 stats._min("hat_clearance", safe_float(gap) / (scale * _norm(ridge.f)))
-            if len(rows):
+            if st.rad is not None:
+                change, terms = _ridge_spread(st, sp, ridge, part, rows)
+                spread.append(terms)
+                moves.append((rows, change))
+            elif len(rows):
                 X = st.P[rows]
                 moves.append((rows, relu(X @ part.U.T + part.b) @ part.W.T))
+        if spread:
+            st.rad = enclosure.ridge_radius(st.rad, spread)
         for rows, change in moves:
             st.P[rows] = st.P[rows] + change
             st.moved(rows)
         return
-    st.P = st.P * ff.eta + relu(st.P @ ff.U.T + ff.b) @ ff.W.T
+    if st.rad is not None:
+        st.P, st.rad = enclosure.ff_dense(st.P, st.rad, ff.eta, ff.U, ff.b, ff.W)
+    else:
+        st.P = st.P * ff.eta + relu(st.P @ ff.U.T + ff.b) @ ff.W.T
     st.changed_everything()
     if ff.eta == 0:
         st.compact()
+
+
+def _ridge_spread(st: _State, sp: _SortedProjection, ridge: Ridge, part: FF, rows):
+    """For a tracking pass: the change of the float window's rows (computed as
+    :func:`enclosure.ff_change` does), and the radius terms of every row whose box may reach
+    the window (also those within the rows' reach of its ends; see
+    :func:`enclosure.ridge_radius`)."""
+    w = st.reach(ridge.f) + 4 * enclosure.U * max(abs(ridge.lo), abs(ridge.hi))
+    near, _ = sp.rows_in(enclosure.lower(ridge.lo, w), enclosure.upper(ridge.hi, w))
+    near = np.setdiff1d(near, rows)
+    change, whole, alone = enclosure.ff_change(st.P[rows], st.rad[rows], part.U, part.b,
+                                               part.W)
+    zone = enclosure.zone_change(st.P[near], st.rad[near], part.U, part.b, part.W)
+    return change, (rows, whole, alone, near, zone)
 
 
 def _norm(f) -> float:
@@ -403,31 +482,72 @@ def _norm(f) -> float:
 
 
 def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
-    """ρ·x_i plus, for every head, V_h applied to the head's own average (docs/heads.md)."""
-    new = st.P * sa.rho
+    """ρ·x_i plus, for every head, V_h applied to the head's own average (docs/heads.md).
+    A head with V = p·qᵀ (β = 0) only needs the average of the scalar x·q, so that is what
+    it averages.
+
+    Equal points are merged only when ρ = 0 (each token replaced by averages, as in the
+    collapse): with ρ ≠ 0 distinct points almost never meet, and an unmerged pair of equal
+    rows only costs time, never changes a result (they carry their multiplicities)."""
+    P, rad = st.P, st.rad
+    new = P * sa.rho
+    if rad is not None:
+        new_rad, size = abs(sa.rho) * rad, np.abs(new)
     for head in sa.heads:
-        out = _head_average(st, head.A, attention, tau, stats)
-        new = new + out * head.V.beta + np.outer(out @ head.V.q, head.V.p)
+        V = head.V
+        scalar = V.beta == 0
+        C = (P @ V.q)[:, None] if scalar else P
+        C_rad = None if rad is None else (
+            enclosure.dot(P, rad, V.q)[1][:, None] if scalar else rad)
+        avg, avg_rad = _head_average(st, head.A, C, C_rad, attention, tau, stats)
+        term = np.outer(avg[:, 0], V.p) if scalar else avg * V.beta + np.outer(avg @ V.q, V.p)
+        new = new + term
+        if rad is not None:
+            qr = avg_rad[:, 0] if scalar else enclosure.dot(avg, avg_rad, V.q)[1]
+            new_rad = new_rad + np.outer(qr, np.abs(V.p)) + (0 if scalar else
+                                                             abs(V.beta) * avg_rad)
+            size = size + np.abs(term)
     st.P = new
+    if rad is not None:
+        k = len(sa.heads) + 1
+        st.rad = enclosure.up(new_rad + enclosure.rounding(size, k), 4 * k)
     st.changed_everything()
-    st.compact()
+    if sa.rho == 0:
+        st.compact()
 
 
-def _head_average(st: _State, A, attention: str, tau, stats: PassStats) -> np.ndarray:
-    """Every row's attention average Σ_l π_il x_l under one head's scores ⟨A x_i, x_l⟩."""
+def _head_average(st: _State, A, C, C_rad, attention: str, tau, stats: PassStats):
+    """Every row's attention average Σ_l π_il C_l of the carrier C (the points, or a
+    column of values per point) under one head's scores ⟨A x_i, x_l⟩, and, in a tracking
+    pass, the radius of that average (the hull of every average the enclosed scores allow)."""
     ar = st.ar
     P, cnt = st.P, st.cnt
     qa = P @ A.c  # c·x_i
     ka = P @ A.a  # a·x_l
-    out = np.empty_like(P)
     weights = ar.array(cnt)  # multiplicities, in the pass's arithmetic
+    tracked = st.rad is not None
+    if tracked:
+        q_rad, k_rad = enclosure.dot(P, st.rad, A.c)[1], enclosure.dot(P, st.rad, A.a)[1]
+    if attention == "hardmax" and A.alpha == 0:
+        seg, starts = st.segment_index()
+        avg = _rank_one_average(st, qa, ka, C, weights, seg, starts, stats)
+        if not tracked:
+            return avg, None
+        return avg, enclosure.rank_one_radius(avg, qa, q_rad, ka, k_rad, C, C_rad, seg,
+                                              starts)
+    out = np.empty(C.shape, dtype=C.dtype)
+    out_rad = np.empty(C.shape) if tracked else None
     for s, e in st.segments():
-        X, w = P[s:e], weights[s:e]
+        X, w, Cs = P[s:e], weights[s:e], C[s:e]
         if attention == "hardmax":
-            out[s:e] = _hardmax_rows(X, qa[s:e], ka[s:e], A.alpha, w, stats)
+            out[s:e] = _hardmax_rows(X, qa[s:e], ka[s:e], A.alpha, w, stats, Cs)
+            if tracked:
+                out_rad[s:e] = enclosure.head_radius(
+                    X, st.rad[s:e], qa[s:e], q_rad[s:e], ka[s:e], k_rad[s:e], A.alpha, Cs,
+                    C_rad[s:e], out[s:e])
             continue
         if ar.is_object:
-            out[s:e] = _softmax_rows_mp(X, qa[s:e], ka[s:e], A.alpha, w, tau, ar)
+            out[s:e] = _softmax_rows_mp(X, qa[s:e], ka[s:e], A.alpha, w, tau, ar, Cs)
             continue
         S = np.outer(qa[s:e], ka[s:e])
         if A.alpha != 0:
@@ -436,8 +556,64 @@ def _head_average(st: _State, A, attention: str, tau, stats: PassStats) -> np.nd
         if tau != 1:
             Z = Z / tau
         M = ar.exp(Z) * w[None, :]
-        out[s:e] = (M / M.sum(axis=1)[:, None]) @ X
+        out[s:e] = (M / M.sum(axis=1)[:, None]) @ Cs
+    return out, out_rad
+
+
+def _rank_one_average(st: _State, qa, ka, C, w, seg, starts, stats: PassStats) -> np.ndarray:
+    """Hardmax averages of the carrier C for rank-one scores (c·x_i)(a·x_l), every sequence
+    at once: a row with c·x_i > 0 averages its sequence's keys with the largest a·x, one with
+    c·x_i < 0 those with the smallest, one with c·x_i = 0 all of them. Decided on the keys in
+    the pass's own numbers (exactly in exact and mp passes; on the float keys in float64)."""
+    top = (ka == np.maximum.reduceat(ka, starts)[seg]).astype(bool)
+    bottom = (ka == np.minimum.reduceat(ka, starts)[seg]).astype(bool)
+    every = np.ones(len(ka), dtype=bool)
+    pos, neg = (qa > 0).astype(bool), (qa < 0).astype(bool)
+    out = _masked_means(C, w, every, seg, starts)[seg]
+    for rows, mask in ((pos, top), (neg, bottom)):
+        if rows.any():
+            out[rows] = _masked_means(C, w, mask, seg, starts)[seg[rows]]
+    _rank_one_stats(st, qa, ka, top, bottom, seg, starts, stats)
     return out
+
+
+def _masked_means(P, w, mask, seg, starts) -> np.ndarray:
+    """Per segment, the w-weighted mean of the rows in ``mask``. The weights are normalised
+    first, so a single row comes back exactly (w/w = 1) in float64 too."""
+    wm = np.where(mask, w, 0 * w)
+    total = np.add.reduceat(wm, starts)
+    frac = wm / np.where(total[seg] != 0, total[seg], 1 + 0 * total[seg])
+    return np.add.reduceat(frac[:, None] * P, starts, axis=0)
+
+
+def _rank_one_stats(st: _State, qa, ka, top, bottom, seg, starts, stats: PassStats) -> None:
+    """Ties (a query whose best keys hold two distinct points) and the smallest best-minus-
+    second score gap over the sequence's score scale (float images of the scores)."""
+    every = np.ones(len(seg), dtype=bool)
+    for rows, mask in ((qa > 0, top), (qa < 0, bottom), (qa == 0, every)):
+        rows = rows.astype(bool) & (np.add.reduceat(mask.astype(np.int64), starts) > 1)[seg]
+        if rows.any():  # only sequences with several best rows can tie
+            stats.hardmax_ties += int((rows & _two_points(st.P, mask, seg, starts)[seg]).sum())
+    qf, kf = safe_floats(np.asarray(qa)), safe_floats(np.asarray(ka))
+    with np.errstate(all="ignore"):
+        gap_top = np.maximum.reduceat(kf, starts) - np.maximum.reduceat(
+            np.where(top, -np.inf, kf), starts)
+        gap_bottom = np.minimum.reduceat(np.where(bottom, np.inf, kf), starts) - \
+            np.minimum.reduceat(kf, starts)
+        scale = np.maximum.reduceat(np.abs(qf), starts) * np.maximum.reduceat(np.abs(kf), starts)
+        margin = np.abs(qf) * np.where(qf > 0, gap_top[seg], gap_bottom[seg]) / scale[seg]
+    ok = np.isfinite(margin) & (qf != 0)
+    if ok.any():
+        stats._min("hardmax_margin", float(margin[ok].min()))
+
+
+def _two_points(P, mask, seg, starts) -> np.ndarray:
+    """Per segment: do its rows in ``mask`` hold two distinct points?"""
+    n = len(seg)
+    rep = np.minimum.reduceat(np.where(mask, np.arange(n), n), starts)
+    rep = np.minimum(rep, n - 1)[seg]
+    differs = mask & np.any(P != P[rep], axis=1).astype(bool)
+    return np.add.reduceat(differs.astype(np.int64), starts) > 0
 
 
 SAFE_EXPONENT = 250  # float pre-filters trust only magnitudes in [2^-250, 2^250] (see below)
@@ -479,8 +655,9 @@ def _float_scores(X, qa, ka, alpha):
         return np.outer(qf, kf) + (safe_float(alpha) * (Xf @ Xf.T) if alpha != 0 else 0.0)
 
 
-def _softmax_rows_mp(X, qa, ka, alpha, w, tau, ar: Arithmetic) -> np.ndarray:
-    """Softmax averages in high precision, dropping the weights that cannot matter.
+def _softmax_rows_mp(X, qa, ka, alpha, w, tau, ar: Arithmetic, C=None) -> np.ndarray:
+    """Softmax averages of the carrier C (default X) in high precision, dropping the weights
+    that cannot matter.
 
     Everything is decided at the pass's precision (mpmath numbers, whose exponent range is
     unbounded): a key is dropped when its weight is below e^cut of the row's largest, with
@@ -490,9 +667,9 @@ def _softmax_rows_mp(X, qa, ka, alpha, w, tau, ar: Arithmetic) -> np.ndarray:
     kept keys are a run of the keys sorted by a·x, found by bisection, so sharp attention
     costs O(n log n) high-precision operations instead of O(n²).
     """
-    n = len(X)
+    n, C = len(X), X if C is None else C
     cut = -(mpmath.mp.prec + 8) * mpmath.ln2 - mpmath.log(sum(w))
-    out = np.empty_like(X)
+    out = np.empty(C.shape, dtype=object)
     order = sorted(range(n), key=lambda l: ka[l]) if alpha == 0 else None
     ks = [ka[l] for l in order] if order is not None else None
     for i in range(n):
@@ -507,7 +684,7 @@ def _softmax_rows_mp(X, qa, ka, alpha, w, tau, ar: Arithmetic) -> np.ndarray:
             keep = [v >= cut for v in z]
             idx, z = idx[keep], z[keep]
         wts = ar.exp(z) * w[idx]
-        out[i] = (wts @ X[idx]) / sum(wts)
+        out[i] = (wts @ C[idx]) / sum(wts)
     return out
 
 
@@ -571,9 +748,9 @@ def _hardmax_sets(X, qa, ka, alpha) -> list[np.ndarray]:
     return sets
 
 
-def _hardmax_rows(X, qa, ka, alpha, w, stats: PassStats) -> np.ndarray:
-    """Each row's average (with multiplicities w) over its argmax set of scores
-    s_il = (c·x_i)(a·x_l) + α⟨x_i, x_l⟩.
+def _hardmax_rows(X, qa, ka, alpha, w, stats: PassStats, C=None) -> np.ndarray:
+    """Each row's average of the carrier C (default X; multiplicities w) over its argmax set
+    of scores s_il = (c·x_i)(a·x_l) + α⟨x_i, x_l⟩.
 
     Float64 passes decide in float64. Exact and high-precision passes decide exactly (see
     :func:`_hardmax_sets`), at every scale: no float rounding can change their argmax sets.
@@ -588,15 +765,17 @@ def _hardmax_rows(X, qa, ka, alpha, w, stats: PassStats) -> np.ndarray:
         hit = np.zeros((n, n), dtype=bool)
         for i, idx in enumerate(sets):
             hit[i, idx] = True
-    stats.hardmax_ties += int((hit.sum(axis=1) > 1).sum())
+    stats.hardmax_ties += sum(bool(np.any(X[row] != X[row][0]))
+                              for row in hit[hit.sum(axis=1) > 1])
     _record_margin(Sf, hit, stats)
+    C = X if C is None else C
     if sets is None:
         M = hit * w[None, :]
-        return (M / M.sum(axis=1)[:, None]) @ X
-    out = np.empty_like(X)
+        return (M / M.sum(axis=1)[:, None]) @ C
+    out = np.empty(C.shape, dtype=C.dtype)
     for i, idx in enumerate(sets):
         ws = w[idx]
-        out[i] = (ws @ X[idx]) / sum(ws)
+        out[i] = (ws @ C[idx]) / sum(ws)
     return out
 
 
@@ -670,6 +849,12 @@ class _Job:
         """The pass over ``xs``; ``scale`` (≥ 1, the largest input coordinate of the whole
         pass) normalises the ridge clearances so that chunks report like one pass."""
         st = _State(xs, self.ar)
+        snaps = self.walk(st, snapshots, stats, scale, progress)
+        return st.outputs(), snaps
+
+    def walk(self, st: _State, snapshots, stats: PassStats, scale: float,
+             progress: bool) -> dict:
+        """Every block on the state ``st``; returns the snapshots asked for."""
         st.compact()
         snaps = {}
         if snapshots and 0 in snapshots:
@@ -683,7 +868,25 @@ class _Job:
                 _apply_sa(st, blk.sa, self.attention, self.tau, stats)
             if snapshots and i in snapshots:
                 snaps[i] = st.outputs()
-        return st.outputs(), snaps
+        return snaps
+
+
+def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray],
+            stats: PassStats | None = None, progress: bool = False):
+    """The float64 pass of a float64 hardmax model with a radius on every coordinate: returns
+    the float64 outputs (the same as :func:`forward`'s) and per token a bound on the distance
+    of the *exact* evaluation of the stored numbers on the exact inputs from them, given the
+    inputs' own radii (docs/numerics.md#enclosures). Radii are inf where nothing is known."""
+    if model.exact or model.attention != "hardmax" or model.causal:
+        raise ValueError("enclosures are made for float64 hardmax set-to-set models")
+    stats = PassStats() if stats is None else stats
+    xs = [np.asarray(x, dtype=float) for x in inputs]
+    ar = Arithmetic("float")
+    st = _State(xs, ar, [np.asarray(r, dtype=float) for r in radii])
+    with np.errstate(all="ignore"):  # overflow shows as inf or nan, and radii become inf
+        _Job.of(model, ar, None).walk(st, None, stats, max(1.0, max(_max_abs(x) for x in xs)),
+                                      progress)
+    return st.outputs(), [np.where(np.isfinite(r), r, np.inf) for r in st.radii()]
 
 
 # ------------------------------------------------------------------------------ parallel
@@ -783,7 +986,8 @@ def ridge_groups(ff: FF) -> list[list[int]] | None:
     f = U[live[0]]
     if not all(np.array_equal(U[i], f) for i in live) or len(live) < U.shape[0]:
         return [list(range(U.shape[0]))]
-    order = sorted(live, key=lambda i: -to_fraction(b[i]))
+    order = sorted(live, key=(lambda i: -b[i]) if b.dtype == float else
+                   (lambda i: -to_fraction(b[i])))
     groups, cur = [], []
     for i in order:
         cur.append(i)

@@ -14,6 +14,7 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 
+from . import enclosure
 from .causal_data import CausalDataset
 from .data import Dataset
 from .evaluate import (
@@ -21,13 +22,14 @@ from .evaluate import (
     PassStats,
     dense_forward,
     distinct_rows,
+    enclose,
     forward,
     forward_causal,
     safe_float,
     safe_floats,
 )
 from .model import Transformer
-from .numbers import to_fraction
+from .numbers import to_fraction, to_fraction_array
 from .record import CausalConstruction
 from .tables import format_table
 
@@ -66,7 +68,9 @@ def worst(values) -> float:
 def data_scale(xs: list[np.ndarray], ys: list[np.ndarray]) -> Fraction:
     """The data's own coordinate scale: the largest |coordinate| of inputs and targets, exact.
     Tolerances are relative to it; 0 (all-zero data) makes every tolerance exact equality."""
-    return max(abs(v) for a in xs + ys for v in a.flat)
+    if all(a.dtype != object for a in xs + ys):
+        return Fraction(max(float(np.abs(a).max(initial=0.0)) for a in xs + ys))
+    return Fraction(max(abs(v) for a in xs + ys for v in a.flat))
 
 
 def as_set(a: np.ndarray) -> set:
@@ -171,7 +175,7 @@ class Report:
             return (f"{sum(self.exact_equal)}/{self.N} pairs equal as sets "
                     f"(exact rational arithmetic)")
         if "hausdorff_exact" in self.extra:
-            return (f"max Hausdorff error {_g(worst(self.extra['hausdorff_exact']))} in exact "
+            return (f"max Hausdorff error ≤ {_g(worst(self.extra['hausdorff_exact']))} in exact "
                     f"arithmetic on the stored floats {limit}")
         return (f"max Hausdorff error {_g(worst(self.extra['hausdorff_mp']))} at "
                 f"{self.arithmetic[2:]} digits {limit}")
@@ -235,12 +239,12 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         return verify_causal(model, dataset, tolerance, progress, digits, tau)
     if model.d != dataset.d:
         raise ValueError(f"the model is for d = {model.d} but the data have d = {dataset.d}")
-    xs, ys = dataset.fractions()
-    scale = data_scale(xs, ys)
+    xs_f, ys_f = dataset.floats() if not dataset.exact else \
+        [[safe_floats(a) for a in part] for part in dataset.fractions()]
+    scale = data_scale(*((xs_f, ys_f) if not dataset.exact else dataset.fractions()))
     stats = PassStats()
     snap = _snap_start(model)
     at = {snap} if snap is not None else set()
-    xs_f, ys_f = [safe_floats(x) for x in xs], [safe_floats(y) for y in ys]
     outs_f, snaps_f = _float_pass(model, xs_f, stats, progress, tau, at)
     hd = [hausdorff(distinct_rows(o), y) for o, y in zip(outs_f, ys_f, strict=True)]
     extra: dict = {}
@@ -248,14 +252,14 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         tolerance = 10.0 ** -(digits - 10)  # rational snaps are flat on the data
     limit = Fraction(tolerance) * scale
     if model.attention == "hardmax":
-        exact_equal, within = _decide_hardmax(model, xs, ys, limit, extra, progress, workers)
+        exact_equal, within = _decide_hardmax(model, dataset, limit, extra, progress, workers)
         arithmetic = "exact" if model.exact else "exact-floats"  # set ==, or exact tolerance
         proved = exact_equal is not None and all(exact_equal)
         proof = "exact rational arithmetic (==)" if proved else "not proved"
     else:
         exact_equal = None
-        within, used, snaps = _decide_softmax(model, xs, ys, limit, digits, tau, at, extra,
-                                              progress, workers)
+        within, used, snaps = _decide_softmax(model, *dataset.fractions(), limit, digits, tau,
+                                              at, extra, progress, workers)
         arithmetic = f"mp{used}"
         if snap is not None and snap in snaps_f:
             extra.update(_snap_margins(model, snap, snaps[snap], snaps_f[snap],
@@ -316,15 +320,53 @@ def _float_pass(model, xs_f, stats, progress, tau, at):
         return [np.full(x.shape, math.inf) for x in xs_f], {}
 
 
-def _decide_hardmax(model, xs, ys, limit: Fraction, extra: dict, progress: bool, workers):
+def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool, workers):
     """Exact evaluation (floats read as their exact binary values). Rational models: set
-    equality; float64 models: exact squared Hausdorff distance ≤ limit², decided exactly."""
-    outs = forward(model, xs, "exact", progress=progress, workers=workers)
+    equality. Float64 models: a pair is within tolerance when its enclosure (a float64 pass
+    with error bounds, docs/numerics.md#enclosures) proves the exact Hausdorff distance
+    ≤ limit; every other pair gets the exact pass, its squared distance compared with limit²
+    exactly. ``extra["hausdorff_exact"]``: the exact distance, or the enclosure's bound."""
     if model.exact:
+        xs, ys = dataset.fractions()
+        outs = forward(model, xs, "exact", progress=progress, workers=workers)
         return [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)], None
-    sq = [hausdorff_sq(distinct_rows(o), y) for o, y in zip(outs, ys, strict=True)]
-    extra["hausdorff_exact"] = [float(np.sqrt(safe_float(v))) for v in sq]
-    return None, [v <= limit * limit for v in sq]
+    bounds = _enclosure_bounds(model, dataset, progress)
+    cap = Fraction(safe_float(limit))
+    cap = float(cap) if cap <= limit else float(np.nextafter(float(cap), 0.0))
+    within = [b <= cap for b in bounds]  # nan (unknown) is never ≤
+    rest = [j for j, ok in enumerate(within) if not ok]
+    dist = [float(b) for b in bounds]
+    if rest:
+        xs, ys = _subset_fractions(dataset, rest)
+        outs = forward(model, xs, "exact", progress=progress, workers=workers)
+        for j, o, y in zip(rest, outs, ys, strict=True):
+            sq = hausdorff_sq(distinct_rows(o), y)
+            within[j], dist[j] = sq <= limit * limit, float(np.sqrt(safe_float(sq)))
+    extra["hausdorff_exact"] = dist
+    extra["decided by"] = (f"float64 enclosures: {len(within) - len(rest)} pairs; exact pass: "
+                           f"{len(rest)} pairs")
+    return None, within
+
+
+def _enclosure_bounds(model, dataset, progress: bool) -> list[float]:
+    """Per pair, an upper bound on the exact Hausdorff distance (nan when unknown)."""
+    if dataset.exact:
+        xs, ys = dataset.fractions()
+        xs_f, ys_f = [safe_floats(x) for x in xs], [safe_floats(y) for y in ys]
+        xs_r = [enclosure.float_radius(x, f) for x, f in zip(xs, xs_f, strict=True)]
+        ys_r = [enclosure.float_radius(y, f) for y, f in zip(ys, ys_f, strict=True)]
+    else:
+        xs_f, ys_f = dataset.floats()
+        xs_r, ys_r = [np.zeros_like(x) for x in xs_f], [np.zeros_like(y) for y in ys_f]
+    outs, rads = enclose(model, xs_f, xs_r, progress=progress)
+    return [enclosure.hausdorff_bounds(o, r, y, yr)[1]
+            for o, r, y, yr in zip(outs, rads, ys_f, ys_r, strict=True)]
+
+
+def _subset_fractions(dataset, rows: list[int]) -> tuple[list, list]:
+    """The pairs ``rows`` as object arrays of Fractions (exact for float data too)."""
+    return ([to_fraction_array(dataset.inputs[j]) for j in rows],
+            [to_fraction_array(dataset.targets[j]) for j in rows])
 
 
 MAX_DIGITS_FACTOR = 16  # the softmax precision check stops at 16 × the requested digits

@@ -1,0 +1,300 @@
+"""Rigorous float64 enclosures: the exact value of a float computation, bounded in float64.
+
+A float64 model is judged by the exact evaluation of its stored numbers (docs/verification.md).
+The float64 pass can carry, beside every coordinate m it computes, a radius r with
+|exact − m| ≤ r, where "exact" is the exact evaluation of the same layers on the exact inputs.
+When the radii at the output are small enough to decide a pair's tolerance, the pair needs no
+exact pass. Every bound here is an *upper* bound computed in float64: each counts the rounding
+of the operations that produced m (a dot product of n terms errs by at most γ·Σ|terms| with
+γ ≤ (2n + 4)·2^-53, plus an absolute term for underflow) and is itself inflated to cover the
+rounding of its own computation. Decisions (a ReLU's sign, an argmax) are taken only where the
+enclosure decides them; elsewhere every outcome is enclosed (docs/numerics.md#enclosures).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+U = 2.0 ** -53  # unit roundoff of float64
+TINY = 2.0 ** -1022  # absolute slack per operation: covers underflow to subnormals or zero
+FLOOR = 2.0 ** -510  # > sqrt(2^-1022): a distance whose square underflows is below it
+
+
+def rounding(S, n: int):
+    """Bound on the rounding error of a float64 sum of n products (any order, FMA or not)
+    whose absolute values add up to S (S computed in float64 itself)."""
+    return (2 * n + 4) * U * S + (2 * n + 4) * TINY
+
+
+def up(r, n: int):
+    """``r`` (a nonnegative bound computed with at most n float operations) inflated so that
+    it bounds the exactly computed quantity too."""
+    return r * (1 + 4 * (n + 2) * U) + (n + 2) * TINY
+
+
+def lower(m, r):
+    """A float ≤ m − r exactly (one step below the rounded difference)."""
+    return np.nextafter(m - r, -np.inf)
+
+
+def upper(m, r):
+    """A float ≥ m + r exactly."""
+    return np.nextafter(m + r, np.inf)
+
+
+def dot(X, r, v) -> tuple[np.ndarray, np.ndarray]:
+    """Rows' values X·v in float64 and a bound on |x·v − X·v| for every x with |x − X| ≤ r."""
+    nz = np.flatnonzero(v)  # zero weights add nothing to either bound
+    av, Xn = np.abs(v[nz]), X[:, nz]
+    return X @ v, up(r[:, nz] @ av + rounding(np.abs(Xn) @ av, len(nz)), len(nz) + 1)
+
+
+def _pre_activations(X, r, U_, b):
+    """Float pre-activations Z = X Uᵀ + b, the rounding of Z alone, and the radius of Z over
+    the boxes X ± r (rounding included)."""
+    aU = np.abs(U_)
+    Z = X @ U_.T + b
+    z_round = rounding(np.abs(X) @ aU.T + np.abs(b), X.shape[1])
+    return Z, z_round, up(r @ aU.T + z_round, X.shape[1] + 1)
+
+
+def zone_change(X, r, U_, b, W) -> np.ndarray:
+    """A bound on |W relu(U x + b)| over the boxes X ± r: for rows the float pass leaves
+    alone although their box reaches the units' window."""
+    Z, _, z_rad = _pre_activations(X, r, U_, b)
+    return up(np.maximum(upper(Z, z_rad), 0.0) @ np.abs(W).T, 2 * len(b) + 2)
+
+
+def ridge_radius(rad, spread: list) -> np.ndarray:
+    """New radii after a residual layer of ridge windows, from each window's
+    (rows, whole, alone, near, zone) (see :func:`ff_change`, :func:`zone_change`). A row
+    touched by one window only gets that window's ``whole``; a row touched by several gets
+    its radius plus the sum of their separate terms (triangle inequality)."""
+    rows = np.concatenate([np.concatenate([s[0], s[3]]) for s in spread]).astype(int)
+    if not len(rows):
+        return rad
+    terms = np.concatenate([np.concatenate([s[2], s[4]]) for s in spread])
+    whole = np.concatenate([np.concatenate([s[1], np.full_like(s[4], np.nan)])
+                            for s in spread])
+    uniq, inv, count = np.unique(rows, return_inverse=True, return_counts=True)
+    extra = np.zeros((len(uniq), rad.shape[1]))
+    np.add.at(extra, inv, terms)
+    new = up(rad[uniq] + extra, len(spread) + 2)
+    alone = (count[inv] == 1) & ~np.isnan(whole[:, 0])
+    new[inv[alone]] = whole[alone]
+    out = rad.copy()
+    out[uniq] = new
+    return out
+
+
+def gadget_form(U_, W):
+    """(f, σ, w, ω) with U_k = σ_k·f and W_k = ω_k·w exactly, every σ_k, ω_k a signed power
+    of two (so the products are exact), or None. Every hat and lift of the construction has
+    this form (docs/gadgets.md)."""
+    def split(rows):
+        lead = rows[0]
+        j = int(np.flatnonzero(lead)[0]) if lead.any() else None
+        if j is None:
+            return None
+        k = rows[:, j] / lead[j]
+        mant = np.frexp(np.abs(k))[0]
+        if not ((mant == 0.5).all() and (rows == k[:, None] * lead).all()):
+            return None
+        return lead, k
+    a, c = split(U_), split(W.T)
+    return None if a is None or c is None else (a[0], a[1], c[0], c[1])
+
+
+def ff_change(X, r, U_, b, W):
+    """For rows X ± r inside a residual layer's window, with units (U_, b, W): the change
+    to add to X, the radius of the output x + change, and of the change alone.
+
+    Gadget layers (:func:`gadget_form`) are evaluated as their affine piece: on the units
+    certainly active, change = (Σ ω_k σ_k)(f·x)·w + (Σ ω_k b_k)·w with both sums correctly
+    rounded, so on a flat top (Σ ω_k σ_k = 0) the change is the exact move to within one
+    rounding and the radius passes through unchanged. Undecided units add |W_k|·(their
+    pre-activation's radius) (ReLU is 1-Lipschitz). Other layers are taken as float64
+    computes them, with the rounding of every unit.
+    """
+    form = gadget_form(U_, W)
+    if form is None:
+        return _generic_change(X, r, U_, b, W)
+    f, sig, w, om = form
+    Z, z_round, z_rad = _pre_activations(X, r, U_, b)
+    active = lower(Z, z_rad) > 0
+    unsure = ~active & ~(upper(Z, z_rad) <= 0)
+    t, t_rad = dot(X, r, f)
+    slope = np.array([math.fsum(om[a] * sig[a]) for a in active])  # exact: small powers of 2
+    shift = np.array([math.fsum(om[a] * b[a]) for a in active])  # correctly rounded
+    loose = np.maximum(Z, 0.0) * unsure
+    change = np.outer(slope * t + shift, w) + loose @ W.T
+    aw = np.abs(w)
+    err = np.outer(np.abs(slope) * (t_rad + 2 * U * np.abs(t)) + 2 * U * np.abs(shift), aw)
+    err += (z_rad * unsure) @ np.abs(W).T
+    err += rounding(np.outer(np.abs(slope * t) + np.abs(shift), aw) + loose @ np.abs(W).T
+                    + np.abs(X), len(b) + 3)
+    move = np.outer(np.abs(slope) * t_rad, aw)  # |J| r, J = slope·w fᵀ
+    n = 2 * len(b) + 12
+    return change, up(r + move + err, n), up(move + err, n)
+
+
+def _generic_change(X, r, U_, b, W):
+    """:func:`ff_change` for a layer of any form: the float64 change and its radii."""
+    h = len(b)
+    Z, z_round, z_rad = _pre_activations(X, r, U_, b)
+    active = lower(Z, z_rad) > 0
+    unsure = ~active & ~(upper(Z, z_rad) <= 0)
+    A = np.maximum(Z, 0.0)
+    aW = np.abs(W)
+    spread = (z_round * active + z_rad * unsure) @ aW.T + rounding(np.abs(X) + A @ aW.T, h + 1)
+    n = 2 * (h + X.shape[1]) + 4
+    return (A @ W.T, up(jacobian_bound(r, active, W, U_, 1.0) + spread, n),
+            up(jacobian_bound(r, active, W, U_, 0.0) + spread, n))
+
+
+def ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
+    """A whole FF layer on every row: float64 output η·X + relu(X Uᵀ + b) Wᵀ and its radius
+    (as in :func:`ff_change`)."""
+    d, h = X.shape[1], len(b)
+    aW = np.abs(W)
+    Z, z_round, z_rad = _pre_activations(X, r, U_, b)
+    active = lower(Z, z_rad) > 0
+    unsure = ~active & ~(upper(Z, z_rad) <= 0)
+    A = np.maximum(Z, 0.0)
+    out = eta * X + A @ W.T
+    rad = (z_round * active + z_rad * unsure) @ aW.T
+    rad += rounding(abs(eta) * np.abs(X) + A @ aW.T, h + 1)
+    return out, up(rad + jacobian_bound(r, active, W, U_, eta), 2 * (h + d) + 4)
+
+
+def jacobian_bound(r, active, W, U_, eta: float) -> np.ndarray:
+    """Per row, |J| r (with J's rounding) for J = η·I + Σ_{k active} W_k U_kᵀ, the exact
+    Jacobian of the row's affine piece. Rows are grouped by their pattern of active units."""
+    patterns, which = np.unique(active, axis=0, return_inverse=True)
+    which = which.reshape(-1)
+    out = np.empty_like(r)
+    for g, pat in enumerate(patterns):
+        J, err = _jacobian(W, U_, pat, eta)
+        rows = which == g
+        out[rows] = r[rows] @ (np.abs(J) + err).T
+    return out
+
+
+def _jacobian(W, U_, pat, eta: float) -> tuple[np.ndarray, np.ndarray]:
+    """J = η·I + Σ_{k ∈ pat} W_k U_kᵀ in float64 and a bound on its error. When the active
+    units all read one direction f (every gadget), J = η·I + (Σ W_k) fᵀ with the column sum
+    correctly rounded (math.fsum), so units that cancel exactly give exactly η·I."""
+    d = W.shape[0]
+    eye = eta * np.eye(d)
+    if not pat.any():
+        return eye, np.zeros((d, d))
+    Ua = U_[pat]
+    if (Ua == Ua[0]).all():
+        col = np.array([math.fsum(row) for row in W[:, pat]])
+        J = eye + np.outer(col, Ua[0])
+        return J, rounding(np.outer(np.abs(col), np.abs(Ua[0])) + abs(eta) * np.eye(d), 2)
+    J = eye + W[:, pat] @ Ua
+    return J, rounding(np.abs(W[:, pat]) @ np.abs(Ua) + abs(eta) * np.eye(d), len(Ua) + 1)
+
+
+def hull_radius(mid, lo, hi):
+    """The radius about ``mid`` of the box [lo, hi] (covering it even if mid lies outside);
+    inf where anything is not finite (an empty or unknown hull bounds nothing)."""
+    with np.errstate(invalid="ignore"):
+        r = np.nextafter(np.maximum(hi - mid, mid - lo), np.inf)
+    return np.where(np.isfinite(r) & (r >= 0), r, np.inf)
+
+
+def rank_one_candidates(k, k_rad, seg, starts) -> tuple[np.ndarray, np.ndarray]:
+    """Rows that may hold their sequence's largest / smallest exact key a·x, given the keys'
+    float values k and radii: every row whose interval reaches the best certain bound."""
+    k_hi, k_lo = upper(k, k_rad), lower(k, k_rad)
+    unknown = ~(np.isfinite(k_hi) & np.isfinite(k_lo))  # a candidate for anything
+    top = unknown | (k_hi >= np.fmax.reduceat(k_lo, starts)[seg])
+    bottom = unknown | (k_lo <= np.fmin.reduceat(k_hi, starts)[seg])
+    return top, bottom
+
+
+def segment_hull(lo, hi, mask, starts) -> tuple[np.ndarray, np.ndarray]:
+    """Per segment, the smallest box holding the boxes [lo, hi] of its rows in ``mask``."""
+    m = mask if lo.ndim == 1 else mask[:, None]
+    return (np.minimum.reduceat(np.where(m, lo, np.inf), starts),
+            np.maximum.reduceat(np.where(m, hi, -np.inf), starts))
+
+
+def scores(X, r, q, q_rad, k, k_rad, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Float scores q_i k_l + α⟨x_i, x_l⟩ of one sequence's rows and a bound on their error
+    for any points within the rows' boxes."""
+    aX = np.abs(X)
+    S = np.outer(q, k) + (alpha * (X @ X.T) if alpha != 0 else 0.0)
+    err = np.outer(np.abs(q), k_rad) + np.outer(q_rad, np.abs(k) + k_rad)
+    if alpha != 0:
+        err += abs(alpha) * (aX @ r.T + r @ aX.T + r @ r.T)
+    err += rounding(np.outer(np.abs(q), np.abs(k)) + abs(alpha) * (aX @ aX.T), X.shape[1] + 2)
+    return S, up(err, 3 * X.shape[1] + 8)
+
+
+def distance_bounds(O, o_rad, Y, y_rad) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper bounds on the Euclidean distance between every exact point of box
+    O_i ± o_rad_i and of box Y_j ± y_rad_j (matrices |O| × |Y|)."""
+    d = O.shape[1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        D = np.sqrt(((O[:, None, :] - Y[None, :, :]) ** 2).sum(axis=2))
+        R = np.sqrt(((o_rad[:, None, :] + y_rad[None, :, :]) ** 2).sum(axis=2))
+        slack = 1 + (4 * d + 16) * U
+        under = d * FLOOR  # squares below 2^-1022 may vanish: sqrt(d · 2^-1022) covers them
+        hi = up(D * slack + R * slack + 2 * under, 4)
+        lo = np.maximum(D / slack - R * slack - 2 * under, 0.0)
+    return np.nextafter(lo, -np.inf).clip(0.0), hi
+
+
+def rank_one_radius(avg, q, q_rad, k, k_rad, C, C_rad, seg, starts) -> np.ndarray:
+    """Radius about ``avg`` of a rank-one hardmax average: a row whose query c·x is surely
+    positive averages some of the rows that may hold the largest key, one surely negative
+    some of those that may hold the smallest, any other some rows of its sequence; each
+    average lies in the hull of those rows' carrier boxes."""
+    top, bottom = rank_one_candidates(k, k_rad, seg, starts)
+    C_lo, C_hi = lower(C, C_rad), upper(C, C_rad)
+    every = np.ones(len(seg), dtype=bool)
+    lo, hi = (h[seg] for h in segment_hull(C_lo, C_hi, every, starts))
+    for rows, mask in ((lower(q, q_rad) > 0, top), (upper(q, q_rad) < 0, bottom)):
+        if rows.any():
+            m_lo, m_hi = segment_hull(C_lo, C_hi, mask, starts)
+            lo[rows], hi[rows] = m_lo[seg[rows]], m_hi[seg[rows]]
+    return hull_radius(avg, lo, hi)
+
+
+def head_radius(X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad, avg) -> np.ndarray:
+    """Radius about ``avg`` of one sequence's hardmax averages under general scores: each
+    row averages some of the keys whose score interval reaches the row's best certain
+    score, so its average lies in the hull of their carrier boxes."""
+    S, E = scores(X, r, q, q_rad, k, k_rad, alpha)
+    s_hi, s_lo = upper(S, E), lower(S, E)
+    unknown = ~(np.isfinite(s_hi) & np.isfinite(s_lo))
+    cand = unknown | (s_hi >= np.fmax.reduce(s_lo, axis=1)[:, None])
+    lo = np.where(cand[:, :, None], lower(C, C_rad)[None], np.inf).min(axis=1)
+    hi = np.where(cand[:, :, None], upper(C, C_rad)[None], -np.inf).max(axis=1)
+    return hull_radius(avg, lo, hi)
+
+
+def hausdorff_bounds(O, o_rad, Y, y_rad) -> tuple[float, float]:
+    """Lower and upper bounds on the Hausdorff distance between the exact point sets that
+    the boxes O ± o_rad and Y ± y_rad enclose (token by token); nan when unknown."""
+    lo, hi = distance_bounds(O, o_rad, Y, y_rad)
+    with np.errstate(invalid="ignore"):
+        upper_h = max(hi.min(axis=1).max(), hi.min(axis=0).max())
+        lower_h = max(lo.min(axis=1).max(), lo.min(axis=0).max())
+    ok = np.isfinite(upper_h) and np.isfinite(lower_h)
+    return (float(lower_h), float(upper_h)) if ok else (math.nan, math.nan)
+
+
+def float_radius(exact: np.ndarray, approx: np.ndarray) -> np.ndarray:
+    """A bound on |exact − approx| for exact values (Fractions) rounded to the floats
+    ``approx``: 0 where they are equal, else one unit in the last place (inf beyond range)."""
+    same = np.array([a == e for a, e in zip(approx.flat, exact.flat, strict=True)],
+                    dtype=bool).reshape(approx.shape)
+    with np.errstate(over="ignore"):
+        ulp = 2 * U * np.abs(approx) + TINY
+    return np.where(same, 0.0, np.where(np.isfinite(approx), ulp, np.inf))
