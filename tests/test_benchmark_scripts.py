@@ -46,3 +46,51 @@ def test_tikhonov_experiment_short_run():
         res, diag = r["result"], r["diag"]
         assert diag.bound == pytest.approx(r["eps"] * gen_norm)  # the generator has loss 0
         assert res.min_loss < res.loss[0]  # training lowers the loss
+
+
+def markdown_rows(text: str, columns: list[str]) -> list[dict]:
+    """The rows of the Markdown table with these columns, as dicts of stripped strings."""
+    lines = text.splitlines()
+    start = lines.index("| " + " | ".join(columns) + " |") + 2
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(columns, (c.strip() for c in line.split("|")[1:-1]), strict=True)))
+    return rows
+
+
+def test_causal_benchmark_quick_table(tmp_path):
+    bench = load("bench_causal")
+    out = tmp_path / "causal.md"
+    assert bench.main(["--quick", "--out", str(out)]) == 0
+    text = out.read_text()
+    rows = markdown_rows(text, bench.RANDOM_COLUMNS)
+    assert len(rows) == 5 and {r["params"] for r in rows} == {"float64", "rational"}
+    for r in rows:
+        assert r["verdict"] == ("EXACT" if r["params"] == "rational" else "OK")
+        R, moves, L = int(r["R_c"]), int(r["moves"]), int(r["L"])
+        assert int(r["R_c + moves + 2"]) == R + moves + 2 and L <= R + moves + 2
+        assert r["L ≤ bound"] == "yes" and 0 < moves <= int(r["constrained"]) < int(r["contexts"])
+        # one width-4 hat (8d + 5 parameters) per moving state, plus the few separation blocks
+        assert float(r["P / (d · constrained)"]) == pytest.approx(
+            int(r["P"]) / (int(r["d"]) * int(r["constrained"])), abs=0.006)
+        assert float(r["P / (d · constrained)"]) < 12
+    assert re.search(r"P ∝ constrained\^k with k = [0-9.]+ at d = 4", text)
+    recites = markdown_rows(text, bench.RECITE_COLUMNS)
+    assert [(r["case"].split(",")[0], r["params"]) for r in recites] == [
+        ("passage", "float64"), ("shared openings", "float64"), ("passage", "rational"),
+        ("shared openings", "rational")]
+    for r in recites:
+        assert r["generated exactly"] == "yes" and r["L ≤ bound"] == "yes"
+        assert r["verdict"] == ("EXACT" if r["params"] == "rational" else "OK")
+        assert int(r["R_c"]) == (0 if r["case"].startswith("passage") else 3)
+
+
+def test_causal_benchmark_counts_moves_as_the_construction_does():
+    """The benchmark's moves come from the model's states, not from its record: they agree."""
+    bench = load("bench_causal")
+    for exact in (False, True):
+        row = bench.measure(bench.random_causal(8, 12, 3, seed=5), exact)
+        assert row["R_c"] > 0 and row["moves"] == row["model"].record.moves
+        assert row["L"] == row["R_c"] + row["moves"]

@@ -1,18 +1,25 @@
-"""The phase figure renders headless: a valid PNG with one panel per stage, and the CLI."""
+"""The phase figure renders headless: a valid PNG with one panel per stage, and the CLI; causal
+models get one panel per phase too, tokens coloured by position."""
 
 import json
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from test_causal import causal_data
 
 import exactformer as ef
 from exactformer import cli, generate
 
-pytest.importorskip("matplotlib")
+mpl = pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")
 
-from exactformer.plot import plot_phases  # noqa: E402
+from matplotlib.collections import PathCollection  # noqa: E402
+
+from exactformer.plot import POSITION_CMAP, panels, plot_phases  # noqa: E402
 
 
 def small_d2():
@@ -88,3 +95,90 @@ def test_cli_plot_without_matplotlib_says_what_to_install(tmp_path, capsys, monk
     assert cli.main(["plot", str(path), "-o", str(tmp_path / "f.png")]) == 2
     assert "exactformer[plot]" in capsys.readouterr().err
     assert not (tmp_path / "f.png").exists()
+
+
+# ------------------------------------------------------------------------------ causal models
+def causal_shared():
+    """Three sequences in R^2 whose contexts at one point need different targets, so the
+    separation phase has blocks (R_c > 0)."""
+    return ef.CausalDataset.from_arrays(
+        inputs=[[[1, 0], [0, 1], [1, 0], [2, 2]], [[2, 2], [0, 1], [1, 0]],
+                [[0, 1], [0, 1], [1, 0]]],
+        targets=[[[0, 1], [1, 0], [0, 1], [1, 1]], [[0, 1], [2, 2], [1, 1]],
+                 [[0, 1], [2, 0], None]])
+
+
+def dots(ax):
+    """The token scatter of a causal panel (the other collections: lines, target crosses)."""
+    (sc,) = [c for c in ax.collections if isinstance(c, PathCollection) and c.get_array()
+             is not None]
+    return sc
+
+
+@pytest.mark.parametrize("attention", ["hardmax", "softmax"])
+def test_causal_panels_follow_the_record_and_colour_by_position(tmp_path, attention):
+    data = causal_shared()
+    model = ef.compile(data, attention=attention)
+    phases = list(model.meta["phases"])
+    assert model.record.R > 0 and phases[0] == "separation"
+    fig = plot_phases(model, data, tmp_path / "causal.png")
+    shown = panels(fig)
+    assert len(shown) == len(phases) + 1 and len(fig.axes) == len(shown) + 1  # + colour bar
+    for ax, title in zip(shown, ["input + stored positions"] + [f"after {p}" for p in phases],
+                         strict=True):
+        assert ax.get_title().startswith(title)
+    where = np.concatenate([np.arange(n) for n in data.lengths])
+    colours = mpl.colormaps[POSITION_CMAP](where / where.max())
+    for ax in shown:
+        np.testing.assert_array_equal(dots(ax).get_array(), where)
+        np.testing.assert_allclose(dots(ax).get_facecolors(), colours)
+    first = np.asarray(dots(shown[0]).get_offsets())
+    np.testing.assert_allclose(first, np.concatenate(data.floats()[0]) +
+                               model.positions.astype(float)[where])
+    with Image.open(tmp_path / "causal.png") as im:
+        assert im.format == "PNG" and im.size[0] > 600
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=causal_data())
+@example(data=ef.CausalDataset.from_arrays([[[0, 0]]], [[None]]))  # nothing constrained
+def test_causal_final_panel_puts_constrained_positions_on_their_targets(data):
+    """Random causal data (repeats, shared and permuted prefixes, nulls): the last panel shows
+    every constrained position's output on its target cross (in the panel's projection)."""
+    model = ef.compile(data)
+    with tempfile.TemporaryDirectory() as tmp:
+        fig = plot_phases(model, data, Path(tmp) / "f.png")
+    last = panels(fig)[-1]
+    assert len(panels(fig)) == len(model.meta["phases"]) + 1
+    out = np.asarray(dots(last).get_offsets())[np.concatenate(data.known)]
+    (crosses,) = [c for c in last.collections if isinstance(c, PathCollection) and
+                  c.get_array() is None]
+    scale = float(np.abs(out).max(initial=1.0))
+    np.testing.assert_allclose(out, np.asarray(crosses.get_offsets()), atol=1e-9 * scale)
+
+
+def test_causal_model_needs_causal_data(tmp_path):
+    model = ef.compile(causal_shared())
+    with pytest.raises(ValueError, match="causal model is plotted with causal data"):
+        plot_phases(model, small_d2(), tmp_path / "f.png")
+    with pytest.raises(ValueError, match="set-to-set model is plotted with set-to-set data"):
+        plot_phases(ef.compile(small_d2()), causal_shared(), tmp_path / "f.png")
+    assert not (tmp_path / "f.png").exists()
+
+
+def test_cli_plot_causal(tmp_path, capsys):
+    marked = tmp_path / "causal.json"
+    marked.write_text(json.dumps(causal_shared().to_json_dict()))
+    out = tmp_path / "fig.png"
+    assert cli.main(["plot", str(marked), "-o", str(out), "--gif", str(tmp_path / "a.gif")]) == 0
+    assert "3 panels (causal hardmax" in capsys.readouterr().out
+    with Image.open(out) as im:
+        im.verify()
+    with Image.open(tmp_path / "a.gif") as im:
+        assert im.n_frames >= 3
+    doc = causal_shared().to_json_dict()
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"inputs": doc["inputs"], "targets": doc["targets"]}))
+    assert cli.main(["plot", str(plain), "-o", str(out), "--float"]) == 2  # read as set data
+    assert cli.main(["plot", str(plain), "-o", str(out), "--float", "--causal"]) == 0
+    assert "causal hardmax" in capsys.readouterr().out

@@ -259,13 +259,14 @@ def _plot(args) -> int:
     except ImportError as e:
         raise UsageError(f"plot needs matplotlib (pip install 'exactformer[plot]'): {e}") \
             from None
-    data = Dataset.load(args.data)
+    data = load_dataset(args.data, causal=args.causal)
     model = _compiled(args, data)
     # both files appear or neither: each is written to a temporary path, moved at the end
     with atomic_path(args.output) as png, \
             (atomic_path(args.gif) if args.gif else nullcontext()) as gif:
         fig = plot.plot_phases(model, data, png, animate=gif or False)
-    print(f"{len(fig.axes)} panels ({model.attention}, {model.n_blocks} blocks) -> {args.output}"
+    kind = f"{'causal ' if model.causal else ''}{model.attention}"
+    print(f"{len(plot.panels(fig))} panels ({kind}, {model.n_blocks} blocks) -> {args.output}"
           + (f", animation -> {args.gif}" if args.gif else ""))
     return 0
 
@@ -295,8 +296,6 @@ def parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="construct a model that interpolates a dataset")
     _construction_options(b, "model file to write (.json; .npz for float64 models)")
-    b.add_argument("--causal", action="store_true", help="causal data: a target or null per "
-                   "position (implied by a dataset marked \"causal\": true)")
     b.set_defaults(run=_build)
 
     v = sub.add_parser("verify", help="check that a model interpolates a dataset")
@@ -379,6 +378,8 @@ def _construction_options(p: argparse.ArgumentParser, output: str) -> None:
     p.add_argument("--float", action="store_true", help="float64 parameters (large data)")
     p.add_argument("--tau", type=_exact_tau, default=None,
                    help="softmax temperature, an exact positive number (default 1)")
+    p.add_argument("--causal", action="store_true", help="causal data: a target or null per "
+                   "position (implied by a dataset marked \"causal\": true)")
     _width_options(p)
     _add_progress(p)
 

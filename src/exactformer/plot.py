@@ -9,26 +9,43 @@ its projection and snap phases. Tokens are coloured by sequence, targets are bla
 the input and final panels. Tokens in R^2 are drawn as they are; for d > 2 each panel shows its
 points projected onto their own first two principal directions (the titles say so).
 
+A causal model (docs/causal.md) with its causal data is drawn the same way, panel by panel
+(input plus stored positions, separation, interpolation; or projection and snap), but its
+tokens are coloured by their position in the sequence, with a colour bar, and faint lines join
+the consecutive positions of each sequence; the crosses are the targets of the constrained
+positions.
+
 Rendering uses matplotlib's Agg canvas directly (no pyplot, no display needed). An optional GIF
 steps through the blocks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import matplotlib as mpl
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.collections import LineCollection
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
+from .causal_data import CausalDataset
 from .data import Dataset
-from .evaluate import forward
+from .evaluate import forward, forward_causal
 from .model import Block, Transformer
 from .modelio import atomic_path
 
 MAX_FRAMES = 80
+POSITION_CMAP = "viridis"
+COLOUR_BAR = "position colour bar"  # the label of a causal figure's colour bar axes
+
+# draws one snapshot into an axes; the flag asks for the target crosses
+Painter = Callable[[object, list[np.ndarray], bool], None]
 
 
 @dataclass
@@ -60,7 +77,8 @@ def stages(model: Transformer) -> tuple[Transformer, list[Stage]]:
     for k, blk in enumerate(model.blocks, start=1):
         blocks += [Block(blk.ff, None), Block(None, blk.sa)] if k in ends else [blk]
         where.append(len(blocks))
-    out = [Stage("input", 0, "input")]
+    out = [Stage("input" if model.positions is None else "input + stored positions", 0,
+                 "input")]
     for name, (a, b) in phases.items():
         label = _blocks_label(a, b)
         if b in ends:
@@ -70,6 +88,26 @@ def stages(model: Transformer) -> tuple[Transformer, list[Stage]]:
         else:
             out.append(Stage(f"after {name}\n({label})", where[b], name))
     return replace(model, blocks=blocks), out
+
+
+def snapshots(model: Transformer, inputs: list[np.ndarray], indices) -> dict[int, list]:
+    """The float64 positions after each number of blocks in ``indices`` (0: the input as the
+    first block sees it). A set pass records them as it goes; a causal pass has no snapshots,
+    so its blocks run segment by segment, each continuing from the last (the stored positions
+    are added once, before the first; see docs/causal.md)."""
+    if not model.causal:
+        return forward(model, inputs, "float", snapshots=set(indices))[1]
+    out, start, current, positions = {}, 0, inputs, model.positions
+    for k in sorted(set(indices)):
+        segment = replace(model, blocks=model.blocks[start:k], positions=positions)
+        current = forward_causal(segment, current, "float")
+        out[k], start, positions = current, k, None
+    return out
+
+
+def panels(fig: Figure) -> list:
+    """The figure's panels: its axes without a causal figure's colour bar."""
+    return [ax for ax in fig.axes if ax.get_label() != COLOUR_BAR]
 
 
 def _colours(N: int) -> np.ndarray:
@@ -90,6 +128,25 @@ def _project(points: np.ndarray, d: int) -> np.ndarray:
     return centred @ basis
 
 
+def _distinct_keys(P: np.ndarray) -> list[tuple]:
+    """Each row as a key, rounded so that float noise does not split one point in two."""
+    return [tuple(r) for r in np.round(P, 12).tolist()]
+
+
+def _finish(ax, n_distinct: int, d: int) -> None:
+    """The count of distinct points, axis labels and margins every panel has."""
+    ax.text(0.02, 0.98, f"{n_distinct} distinct points", transform=ax.transAxes, va="top",
+            fontsize=8, color="0.3")
+    ax.set_xlabel("x[0]" if d == 2 else "PC 1", fontsize=8)
+    ax.set_ylabel("x[1]" if d == 2 else "PC 2", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.margins(0.08)
+
+
+def _crosses(ax, xy: np.ndarray, size: float) -> None:
+    ax.scatter(xy[:, 0], xy[:, 1], marker="x", c="black", s=max(size, 20), linewidths=1)
+
+
 def _draw(ax, positions: list[np.ndarray], colours, targets: np.ndarray | None, d: int,
           size: float) -> None:
     """Tokens coloured by sequence; a point shared by k sequences is k concentric discs."""
@@ -97,7 +154,7 @@ def _draw(ax, positions: list[np.ndarray], colours, targets: np.ndarray | None, 
     seq = np.repeat(np.arange(len(positions)), [len(p) for p in positions])
     both = P if targets is None else np.concatenate([P, targets])
     xy = _project(both, d)
-    keys = [tuple(r) for r in np.round(P, 12).tolist()]
+    keys = _distinct_keys(P)
     sharing: dict[tuple, int] = {}  # point -> how many sequences hold it
     rank = np.empty(len(keys), dtype=int)
     for i, k in enumerate(keys):
@@ -109,56 +166,101 @@ def _draw(ax, positions: list[np.ndarray], colours, targets: np.ndarray | None, 
     ax.scatter(xy[order, 0], xy[order, 1], c=colours[seq[order]], s=sizes[order],
                linewidths=0)
     if targets is not None:
-        ax.scatter(xy[len(P):, 0], xy[len(P):, 1], marker="x", c="black", s=max(size, 20),
-                   linewidths=1)
-    ax.text(0.02, 0.98, f"{len(sharing)} distinct points", transform=ax.transAxes, va="top",
-            fontsize=8, color="0.3")
-    ax.set_xlabel("x[0]" if d == 2 else "PC 1", fontsize=8)
-    ax.set_ylabel("x[1]" if d == 2 else "PC 2", fontsize=8)
-    ax.tick_params(labelsize=7)
-    ax.margins(0.08)
+        _crosses(ax, xy[len(P):], size)
+    _finish(ax, len(sharing), d)
 
 
-def plot_phases(model: Transformer, dataset: Dataset, path, animate=False) -> Figure:
+def _draw_causal(ax, positions: list[np.ndarray], targets: np.ndarray | None, d: int,
+                 size: float, norm: Normalize) -> None:
+    """Tokens coloured by their position in the sequence (0-based, in sequence order), over
+    faint lines that join the consecutive positions of each sequence."""
+    P = np.concatenate(positions)
+    both = P if targets is None else np.concatenate([P, targets])
+    xy = _project(both, d)
+    ends = np.cumsum([len(p) for p in positions])
+    ax.add_collection(LineCollection([xy[e - len(p):e] for p, e in zip(positions, ends,
+                                                                      strict=True)],
+                                     colors="0.55", linewidths=0.5, alpha=0.35, zorder=1))
+    where = np.concatenate([np.arange(len(p)) for p in positions])
+    ax.scatter(xy[:len(P), 0], xy[:len(P), 1], c=where, cmap=POSITION_CMAP, norm=norm, s=size,
+               linewidths=0, zorder=2)
+    if targets is not None:
+        _crosses(ax, xy[len(P):], size)
+    _finish(ax, len(set(_distinct_keys(P))), d)
+
+
+def _painter(dataset: Dataset | CausalDataset, size: float) -> tuple[Painter, Normalize | None]:
+    """How a snapshot of this dataset is drawn, and the position scale (causal data only)."""
+    _, ys = dataset.floats()
+    if isinstance(dataset, CausalDataset):
+        targets = np.concatenate([y[k] for y, k in zip(ys, dataset.known, strict=True)])
+        norm = Normalize(0, max(1, max(dataset.lengths) - 1))
+        return (lambda ax, pos, show: _draw_causal(ax, pos, targets if show else None,
+                                                   dataset.d, size, norm)), norm
+    colours, targets = _colours(dataset.N), np.concatenate(ys)
+    return (lambda ax, pos, show: _draw(ax, pos, colours, targets if show else None,
+                                        dataset.d, size)), None
+
+
+def plot_phases(model: Transformer, dataset: Dataset | CausalDataset, path,
+                animate=False) -> Figure:
     """Draw the token positions after each phase to ``path`` (PNG, or any format matplotlib
-    infers from the suffix); return the figure, one axes per panel.
+    infers from the suffix); return the figure, one axes per panel (see :func:`panels`: a
+    causal figure also has a colour bar).
 
     ``animate``: False, True (a GIF beside ``path``, same name) or a path for the GIF, which
     steps through the blocks (at most MAX_FRAMES frames, always including each stage).
     """
     if model.d != dataset.d:
         raise ValueError(f"the model is for d = {model.d} but the data have d = {dataset.d}")
-    split, panels = stages(model)
-    xs, ys = dataset.floats()
-    targets = np.concatenate(ys)
-    _, snaps = forward(split, xs, "float", snapshots={s.index for s in panels})
-    colours = _colours(dataset.N)
+    if model.causal != isinstance(dataset, CausalDataset):
+        raise ValueError(f"a {'causal' if model.causal else 'set-to-set'} model is plotted "
+                         f"with {'causal' if model.causal else 'set-to-set'} data "
+                         "(docs/causal.md)")
+    split, stage_list = stages(model)
+    snaps = snapshots(split, dataset.floats()[0], [s.index for s in stage_list])
     size = float(np.clip(400 / np.sqrt(dataset.total_n), 2, 30))
-    ncols = len(panels) if len(panels) <= 4 else 3
-    nrows = -(-len(panels) // ncols)
-    fig = Figure(figsize=(3.6 * ncols, 3.4 * nrows + 0.8), layout="constrained")
+    paint, norm = _painter(dataset, size)
+    ncols = len(stage_list) if len(stage_list) <= 4 else 3
+    nrows = -(-len(stage_list) // ncols)
+    fig = Figure(figsize=(3.6 * ncols + (0.8 if norm else 0), 3.4 * nrows + 0.8),
+                 layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for ax in axes[len(panels):]:
+    for ax in axes[len(stage_list):]:
         fig.delaxes(ax)
-    for k, (ax, st) in enumerate(zip(axes, panels, strict=False)):
-        show = targets if k in (0, len(panels) - 1) else None
-        _draw(ax, snaps[st.index], colours, show, dataset.d, size)
+    for k, (ax, st) in enumerate(zip(axes, stage_list, strict=False)):
+        paint(ax, snaps[st.index], k in (0, len(stage_list) - 1))
         ax.set_title(st.title, fontsize=9)
+    if norm is not None:
+        bar = fig.colorbar(ScalarMappable(norm, POSITION_CMAP), ax=axes[:len(stage_list)],
+                           shrink=0.8)
+        bar.set_label("position in the sequence (0-based)", fontsize=8)
+        bar.ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        bar.ax.tick_params(labelsize=7)
+        bar.ax.set_label(COLOUR_BAR)
     fig.suptitle(_headline(model, dataset), fontsize=10)
     path = Path(path)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format=path.suffix.lstrip(".").lower() or "png", dpi=110)
     if animate:
         gif = path.with_suffix(".gif") if animate is True else Path(animate)
-        _animate(split, panels, dataset, colours, size, gif)
+        _animate(split, stage_list, dataset, paint, gif)
     return fig
 
 
-def _headline(model: Transformer, dataset: Dataset) -> str:
+def _headline(model: Transformer, dataset: Dataset | CausalDataset) -> str:
     where = ("tokens in R^2, drawn as they are" if dataset.d == 2 else
              f"tokens in R^{dataset.d}: each panel projected onto its points' first two "
              "principal directions")
+    if isinstance(dataset, CausalDataset):
+        rounds = "" if model.record is None else f" (R_c = {model.record.R})"
+        return (f"causal {model.attention} transformer, N = {dataset.N} sequences, "
+                f"{dataset.total_n} positions ({dataset.constrained} constrained), "
+                f"L = {model.n_blocks} blocks{rounds}\n{where}\n"
+                "dots: tokens, coloured by position; grey lines join consecutive positions of "
+                "a sequence; black ×: targets of the constrained positions (first and last "
+                "panel)")
     shape = "" if model.max_width() <= 4 and model.max_heads() <= 1 else \
         f" (width {model.max_width()}, {model.max_heads()} heads)"
     return (f"{model.attention} transformer, N = {dataset.N} sequences, L = {model.n_blocks} "
@@ -166,18 +268,16 @@ def _headline(model: Transformer, dataset: Dataset) -> str:
             "(first and last panel)")
 
 
-def _animate(split: Transformer, panels: list[Stage], dataset: Dataset, colours, size: float,
-             path: Path) -> None:
+def _animate(split: Transformer, stage_list: list[Stage], dataset: Dataset | CausalDataset,
+             paint: Painter, path: Path) -> None:
     from PIL import Image
 
     L = split.n_blocks
     frames = sorted({*np.linspace(0, L, min(L + 1, MAX_FRAMES)).round().astype(int).tolist(),
-                     *(s.index for s in panels)})
-    xs, ys = dataset.floats()
-    targets = np.concatenate(ys)
-    _, snaps = forward(split, xs, "float", snapshots=set(frames))
+                     *(s.index for s in stage_list)})
+    snaps = snapshots(split, dataset.floats()[0], frames)
     phase_of = {}
-    for prev, st in zip([Stage("", 0, "input"), *panels], panels, strict=False):
+    for prev, st in zip([Stage("", 0, "input"), *stage_list], stage_list, strict=False):
         for i in range(prev.index, st.index + 1):
             phase_of.setdefault(i, st.phase)
     fig = Figure(figsize=(5, 5), layout="constrained")
@@ -186,12 +286,12 @@ def _animate(split: Transformer, panels: list[Stage], dataset: Dataset, colours,
     images = []
     for i in frames:
         ax.clear()
-        _draw(ax, snaps[i], colours, targets if i in (0, L) else None, dataset.d, size)
+        paint(ax, snaps[i], i in (0, L))
         ax.set_title(f"{phase_of.get(i, '')}: step {i} of {L}", fontsize=10)
         canvas.draw()
         images.append(Image.frombuffer("RGBA", canvas.get_width_height(),
                                        canvas.buffer_rgba()).convert("RGB"))
     with atomic_path(path) as tmp:
         images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:],
-                       duration=[1200 if i in {s.index for s in panels} else 250
+                       duration=[1200 if i in {s.index for s in stage_list} else 250
                                  for i in frames], loop=0)
