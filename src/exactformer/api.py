@@ -23,9 +23,6 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     width/4 hats (or snaps) share a layer, for about 4/width as many blocks (docs/heads.md).
     heads: attention heads a separation round may use (at most d − 1 are used).
     """
-    if (width != 4 or heads != 1) and (causal or isinstance(dataset, CausalDataset)):
-        raise ValueError(f"width={width!r}, heads={heads!r}: wider layers and several heads are "
-                         "built for set-to-set models only (docs/heads.md); use width=4, heads=1")
     if causal or isinstance(dataset, CausalDataset):
         if not isinstance(dataset, CausalDataset):
             raise TypeError("causal=True expects an exactformer.CausalDataset (see "
@@ -33,7 +30,7 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
         if not exact and dataset.exact:
             dataset.check_float64()
         return compile_causal(dataset, attention=attention, exact=exact, seed=seed, tau=tau,
-                              progress=progress)
+                              progress=progress, width=width, heads=heads)
     if not isinstance(dataset, Dataset):
         raise TypeError("compile expects an exactformer.Dataset (see Dataset.from_arrays)")
     if not exact and dataset.exact:

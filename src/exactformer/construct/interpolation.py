@@ -25,9 +25,11 @@ class LeaderOnTarget(ConstructionError):
 
 
 def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Draws,
-                progress: bool = False, per_layer: int = 1) -> tuple[list[Block], np.ndarray]:
+                progress: bool = False, per_layer: int = 1,
+                fixed: np.ndarray | None = None) -> tuple[list[Block], np.ndarray]:
     """Hats moving leader i of sequence j onto target i of sequence j, in sequence order,
-    ``per_layer`` hats to an FF layer."""
+    ``per_layer`` hats to an FF layer. ``fixed``: points already on their targets (causal
+    states, docs/causal.md), which no hat may touch; targets may land on them."""
     exact = draws.exact
     d = targets[0].shape[1]
     L = np.concatenate(leaders, axis=0)
@@ -36,13 +38,15 @@ def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Dra
     if any(tuple(r.tolist()) in lead_keys for r in Y):
         raise LeaderOnTarget("a target coincides with a leader point")
     ykeys = {tuple(r.tolist()): r for r in Y}
+    if fixed is not None:
+        ykeys.update((tuple(r.tolist()), r) for r in fixed)
     Yu = np.array(list(ykeys.values()), dtype=Y.dtype)
 
     h = best_draw(lambda: draws.vector(d),
                   lambda h: generic_score(np.concatenate([L @ h, Yu @ h]), exact),
                   what="interpolation direction")
     lv, yv = list(L @ h), list(Y @ h)
-    present = sorted(lv)
+    present = sorted(lv + ([] if fixed is None else list(fixed @ h)))
     every = sorted(lv + list(Yu @ h))
     cap = (every[-1] - every[0]) if len(every) > 1 else num(1, exact)
     blocks = []
