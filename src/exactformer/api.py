@@ -20,8 +20,9 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     tau: softmax temperature (default 1). progress: show progress bars on long phases.
     causal: a decoder model with a target at every position (docs/causal.md); a
     :class:`CausalDataset` implies it. width: the widest FF layer, a multiple of 4:
-    width/4 hats (or snaps) share a layer, for about 4/width as many blocks (docs/heads.md).
-    heads: attention heads a separation round may use (at most d − 1 are used).
+    width/4 hats (or snaps, or separation tests) share a layer, for about 4/width as many
+    blocks (docs/heads.md; causal models: docs/causal.md#width-and-heads). heads: attention
+    heads a separation round may use (at most d − 1 are used).
     """
     if causal or isinstance(dataset, CausalDataset):
         if not isinstance(dataset, CausalDataset):

@@ -6,18 +6,20 @@ A *context* is (sequence j, position i); its output may depend on the ordered pr
    at position i, so every (token, position) is its own *point*: repeated tokens differ, and the
    set of points of a prefix fixes the ordered prefix.
 2. **Separation (R_c blocks, none when no two contexts at one point have different targets).**
-   A non-residual FF projects every point to u = a·z + a0 ∈ [1, 2]; round r lifts one test
+   A non-residual FF projects every point to u = a·z + a0 ∈ [1, 2]; round r lifts a test
    point above every u (a hat on u) and a causal rank-one attention (A = e1·e1ᵀ, so token i
    attends to the prefix maximum of u) adds λ_r·max_{l≤i} u_l to v = x[1]. A context's state is
    then (u, Σ_r λ_r·M_r): a function of its prefix. Contexts at one point with different
    targets are split by lifting a point of the symmetric difference of their prefixes (the one
    that splits most sampled pairs); generic λ make distinct signatures distinct states.
+   With width 4k a round lifts up to k tests to rising heights, and with several heads some of
+   them on free coordinates x[c + 1], each read by its own head (channels, docs/causal.md).
 3. **Interpolation.** Hardmax: one residual hat per distinct state that has a target and is not
-   on it, along a generic direction h (windows avoid the states still to move and the targets
-   already placed). Softmax: the forward pass is simulated, a non-residual FF projects onto a
-   line and one interval snap per state sends its whole blob to its target.
+   on it (construct/interpolation.py). Softmax: the forward pass is simulated, a non-residual
+   FF projects onto a line and one interval snap per state sends its whole blob to its target
+   (construct/softmax.py). k hats or snaps share a layer.
 
-L = R_c + moves (hardmax) or R_c + 1 + snaps (softmax).
+L = R_c + ⌈moves/k⌉ (hardmax) or R_c + 1 + ⌈snaps/k⌉ (softmax).
 """
 
 from __future__ import annotations
@@ -41,12 +43,12 @@ from .generic import (
     ConstructionError,
     Draws,
     best_draw,
-    generic_score,
     relative_gap,
     separated,
 )
 from .hardmax import check_heads, hats_per_layer
-from .interpolation import LeaderOnTarget, interpolate
+from .interpolation import LeaderOnTarget, half_room, interpolate
+from .separation import TokenTable, project
 from .softmax import TargetInSnapWindow, parse_tau, project_and_snap
 
 REDRAWS = 20  # fresh positions (and everything after) on a coincidence of generic choices
@@ -158,18 +160,6 @@ def _conflict_weight(conflicts) -> int:
     return sum(sum(map(len, g)) ** 2 - sum(len(x) ** 2 for x in g) for g in conflicts) // 2
 
 
-def _project(points: np.ndarray, draws: Draws):
-    """A direction a with a·z distinct over the points, scaled so that u = a·z + a0 ∈ [1, 2]."""
-    exact = draws.exact
-
-    a = best_draw(lambda: draws.vector(points.shape[1]),
-                  lambda a: generic_score(points @ a, exact), what="projection direction")
-    t = points @ a
-    lo, hi = min(t), max(t)
-    spread = (hi - lo) if hi != lo else num(1, exact)
-    return a / spread, 1 - lo / spread
-
-
 def _prefix_max(ctx: _Contexts, u: np.ndarray) -> list[list]:
     return [list(accumulate(u[p].tolist(), max)) for p in ctx.pid]
 
@@ -249,9 +239,8 @@ def _separate(ctx: _Contexts, points: np.ndarray, draws: Draws, score_scale, pro
     """Rounds until no class holds two different targets; see the module docstring. The rounds
     are planned first (their tests, registers and prefix maxima), then the multipliers are
     drawn and each block is built whole."""
-    exact = ctx.exact
-    a, a0 = _project(points, draws)
-    regs = {0: as_number_array(points @ a + a0, exact)}
+    a, a0, u = project(TokenTable.build([points]), draws)  # the points are distinct
+    regs = {0: as_number_array(u, ctx.exact)}
     top = max(regs[0]) + 1
     rounds = [_Round([], regs, {0: _prefix_max(ctx, regs[0])}, [], 0)]
     cls = _refine(ctx.pid, rounds[0].maxima[0])
@@ -283,19 +272,18 @@ def _round_blocks(ctx: _Contexts, rounds: list[_Round], projection, lams, score_
     blocks, lifts = [], []
     for r, rnd in enumerate(rounds):
         u = regs[0]
+        present = sorted(u)
         units = [] if r else [projection_unit(*projection, e[0])]
-        for c, p in rnd.tests:
-            reg = regs.get(c, u * 0)
-            gaps = np.abs(np.delete(u, p) - u[p])
-            delta = min([num(1, exact) / 2, *([gaps.min() / 2] if len(gaps) else [])])
-            units += hat_units(e[0], 0 * u[p], u[p], delta,
-                               e[c + 1 if c else 0] * (rnd.regs[c][p] - reg[p]))
         lam_of = {c: next(lam) for c in rnd.maxima}
+        for c, p in rnd.tests:
+            before, after = regs.get(c, u * 0)[p], rnd.regs[c][p]
+            units += hat_units(e[0], 0 * u[p], u[p], half_room(present, u[p], num(1, exact)),
+                               e[c + 1 if c else 0] * (after - before))
+            lifts.append(CausalLift(r, *ctx.first[p], str(before), str(after), str(lam_of[c]),
+                                    channel=c))
         heads = [Head(ScoreMatrix(num(0, exact), e[c + 1 if c else 0] * score_scale, e[0]),
                       ValueMatrix(num(0, exact), e[1] * lam_of[c], e[c + 1 if c else 0]))
                  for c in rnd.maxima]
-        lifts += [CausalLift(r, *ctx.first[p], str(regs.get(c, u * 0)[p]), str(rnd.regs[c][p]),
-                             str(lam_of[c]), channel=c) for c, p in rnd.tests]
         regs.update(rnd.regs)
         blocks.append(Block(ff_from_units(units, num(1 if r else 0, exact), d, exact),
                             SA(num(1, exact), heads=heads)))

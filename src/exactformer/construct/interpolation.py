@@ -55,7 +55,7 @@ def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Dra
                   disable=not progress, leave=False, delay=1):
         layer = range(s, min(s + per_layer, len(lv)))
         units = [u for i in layer for u in hat_units(
-            h, 0 * lv[i], lv[i], _half_room(present, lv[i], cap), Y[i] - L[i])]
+            h, 0 * lv[i], lv[i], half_room(present, lv[i], cap), Y[i] - L[i])]
         blocks.append(Block(ff_from_units(units, num(1, exact), d, exact), None))
         for i in layer:
             present.pop(bisect_left(present, lv[i]))
@@ -66,9 +66,9 @@ def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Dra
     return blocks, h
 
 
-def _half_room(present: list, c, cap):
+def half_room(present: list, c, cap):
     """Half the distance from c (one of the sorted values ``present``) to its nearest other
-    value, at most cap/2."""
+    value, at most cap/2: the half-width of a hat at c that touches no other present value."""
     i = bisect_left(present, c)
     near = [abs(present[k] - c) for k in (i - 1, i + 1) if 0 <= k < len(present)]
     return min([cap] + near) / 2
