@@ -497,7 +497,7 @@ def conflict_data(seed: int = 0, n: int = 14, length: int = 6) -> CausalDataset:
          for s in seqs])
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(causal_data(), conflicting_data()), st.integers(1, 4), st.integers(1, 3))
 def test_wide_hardmax_rational_is_proved_position_by_position(data, k, heads):
     model = wide(data, k, heads, seed=1)
@@ -506,7 +506,7 @@ def test_wide_hardmax_rational_is_proved_position_by_position(data, k, heads):
     assert report.ok and report.proved
 
 
-@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(causal_data(max_len=5), conflicting_data()), st.integers(1, 3),
        st.integers(1, 3), st.booleans())
 def test_wide_float64_and_softmax_are_accurate(data, k, heads, softmax):

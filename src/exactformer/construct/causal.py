@@ -96,7 +96,7 @@ def compile_causal(dataset: CausalDataset, attention: str = "hardmax", exact: bo
     check_heads(heads)
     xs, ys = dataset.fractions() if exact else dataset.floats()
     ctx = _contexts(xs, ys, list(dataset.known), exact, dataset.d)
-    ctx.per_layer, ctx.channels = k, max(1, min(heads, dataset.d - 1))
+    ctx.per_layer, ctx.channels = k, max(1, min(heads, dataset.d - 1))  # x[0] is u, x[1] is v
     draws = Draws(seed, exact)
     for _ in range(REDRAWS):
         try:
@@ -212,20 +212,19 @@ def _outcome(ctx: _Contexts, cls, regs: dict, tests, top) -> _Round:
     return _Round(tests, new, maxima, refined, _conflict_weight(_conflicted(ctx, refined)))
 
 
-def _plan_round(ctx: _Contexts, cls, regs: dict, conflicts, draws: Draws, top, per_round: int,
-                channels: int) -> _Round:
+def _plan_round(ctx: _Contexts, cls, regs: dict, conflicts, draws: Draws, top) -> _Round:
     """A round's tests: the greedy test in channel 0 (it splits a conflicting pair, since it
-    goes above every register), then up to ``per_round`` − 1 more, each the greedy test on the
-    classes so far, in the channel (one used, or a fresh one up to ``channels``) whose true
-    outcome lowers the conflict weight most; a test that lowers nothing ends the round."""
+    goes above every register), then up to ``ctx.per_layer`` − 1 more, each the greedy test on
+    the classes so far, in the channel (one used, or a fresh one up to ``ctx.channels``) whose
+    true outcome lowers the conflict weight most; a test that lowers nothing ends the round."""
     best = _outcome(ctx, cls, regs, [(0, _choose_test(ctx, conflicts, draws))], top)
-    while len(best.tests) < per_round and best.weight:
+    while len(best.tests) < ctx.per_layer and best.weight:
         q = _choose_test(ctx, _conflicted(ctx, best.cls), draws,
                          skip={p for _, p in best.tests})
         if q is None:
             break
         used = sorted({c for c, _ in best.tests} | {c for c in regs if c})
-        fresh = [max(used) + 1] if max(used) + 1 < channels else []
+        fresh = [max(used) + 1] if max(used) + 1 < ctx.channels else []
         trial = min((_outcome(ctx, cls, regs, best.tests + [(c, q)], top)
                      for c in used + fresh), key=lambda r: r.weight)
         if trial.weight >= best.weight:
@@ -234,8 +233,8 @@ def _plan_round(ctx: _Contexts, cls, regs: dict, conflicts, draws: Draws, top, p
     return best
 
 
-def _separate(ctx: _Contexts, points: np.ndarray, draws: Draws, score_scale, progress: bool,
-              per_round: int, channels: int) -> _Separation:
+def _separate(ctx: _Contexts, points: np.ndarray, draws: Draws, score_scale,
+              progress: bool) -> _Separation:
     """Rounds until no class holds two different targets; see the module docstring. The rounds
     are planned first (their tests, registers and prefix maxima), then the multipliers are
     drawn and each block is built whole."""
@@ -250,7 +249,7 @@ def _separate(ctx: _Contexts, points: np.ndarray, draws: Draws, score_scale, pro
         if len(rounds) > sum(map(len, ctx.pid)):  # each round splits a class of contexts
             raise ConstructionError("causal separation did not finish in one round per context")
         bar.update()
-        rounds.append(_plan_round(ctx, cls, regs, conflicts, draws, top, per_round, channels))
+        rounds.append(_plan_round(ctx, cls, regs, conflicts, draws, top))
         regs = {**regs, **rounds[-1].regs}
         cls, top = rounds[-1].cls, top + len(rounds[-1].tests)
     bar.close()
@@ -343,7 +342,7 @@ def _separation_phase(ctx: _Contexts, draws: Draws, score_scale, progress: bool)
     if len({tuple(z.tolist()) for z in points}) < len(points):
         raise _Redraw("positions made two points coincide")
     sep = _Separation(cls=ctx.pid) if not _conflicted(ctx, ctx.pid) else \
-        _separate(ctx, points, draws, score_scale, progress, ctx.per_layer, ctx.channels)
+        _separate(ctx, points, draws, score_scale, progress)
     return P, sep
 
 
