@@ -6,7 +6,10 @@ shared prefixes, permuted prefixes and unconstrained (null) positions.
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import random
 from fractions import Fraction
 
 import numpy as np
@@ -17,11 +20,13 @@ from hypothesis import strategies as st
 import exactformer as ef
 from exactformer.causal_data import CausalDataset, load_dataset
 from exactformer.cli import main
+from exactformer.construct.gadgets import ff_from_units, hat_units
 from exactformer.data import DatasetError
 from exactformer.evaluate import forward_causal
 from exactformer.generation import Decoder, generate
 from exactformer.model import FF, Block
 from exactformer.modelio import ModelFormatError, model_from_dict, model_to_dict
+from exactformer.numbers import as_number_array, num, unit
 
 
 @st.composite
@@ -59,6 +64,25 @@ def causal_data(draw, max_len=7, null_rate=0.2):
         ys.append(row)
     xs = [[list(pool[t]) for t in s] for s in seqs]
     return CausalDataset.from_arrays(xs, ys)
+
+
+@st.composite
+def conflicting_data(draw, null_rate=0.2):
+    """Many sequences of one length over two or three tokens in R^3 or R^4: the same token at
+    the same position after different prefixes, with different targets, so separation needs
+    several rounds (where width and heads matter)."""
+    d = draw(st.integers(3, 4))
+    coord = st.integers(-3, 3)
+    pool = draw(st.lists(st.tuples(*[coord] * d), min_size=2, max_size=3, unique=True))
+    outs = draw(st.lists(st.tuples(*[coord] * d), min_size=2, max_size=4))
+    n = draw(st.integers(2, 6))
+    seqs = draw(st.lists(st.lists(st.sampled_from(range(len(pool))), min_size=n, max_size=n),
+                         min_size=3, max_size=12))
+    by_prefix: dict[tuple, tuple] = {}
+    ys = [[None if draw(st.floats(0, 1)) < null_rate else
+           list(by_prefix.setdefault(tuple(s[: i + 1]), draw(st.sampled_from(outs))))
+           for i in range(n)] for s in seqs]
+    return CausalDataset.from_arrays([[list(pool[t]) for t in s] for s in seqs], ys)
 
 
 def exact_mismatches(model, data) -> list[tuple[int, int]]:
@@ -235,20 +259,25 @@ def test_generation_reproduces_training_texts(texts, exact):
         assert got == t[1:]
 
 
+def assert_decoder_matches_the_full_pass(model, data):
+    """Every sequence fed token by token to a :class:`Decoder` gives the outputs of
+    ``forward_causal``: == in exact arithmetic (hardmax), within 1e-9 in float64 (softmax)."""
+    arithmetic = "exact" if model.attention == "hardmax" else "float"
+    xs = data.fractions()[0] if arithmetic == "exact" else data.floats()[0]
+    for x, o in zip(xs, forward_causal(model, xs, arithmetic), strict=True):
+        dec = Decoder(model, arithmetic)
+        got = np.array([dec.push(t) for t in x])
+        if arithmetic == "exact":
+            assert [tuple(r) for r in got] == [tuple(r) for r in o]
+        else:
+            assert np.abs(got - o).max() <= 1e-9
+
+
 def test_decoder_matches_the_full_pass():
     data, _ = text_data(["abcab", "cabba", "bacab"], "abc")
     for kw in ({}, {"attention": "softmax"}):
         model = ef.compile(data, **kw)
-        arithmetic = "exact" if model.attention == "hardmax" else "float"
-        xs = data.fractions()[0] if arithmetic == "exact" else data.floats()[0]
-        outs = forward_causal(model, xs, arithmetic)
-        for x, o in zip(xs, outs, strict=True):
-            dec = Decoder(model, arithmetic)
-            got = np.array([dec.push(t) for t in x])
-            if arithmetic == "exact":
-                assert [tuple(r) for r in got] == [tuple(r) for r in o]
-            else:
-                assert np.abs(got - o).max() <= 1e-9
+        assert_decoder_matches_the_full_pass(model, data)
 
 
 def test_generation_errors():
@@ -437,3 +466,151 @@ def test_causal_tolerance_is_relative_to_the_data_scale():
                                      [[[2e-10, 0.0], None]])
     report = ef.verify(_float_causal([]), data)
     assert not report.ok and report.coordinate_scale == 2e-10
+
+
+# ------------------------------------------------------------------------------ width and heads
+def wide(data, k: int, heads: int, **kw):
+    """``compile(data, width=4k, heads=heads)`` with its shape checked: L = R_c + ⌈moves/k⌉
+    (+ 1 projection for softmax when anything is snapped), FF width ≤ 4k, at most
+    min(heads, d − 1) heads (docs/causal.md)."""
+    model = ef.compile(data, causal=True, width=4 * k, heads=heads, **kw)
+    rec = model.record
+    projection = int(model.attention == "softmax" and rec.moves > 0)
+    assert model.n_blocks == rec.R + math.ceil(rec.moves / k) + projection
+    assert rec.moves <= data.constrained
+    assert model.max_width() <= 4 * k
+    assert model.max_heads() <= max(1, min(heads, data.d - 1))
+    return model
+
+
+def conflict_data(seed: int = 0, n: int = 14, length: int = 6) -> CausalDataset:
+    """Random sequences over three tokens in R^4 with a random target per ordered prefix: many
+    contexts at one point with different targets, so separation takes several rounds."""
+    rng = random.Random(seed)
+    pool = [[rng.randint(-3, 3) for _ in range(4)] for _ in range(3)]
+    outs = [[rng.randint(-3, 3) for _ in range(4)] for _ in range(4)]
+    seqs = [[rng.randrange(3) for _ in range(length)] for _ in range(n)]
+    by_prefix: dict[tuple, list] = {}
+    return CausalDataset.from_arrays(
+        [[pool[t] for t in s] for s in seqs],
+        [[by_prefix.setdefault(tuple(s[: i + 1]), rng.choice(outs)) for i in range(len(s))]
+         for s in seqs])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(causal_data(), conflicting_data()), st.integers(1, 4), st.integers(1, 3))
+def test_wide_hardmax_rational_is_proved_position_by_position(data, k, heads):
+    model = wide(data, k, heads, seed=1)
+    assert exact_mismatches(model, data) == []
+    report = ef.verify(model, data)
+    assert report.ok and report.proved
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(causal_data(max_len=5), conflicting_data()), st.integers(1, 3),
+       st.integers(1, 3), st.booleans())
+def test_wide_float64_and_softmax_are_accurate(data, k, heads, softmax):
+    if softmax:
+        model = wide(data, k, heads, attention="softmax", seed=3)
+        assert max_error(model, data, "mp", 50) <= 1e-40 * data.coordinate_scale()
+    else:
+        model = wide(data, k, heads, exact=False, seed=2)
+        assert max_error(model, data) <= 1e-9 * data.coordinate_scale()
+    assert ef.verify(model, data).ok
+
+
+def test_channels_put_several_tests_in_one_round():
+    data = conflict_data()
+    narrow = wide(data, 1, 1)
+    model = wide(data, 4, 3)
+    assert model.max_heads() >= 2 and any(x.channel for x in model.record.lifts)
+    assert model.record.R < narrow.record.R and 2 * model.n_blocks < narrow.n_blocks
+    assert ef.verify(model, data).proved
+    doc = model_to_dict(model)
+    assert any("channel" in x for x in doc["meta"]["lifts"])
+    again = model_from_dict(json.loads(json.dumps(doc)))
+    assert again.record.lifts == model.record.lifts and ef.verify(again, data).proved
+    soft = wide(data, 4, 3, attention="softmax", exact=False)
+    assert soft.max_heads() >= 2 and ef.verify(soft, data).ok
+
+
+def test_width_and_heads_are_checked_for_causal_data():
+    data = CausalDataset.from_arrays([[[0, 1], [1, 0]]], [[[2, 2], [3, 3]]])
+    with pytest.raises(ValueError, match="multiple of 4"):
+        ef.compile(data, width=6)
+    with pytest.raises(ValueError, match="heads must be"):
+        ef.compile(data, heads=0)
+    assert ef.verify(wide(data, 2, 5), data).proved  # d = 2: one channel, one head
+
+
+def test_decoder_matches_the_full_pass_on_wide_multi_head_models():
+    data = conflict_data(seed=4, n=6)
+    for kw in ({}, {"attention": "softmax"}):
+        model = wide(data, 3, 3, **kw)
+        assert model.max_heads() >= 2 and model.max_width() > 4
+        assert_decoder_matches_the_full_pass(model, data)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_decoder_applies_a_wide_layer_from_its_input(exact):
+    """One layer of two hats on e1: t = 1 goes to t = 3, inside the second hat's window, which
+    must not move it again (both hats read the layer's input); t = 2 lies between the windows
+    and stays exactly where it is, also in float64, where the first hat's four active ReLUs
+    would not cancel exactly (its move has a non-dyadic coordinate)."""
+    e1, z, half = unit(2, 0, exact), num(0, exact), num(Fraction(1, 2), exact)
+    units = (hat_units(e1, z, num(1, exact), half, as_number_array([2, Fraction(1, 10)], exact))
+             + hat_units(e1, z, num(3, exact), half, e1 * 5))
+    model = ef.Transformer(d=2, attention="hardmax", exact=exact, causal=True,
+                           blocks=[Block(ff_from_units(units, num(1, exact), 2, exact), None)])
+    arithmetic = "exact" if exact else "float"
+    xs = [np.array([[1, 0], [2, 0]])]
+    (full,) = forward_causal(model, xs, arithmetic)
+    dec = Decoder(model, arithmetic)
+    got = [tuple(dec.push(x)) for x in xs[0]]
+    assert got == [tuple(r) for r in full]
+    assert got[0][0] == 3 and got[1] == (2, 0)
+
+
+def test_generation_with_a_multi_head_model():
+    """Eight texts 'xyzc' + two letters over x, y, z ∈ {a, b}: what follows the c depends on the
+    whole prefix, so separation needs several tests, here on two channels."""
+    texts = ["".join(p) + "c" + "abcab"[i % 5] + "c"
+             for i, p in enumerate(itertools.product("ab", repeat=3))]
+    _, vocab = text_data(["abc"], "abc")
+    vec = {c: vocab[k].tolist() for k, c in enumerate("abc")}
+    data = CausalDataset.from_arrays([[vec[c] for c in t] for t in texts],
+                                     [[None] * 3 + [vec[c] for c in t[4:]] + [None]
+                                      for t in texts])
+    model = wide(data, 2, 2)
+    assert model.max_heads() == 2
+    for j, t in enumerate(texts):
+        out = generate(model, data.inputs[j][:4], 2, vocabulary=vocab)
+        assert ["abc"[int(np.flatnonzero((vocab == np.asarray(r, float)).all(1))[0])]
+                for r in out] == list(t[4:])
+
+
+def test_cli_builds_a_wide_causal_model(tmp_path, capsys):
+    data = conflict_data(n=6)
+    (tmp_path / "d.json").write_text(json.dumps(data.to_json_dict()))
+    m = str(tmp_path / "m.json")
+    assert main(["build", str(tmp_path / "d.json"), "-o", m, "--width", "8", "--heads", "2"]) == 0
+    assert "width 8" in capsys.readouterr().out
+    assert main(["verify", m, str(tmp_path / "d.json")]) == 0
+    assert "EXACT" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("attention", ["hardmax", "softmax"])
+def test_torch_round_trip_of_a_wide_multi_head_causal_model(tmp_path, attention):
+    et = pytest.importorskip("exactformer.torch")
+    data = conflict_data(seed=3, n=6)
+    model = wide(data, 4, 3, attention=attention)
+    assert model.max_heads() >= 2
+    ref = forward_causal(model, data.floats()[0], "float")
+    for layout in et.LAYOUTS:
+        module = et.convert(model, layout)
+        outs = et.apply(module, data.floats()[0])
+        for o, r, k in zip(outs, ref, data.known, strict=True):
+            assert np.abs(o[k] - r[k]).max() <= 1e-9
+        et.export(model, tmp_path / f"{layout}.safetensors", layout=layout)
+        again = et.apply(et.load_torch(tmp_path / f"{layout}.safetensors"), data.floats()[0])
+        assert all(np.abs(a - o).max() <= 1e-9 for a, o in zip(again, outs, strict=True))

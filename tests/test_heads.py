@@ -83,14 +83,6 @@ def test_width_must_be_a_multiple_of_four(width):
         ef.compile(data, width=width)
 
 
-def test_causal_refuses_a_width_or_heads():
-    data = ef.CausalDataset.from_arrays([[[0, 1], [1, 0]]], [[[2, 2], [3, 3]]])
-    with pytest.raises(ValueError, match="set-to-set"):
-        ef.compile(data, width=8)
-    with pytest.raises(ValueError, match="set-to-set"):
-        ef.compile(data, heads=2)
-
-
 @given(data=datasets(max_pool=6),
        width=st.sampled_from([8, 16]), heads=st.integers(1, 3))
 @settings(SETTINGS, max_examples=4)

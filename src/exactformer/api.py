@@ -20,12 +20,10 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     tau: softmax temperature (default 1). progress: show progress bars on long phases.
     causal: a decoder model with a target at every position (docs/causal.md); a
     :class:`CausalDataset` implies it. width: the widest FF layer, a multiple of 4:
-    width/4 hats (or snaps) share a layer, for about 4/width as many blocks (docs/heads.md).
-    heads: attention heads a separation round may use (at most d − 1 are used).
+    width/4 hats (or snaps, or separation tests) share a layer, for about 4/width as many
+    blocks (docs/heads.md; causal models: docs/causal.md#width-and-heads). heads: attention
+    heads a separation round may use (at most d − 1 are used).
     """
-    if (width != 4 or heads != 1) and (causal or isinstance(dataset, CausalDataset)):
-        raise ValueError(f"width={width!r}, heads={heads!r}: wider layers and several heads are "
-                         "built for set-to-set models only (docs/heads.md); use width=4, heads=1")
     if causal or isinstance(dataset, CausalDataset):
         if not isinstance(dataset, CausalDataset):
             raise TypeError("causal=True expects an exactformer.CausalDataset (see "
@@ -33,7 +31,7 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
         if not exact and dataset.exact:
             dataset.check_float64()
         return compile_causal(dataset, attention=attention, exact=exact, seed=seed, tau=tau,
-                              progress=progress)
+                              progress=progress, width=width, heads=heads)
     if not isinstance(dataset, Dataset):
         raise TypeError("compile expects an exactformer.Dataset (see Dataset.from_arrays)")
     if not exact and dataset.exact:

@@ -1,11 +1,11 @@
 """Autoregressive generation with a causal model, one token at a time (docs/causal.md).
 
 Under a causal mask the states of earlier tokens never change when a token is appended, so a
-:class:`Decoder` keeps, per attention layer, what the new token needs of the prefix (its keys,
-or for a rank-one hardmax layer only the running extremes of :class:`CausalScan`) and computes
-the new token alone. Runs of attention-free ridge FFs that read one direction (every hat of the
-construction) are searched with vectorised window bounds, so a token pays for the few hats
-whose windows it enters, not for every block.
+:class:`Decoder` keeps, per attention layer and head, what the new token needs of the prefix
+(its keys, or for a rank-one hardmax head only the running extremes of :class:`CausalScan`) and
+computes the new token alone. Runs of attention-free ridge FFs that read one direction (every
+hat and snap of the construction; a wide layer is cut into its windows) are searched with
+vectorised window bounds, so a token pays for the few windows it enters, not for every block.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .evaluate import (
     CausalScan,
     PassStats,
     _convert_block,
-    _ridge_in,
+    _ridges_in,
     causal_row,
     relu,
 )
@@ -29,7 +29,9 @@ from .model import FF, SA, Transformer
 
 @dataclass
 class _Run:
-    """Consecutive attention-free FFs that add zero unless lo_k < f·x < hi_k."""
+    """Consecutive attention-free FF layers cut into ridge windows that read one direction f:
+    window w adds zero unless lo[w] < f·x < hi[w]; ``layer[w]`` numbers its layer in the run and
+    ``after[w]`` is the first window of the next layer (a wide layer of k hats is k windows)."""
 
     f: np.ndarray
     ffs: list[FF]
@@ -37,27 +39,38 @@ class _Run:
     hi: list
     lo_f: np.ndarray  # float bounds, widened, to find candidates fast
     hi_f: np.ndarray
+    layer: list[int]
+    after: list[int]
 
 
 class _Attention:
-    """One causal attention layer with its cache of the prefix."""
+    """One causal attention layer (any number of heads) with its cache of the prefix: per
+    rank-one hardmax head only the running extremes of :class:`CausalScan`, else the keys."""
 
     def __init__(self, sa: SA, attention: str, tau, ar: Arithmetic):
         self.sa, self.attention, self.tau, self.ar = sa, attention, tau, ar
-        self.scan = CausalScan() if attention == "hardmax" and sa.A.alpha == 0 else None
+        self.scans = [CausalScan() if attention == "hardmax" and h.A.alpha == 0 else None
+                      for h in sa.heads]
         self.X: list = []
 
     def push(self, x: np.ndarray, stats: PassStats) -> np.ndarray:
+        """ρ·x plus every head's V applied to the head's average over the prefix."""
         sa = self.sa
-        if self.scan is not None:
-            y = self.scan.push(x @ sa.A.c, x @ sa.A.a, x, stats)
-        else:
+        if any(scan is None for scan in self.scans):
             self.X.append(x)
-            X = np.array(self.X, dtype=x.dtype)
-            n = len(X)
-            y = causal_row(X, X @ sa.A.c, X @ sa.A.a, sa.A.alpha, n - 1, np.arange(n),
-                           self.attention, self.tau, stats, self.ar if self.ar.is_object else None)
-        return x * sa.rho + y * sa.V.beta + sa.V.p * (y @ sa.V.q)
+        out = x * sa.rho
+        for head, scan in zip(sa.heads, self.scans, strict=True):
+            A, V = head.A, head.V
+            if scan is not None:
+                y = scan.push(x @ A.c, x @ A.a, x, stats)
+            else:
+                X = np.array(self.X, dtype=x.dtype)
+                n = len(X)
+                y = causal_row(X, X @ A.c, X @ A.a, A.alpha, n - 1, np.arange(n),
+                               self.attention, self.tau, stats,
+                               self.ar if self.ar.is_object else None)
+            out = out + y * V.beta + V.p * (y @ V.q)
+        return out
 
 
 class Decoder:
@@ -74,38 +87,45 @@ class Decoder:
         params = model if self.ar.kind != "float" else (model.to_float() if model.exact else model)
         self.positions = None if model.positions is None else self.ar.array(model.positions)
         tau = self.ar.scalar(model.tau if model.tau is not None else 1)
-        ridges = [_ridge_in(b.ff, self.ar) if b.ff is not None else None for b in model.blocks]
         self.layers: list = []
-        for blk, ridge in zip((_convert_block(b, self.ar) for b in params.blocks), ridges,
-                              strict=True):
+        for b, blk in zip(model.blocks, (_convert_block(b, self.ar) for b in params.blocks),
+                          strict=True):
             if blk.ff is not None:
-                self._add_ff(blk.ff, ridge, alone=blk.sa is None or blk.sa.is_identity())
+                self._add_ff(blk.ff, _ridges_in(b.ff, blk.ff, self.ar),
+                             alone=blk.sa is None or blk.sa.is_identity())
             if blk.sa is not None and not blk.sa.is_identity():
                 self.layers.append(_Attention(blk.sa, model.attention, tau, self.ar))
         self.layers = [self._close(x) for x in self.layers]
         self.t = 0
         self.stats = PassStats()
 
-    def _add_ff(self, ff: FF, ridge, alone: bool) -> None:
+    def _add_ff(self, ff: FF, ridges, alone: bool) -> None:
+        """A dense FF, or its ridge windows (all on one direction, evaluate.ridge_groups) as
+        one more layer of the current run (a new run when the direction changes or attention
+        came in between)."""
         last = self.layers[-1] if self.layers else None
-        if ridge is None:
+        if ridges is None:
             self.layers.append(ff)
-        elif alone and isinstance(last, list) and np.array_equal(last[0][1].f, ridge.f):
-            last.append((ff, ridge))
+        elif alone and isinstance(last, list) and np.array_equal(last[0][0][0].f, ridges[0][0].f):
+            last.append(ridges)
         else:
-            self.layers.append([(ff, ridge)])
+            self.layers.append([ridges])
 
     def _close(self, layer):
-        """A list of (ff, ridge) becomes a :class:`_Run` with widened float bounds."""
+        """A list of layers of (ridge, ff) windows becomes a :class:`_Run` with widened float
+        bounds."""
         if not isinstance(layer, list):
             return layer
-        lo = [r.lo for _, r in layer]
-        hi = [r.hi for _, r in layer]
+        flat = [(r, ff, n) for n, windows in enumerate(layer) for r, ff in windows]
+        starts = np.cumsum([0] + [len(w) for w in layer])
+        lo = [r.lo for r, _, _ in flat]
+        hi = [r.hi for r, _, _ in flat]
         lo_f, hi_f = np.array([float(v) for v in lo]), np.array([float(v) for v in hi])
         if self.ar.is_object:
             lo_f = lo_f - 1e-9 * (np.abs(lo_f) + 1)
             hi_f = hi_f + 1e-9 * (np.abs(hi_f) + 1)
-        return _Run(layer[0][1].f, [ff for ff, _ in layer], lo, hi, lo_f, hi_f)
+        return _Run(flat[0][0].f, [ff for _, ff, _ in flat], lo, hi, lo_f, hi_f,
+                    [n for _, _, n in flat], [int(starts[n + 1]) for _, _, n in flat])
 
     def push(self, x) -> np.ndarray:
         """Append token x (d numbers) at the next position; the model's output there."""
@@ -127,18 +147,24 @@ class Decoder:
             return self.ar.public(z)  # Fractions, not the exact pass's mpq
 
     def _run(self, run: _Run, z: np.ndarray) -> np.ndarray:
-        """Apply, in order, the FFs of the run whose open window contains f·z."""
-        k = 0  # the FFs before k are applied (they left z alone or moved it)
+        """Apply, layer by layer, the windows whose open interval contains f·z: the first layer
+        with such a window adds the changes of all its windows that hold z (each computed from
+        the layer's input, as :func:`exactformer.evaluate.forward_causal` does), then the
+        search goes on from the next layer."""
+        k = 0  # the windows before k belong to layers already applied or passed
         while k < len(run.ffs):
             t = z @ run.f
             tf = float(t)
             cand = np.flatnonzero((run.lo_f[k:] <= tf) & (tf <= run.hi_f[k:])) + k
-            hit = next((c for c in cand.tolist() if run.lo[c] < t < run.hi[c]), None)
-            if hit is None:
+            hits = [c for c in cand.tolist() if run.lo[c] < t < run.hi[c]]
+            if not hits:
                 return z
-            ff = run.ffs[hit]
-            z = z + relu(ff.U @ z + ff.b) @ ff.W.T
-            k = hit + 1
+            hits = [c for c in hits if run.layer[c] == run.layer[hits[0]]]
+            new = z
+            for c in hits:
+                ff = run.ffs[c]
+                new = new + relu(ff.U @ z + ff.b) @ ff.W.T
+            z, k = new, run.after[hits[0]]
         return z
 
 

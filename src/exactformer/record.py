@@ -127,7 +127,9 @@ class Construction:
 @dataclass(frozen=True)
 class CausalLift:
     """A causal separation round that lifted the point (token, ``position``) first seen in
-    ``sequence`` from u = ``source`` to u = ``height``, then added λ·(prefix max) to v."""
+    ``sequence`` from u = ``source`` to u = ``height``, then added λ·(prefix max) to v.
+    ``channel`` c ≥ 1: lifted on the free coordinate c + 1 instead (from its height there),
+    read by its own head (docs/causal.md)."""
 
     round: int
     sequence: int
@@ -135,6 +137,7 @@ class CausalLift:
     source: str
     height: str
     multiplier: str
+    channel: int = 0
 
 
 @dataclass
@@ -167,7 +170,8 @@ class CausalConstruction:
                 "R": self.R, "moves": self.moves,
                 "phases": {p.name: [p.start, p.end] for p in self.phases},
                 "lifts": [{"round": x.round, "sequence": x.sequence, "position": x.position,
-                           "from": x.source, "to": x.height, "lambda": x.multiplier}
+                           "from": x.source, "to": x.height, "lambda": x.multiplier,
+                           **({"channel": x.channel} if x.channel else {})}
                           for x in self.lifts]}
         if self.interpolation_direction is not None:
             meta["interpolation_direction"] = self.interpolation_direction
@@ -187,7 +191,8 @@ class CausalConstruction:
             lr = _Reader(x, f"meta.lifts[{i}]")
             lifts.append(CausalLift(lr.integer("round"), lr.integer("sequence"),
                                     lr.integer("position"), lr.get("from", str),
-                                    lr.get("to", str), lr.get("lambda", str)))
+                                    lr.get("to", str), lr.get("lambda", str),
+                                    lr.get("channel", int, 0)))
         rec = cls(kind=kind, seed=r.integer("seed"), N=r.integer("N"),
                   constrained=r.integer("constrained"),
                   stored_positions=r.integer("stored_positions"), R=r.integer("R"),

@@ -6,24 +6,25 @@ A *context* is (sequence j, position i); its output may depend on the ordered pr
    at position i, so every (token, position) is its own *point*: repeated tokens differ, and the
    set of points of a prefix fixes the ordered prefix.
 2. **Separation (R_c blocks, none when no two contexts at one point have different targets).**
-   A non-residual FF projects every point to u = a·z + a0 ∈ [1, 2]; round r lifts one test
+   A non-residual FF projects every point to u = a·z + a0 ∈ [1, 2]; round r lifts a test
    point above every u (a hat on u) and a causal rank-one attention (A = e1·e1ᵀ, so token i
    attends to the prefix maximum of u) adds λ_r·max_{l≤i} u_l to v = x[1]. A context's state is
    then (u, Σ_r λ_r·M_r): a function of its prefix. Contexts at one point with different
    targets are split by lifting a point of the symmetric difference of their prefixes (the one
    that splits most sampled pairs); generic λ make distinct signatures distinct states.
+   With width 4k a round lifts up to k tests to rising heights, and with several heads some of
+   them on free coordinates x[c + 1], each read by its own head (channels, docs/causal.md).
 3. **Interpolation.** Hardmax: one residual hat per distinct state that has a target and is not
-   on it, along a generic direction h (windows avoid the states still to move and the targets
-   already placed). Softmax: the forward pass is simulated, a non-residual FF projects onto a
-   line and one interval snap per state sends its whole blob to its target.
+   on it (construct/interpolation.py). Softmax: the forward pass is simulated, a non-residual
+   FF projects onto a line and one interval snap per state sends its whole blob to its target
+   (construct/softmax.py). k hats or snaps share a layer.
 
-L = R_c + moves (hardmax) or R_c + 1 + snaps (softmax).
+L = R_c + ⌈moves/k⌉ (hardmax) or R_c + 1 + ⌈snaps/k⌉ (softmax).
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -34,24 +35,25 @@ from tqdm import tqdm
 
 from ..causal_data import CausalDataset
 from ..evaluate import forward_causal, with_positions
-from ..model import SA, Block, ScoreMatrix, Transformer, ValueMatrix
+from ..model import SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 from ..numbers import as_number_array, num, unit
 from ..record import CausalConstruction, CausalLift, Span
-from .gadgets import ff_from_units, hat_units, projection_unit, snap_units
+from .gadgets import ff_from_units, hat_units, projection_unit
 from .generic import (
     ConstructionError,
     Draws,
     best_draw,
-    generic_score,
     relative_gap,
     separated,
 )
-from .softmax import parse_tau
+from .hardmax import check_heads, hats_per_layer
+from .interpolation import LeaderOnTarget, half_room, interpolate
+from .separation import TokenTable, project
+from .softmax import TargetInSnapWindow, parse_tau, project_and_snap
 
 REDRAWS = 20  # fresh positions (and everything after) on a coincidence of generic choices
 PAIR_SAMPLE = 200  # conflicting pairs looked at when choosing a test point
 THETA_MIN = 2.0 ** -40
-MIN_RELATIVE_GAP = 1e-9
 
 
 class _Redraw(ConstructionError):
@@ -69,6 +71,8 @@ class _Contexts:
     first: list[tuple[int, int]]  # per point: a context where it occurs
     exact: bool
     d: int
+    per_layer: int = 1  # hats, snaps and separation tests per layer (width/4)
+    channels: int = 1  # separation registers, one head each (docs/causal.md)
 
 
 @dataclass
@@ -79,14 +83,20 @@ class _Separation:
 
 
 def compile_causal(dataset: CausalDataset, attention: str = "hardmax", exact: bool = True,
-                   seed: int = 0, tau=None, progress: bool = False) -> Transformer:
-    """A causal transformer whose output at every constrained position equals its target."""
+                   seed: int = 0, tau=None, progress: bool = False, width: int = 4,
+                   heads: int = 1) -> Transformer:
+    """A causal transformer whose output at every constrained position equals its target.
+    ``width``/4 hats, snaps or separation tests share a layer; a separation round reads up to
+    min(``heads``, d − 1) channels, one head each (docs/causal.md)."""
     if attention not in ("hardmax", "softmax"):
         raise ValueError(f"attention must be 'hardmax' or 'softmax', got {attention!r}")
     if attention == "hardmax" and tau is not None:
         raise ValueError("tau applies to softmax attention only")
+    k = hats_per_layer(width)
+    check_heads(heads)
     xs, ys = dataset.fractions() if exact else dataset.floats()
     ctx = _contexts(xs, ys, list(dataset.known), exact, dataset.d)
+    ctx.per_layer, ctx.channels = k, max(1, min(heads, dataset.d - 1))  # x[0] is u, x[1] is v
     draws = Draws(seed, exact)
     for _ in range(REDRAWS):
         try:
@@ -144,16 +154,10 @@ def _conflicted(ctx: _Contexts, cls: list[np.ndarray]) -> list[list[list[tuple[i
     return [list(g.values()) for g in groups.values() if len(g) > 1]
 
 
-def _project(points: np.ndarray, draws: Draws):
-    """A direction a with a·z distinct over the points, scaled so that u = a·z + a0 ∈ [1, 2]."""
-    exact = draws.exact
-
-    a = best_draw(lambda: draws.vector(points.shape[1]),
-                  lambda a: generic_score(points @ a, exact), what="projection direction")
-    t = points @ a
-    lo, hi = min(t), max(t)
-    spread = (hi - lo) if hi != lo else num(1, exact)
-    return a / spread, 1 - lo / spread
+def _conflict_weight(conflicts) -> int:
+    """The number of pairs of contexts in one class with different targets: 0 iff no class
+    conflicts, and it drops whenever a refinement splits such a pair."""
+    return sum(sum(map(len, g)) ** 2 - sum(len(x) ** 2 for x in g) for g in conflicts) // 2
 
 
 def _prefix_max(ctx: _Contexts, u: np.ndarray) -> list[list]:
@@ -166,9 +170,9 @@ def _refine(cls: list[np.ndarray], M: list[list]) -> list[np.ndarray]:
                      dtype=np.int64) for cj, mj in zip(cls, M, strict=True)]
 
 
-def _choose_test(ctx: _Contexts, conflicts, draws: Draws) -> int:
-    """The point in the most symmetric differences of sampled conflicting pairs' prefixes
-    (every such point is still unlifted: a lifted one would have split the pair)."""
+def _choose_test(ctx: _Contexts, conflicts, draws: Draws, skip=frozenset()) -> int | None:
+    """The point, not in ``skip``, in the most symmetric differences of sampled conflicting
+    pairs' prefixes (None when there is none)."""
     pairs = [(g[0], h[0]) for groups in conflicts
              for a, g in enumerate(groups) for h in groups[a + 1:]]
     if len(pairs) > PAIR_SAMPLE:
@@ -179,44 +183,110 @@ def _choose_test(ctx: _Contexts, conflicts, draws: Draws) -> int:
         diff = np.flatnonzero(a != b)
         votes.update(a[diff].tolist())
         votes.update(b[diff].tolist())
-    return min(votes, key=lambda t: (-votes[t], t))
+    return min((t for t in votes if t not in skip), key=lambda t: (-votes[t], t), default=None)
+
+
+@dataclass
+class _Round:
+    """A planned round: its tests (channel, point) in lift order, the registers after it and
+    the prefix maxima of the channels it reads (0 first), and the classes after it."""
+
+    tests: list[tuple[int, int]]
+    regs: dict[int, np.ndarray]
+    maxima: dict[int, list[list]]
+    cls: list[np.ndarray]
+    weight: int
+
+
+def _outcome(ctx: _Contexts, cls, regs: dict, tests, top) -> _Round:
+    """Lift the i-th test to height top + i in its channel; every context's outcome per
+    channel read is the prefix maximum of that channel's register (docs/causal.md)."""
+    new = {c: regs[c] if c in regs else regs[0] * 0 for c in {0} | {c for c, _ in tests}}
+    for i, (c, p) in enumerate(tests):
+        new[c] = new[c].copy()
+        new[c][p] = top + i
+    maxima = {c: _prefix_max(ctx, new[c]) for c in sorted(new)}
+    refined = cls
+    for m in maxima.values():
+        refined = _refine(refined, m)
+    return _Round(tests, new, maxima, refined, _conflict_weight(_conflicted(ctx, refined)))
+
+
+def _plan_round(ctx: _Contexts, cls, regs: dict, conflicts, draws: Draws, top) -> _Round:
+    """A round's tests: the greedy test in channel 0 (it splits a conflicting pair, since it
+    goes above every register), then up to ``ctx.per_layer`` − 1 more, each the greedy test on
+    the classes so far, in the channel (one used, or a fresh one up to ``ctx.channels``) whose
+    true outcome lowers the conflict weight most; a test that lowers nothing ends the round."""
+    best = _outcome(ctx, cls, regs, [(0, _choose_test(ctx, conflicts, draws))], top)
+    while len(best.tests) < ctx.per_layer and best.weight:
+        q = _choose_test(ctx, _conflicted(ctx, best.cls), draws,
+                         skip={p for _, p in best.tests})
+        if q is None:
+            break
+        used = sorted({c for c, _ in best.tests} | {c for c in regs if c})
+        fresh = [max(used) + 1] if max(used) + 1 < ctx.channels else []
+        trial = min((_outcome(ctx, cls, regs, best.tests + [(c, q)], top)
+                     for c in used + fresh), key=lambda r: r.weight)
+        if trial.weight >= best.weight:
+            break
+        best = trial
+    return best
 
 
 def _separate(ctx: _Contexts, points: np.ndarray, draws: Draws, score_scale,
               progress: bool) -> _Separation:
     """Rounds until no class holds two different targets; see the module docstring. The rounds
-    are planned first (their FFs and the prefix maxima), then the multipliers are drawn and each
-    block is built whole."""
-    exact, d = ctx.exact, ctx.d
-    e1, e2 = unit(d, 0, exact), unit(d, 1, exact)
-    a, a0 = _project(points, draws)
-    u = as_number_array(points @ a + a0, exact)
-    ffs = [ff_from_units([projection_unit(a, a0, e1)], num(0, exact), d, exact)]
-    history = [_prefix_max(ctx, u)]
-    cls = _refine(ctx.pid, history[0])
-    lifted = []  # (round, sequence, position, from, to) of each lift
+    are planned first (their tests, registers and prefix maxima), then the multipliers are
+    drawn and each block is built whole."""
+    a, a0, u = project(TokenTable.build([points]), draws)  # the points are distinct
+    regs = {0: as_number_array(u, ctx.exact)}
+    top = max(regs[0]) + 1
+    rounds = [_Round([], regs, {0: _prefix_max(ctx, regs[0])}, [], 0)]
+    cls = _refine(ctx.pid, rounds[0].maxima[0])
     bar = tqdm(desc="causal separation rounds", unit="round", disable=not progress,
                leave=False, delay=1)
     while conflicts := _conflicted(ctx, cls):
-        if len(ffs) > len(u):  # each round splits a class of contexts
+        if len(rounds) > sum(map(len, ctx.pid)):  # each round splits a class of contexts
             raise ConstructionError("causal separation did not finish in one round per context")
         bar.update()
-        p = _choose_test(ctx, conflicts, draws)
-        top, c = max(u) + 1, u[p]
-        gaps = np.abs(np.delete(u, p) - c)
-        delta = min([num(1, exact) / 2, *([gaps.min() / 2] if len(gaps) else [])])
-        ffs.append(ff_from_units(hat_units(e1, 0 * c, c, delta, e1 * (top - c)), num(1, exact),
-                                 d, exact))
-        lifted.append((len(history), *ctx.first[p], str(c), str(top)))
-        u[p] = top
-        history.append(_prefix_max(ctx, u))
-        cls = _refine(cls, history[-1])
+        rounds.append(_plan_round(ctx, cls, regs, conflicts, draws, top))
+        regs = {**regs, **rounds[-1].regs}
+        cls, top = rounds[-1].cls, top + len(rounds[-1].tests)
     bar.close()
-    lams = _multipliers(ctx, cls, history, draws, max(u) + 1)
-    blocks = [Block(ff, SA(num(1, exact), ScoreMatrix(num(0, exact), e1 * score_scale, e1),
-                           ValueMatrix(num(0, exact), e2 * lam, e1)))
-              for ff, lam in zip(ffs, lams, strict=True)]
-    return _Separation(blocks, cls, [CausalLift(*x, str(lams[x[0]])) for x in lifted])
+    history = [m for r in rounds for m in r.maxima.values()]
+    lams = _multipliers(ctx, cls, history, draws, top)
+    blocks, lifts = _round_blocks(ctx, rounds, (a, a0), lams, score_scale)
+    return _Separation(blocks, cls, lifts)
+
+
+def _round_blocks(ctx: _Contexts, rounds: list[_Round], projection, lams, score_scale):
+    """One block per round: the projection (first) or the round's lift hats, each on its
+    point's half-gap window of u (pairwise disjoint, so they share a layer), and one causal
+    rank-one head per channel read, adding λ·(the prefix max of the channel) to v = x[1].
+    Channel 0 is u = x[0]; channel c ≥ 1 the free coordinate x[c + 1] (docs/causal.md)."""
+    exact, d = ctx.exact, ctx.d
+    e = [unit(d, i, exact) for i in range(d)]
+    lam = iter(lams)
+    regs = dict(rounds[0].regs)
+    blocks, lifts = [], []
+    for r, rnd in enumerate(rounds):
+        u = regs[0]
+        present = sorted(u)
+        units = [] if r else [projection_unit(*projection, e[0])]
+        lam_of = {c: next(lam) for c in rnd.maxima}
+        for c, p in rnd.tests:
+            before, after = regs.get(c, u * 0)[p], rnd.regs[c][p]
+            units += hat_units(e[0], 0 * u[p], u[p], half_room(present, u[p], num(1, exact)),
+                               e[c + 1 if c else 0] * (after - before))
+            lifts.append(CausalLift(r, *ctx.first[p], str(before), str(after), str(lam_of[c]),
+                                    channel=c))
+        heads = [Head(ScoreMatrix(num(0, exact), e[c + 1 if c else 0] * score_scale, e[0]),
+                      ValueMatrix(num(0, exact), e[1] * lam_of[c], e[c + 1 if c else 0]))
+                 for c in rnd.maxima]
+        regs.update(rnd.regs)
+        blocks.append(Block(ff_from_units(units, num(1 if r else 0, exact), d, exact),
+                            SA(num(1, exact), heads=heads)))
+    return blocks, lifts
 
 
 def _multipliers(ctx: _Contexts, cls, history, draws: Draws, top) -> list:
@@ -284,14 +354,31 @@ def _build_hardmax(ctx: _Contexts, draws: Draws, progress: bool) -> Transformer:
     items = [(states[j][i], y) for (j, i), y in _targeted_classes(ctx, sep.cls).values()]
     if exact:
         _check_classes(states, sep.cls)
-    hats, h = _hats(items, d, draws, progress)
+    on = [tuple(s.tolist()) == tuple(y.tolist()) for s, y in items]
+    moving = [x for x, o in zip(items, on, strict=True) if not o]
+    fixed = [s for (s, _), o in zip(items, on, strict=True) if o]
+    hats, h = _interpolate(ctx, moving, fixed, draws, progress)
     blocks = sep.blocks + hats
     R = len(sep.blocks)
-    record = _record(ctx, "causal-hardmax", P, R, len(hats),
+    record = _record(ctx, "causal-hardmax", P, R, len(moving),
                      [Span("separation", 0, R), Span("interpolation", R, len(blocks))], sep)
     record.interpolation_direction = [str(v) for v in h]
     return Transformer(d=d, attention="hardmax", blocks=blocks, exact=exact, causal=True,
                        positions=P, record=record)
+
+
+def _interpolate(ctx: _Contexts, moving, fixed, draws: Draws, progress: bool):
+    """The shared interpolation (construct/interpolation.py): one hat per (state, target) to
+    move, ``ctx.per_layer`` to a layer; states already on their targets stay put."""
+    if not moving:
+        return [], unit(ctx.d, 0, ctx.exact)
+    dtype = moving[0][0].dtype
+    try:
+        return interpolate([np.array([s for s, _ in moving], dtype=dtype)],
+                           [np.array([y for _, y in moving], dtype=dtype)], draws, progress,
+                           ctx.per_layer, np.array(fixed, dtype=dtype) if fixed else None)
+    except LeaderOnTarget:
+        raise _Redraw("a target coincides with a state still to move") from None
 
 
 def _record(ctx: _Contexts, kind: str, P, R: int, moves: int, phases: list[Span],
@@ -311,41 +398,6 @@ def _check_classes(states, cls) -> None:
             if seen.setdefault(k, tuple(row.tolist())) != tuple(row.tolist()):
                 raise ConstructionError("internal error: contexts of one separation class "
                                         "reached different states")
-
-
-def _hats(items: list[tuple[np.ndarray, np.ndarray]], d: int, draws: Draws, progress: bool):
-    """One residual hat per (state, target) with state ≠ target, read along a generic h."""
-    exact = draws.exact
-    moving = [(s, y) for s, y in items if tuple(s.tolist()) != tuple(y.tolist())]
-    fixed = [s for s, y in items if tuple(s.tolist()) == tuple(y.tolist())]
-    to_move = {tuple(s.tolist()) for s, _ in moving}
-    if any(tuple(y.tolist()) in to_move for _, y in moving):
-        raise _Redraw("a target coincides with a state still to move")
-    if not moving:
-        return [], unit(d, 0, exact)
-    distinct = {tuple(v.tolist()): v for v in [s for s, _ in moving] + [y for _, y in items]}
-    V = np.array(list(distinct.values()), dtype=moving[0][0].dtype)
-
-    h = best_draw(lambda: draws.vector(d), lambda h: generic_score(V @ h, exact),
-                  what="interpolation direction")
-    every = sorted(V @ h)
-    cap = every[-1] - every[0]
-    present = sorted([s @ h for s, _ in moving] + [s @ h for s in fixed])
-    blocks = []
-    for s, y in tqdm(moving, desc="causal hats", unit="hat", disable=not progress, leave=False,
-                     delay=1):
-        c = s @ h
-        present.pop(bisect_left(present, c))
-        k = bisect_left(present, c)
-        near = [abs(present[m] - c) for m in (k - 1, k) if 0 <= m < len(present)]
-        delta = min([cap] + near) / 2
-        blocks.append(Block(ff_from_units(hat_units(h, 0 * c, c, delta, y - s), num(1, exact),
-                                          d, exact), None))
-        t = y @ h
-        k = bisect_left(present, t)
-        if k == len(present) or present[k] != t:
-            insort(present, t)
-    return blocks, h
 
 
 # ------------------------------------------------------------------------------ softmax
@@ -381,89 +433,28 @@ def _softmax_at(ctx: _Contexts, draws: Draws, theta: Fraction, fold: bool,
         for row, k in zip(s, c.tolist(), strict=True):
             if k in classes:
                 blobs[k].append(row)
-    order = list(classes)
-    groups = [np.array(blobs[k]) for k in order]
-    targets = [classes[k][1] for k in order]
-    proj, snaps, windows = _project_and_snap(groups, targets, draws, d, exact)
-    blocks = sep.blocks + [proj] + snaps
+    proj, snaps, windows = _snaps(ctx, [np.array(blobs[k]) for k in classes],
+                                  [classes[k][1] for k in classes], draws)
+    blocks = sep.blocks + proj + snaps
     R = len(sep.blocks)
-    record = _record(ctx, "causal-softmax", P, R, len(snaps),
-                     [Span("separation", 0, R), Span("projection", R, R + 1),
-                      Span("snap", R + 1, len(blocks))], sep)
+    record = _record(ctx, "causal-softmax", P, R, len(windows),
+                     [Span("separation", 0, R), Span("projection", R, R + len(proj)),
+                      Span("snap", R + len(proj), len(blocks))], sep)
     record.theta, record.folded = str(theta), fold
     record.snap_windows = [tuple(str(c) for c in w) for w in windows]
     return Transformer(d=d, attention="softmax", blocks=blocks, tau=tau, exact=exact,
                        causal=True, positions=P, record=record)
 
 
-def _project_and_snap(groups, targets, draws: Draws, d: int, exact: bool):
-    """A non-residual projection onto a line t·e along a generic f, then one interval snap per
-    group (read along f' with f'·e = 1) whose flat part covers the group's blob."""
-    def intervals(f):
-        f = np.asarray(f, dtype=float)
-        return [(float((g @ f).min()), float((g @ f).max())) for g in groups]
-
-    def score(f):
-        iv = sorted(intervals(f))
-        if not iv:
-            return 1.0
-        spread = max(abs(iv[0][0]), abs(iv[-1][1]), 1.0)
-        for a, b in zip(iv, iv[1:], strict=False):
-            if b[0] - a[1] <= max(a[1] - a[0], b[1] - b[0], MIN_RELATIVE_GAP * spread):
-                return None
-        return min([b[0] - a[1] for a, b in zip(iv, iv[1:], strict=False)], default=1.0) / spread
-
+def _snaps(ctx: _Contexts, blobs, targets, draws: Draws):
+    """The shared projection and snaps (construct/softmax.py), ``ctx.per_layer`` snaps to a
+    layer; nothing when no state has a target."""
+    if not blobs:
+        return [], [], []
     try:
-        f = best_draw(lambda: draws.vector(d), score, what="projection line")
+        proj, snaps, windows = project_and_snap(blobs, targets, draws, ctx.per_layer)
+    except TargetInSnapWindow as e:
+        raise _Redraw(str(e)) from None
     except ConstructionError as e:
         raise _Overlap(str(e)) from None
-    iv = intervals(f)
-    lowest = min([a for a, _ in iv], default=0.0)
-    shift = num(1 - Fraction(math.floor(lowest * 1024), 1024), exact)
-    e = draws.vector(d)
-    proj = Block(ff_from_units([projection_unit(f, shift, e)], num(0, exact), d, exact), None)
-    windows = _windows([(a + float(shift), b + float(shift)) for a, b in iv])
-    ee = e @ e
-    for _ in range(64):
-        r = draws.vector(d)
-        fp = e / ee + (r - e * ((r @ e) / ee))
-        if _targets_clear(targets, windows, fp):
-            break
-    else:
-        raise _Redraw("a placed target keeps falling into a later snap window")
-    snaps = []
-    for win, y in zip(windows, targets, strict=True):
-        c1, c2, c3, c4 = (num(c, exact) for c in win)
-        units = snap_units(fp, num(0, exact), e, c1, c2, c3, c4, as_number_array(y, exact))
-        snaps.append(Block(ff_from_units(units, num(1, exact), d, exact), None))
-    return proj, snaps, windows
-
-
-def _windows(line: list[tuple[float, float]]) -> list[tuple[Fraction, ...]]:
-    """Dyadic (c1, c2, c3, c4) per interval: the flat part reaches q = gap/8 beyond the blob
-    and each ramp another q, so windows of neighbouring intervals stay disjoint."""
-    order = sorted(range(len(line)), key=lambda k: line[k])
-    gap = [math.inf] * len(line)
-    for a, b in zip(order, order[1:], strict=False):
-        g = line[b][0] - line[a][1]
-        gap[a], gap[b] = min(gap[a], g), min(gap[b], g)
-    out = []
-    for k, (lo, hi) in enumerate(line):
-        q = (gap[k] if math.isfinite(gap[k]) else 1.0) / 8
-        step = Fraction(2) ** math.floor(math.log2(q / 64))
-        ramp = math.floor(Fraction(q) / step) * step
-        c2 = math.floor(Fraction(lo - q) / step) * step
-        c3 = math.ceil(Fraction(hi + q) / step) * step
-        out.append((c2 - ramp, c2, c3, c3 + ramp))
-    return out
-
-
-def _targets_clear(targets, windows, fp) -> bool:
-    """No target placed by a snap comes within a ramp's width of a later snap's window."""
-    t = [float(np.asarray(y, dtype=float) @ np.asarray(fp, dtype=float)) for y in targets]
-    for k, (c1, c2, _, c4) in enumerate(windows):
-        pad = float(c2 - c1)
-        if any(float(c1) - pad < t[i] < float(c4) + pad for i in range(k)):
-            return False
-    return True
-
+    return [proj], snaps, windows

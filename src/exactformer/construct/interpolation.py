@@ -25,9 +25,11 @@ class LeaderOnTarget(ConstructionError):
 
 
 def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Draws,
-                progress: bool = False, per_layer: int = 1) -> tuple[list[Block], np.ndarray]:
+                progress: bool = False, per_layer: int = 1,
+                fixed: np.ndarray | None = None) -> tuple[list[Block], np.ndarray]:
     """Hats moving leader i of sequence j onto target i of sequence j, in sequence order,
-    ``per_layer`` hats to an FF layer."""
+    ``per_layer`` hats to an FF layer. ``fixed``: points already on their targets (causal
+    states, docs/causal.md), which no hat may touch; targets may land on them."""
     exact = draws.exact
     d = targets[0].shape[1]
     L = np.concatenate(leaders, axis=0)
@@ -36,13 +38,15 @@ def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Dra
     if any(tuple(r.tolist()) in lead_keys for r in Y):
         raise LeaderOnTarget("a target coincides with a leader point")
     ykeys = {tuple(r.tolist()): r for r in Y}
+    if fixed is not None:
+        ykeys.update((tuple(r.tolist()), r) for r in fixed)
     Yu = np.array(list(ykeys.values()), dtype=Y.dtype)
 
     h = best_draw(lambda: draws.vector(d),
                   lambda h: generic_score(np.concatenate([L @ h, Yu @ h]), exact),
                   what="interpolation direction")
     lv, yv = list(L @ h), list(Y @ h)
-    present = sorted(lv)
+    present = sorted(lv + ([] if fixed is None else list(fixed @ h)))
     every = sorted(lv + list(Yu @ h))
     cap = (every[-1] - every[0]) if len(every) > 1 else num(1, exact)
     blocks = []
@@ -51,7 +55,7 @@ def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Dra
                   disable=not progress, leave=False, delay=1):
         layer = range(s, min(s + per_layer, len(lv)))
         units = [u for i in layer for u in hat_units(
-            h, 0 * lv[i], lv[i], _half_room(present, lv[i], cap), Y[i] - L[i])]
+            h, 0 * lv[i], lv[i], half_room(present, lv[i], cap), Y[i] - L[i])]
         blocks.append(Block(ff_from_units(units, num(1, exact), d, exact), None))
         for i in layer:
             present.pop(bisect_left(present, lv[i]))
@@ -62,9 +66,9 @@ def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Dra
     return blocks, h
 
 
-def _half_room(present: list, c, cap):
+def half_room(present: list, c, cap):
     """Half the distance from c (one of the sorted values ``present``) to its nearest other
-    value, at most cap/2."""
+    value, at most cap/2: the half-width of a hat at c that touches no other present value."""
     i = bisect_left(present, c)
     near = [abs(present[k] - c) for k in (i - 1, i + 1) if 0 <= k < len(present)]
     return min([cap] + near) / 2

@@ -247,29 +247,44 @@ def _mp_fraction(v) -> Fraction:
 
 
 def _project_and_snap(geo, blocks, chosen, tau, draws):
-    """Simulate to the collapse, project onto a generic line, and snap each group."""
-    exact, d = geo.exact, geo.d
+    """Simulate to the collapse, project onto a generic line, and snap each leader group."""
     groups = _groups(_simulate(geo, blocks, tau), chosen)
     resolution = MIN_RELATIVE_GAP if geo.digits is None else Fraction(1, 10 ** (geo.digits - 7))
+    proj, snaps, windows = project_and_snap([g for _, _, g in groups],
+                                            [geo.targets[j][slot] for j, slot, _ in groups],
+                                            draws, geo.per_layer, resolution)
+    records = [SnapWindow(j, slot, tuple(str(c) for c in win))
+               for (j, slot, _), win in zip(groups, windows, strict=True)]
+    return proj, snaps, records
+
+
+def project_and_snap(blobs: list[np.ndarray], targets: list[np.ndarray], draws: Draws,
+                     per_layer: int = 1, resolution: Fraction = MIN_RELATIVE_GAP):
+    """A non-residual projection onto a line t·e along a generic f, then one interval snap per
+    blob (its simulated points) whose flat part covers the blob and sends it to its target,
+    ``per_layer`` snaps on disjoint windows to an FF layer (docs/softmax.md, docs/heads.md).
+    Also used by the causal construction (docs/causal.md). Raises ConstructionError when no
+    line keeps the blobs apart, :class:`TargetInSnapWindow` when no reader keeps a placed
+    target out of later windows. Returns the projection block, the snap blocks and the
+    windows (c1, c2, c3, c4) per blob."""
+    exact, d = draws.exact, len(targets[0])
     f = best_draw(lambda: draws.vector(d),
-                  lambda f: _line_score(_intervals(groups, f), resolution),
+                  lambda f: _line_score(_intervals(blobs, f), resolution),
                   what="projection line (groups overlap)")
-    iv = _intervals(groups, f)
+    iv = _intervals(blobs, f)
     shift = num(Fraction(1) - _rational_below(min(a for a, _ in iv)), exact)
     e = draws.vector(d)
     proj = ff_from_units([projection_unit(f, shift, e)], num(0, exact), d, exact)
     windows = _windows([(a + Fraction(shift), b + Fraction(shift)) for a, b in iv])  # t ≥ 1
-    fp = _reader(geo, groups, windows, e, draws)
+    fp = _reader(targets, windows, e, draws)
     units = []
-    for (j, slot, _), win in zip(groups, windows, strict=True):
+    for y, win in zip(targets, windows, strict=True):
         c1, c2, c3, c4 = (num(c, exact) for c in win)
-        units.append(snap_units(fp, num(0, exact), e, c1, c2, c3, c4, geo.targets[j][slot]))
-    k = geo.per_layer  # snaps on disjoint windows of the line share a layer (docs/heads.md)
+        units.append(snap_units(fp, num(0, exact), e, c1, c2, c3, c4, y))
+    k = per_layer  # snaps on disjoint windows of the line share a layer (docs/heads.md)
     snaps = [Block(ff_from_units([u for s in units[i:i + k] for u in s], num(1, exact), d, exact),
                    None) for i in range(0, len(units), k)]
-    records = [SnapWindow(j, slot, tuple(str(c) for c in win))
-               for (j, slot, _), win in zip(groups, windows, strict=True)]
-    return Block(proj, None), snaps, records
+    return Block(proj, None), snaps, windows
 
 
 def _groups(outs, chosen) -> list[tuple[int, int, np.ndarray]]:
@@ -284,11 +299,11 @@ def _groups(outs, chosen) -> list[tuple[int, int, np.ndarray]]:
     return groups
 
 
-def _intervals(groups, f) -> list[tuple[Fraction, Fraction]]:
-    """Each group's extent along f, as exact values of the simulated numbers."""
-    if groups[0][2].dtype != object:
+def _intervals(blobs, f) -> list[tuple[Fraction, Fraction]]:
+    """Each blob's extent along f, as exact values of the simulated numbers."""
+    if blobs[0].dtype != object:
         f = np.asarray(f, dtype=float)
-    return [(Fraction((g[2] @ f).min()), Fraction((g[2] @ f).max())) for g in groups]
+    return [(Fraction((g @ f).min()), Fraction((g @ f).max())) for g in blobs]
 
 
 def _line_score(intervals, resolution: Fraction) -> float | None:
@@ -303,14 +318,14 @@ def _line_score(intervals, resolution: Fraction) -> float | None:
     return float(min(gaps) / (iv[-1][1] - iv[0][0] or 1)) if gaps else 1.0
 
 
-def _reader(geo, groups, windows, e, draws):
+def _reader(targets, windows, e, draws):
     """The snaps' reading direction f' = e/|e|² + w (w ⊥ e, so f'·e = 1), redrawn until no
     target placed by a snap lies near a later snap's window."""
     ee = e @ e
     for _ in range(TARGET_TRIES):
-        r = draws.vector(geo.d)
+        r = draws.vector(len(e))
         fp = e / ee + (r - e * ((r @ e) / ee))
-        if _targets_clear(geo, groups, windows, fp):
+        if _targets_clear(targets, windows, fp):
             return fp
     raise TargetInSnapWindow("a placed target keeps falling into a later snap window")
 
@@ -344,9 +359,9 @@ def _rational_below(v: Fraction) -> Fraction:
     return Fraction(math.floor(v * 1024), 1024)
 
 
-def _targets_clear(geo, groups, windows, fp) -> bool:
+def _targets_clear(targets, windows, fp) -> bool:
     """No target placed by a snap comes within a ramp's width of a later snap's window."""
-    t = [Fraction(geo.targets[j][slot] @ fp) for j, slot, _ in groups]
+    t = [Fraction(y @ fp) for y in targets]
     for k, (c1, c2, _, c4) in enumerate(windows):
         pad = c2 - c1
         if any(c1 - pad < t[i] < c4 + pad for i in range(k)):
