@@ -952,15 +952,6 @@ def _run_parallel(job: _Job, xs, bounds, snapshots, stats: PassStats, scale: flo
     return outs, snaps
 
 
-def _ridge_in(ff: FF, ar: Arithmetic) -> Ridge | None:
-    """The layer's ridge window (found exactly) with its direction and ends in ``ar``."""
-    r = ridge_window(ff)
-    if r is None:
-        return None
-    return Ridge(ar.array(r.f), ar.scalar(r.lo), ar.scalar(r.hi))
-
-
-
 def _ridges_in(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | None:
     """``ff`` cut into ridge windows, each with its units taken from ``params`` (the layer in
     the pass's arithmetic): a wide layer of k hats on one direction is k windows, so a token
@@ -1032,13 +1023,16 @@ def _dense_block(X: np.ndarray, blk, attention: str, tau: float) -> np.ndarray:
         X = ff.eta * X + np.maximum(X @ ff.U.T + ff.b, 0.0) @ ff.W.T
     if blk.sa is None or blk.sa.is_identity():
         return X
-    S = (X @ blk.sa.A.dense().T) @ np.swapaxes(X, 1, 2)  # S[b, i, l] = <A x_i, x_l>
-    if attention == "hardmax":
-        M = (S == S.max(axis=2, keepdims=True)).astype(float)
-    else:
-        M = np.exp((S - S.max(axis=2, keepdims=True)) / tau)
-    M = M / M.sum(axis=2, keepdims=True)
-    return blk.sa.rho * X + (M @ X) @ blk.sa.V.dense().T
+    out = blk.sa.rho * X
+    for head in blk.sa.heads:
+        S = (X @ head.A.dense().T) @ np.swapaxes(X, 1, 2)  # S[b, i, l] = <A x_i, x_l>
+        if attention == "hardmax":
+            M = (S == S.max(axis=2, keepdims=True)).astype(float)
+        else:
+            M = np.exp((S - S.max(axis=2, keepdims=True)) / tau)
+        M = M / M.sum(axis=2, keepdims=True)
+        out = out + (M @ X) @ head.V.dense().T
+    return out
 
 
 def distinct_rows(a: np.ndarray) -> np.ndarray:

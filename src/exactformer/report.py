@@ -571,7 +571,7 @@ class CausalReport:
             ("attention", f"{self.attention}, causal"),
             ("sequences N / dimension d", f"{self.N} / {self.d}"),
             ("tokens / constrained positions", f"{self.tokens} / {self.constrained}"),
-            ("blocks L", f"{self.blocks}  (design R_c + moves = {self.blocks_design}, "
+            ("blocks L", f"{self.blocks}  (design R_c + ⌈moves/k⌉ = {self.blocks_design}, "
                          f"R_c = {self.R})"),
             ("max FF width", str(self.max_width)),
             ("parameters (structured / dense)", f"{self.params} / {self.params_dense}  "
@@ -635,8 +635,8 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     return CausalReport(
         attention=model.attention, arithmetic=arithmetic, N=dataset.N, d=dataset.d,
         tokens=dataset.total_n, constrained=dataset.constrained, blocks=model.n_blocks,
-        blocks_design=None if rec is None else rec.R + rec.moves +
-        (1 if model.attention == "softmax" else 0), R=R, max_width=model.max_width(),
+        blocks_design=None if rec is None else rec.R + -(-rec.moves // hats_per_layer(model)) +
+        (1 if model.attention == "softmax" and rec.moves else 0), R=R, max_width=model.max_width(),
         params=model.n_params(), params_dense=model.n_params_dense(),
         position_params=0 if model.positions is None else int(np.size(model.positions)),
         max_abs_param=float(np.abs(theta).max()), exact_equal=exact_equal,
