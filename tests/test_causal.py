@@ -480,6 +480,7 @@ def wide(data, k: int, heads: int, **kw):
     assert rec.moves <= data.constrained
     assert model.max_width() <= 4 * k
     assert model.max_heads() <= max(1, min(heads, data.d - 1))
+    assert ef.verify(model, data).blocks_design == model.n_blocks  # the report's bound agrees
     return model
 
 

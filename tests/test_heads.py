@@ -20,6 +20,7 @@ import exactformer as ef
 from exactformer import generate
 from exactformer.certify import prove
 from exactformer.cli import main
+from exactformer.evaluate import dense_forward
 from exactformer.model import SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 from exactformer.modelio import ModelFormatError, model_from_dict, model_to_dict
 
@@ -162,6 +163,15 @@ def test_two_heads_sum_their_values():
     assert np.array_equal(outf, out.astype(float))
     (outm,) = ef.forward(model, [X], arithmetic="mp")
     assert np.array_equal(outm.astype(float), out.astype(float))
+
+
+def test_dense_pass_sums_heads():
+    """The independent dense evaluator reads every head of a layer, as forward does."""
+    model = two_head_model(exact=False)
+    X = np.array([[1.0, 0, 0], [3.0, 0, 0], [2.0, 0, 0]])
+    (dense,) = dense_forward(model, [X])
+    (fast,) = ef.forward(model, [X], arithmetic="float")
+    assert np.array_equal(dense, fast)
 
 
 def test_causal_pass_sums_heads():

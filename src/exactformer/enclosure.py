@@ -44,11 +44,16 @@ def upper(m, r):
     return np.nextafter(m + r, np.inf)
 
 
-def dot(X, r, v) -> tuple[np.ndarray, np.ndarray]:
-    """Rows' values X·v in float64 and a bound on |x·v − X·v| for every x with |x − X| ≤ r."""
-    nz = np.flatnonzero(v)  # zero weights add nothing to either bound
-    av, Xn = np.abs(v[nz]), X[:, nz]
-    return X @ v, up(r[:, nz] @ av + rounding(np.abs(Xn) @ av, len(nz)), len(nz) + 1)
+def dot_radius(X, r, v) -> np.ndarray:
+    """A bound on |x·v − fl(X·v)| for every x with |x − X| ≤ r, however the float64 dot
+    product X·v was summed (zero entries of v add nothing and are skipped)."""
+    nz = np.flatnonzero(v)
+    if len(nz) == 1:
+        k = nz[0]
+        av = abs(v[k])
+        return up(r[:, k] * av + rounding(np.abs(X[:, k]) * av, 1), 2)
+    av = np.abs(v[nz])
+    return up(r[:, nz] @ av + rounding(np.abs(X[:, nz]) @ av, len(nz)), len(nz) + 1)
 
 
 def _pre_activations(X, r, U_, b):
@@ -68,10 +73,11 @@ def zone_change(X, r, U_, b, W) -> np.ndarray:
 
 
 def ridge_radius(rad, spread: list) -> np.ndarray:
-    """New radii after a residual layer of ridge windows, from each window's
-    (rows, whole, alone, near, zone) (see :func:`ff_change`, :func:`zone_change`). A row
-    touched by one window only gets that window's ``whole``; a row touched by several gets
-    its radius plus the sum of their separate terms (triangle inequality)."""
+    """``rad`` updated in place to the radii after a residual layer of ridge windows, from
+    each window's (rows, whole, alone, near, zone) (see :func:`ff_change`,
+    :func:`zone_change`). A row touched by one window only gets that window's ``whole``; a
+    row touched by several gets its radius plus the sum of their separate terms (triangle
+    inequality)."""
     rows = np.concatenate([np.concatenate([s[0], s[3]]) for s in spread]).astype(int)
     if not len(rows):
         return rad
@@ -84,9 +90,8 @@ def ridge_radius(rad, spread: list) -> np.ndarray:
     new = up(rad[uniq] + extra, len(spread) + 2)
     alone = (count[inv] == 1) & ~np.isnan(whole[:, 0])
     new[inv[alone]] = whole[alone]
-    out = rad.copy()
-    out[uniq] = new
-    return out
+    rad[uniq] = new
+    return rad
 
 
 def gadget_form(U_, W):
@@ -125,7 +130,7 @@ def ff_change(X, r, U_, b, W):
     Z, z_round, z_rad = _pre_activations(X, r, U_, b)
     active = lower(Z, z_rad) > 0
     unsure = ~active & ~(upper(Z, z_rad) <= 0)
-    t, t_rad = dot(X, r, f)
+    t, t_rad = X @ f, dot_radius(X, r, f)
     slope = np.array([math.fsum(om[a] * sig[a]) for a in active])  # exact: small powers of 2
     shift = np.array([math.fsum(om[a] * b[a]) for a in active])  # correctly rounded
     loose = np.maximum(Z, 0.0) * unsure

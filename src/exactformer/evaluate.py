@@ -23,7 +23,7 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from fractions import Fraction
 
 import mpmath
@@ -109,6 +109,7 @@ class PassStats:
     hardmax_margin: float | None = None  # smallest best-minus-second score gap / score scale
     hardmax_ties: int = 0  # queries whose best score is shared by two distinct points
     hat_clearance: float | None = None  # smallest distance of an untouched token to a window
+    enabled: bool = field(default=True, repr=False, compare=False)  # False: record nothing
 
     def _min(self, name: str, v) -> None:
         v = float(v)
@@ -119,6 +120,8 @@ class PassStats:
         """Fold in the statistics of a pass over other sequences (a chunk of a parallel pass):
         counts add up, margins take the smaller value, so the result equals one serial pass."""
         for f in fields(self):
+            if f.name == "enabled":
+                continue
             v = getattr(other, f.name)
             if isinstance(v, int):
                 setattr(self, f.name, getattr(self, f.name) + v)
@@ -286,12 +289,12 @@ class _SortedProjection:
             j += 1
         if j < len(self.order):
             gaps.append(self.sorted_t[j] - hi)
-        for r in self.dirty:
-            tr = self.t[r]
-            if lo < tr < hi:
-                rows.append(r)
-            else:
-                gaps.append(lo - tr if tr <= lo else tr - hi)
+        if self.dirty:
+            dirty = np.fromiter(self.dirty, dtype=np.int64, count=len(self.dirty))
+            td = self.t[dirty]
+            inside = (td > lo).astype(bool) & (td < hi).astype(bool)
+            rows += dirty[inside].tolist()
+            gaps += [lo - v if v <= lo else v - hi for v in td[~inside].tolist()]
         return np.asarray(rows, dtype=int), (min(gaps) if gaps else None)
 
     def update(self, rows: np.ndarray, t_new: np.ndarray) -> None:
@@ -324,6 +327,15 @@ class _State:
     def changed_everything(self):
         self.projections.clear()
         self.extent = None
+
+    def changed_columns(self, cols: np.ndarray) -> None:
+        """Only the columns ``cols`` of every row changed: sorted indices along directions
+        that ignore them stay valid."""
+        self.projections = {k: v for k, v in self.projections.items()
+                            if not any(v[0][c] != 0 for c in cols.tolist())}
+        if self.extent is not None:
+            r, m = _extent(self.P[:, cols], self.rad[:, cols])
+            self.extent = (max(r, self.extent[0]), max(m, self.extent[1]))
 
     def reach(self, f) -> float:
         """A bound on |f·x − f·m| for every row m and exact point x within its radius,
@@ -438,14 +450,16 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
         moves, spread = [], []
         for ridge, part in ridges:
             sp = st.projection(ridge.f)
-            rows, gap = sp.rows_in(ridge.lo, ridge.hi)
-            if gap is not None:
-                stats._min("hat_clearance", safe_float(gap) / (scale * _norm(ridge.f)))
             if st.rad is not None:
-                change, terms = _ridge_spread(st, sp, ridge, part, rows)
+                change, terms = _ridge_spread(st, sp, ridge, part)
+                rows = terms[0]
                 spread.append(terms)
                 moves.append((rows, change))
-            elif len(rows):
+                continue
+            rows, gap = sp.rows_in(ridge.lo, ridge.hi)
+            if gap is not None and stats.enabled:
+                stats._min("hat_clearance", safe_float(gap) / (scale * _norm(ridge.f)))
+            if len(rows):
                 X = st.P[rows]
                 moves.append((rows, relu(X @ part.U.T + part.b) @ part.W.T))
         if spread:
@@ -463,14 +477,16 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
         st.compact()
 
 
-def _ridge_spread(st: _State, sp: _SortedProjection, ridge: Ridge, part: FF, rows):
-    """For a tracking pass: the change of the float window's rows (computed as
-    :func:`enclosure.ff_change` does), and the radius terms of every row whose box may reach
-    the window (also those within the rows' reach of its ends; see
+def _ridge_spread(st: _State, sp: _SortedProjection, ridge: Ridge, part: FF):
+    """For a tracking pass: the change of the rows inside the window by their float f·x
+    (computed as :func:`enclosure.ff_change` does), and the radius terms of every row whose
+    box may reach the window (also those within the rows' reach of its ends; see
     :func:`enclosure.ridge_radius`)."""
     w = st.reach(ridge.f) + 4 * enclosure.U * max(abs(ridge.lo), abs(ridge.hi))
     near, _ = sp.rows_in(enclosure.lower(ridge.lo, w), enclosure.upper(ridge.hi, w))
-    near = np.setdiff1d(near, rows)
+    t = sp.t[near]
+    inside = (t > ridge.lo) & (t < ridge.hi)
+    rows, near = near[inside], near[~inside]
     change, whole, alone = enclosure.ff_change(st.P[rows], st.rad[rows], part.U, part.b,
                                                part.W)
     zone = enclosure.zone_change(st.P[near], st.rad[near], part.U, part.b, part.W)
@@ -483,37 +499,61 @@ def _norm(f) -> float:
 
 def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
     """ρ·x_i plus, for every head, V_h applied to the head's own average (docs/heads.md).
-    A head with V = p·qᵀ (β = 0) only needs the average of the scalar x·q, so that is what
-    it averages.
+    Every head reads the layer's input. A head with V = p·qᵀ (β = 0) averages only the scalar
+    x·q and changes only the columns where p ≠ 0, so sorted indices along other directions
+    survive the layer.
 
     Equal points are merged only when ρ = 0 (each token replaced by averages, as in the
     collapse): with ρ ≠ 0 distinct points almost never meet, and an unmerged pair of equal
     rows only costs time, never changes a result (they carry their multiplicities)."""
-    P, rad = st.P, st.rad
-    new = P * sa.rho
-    if rad is not None:
-        new_rad, size = abs(sa.rho) * rad, np.abs(new)
-    for head in sa.heads:
-        V = head.V
-        scalar = V.beta == 0
-        C = (P @ V.q)[:, None] if scalar else P
-        C_rad = None if rad is None else (
-            enclosure.dot(P, rad, V.q)[1][:, None] if scalar else rad)
-        avg, avg_rad = _head_average(st, head.A, C, C_rad, attention, tau, stats)
-        term = np.outer(avg[:, 0], V.p) if scalar else avg * V.beta + np.outer(avg @ V.q, V.p)
-        new = new + term
-        if rad is not None:
-            qr = avg_rad[:, 0] if scalar else enclosure.dot(avg, avg_rad, V.q)[1]
-            new_rad = new_rad + np.outer(qr, np.abs(V.p)) + (0 if scalar else
-                                                             abs(V.beta) * avg_rad)
-            size = size + np.abs(term)
-    st.P = new
-    if rad is not None:
-        k = len(sa.heads) + 1
-        st.rad = enclosure.up(new_rad + enclosure.rounding(size, k), 4 * k)
-    st.changed_everything()
+    terms = [t for head in sa.heads
+             if (t := _head_term(st, head, attention, tau, stats)) is not None]
+    if sa.rho == 1:
+        cols = np.unique(np.concatenate([c for c, _, _ in terms])) if terms else []
+        if not len(cols):
+            return
+        new = st.P[:, cols]
+        grown = None if st.rad is None else st.rad[:, cols]
+    else:
+        cols = np.arange(st.P.shape[1])
+        new = st.P * sa.rho
+        grown = None if st.rad is None else \
+            abs(sa.rho) * st.rad + enclosure.rounding(np.abs(new), 1)
+    size = np.abs(new)
+    for c, val, vrad in terms:
+        at = np.searchsorted(cols, c)
+        new[:, at] = new[:, at] + val
+        if grown is not None:
+            size[:, at] += np.abs(val)
+            grown[:, at] += vrad
+    st.P[:, cols] = new
+    if grown is not None:
+        k = len(terms) + 2
+        st.rad[:, cols] = enclosure.up(grown + enclosure.rounding(size, k), 4 * k)
+    st.changed_columns(np.asarray(cols))
     if sa.rho == 0:
         st.compact()
+
+
+def _head_term(st: _State, head, attention: str, tau, stats: PassStats):
+    """(columns, values, radii) one head adds: V applied to the head's average, computed
+    from the layer's input; None when V = 0."""
+    P, rad, V = st.P, st.rad, head.V
+    if V.beta == 0:
+        cols = np.array([k for k, v in enumerate(V.p) if v != 0], dtype=np.int64)
+        if not len(cols):
+            return None
+        C = _sparse_dot(P, V.q)[:, None]
+        C_rad = None if rad is None else enclosure.dot_radius(P, rad, V.q)[:, None]
+        avg, avg_rad = _head_average(st, head.A, C, C_rad, attention, tau, stats)
+        val = avg * V.p[cols]
+        return cols, val, None if rad is None else avg_rad * np.abs(V.p[cols]).astype(float)
+    avg, avg_rad = _head_average(st, head.A, P, rad, attention, tau, stats)
+    val = avg * V.beta + np.outer(_sparse_dot(avg, V.q), V.p)
+    if rad is None:
+        return np.arange(P.shape[1]), val, None
+    qr = enclosure.dot_radius(avg, avg_rad, V.q)
+    return np.arange(P.shape[1]), val, abs(V.beta) * avg_rad + np.outer(qr, np.abs(V.p))
 
 
 def _head_average(st: _State, A, C, C_rad, attention: str, tau, stats: PassStats):
@@ -522,12 +562,12 @@ def _head_average(st: _State, A, C, C_rad, attention: str, tau, stats: PassStats
     pass, the radius of that average (the hull of every average the enclosed scores allow)."""
     ar = st.ar
     P, cnt = st.P, st.cnt
-    qa = P @ A.c  # c·x_i
-    ka = P @ A.a  # a·x_l
+    qa = _sparse_dot(P, A.c)  # c·x_i
+    ka = _sparse_dot(P, A.a)  # a·x_l
     weights = ar.array(cnt)  # multiplicities, in the pass's arithmetic
     tracked = st.rad is not None
     if tracked:
-        q_rad, k_rad = enclosure.dot(P, st.rad, A.c)[1], enclosure.dot(P, st.rad, A.a)[1]
+        q_rad, k_rad = enclosure.dot_radius(P, st.rad, A.c), enclosure.dot_radius(P, st.rad, A.a)
     if attention == "hardmax" and A.alpha == 0:
         seg, starts = st.segment_index()
         avg = _rank_one_average(st, qa, ka, C, weights, seg, starts, stats)
@@ -589,6 +629,8 @@ def _masked_means(P, w, mask, seg, starts) -> np.ndarray:
 def _rank_one_stats(st: _State, qa, ka, top, bottom, seg, starts, stats: PassStats) -> None:
     """Ties (a query whose best keys hold two distinct points) and the smallest best-minus-
     second score gap over the sequence's score scale (float images of the scores)."""
+    if not stats.enabled:
+        return
     every = np.ones(len(seg), dtype=bool)
     for rows, mask in ((qa > 0, top), (qa < 0, bottom), (qa == 0, every)):
         rows = rows.astype(bool) & (np.add.reduceat(mask.astype(np.int64), starts) > 1)[seg]
@@ -879,7 +921,7 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
     inputs' own radii (docs/numerics.md#enclosures). Radii are inf where nothing is known."""
     if model.exact or model.attention != "hardmax" or model.causal:
         raise ValueError("enclosures are made for float64 hardmax set-to-set models")
-    stats = PassStats() if stats is None else stats
+    stats = PassStats(enabled=False) if stats is None else stats
     xs = [np.asarray(x, dtype=float) for x in inputs]
     ar = Arithmetic("float")
     st = _State(xs, ar, [np.asarray(r, dtype=float) for r in radii])
@@ -959,17 +1001,58 @@ def _ridges_in(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | N
     cuts = ridge_groups(ff)
     if cuts is None:
         return None
+    one_f = _one_float_direction(ff)
     out = []
     for idx in cuts:
-        r = ridge_window(_sub_ff(ff, idx))
+        if one_f:  # every unit reads f with scale 1: the breakpoints are −b, exactly
+            r = Ridge(ff.U[0], float(-ff.b[idx].max()), float(-ff.b[idx].min()))
+        else:
+            r = ridge_window(_sub_ff(ff, idx))
         out.append((Ridge(ar.array(r.f), ar.scalar(r.lo), ar.scalar(r.hi)), _sub_ff(params, idx)))
     return out
+
+
+def _one_float_direction(ff: FF) -> bool:
+    """A float64 layer whose hidden units all read the same nonzero row f."""
+    U = ff.U
+    return U.dtype == float and bool(U[0].any()) and bool((U == U[0]).all())
+
+
+def _hat_groups(ff: FF) -> list[list[int]] | None:
+    """:func:`ridge_groups` for a float64 residual layer whose units all read one row f and
+    whose columns are ±w per group (every hat): units in breakpoint order close a window when
+    their signs sum to 0 and Σ ±b_i is exactly 0 (math.fsum is exact here). None when the
+    layer is not of that form (the general test then decides)."""
+    if ff.eta != 1 or not _one_float_direction(ff):
+        return None
+    b, W = ff.b, ff.W
+    groups, cur, w, signs, terms = [], [], None, 0, []
+    for i in np.argsort(-b, kind="stable").tolist():
+        col = W[:, i]
+        if not cur:
+            w, sign = col, 1
+        elif (col == w).all():
+            sign = 1
+        elif (col == -w).all():
+            sign = -1
+        else:
+            return None
+        cur.append(i)
+        signs += sign
+        terms.append(sign * float(b[i]))
+        if signs == 0 and math.fsum(terms) == 0 and w.any():
+            groups.append(cur)
+            cur, terms = [], []
+    return groups if not cur and groups else None
 
 
 def ridge_groups(ff: FF) -> list[list[int]] | None:
     """The hidden units of ``ff`` split into consecutive groups (by breakpoint along their
     common direction) that are each a ridge window, or None when ``ff`` is not a ridge window
     at all. One group when the layer cannot be cut."""
+    fast = _hat_groups(ff)
+    if fast is not None:
+        return fast
     if ridge_window(ff) is None:
         return None
     U, b = ff.U, ff.b
