@@ -68,6 +68,8 @@ def _pre_activations(X, r, U_, b):
 def zone_change(X, r, U_, b, W) -> np.ndarray:
     """A bound on |W relu(U x + b)| over the boxes X ± r: for rows the float pass leaves
     alone although their box reaches the units' window."""
+    if not len(X):
+        return np.zeros((0, W.shape[0]))
     Z, _, z_rad = _pre_activations(X, r, U_, b)
     return up(np.maximum(upper(Z, z_rad), 0.0) @ np.abs(W).T, 2 * len(b) + 2)
 
@@ -78,6 +80,9 @@ def ridge_radius(rad, spread: list) -> np.ndarray:
     :func:`zone_change`). A row touched by one window only gets that window's ``whole``; a
     row touched by several gets its radius plus the sum of their separate terms (triangle
     inequality)."""
+    if len(spread) == 1 and not len(spread[0][3]):  # one window, no row near its ends
+        rad[spread[0][0]] = spread[0][1]
+        return rad
     rows = np.concatenate([np.concatenate([s[0], s[3]]) for s in spread]).astype(int)
     if not len(rows):
         return rad
@@ -112,18 +117,18 @@ def gadget_form(U_, W):
     return None if a is None or c is None else (a[0], a[1], c[0], c[1])
 
 
-def ff_change(X, r, U_, b, W):
+def ff_change(X, r, U_, b, W, form):
     """For rows X ± r inside a residual layer's window, with units (U_, b, W): the change
     to add to X, the radius of the output x + change, and of the change alone.
 
-    Gadget layers (:func:`gadget_form`) are evaluated as their affine piece: on the units
+    Gadget layers (``form``, from :func:`gadget_form`; None otherwise) are evaluated as their
+    affine piece: on the units
     certainly active, change = (Σ ω_k σ_k)(f·x)·w + (Σ ω_k b_k)·w with both sums correctly
     rounded, so on a flat top (Σ ω_k σ_k = 0) the change is the exact move to within one
     rounding and the radius passes through unchanged. Undecided units add |W_k|·(their
     pre-activation's radius) (ReLU is 1-Lipschitz). Other layers are taken as float64
     computes them, with the rounding of every unit.
     """
-    form = gadget_form(U_, W)
     if form is None:
         return _generic_change(X, r, U_, b, W)
     f, sig, w, om = form

@@ -323,6 +323,7 @@ class _State:
         # direction (as a tuple) -> (direction, sorted index of P·direction)
         self.projections: dict[tuple, tuple[np.ndarray, _SortedProjection]] = {}
         self.extent = None  # (largest radius, largest |coordinate|) over the rows, or None
+        self.forms: dict = {}  # id of a ridge part -> its enclosure.gadget_form
 
     def changed_everything(self):
         self.projections.clear()
@@ -487,8 +488,10 @@ def _ridge_spread(st: _State, sp: _SortedProjection, ridge: Ridge, part: FF):
     t = sp.t[near]
     inside = (t > ridge.lo) & (t < ridge.hi)
     rows, near = near[inside], near[~inside]
+    if id(part) not in st.forms:  # the job holds its parts for the whole pass
+        st.forms[id(part)] = enclosure.gadget_form(part.U, part.W)
     change, whole, alone = enclosure.ff_change(st.P[rows], st.rad[rows], part.U, part.b,
-                                               part.W)
+                                               part.W, st.forms[id(part)])
     zone = enclosure.zone_change(st.P[near], st.rad[near], part.U, part.b, part.W)
     return change, (rows, whole, alone, near, zone)
 
