@@ -31,7 +31,7 @@ import numpy as np
 from gmpy2 import mpq
 from tqdm import tqdm
 
-from . import enclosure
+from . import enclosure, runs
 from .model import FF, SA, Transformer
 from .numbers import to_fraction, to_fraction_array
 
@@ -297,6 +297,11 @@ class _SortedProjection:
             gaps += [lo - v if v <= lo else v - hi for v in td[~inside].tolist()]
         return np.asarray(rows, dtype=int), (min(gaps) if gaps else None)
 
+    def refresh(self) -> None:
+        """Fold the moved rows back into the sorted order (a rebuild) if there are any."""
+        if self.dirty:
+            self._rebuild()
+
     def update(self, rows: np.ndarray, t_new: np.ndarray) -> None:
         self.t[rows] = t_new
         self.dirty.update(int(r) for r in rows)
@@ -324,6 +329,7 @@ class _State:
         self.projections: dict[tuple, tuple[np.ndarray, _SortedProjection]] = {}
         self.extent = None  # (largest radius, largest |coordinate|) over the rows, or None
         self.forms: dict = {}  # id of a ridge part -> its enclosure.gadget_form
+        self.give_up = math.inf  # radius beyond which a row is given up (set to inf)
 
     def changed_everything(self):
         self.projections.clear()
@@ -334,6 +340,8 @@ class _State:
         that ignore them stay valid."""
         self.projections = {k: v for k, v in self.projections.items()
                             if not any(v[0][c] != 0 for c in cols.tolist())}
+        if self.rad is not None:
+            self.rad[(self.rad[:, cols] > self.give_up).any(axis=1)] = np.inf
         if self.extent is not None:
             r, m = _extent(self.P[:, cols], self.rad[:, cols])
             self.extent = (max(r, self.extent[0]), max(m, self.extent[1]))
@@ -344,6 +352,7 @@ class _State:
         whose radius is not finite are left out: their sequences are undecided whatever
         happens, and FF layers act on each row alone."""
         if self.extent is None:
+            self.rad[(self.rad > self.give_up).any(axis=1)] = np.inf
             self.extent = _extent(self.P, self.rad)
         r, m = self.extent
         af = float(np.abs(f).sum())
@@ -359,7 +368,19 @@ class _State:
         """Rows changed by a ridge FF: refresh their values in every sorted index."""
         for f, sp in self.projections.values():
             sp.update(rows, self.P[rows] @ f)
-        if self.extent is not None and len(rows):
+        self.grew(rows)
+
+    def grew(self, rows: np.ndarray) -> None:
+        """Rows whose value or radius changed: a radius beyond ``give_up`` becomes inf (such
+        a row can no longer be certified, and leaving it in would widen every window's row
+        search), and the extent behind :meth:`reach` takes in the rest."""
+        if self.rad is None or not len(rows):
+            return
+        r = self.rad[rows]
+        lost = (r > self.give_up).any(axis=1)
+        if lost.any():
+            self.rad[rows[lost]] = np.inf
+        if self.extent is not None:
             r, m = _extent(self.P[rows], self.rad[rows])
             self.extent = (max(r, self.extent[0]), max(m, self.extent[1]))
 
@@ -465,6 +486,7 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
                 moves.append((rows, relu(X @ part.U.T + part.b) @ part.W.T))
         if spread:
             st.rad = enclosure.ridge_radius(st.rad, spread)
+            st.grew(np.concatenate([np.concatenate([s[0], s[3]]) for s in spread]))
         for rows, change in moves:
             st.P[rows] = st.P[rows] + change
             st.moved(rows)
@@ -879,6 +901,7 @@ class _Job:
     blocks: list
     ridges: list
     tau: object
+    runs: dict  # first block -> runs.Run (float64 passes; docs/numerics.md)
 
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau) -> _Job:
@@ -887,7 +910,8 @@ class _Job:
         ridges = [_ridges_in(b.ff, c.ff, ar) if b.ff is not None else None
                   for b, c in zip(model.blocks, blocks, strict=True)]
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
-        return cls(ar, model.attention, blocks, ridges, tau)
+        plan = runs.plan_runs(blocks, ridges) if ar.kind == "float" else {}
+        return cls(ar, model.attention, blocks, ridges, tau, plan)
 
     def run(self, xs: list[np.ndarray], snapshots, stats: PassStats, scale: float,
             progress: bool) -> tuple[list, dict]:
@@ -904,15 +928,26 @@ class _Job:
         snaps = {}
         if snapshots and 0 in snapshots:
             snaps[0] = st.outputs()
-        bar = tqdm(self.blocks, desc=f"forward ({self.ar.kind})", unit="block",
+        bar = tqdm(total=len(self.blocks), desc=f"forward ({self.ar.kind})", unit="block",
                    disable=not progress, leave=False, delay=1)
-        for i, (blk, ridge) in enumerate(zip(bar, self.ridges, strict=True), start=1):
+        i = 0
+        while i < len(self.blocks):
+            run = self.runs.get(i)
+            if run is not None and not any(run.start < k <= run.end for k in snapshots or ()) \
+                    and runs.apply_run(st, run, stats, scale):
+                bar.update(run.end - i)
+                i = run.end
+                continue
+            blk = self.blocks[i]
             if blk.ff is not None:
-                _apply_ff(st, blk.ff, ridge, stats, scale)
+                _apply_ff(st, blk.ff, self.ridges[i], stats, scale)
             if blk.sa is not None and not blk.sa.is_identity():
                 _apply_sa(st, blk.sa, self.attention, self.tau, stats)
+            i += 1
+            bar.update(1)
             if snapshots and i in snapshots:
                 snaps[i] = st.outputs()
+        bar.close()
         return snaps
 
 
@@ -922,16 +957,32 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
     the float64 outputs (the same as :func:`forward`'s) and per token a bound on the distance
     of the *exact* evaluation of the stored numbers on the exact inputs from them, given the
     inputs' own radii (docs/numerics.md#enclosures). Radii are inf where nothing is known."""
+    return float_and_enclosure(model, inputs, radii, stats, progress)[1]
+
+
+def float_and_enclosure(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray],
+                        stats: PassStats | None = None, progress: bool = False,
+                        plain: bool = False, give_up: float = math.inf):
+    """:func:`enclose`, and with ``plain`` first the plain float64 pass (:func:`forward`'s
+    outputs, recording ``stats``), both over one prepared model. Returns (plain outputs or
+    None, (outputs, radii)) — what ``verify`` needs for a float64 hardmax model. A row whose
+    radius exceeds ``give_up`` gets radius inf (verify passes its tolerance limit: such a
+    row could not be certified anyway)."""
     if model.exact or model.attention != "hardmax" or model.causal:
         raise ValueError("enclosures are made for float64 hardmax set-to-set models")
-    stats = PassStats(enabled=False) if stats is None else stats
+    stats = PassStats() if stats is None else stats
     xs = [np.asarray(x, dtype=float) for x in inputs]
     ar = Arithmetic("float")
-    st = _State(xs, ar, [np.asarray(r, dtype=float) for r in radii])
+    scale = max(1.0, max(_max_abs(x) for x in xs))
+    job = _Job.of(model, ar, None)
+    outs = None
     with np.errstate(all="ignore"):  # overflow shows as inf or nan, and radii become inf
-        _Job.of(model, ar, None).walk(st, None, stats, max(1.0, max(_max_abs(x) for x in xs)),
-                                      progress)
-    return st.outputs(), [np.where(np.isfinite(r), r, np.inf) for r in st.radii()]
+        if plain:
+            outs = job.run(xs, None, stats, scale, progress)[0]
+        st = _State(xs, ar, [np.asarray(r, dtype=float) for r in radii])
+        st.give_up = give_up
+        job.walk(st, None, PassStats(enabled=False), scale, progress)
+    return outs, (st.outputs(), [np.where(np.isfinite(r), r, np.inf) for r in st.radii()])
 
 
 # ------------------------------------------------------------------------------ parallel

@@ -22,7 +22,7 @@ from .evaluate import (
     PassStats,
     dense_forward,
     distinct_rows,
-    enclose,
+    float_and_enclosure,
     forward,
     forward_causal,
     safe_float,
@@ -245,14 +245,21 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     stats = PassStats()
     snap = _snap_start(model)
     at = {snap} if snap is not None else set()
-    outs_f, snaps_f = _float_pass(model, xs_f, stats, progress, tau, at)
+    enclosed = None
+    if model.attention == "hardmax" and not model.exact:  # one prepared model for both passes
+        outs_f, enclosed = _float_and_enclosure(model, dataset, stats, progress,
+                                                safe_float(Fraction(tolerance) * scale))
+        snaps_f = {}
+    else:
+        outs_f, snaps_f = _float_pass(model, xs_f, stats, progress, tau, at)
     hd = [hausdorff(distinct_rows(o), y) for o, y in zip(outs_f, ys_f, strict=True)]
     extra: dict = {}
     if model.attention == "softmax" and model.exact:
         tolerance = 10.0 ** -(digits - 10)  # rational snaps are flat on the data
     limit = Fraction(tolerance) * scale
     if model.attention == "hardmax":
-        exact_equal, within = _decide_hardmax(model, dataset, limit, extra, progress, workers)
+        exact_equal, within = _decide_hardmax(model, dataset, limit, extra, progress, workers,
+                                              enclosed)
         arithmetic = "exact" if model.exact else "exact-floats"  # set ==, or exact tolerance
         proved = exact_equal is not None and all(exact_equal)
         proof = "exact rational arithmetic (==)" if proved else "not proved"
@@ -320,17 +327,19 @@ def _float_pass(model, xs_f, stats, progress, tau, at):
         return [np.full(x.shape, math.inf) for x in xs_f], {}
 
 
-def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool, workers):
+def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool, workers,
+                    enclosed):
     """Exact evaluation (floats read as their exact binary values). Rational models: set
     equality. Float64 models: a pair is within tolerance when its enclosure (a float64 pass
     with error bounds, docs/numerics.md#enclosures) proves the exact Hausdorff distance
     ≤ limit; every other pair gets the exact pass, its squared distance compared with limit²
-    exactly. ``extra["hausdorff_exact"]``: the exact distance, or the enclosure's bound."""
+    exactly. ``extra["hausdorff_exact"]``: the exact distance, or the enclosure's bound.
+    ``enclosed``: per pair, the enclosure's upper bound (float64 models)."""
     if model.exact:
         xs, ys = dataset.fractions()
         outs = forward(model, xs, "exact", progress=progress, workers=workers)
         return [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)], None
-    bounds = _enclosure_bounds(model, dataset, progress)
+    bounds = enclosed
     cap = Fraction(safe_float(limit))
     cap = float(cap) if cap <= limit else float(np.nextafter(float(cap), 0.0))
     within = [b <= cap for b in bounds]  # nan (unknown) is never ≤
@@ -348,8 +357,11 @@ def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool
     return None, within
 
 
-def _enclosure_bounds(model, dataset, progress: bool) -> list[float]:
-    """Per pair, an upper bound on the exact Hausdorff distance (nan when unknown)."""
+def _float_and_enclosure(model, dataset, stats, progress: bool, limit: float
+                         ) -> tuple[list, list[float]]:
+    """The plain float64 outputs (recording ``stats``) and, per pair, the enclosure's upper
+    bound on the exact Hausdorff distance (nan when unknown). Rows whose radius passes
+    ``limit`` are given up on at once (their pairs go to the exact pass)."""
     if dataset.exact:
         xs, ys = dataset.fractions()
         xs_f, ys_f = [safe_floats(x) for x in xs], [safe_floats(y) for y in ys]
@@ -358,9 +370,10 @@ def _enclosure_bounds(model, dataset, progress: bool) -> list[float]:
     else:
         xs_f, ys_f = dataset.floats()
         xs_r, ys_r = [np.zeros_like(x) for x in xs_f], [np.zeros_like(y) for y in ys_f]
-    outs, rads = enclose(model, xs_f, xs_r, progress=progress)
-    return [enclosure.hausdorff_bounds(o, r, y, yr)[1]
-            for o, r, y, yr in zip(outs, rads, ys_f, ys_r, strict=True)]
+    plain, (outs, rads) = float_and_enclosure(model, xs_f, xs_r, stats, progress, plain=True,
+                                              give_up=limit)
+    return plain, [enclosure.hausdorff_bounds(o, r, y, yr)[1]
+                   for o, r, y, yr in zip(outs, rads, ys_f, ys_r, strict=True)]
 
 
 def _subset_fractions(dataset, rows: list[int]) -> tuple[list, list]:
