@@ -564,6 +564,28 @@ def test_gadget_slope_products_that_underflow():
     check_containment(model, x)
 
 
+@pytest.mark.xfail(strict=True, reason="enclosure.ff_change: the shift Σ ω_k b_k of a gadget "
+                   "layer is summed from float products ω_k·b_k that underflow (2^-1080 → 0), "
+                   "so the affine piece loses W_k·b_k = 2^-480 while its radius is ~1e-306")
+def test_gadget_shift_products_that_underflow():
+    """Units U = (1, 1, 1, 2)·e₀ kept in their order (not all equal), W = (2^600, −2^600,
+    1, −1/2)·e₀: ω = (1, −1, 2^-600, −2^-601). At x₀ = 0 only the third unit is on and adds
+    b = 2^-480 exactly, but ω·b = 2^-1080 underflows. Data at 2^-460, so the miss (2^-480) is
+    a thousand times the limit while the enclosure's bound (~2^-507) is below it."""
+    b0, b3 = -2.0 ** -1000, 2.0 ** -480 - 2.0 ** -452
+    big = 2.0 ** 600
+    model = transformer([Block(ff(1, [[1, 0]] * 3 + [[2, 0]],
+                                  [b0, b0 + 2.0 ** -1052, 2.0 ** -480, 2 * b3],
+                                  [[big, -big, 1, -0.5], [0] * 4]))])
+    x = [[[Fraction(0), Fraction(1, 2 ** 460)]]]
+    (out,) = ref_forward(model, x)
+    assert out == [[Fraction(1, 2 ** 480), Fraction(1, 2 ** 460)]]
+    data = pairs_of(x, x)
+    assert misses(model, data)
+    assert not ef.verify(model, data).ok
+    check_containment(model, x)
+
+
 def near_row_then_window() -> Transformer:
     """Three FF blocks with no attention between them. A: a slope-2^40 hat on x₀ starting
     at 1 that moves x₁. B: a hat on x₁ starting 2^-14 above 1/2 that moves x₀ by up to
