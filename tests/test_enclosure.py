@@ -195,7 +195,7 @@ def compiled(data, width: int, heads: int) -> Transformer:
         assume(False)  # data the float64 construction refuses (docs/verification.md)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=DATA, shape=st.sampled_from([(4, 1), (8, 2)]))
 def test_constructed_models_are_enclosed(data, shape):
     """A float64 construction (width 4 or 8 with two heads) on random data, rational inputs
@@ -209,7 +209,7 @@ def test_constructed_models_are_enclosed(data, shape):
     event(report.extra["decided by"])
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=DATA, shape=st.sampled_from([(4, 1), (8, 2)]), which=st.integers(0, 10 ** 6))
 def test_constructed_models_fail_a_nudged_target(data, shape, which):
     """The same targets with one coordinate moved by 10⁻⁶ × scale: FAILED, whichever path
@@ -326,7 +326,7 @@ def float_coordinates(xs) -> tuple:
     return tuple(sorted({float(v) for x in xs for row in x for v in row}))
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(d=st.integers(2, 3), data=st.data(), rational=st.booleans())
 def test_random_models_are_enclosed(d, data, rational):
     """Random float64 models (dense FFs, hats with any slope, rank-one and α·I heads, ties,
@@ -356,7 +356,7 @@ def own_targets(model, xs, nudge: Fraction | None):
     return ys
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(d=st.integers(2, 3), data=st.data(), rational=st.booleans(),
        nudge=st.sampled_from([None, Fraction(1, 10 ** 6), Fraction(1, 10 ** 12)]))
 def test_verify_agrees_with_the_exact_evaluation(d, data, rational, nudge):
