@@ -551,9 +551,6 @@ def underflowing_hat() -> Transformer:
                                  [0, 2.0 ** -600, 0, -2.0 ** -60], [[p, -p, 1, -1], [0] * 4]))])
 
 
-@pytest.mark.xfail(strict=True, reason="enclosure.ff_change: the slope Σ ω_k σ_k of a gadget "
-                   "layer is summed from float products ω_k·σ_k that underflow (2^-1080 → 0), "
-                   "so the affine piece loses x₀ while its radius stays ~1e-34")
 def test_gadget_slope_products_that_underflow():
     model = underflowing_hat()
     x = [[[Fraction(1, 2 ** 61), Fraction(0)]]]
@@ -565,9 +562,6 @@ def test_gadget_slope_products_that_underflow():
     check_containment(model, x)
 
 
-@pytest.mark.xfail(strict=True, reason="enclosure.ff_change: the shift Σ ω_k b_k of a gadget "
-                   "layer is summed from float products ω_k·b_k that underflow (2^-1080 → 0), "
-                   "so the affine piece loses W_k·b_k = 2^-480 while its radius is ~1e-306")
 def test_gadget_shift_products_that_underflow():
     """Units U = (1, 1, 1, 2)·e₀ kept in their order (not all equal), W = (2^600, −2^600,
     1, −1/2)·e₀: ω = (1, −1, 2^-600, −2^-601). At x₀ = 0 only the third unit is on and adds
@@ -598,9 +592,6 @@ def near_row_then_window() -> Transformer:
     return transformer([Block(a), Block(b), Block(c)])
 
 
-@pytest.mark.xfail(strict=True, reason="evaluate._apply_ff: rows only near a ridge window get "
-                   "their radius widened (enclosure.ridge_radius) but _State.extent keeps the "
-                   "old largest radius, so the next window's reach misses them")
 def test_radius_widened_near_a_window_reaches_the_next_window():
     """x₀ = 1 + 10^-16 rounds onto A's start: the float row stays out of A, the exact one
     enters it and x₁ grows by ~1.1e-4 into B, which moves x₀ by 0.4. The float pass sees
@@ -615,8 +606,6 @@ def test_radius_widened_near_a_window_reaches_the_next_window():
     check_containment(model, x)
 
 
-@pytest.mark.xfail(strict=True, reason="evaluate.enclose ignores model.positions, which "
-                   "forward adds to the inputs of a set-to-set model too")
 def test_positions_of_a_set_to_set_model():
     """A /2 model file may store positions without being causal: verify must judge the
     model with them."""
@@ -630,9 +619,6 @@ def test_positions_of_a_set_to_set_model():
     assert not ef.verify(model, pairs_of([[[1, 2]]], [[[1, 2]]])).ok
 
 
-@pytest.mark.xfail(strict=True, reason="evaluate._apply_ff/_State.reach: a row whose float "
-                   "projection f·x is nan (inf − inf) is in no ridge window and near none, so "
-                   "its radius stays 0 while the exact f·x = 0 lies inside the window")
 def test_projection_that_overflows_inside_a_window(monkeypatch):
     """f = (MAX, MAX), x = (3/2, −3/2): f·x = 0 exactly, the peak of a hat that adds (1, 0),
     but MAX·3/2 overflows and the float projection is inf − inf. Only the dense independent

@@ -99,22 +99,39 @@ def ridge_radius(rad, spread: list) -> np.ndarray:
     return rad
 
 
-def gadget_form(U_, W):
+def gadget_form(U_, b, W):
     """(f, σ, w, ω) with U_k = σ_k·f and W_k = ω_k·w exactly, every σ_k, ω_k a signed power
-    of two (so the products are exact), or None. Every hat and lift of the construction has
-    this form (docs/gadgets.md)."""
+    of two, or None. Every hat and lift of the construction has this form (docs/gadgets.md).
+    The form is refused unless the products the gadget evaluation forms — σ_k·f, ω_k·w,
+    ω_k·σ_k and ω_k·b_k — are all exact (normal floats, far from underflow and overflow) and
+    every sum of the ω_k·σ_k is exact too."""
     def split(rows):
         lead = rows[0]
-        j = int(np.flatnonzero(lead)[0]) if lead.any() else None
-        if j is None:
+        nz = np.abs(lead[lead != 0])
+        if not len(nz) or not _moderate(nz, 500):
             return None
+        j = int(np.flatnonzero(lead)[0])
         k = rows[:, j] / lead[j]
         mant = np.frexp(np.abs(k))[0]
-        if not ((mant == 0.5).all() and (rows == k[:, None] * lead).all()):
+        if not ((mant == 0.5).all() and _moderate(np.abs(k), 400)
+                and (rows == k[:, None] * lead).all()):
             return None
         return lead, k
     a, c = split(U_), split(W.T)
-    return None if a is None or c is None else (a[0], a[1], c[0], c[1])
+    if a is None or c is None:
+        return None
+    scaled = np.abs(c[1] * b)
+    if not ((b == 0) | ((scaled >= 2.0 ** -1000) & (scaled <= 2.0 ** 1000))).all():
+        return None
+    slopes = np.abs(a[1] * c[1])  # powers of two within 2^40 of each other: any sum is exact
+    if slopes.max() > 2.0 ** 40 * slopes.min():
+        return None
+    return a[0], a[1], c[0], c[1]
+
+
+def _moderate(v, e: int) -> bool:
+    """Every value in [2^-e, 2^e] (so products of two such stay normal floats)."""
+    return bool(((v >= 2.0 ** -e) & (v <= 2.0 ** e)).all())
 
 
 def ff_change(X, r, U_, b, W, form):
@@ -136,8 +153,8 @@ def ff_change(X, r, U_, b, W, form):
     active = lower(Z, z_rad) > 0
     unsure = ~active & ~(upper(Z, z_rad) <= 0)
     t, t_rad = X @ f, dot_radius(X, r, f)
-    slope = np.array([math.fsum(om[a] * sig[a]) for a in active])  # exact: small powers of 2
-    shift = np.array([math.fsum(om[a] * b[a]) for a in active])  # correctly rounded
+    slope = np.array([math.fsum(om[a] * sig[a]) for a in active])  # exact products (the form)
+    shift = np.array([math.fsum(om[a] * b[a]) for a in active])  # exact products, rounded sum
     loose = np.maximum(Z, 0.0) * unsure
     change = np.outer(slope * t + shift, w) + loose @ W.T
     aw = np.abs(w)

@@ -149,6 +149,8 @@ def ridge_window(ff: FF) -> Ridge | None:
     if ff.eta != 1:
         return None
     U, b, W = ff.U, ff.b, ff.W
+    if any(a.dtype == float and not np.isfinite(a).all() for a in (U, b, W)):
+        return None  # inf or nan: no exact window; the layer is applied densely
     found = direction_scales(U)
     if found is None:
         return None
@@ -361,13 +363,25 @@ class _State:
     def projection(self, f: np.ndarray) -> _SortedProjection:
         key = tuple(f.tolist())
         if key not in self.projections:
-            self.projections[key] = (f, _SortedProjection(self.P @ f))
+            t = self.P @ f
+            self._lose_unsorted(np.arange(len(t)), t)
+            self.projections[key] = (f, _SortedProjection(t))
         return self.projections[key][1]
+
+    def _lose_unsorted(self, rows: np.ndarray, t: np.ndarray) -> None:
+        """A row whose float f·x is not finite has no place in a sorted index, so no window
+        would ever look at it: in a tracking pass its radius becomes inf."""
+        if self.rad is not None:
+            bad = ~np.isfinite(t)
+            if bad.any():
+                self.rad[rows[bad]] = np.inf
 
     def moved(self, rows: np.ndarray) -> None:
         """Rows changed by a ridge FF: refresh their values in every sorted index."""
         for f, sp in self.projections.values():
-            sp.update(rows, self.P[rows] @ f)
+            t = self.P[rows] @ f
+            self._lose_unsorted(rows, t)
+            sp.update(rows, t)
         self.grew(rows)
 
     def grew(self, rows: np.ndarray) -> None:
@@ -511,7 +525,7 @@ def _ridge_spread(st: _State, sp: _SortedProjection, ridge: Ridge, part: FF):
     inside = (t > ridge.lo) & (t < ridge.hi)
     rows, near = near[inside], near[~inside]
     if id(part) not in st.forms:  # the job holds its parts for the whole pass
-        st.forms[id(part)] = enclosure.gadget_form(part.U, part.W)
+        st.forms[id(part)] = enclosure.gadget_form(part.U, part.b, part.W)
     change, whole, alone = enclosure.ff_change(st.P[rows], st.rad[rows], part.U, part.b,
                                                part.W, st.forms[id(part)])
     zone = enclosure.zone_change(st.P[near], st.rad[near], part.U, part.b, part.W)
@@ -968,8 +982,10 @@ def float_and_enclosure(model: Transformer, inputs: list[np.ndarray], radii: lis
     None, (outputs, radii)) — what ``verify`` needs for a float64 hardmax model. A row whose
     radius exceeds ``give_up`` gets radius inf (verify passes its tolerance limit: such a
     row could not be certified anyway)."""
-    if model.exact or model.attention != "hardmax" or model.causal:
-        raise ValueError("enclosures are made for float64 hardmax set-to-set models")
+    if model.exact or model.attention != "hardmax" or model.causal or \
+            model.positions is not None:
+        raise ValueError("enclosures are made for float64 hardmax set-to-set models without "
+                         "stored positions")
     stats = PassStats() if stats is None else stats
     xs = [np.asarray(x, dtype=float) for x in inputs]
     ar = Arithmetic("float")

@@ -246,7 +246,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     snap = _snap_start(model)
     at = {snap} if snap is not None else set()
     enclosed = None
-    if model.attention == "hardmax" and not model.exact:  # one prepared model for both passes
+    if model.attention == "hardmax" and not model.exact and model.positions is None:
         outs_f, enclosed = _float_and_enclosure(model, dataset, stats, progress,
                                                 safe_float(Fraction(tolerance) * scale))
         snaps_f = {}
@@ -339,7 +339,7 @@ def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool
         xs, ys = dataset.fractions()
         outs = forward(model, xs, "exact", progress=progress, workers=workers)
         return [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)], None
-    bounds = enclosed
+    bounds = enclosed if enclosed is not None else [math.nan] * dataset.N
     cap = Fraction(safe_float(limit))
     cap = float(cap) if cap <= limit else float(np.nextafter(float(cap), 0.0))
     within = [b <= cap for b in bounds]  # nan (unknown) is never ≤

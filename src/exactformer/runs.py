@@ -62,7 +62,7 @@ def _hat_parts(blk, ridge):
         return None
     out = []
     for r, part in ridge:
-        form = enclosure.gadget_form(part.U, part.W)
+        form = enclosure.gadget_form(part.U, part.b, part.W)
         if form is None or not np.array_equal(form[0], r.f):
             return None
         f, sig, w, om = form
@@ -210,7 +210,7 @@ def _tracked_step(st, run: Run, rows, wins, X, t, Z) -> np.ndarray:
     active = enclosure.lower(Z, z_rad) > 0
     unsure = ~active & ~(enclosure.upper(Z, z_rad) <= 0)
     inside = (t > run.lo[wins]) & (t < run.hi[wins])
-    slope = (om * sig * active).sum(axis=1)  # exact: a few signed powers of two
+    slope = (om * sig * active).sum(axis=1)  # exact (enclosure.gadget_form)
     shift = np.array([math.fsum(v) for v in (om * b * active).tolist()])
     loose = (np.maximum(Z, 0.0) * unsure * om).sum(axis=1)
     change = (slope * t + shift + loose)[:, None] * w
