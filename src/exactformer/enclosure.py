@@ -65,13 +65,23 @@ def _pre_activations(X, r, U_, b):
     return Z, z_round, up(r @ aU.T + z_round, X.shape[1] + 1)
 
 
-def zone_change(X, r, U_, b, W) -> np.ndarray:
-    """A bound on |W relu(U x + b)| over the boxes X ± r: for rows the float pass leaves
-    alone although their box reaches the units' window."""
+def zone_change(X, r, U_, b, W, f, lo: float, hi: float) -> np.ndarray:
+    """A bound on |W relu(U x + b)| over the boxes X ± r, for rows the float pass leaves
+    alone (their float f·x is outside the window (lo, hi)) although their box reaches it.
+    The layer is zero outside the window and Lipschitz in t = f·x (slope at most
+    Σ |W_k|·|σ_k| with U_k = σ_k·f), so the change is at most that slope times how far the
+    box reaches into the window — not the units' outputs, which cancel beyond its far end."""
     if not len(X):
         return np.zeros((0, W.shape[0]))
+    t, t_rad = X @ f, dot_radius(X, r, f)
+    reach = np.where(t <= lo, upper(t, t_rad) - lo, hi - lower(t, t_rad))
+    reach = np.nextafter(np.maximum(reach, 0.0), np.inf)
+    j = int(np.argmax(np.abs(f)))
+    sig = np.abs(U_[:, j] / f[j]) * (1 + 4 * U)
+    slope = up(np.abs(W) @ sig, len(b) + 2)
     Z, _, z_rad = _pre_activations(X, r, U_, b)
-    return up(np.maximum(upper(Z, z_rad), 0.0) @ np.abs(W).T, 2 * len(b) + 2)
+    outputs = np.maximum(upper(Z, z_rad), 0.0) @ np.abs(W).T
+    return up(np.minimum(np.outer(reach, slope), outputs), 2 * len(b) + 2)
 
 
 def ridge_radius(rad, spread: list) -> np.ndarray:

@@ -528,7 +528,8 @@ def _ridge_spread(st: _State, sp: _SortedProjection, ridge: Ridge, part: FF):
         st.forms[id(part)] = enclosure.gadget_form(part.U, part.b, part.W)
     change, whole, alone = enclosure.ff_change(st.P[rows], st.rad[rows], part.U, part.b,
                                                part.W, st.forms[id(part)])
-    zone = enclosure.zone_change(st.P[near], st.rad[near], part.U, part.b, part.W)
+    zone = enclosure.zone_change(st.P[near], st.rad[near], part.U, part.b, part.W, ridge.f,
+                                 ridge.lo, ridge.hi)
     return change, (rows, whole, alone, near, zone)
 
 

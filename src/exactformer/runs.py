@@ -199,7 +199,7 @@ def _step(st, run: Run, rows, wins) -> np.ndarray:
 def _tracked_step(st, run: Run, rows, wins, X, t, Z) -> np.ndarray:
     """:func:`_step` with radii: rows inside their window by float t move as
     ``enclosure.ff_change`` computes a gadget layer; rows only near it keep their value and
-    add the bound on the change their box allows (``enclosure.zone_change``)."""
+    add the bound on the change their box allows (as ``enclosure.zone_change``)."""
     r, f = st.rad[rows], run.f
     sig, b, om, w = run.sig[wins], run.b[wins], run.om[wins], run.w[wins]
     h = sig.shape[1]
@@ -219,8 +219,12 @@ def _tracked_step(st, run: Run, rows, wins, X, t, Z) -> np.ndarray:
            + 2 * enclosure.U * np.abs(shift) + (z_rad * unsure * np.abs(om)).sum(axis=1))
     size = (np.abs(slope * t) + np.abs(shift) + np.abs(loose))[:, None] * aw + np.abs(X)
     whole = enclosure.up(r + err[:, None] * aw + enclosure.rounding(size, h + 3), 2 * h + 12)
-    zone = enclosure.up((np.maximum(enclosure.upper(Z, z_rad), 0.0) * np.abs(om)).sum(axis=1)
-                        [:, None] * aw, 2 * h + 2)
+    into = np.where(t <= run.lo[wins], enclosure.upper(t, t_rad) - run.lo[wins],
+                    run.hi[wins] - enclosure.lower(t, t_rad))
+    into = np.nextafter(np.maximum(into, 0.0), np.inf)  # how far the box reaches in
+    lip = np.minimum((np.abs(om * sig)).sum(axis=1) * into,  # zero outside, Lipschitz inside
+                     (np.maximum(enclosure.upper(Z, z_rad), 0.0) * np.abs(om)).sum(axis=1))
+    zone = enclosure.up(lip[:, None] * aw, 2 * h + 4)
     st.P[rows[inside]] = X[inside] + change[inside]
     st.rad[rows] = np.where(inside[:, None], whole, enclosure.up(r + zone, 2))
     return inside
