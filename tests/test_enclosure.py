@@ -634,3 +634,20 @@ def test_projection_that_overflows_inside_a_window(monkeypatch):
     monkeypatch.setattr(report, "INDEPENDENT_BUDGET", 0)  # as for data beyond 2e9 operations
     assert not ef.verify(model, data).ok
     check_containment(model, x)
+
+
+@pytest.mark.parametrize("side", [-1, 1])
+def test_a_row_just_outside_a_steep_hat_keeps_a_small_radius(side):
+    """Beyond a window the hat's units cancel exactly; the enclosure bounds a nearby row's
+    change by the hat's slope times how far its box reaches in (3·2^-40 here, so about
+    5·10^-5), not by the units' outputs, which are ~ slope × (distance to the far breakpoints)
+    and would give a radius near 10."""
+    lo, hi = 1.0, 1.0 + 2.0 ** -20
+    half = (hi - lo) / 4
+    hat = ff(1, [[1.0, 0.0]] * 4, [-lo, -(lo + half), -(hi - half), -hi],
+             [[0.0] * 4, [1 / half, -1 / half, -1 / half, 1 / half]])
+    x0 = lo - 2.0 ** -40 if side < 0 else hi + 2.0 ** -40
+    model = transformer([Block(hat, None), Block(hat, None)])
+    (out,), (rad,) = enclose(model, [np.array([[x0, 0.0]])], [np.array([[2.0 ** -38, 0.0]])])
+    assert out.tolist() == [[x0, 0.0]]
+    assert 2.0 ** -38 <= rad.max() < 1e-3
