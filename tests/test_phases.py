@@ -21,6 +21,7 @@ import exactformer as ef
 from exactformer import generate
 from exactformer.construct.generic import Draws
 from exactformer.construct.leaders import choose_leaders
+from exactformer.construct.partition import Partition, refinement
 from exactformer.construct.separation import TokenTable, separate, separated_positions
 
 PHASE = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -57,6 +58,69 @@ def test_separation_leaves_no_shared_point(data):
     # the construction's own belief about the positions is what the layers do
     believed = separated_positions(xs, table, sep, True)
     assert [token_set(b) for b in believed] == sets
+
+
+def recount(sets: list[frozenset], classes: np.ndarray, T: int):
+    """Repeated weight, per-sequence repeated tokens and every token's split score, counted
+    from scratch class by class (the greedy of docs/hardmax.md#choosing-the-test-token)."""
+    weight, nrep, score = 0, [0] * len(sets), [0] * T
+    for c in set(classes.tolist()):
+        js = [j for j in range(len(sets)) if classes[j] == c]
+        for t in range(T):
+            holders = [j for j in js if t in sets[j]]
+            if len(holders) >= 2:
+                weight += len(holders)
+                for j in holders:
+                    nrep[j] += 1
+        involved = [j for j in js if nrep[j]]
+        for t in range(T):
+            a = sum(t in sets[j] for j in involved)
+            score[t] += a * (len(involved) - a)
+    return weight, nrep, score
+
+
+def same_partition(a, b) -> bool:
+    return len({(x, y) for x, y in zip(a.tolist(), b.tolist(), strict=True)}) == \
+        len(set(a.tolist())) == len(set(b.tolist()))
+
+
+token_sets = st.integers(2, 7).flatmap(lambda pool: st.lists(
+    st.frozensets(st.integers(0, pool - 1), min_size=1, max_size=5), min_size=2, max_size=10,
+    unique=True))
+
+
+@settings(max_examples=60, deadline=None)
+@given(sets=token_sets, data=st.data())
+def test_partition_bookkeeping_matches_a_recount(sets, data):
+    """Every round's incremental counts equal a recount from scratch: the repeated weight, the
+    involved sequences, the greedy's test, and (for refinements by several keys, as rounds
+    with several tests make) the predicted weight of a split."""
+    N, T = len(sets), max(t for s in sets for t in s) + 1
+    seq = np.repeat(np.arange(N), [len(s) for s in sets])
+    tok = np.array([t for s in sets for t in sorted(s)])
+    part = Partition(seq, tok, T, np.zeros(N, dtype=np.int64))
+    for _ in range(N):
+        weight, nrep, score = recount(sets, part.classes(), T)
+        assert part.weight == weight
+        assert part.nrep.tolist() == nrep
+        fresh = Partition(seq, tok, T, part.label)
+        assert part.sq.tolist() == fresh.sq.tolist()
+        assert (part.size[part.label] == fresh.size[fresh.label]).all()
+        p = part.best_test()
+        if not weight:
+            assert p is None
+            return
+        assert score[p] == max(score) and score.index(max(score)) == p
+        keys = [np.array([int(p in s) for s in sets])]
+        keys += [np.array(data.draw(st.lists(st.integers(0, 2), min_size=N, max_size=N)))
+                 for _ in range(data.draw(st.integers(0, 2)))]
+        moved, group = refinement(part.label, keys)
+        expected = np.unique(np.stack([part.label] + keys), axis=1, return_inverse=True)[1]
+        predicted = part.weight_after(moved, group)
+        part.split(moved, group)
+        assert same_partition(part.label, expected.reshape(-1))
+        assert part.weight == predicted
+    assert part.best_test() is None, f"not separated after N = {N} rounds"
 
 
 @PHASE
