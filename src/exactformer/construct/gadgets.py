@@ -14,7 +14,6 @@ from fractions import Fraction
 import numpy as np
 
 from ..model import FF
-from ..numbers import zeros
 
 
 @dataclass
@@ -35,14 +34,17 @@ def hat_units(f, t0, c, delta, D, plateau: bool = True) -> list[Unit]:
     Breakpoints on a dyadic grid are exact in float64 too. See docs/gadgets.md.
     """
     if not plateau:
-        return [Unit(f, t0 - c + delta, D / delta),
-                Unit(f, t0 - c, D * (-2) / delta),
-                Unit(f, t0 - c - delta, D / delta)]
+        base, w = t0 - c, D / delta
+        return [Unit(f, base + delta, w), Unit(f, base, D * (-2) / delta), Unit(f, base - delta, w)]
     delta = power_of_two_below(delta)
-    c = round(c / (delta / 4)) * (delta / 4)
+    step = delta / 4
+    c = round(c / step) * step
     half = delta / 2
-    return [Unit(f, t0 - c + delta, D / half), Unit(f, t0 - c + half, -D / half),
-            Unit(f, t0 - c - half, -D / half), Unit(f, t0 - c - delta, D / half)]
+    base = t0 - c
+    w = D / half
+    nw = -w  # = −D/half exactly (negation is exact in float64 too)
+    return [Unit(f, base + delta, w), Unit(f, base + half, nw), Unit(f, base - half, nw),
+            Unit(f, base - delta, w)]
 
 
 def power_of_two_below(x):
@@ -68,8 +70,9 @@ def projection_unit(f, t0, e) -> Unit:
 
 
 def ff_from_units(units: list[Unit], eta, d: int, exact: bool) -> FF:
-    w = len(units)
-    U, b, W = zeros((w, d), exact), zeros(w, exact), zeros((d, w), exact)
-    for i, un in enumerate(units):
-        U[i], b[i], W[:, i] = un.u, un.b, un.w
+    """The FF layer η·x + Σ w·relu(u·x + b) over ``units`` (one hidden unit each, in order)."""
+    kind, w = (object if exact else float), len(units)
+    U = np.array([un.u for un in units], dtype=kind).reshape(w, d)
+    b = np.array([un.b for un in units], dtype=kind).reshape(w)
+    W = np.array([un.w for un in units], dtype=kind).reshape(w, d).T.copy()
     return FF(eta, U, b, W)
