@@ -22,7 +22,12 @@ from exactformer import generate
 from exactformer.construct.generic import Draws
 from exactformer.construct.leaders import choose_leaders
 from exactformer.construct.partition import Partition, refinement
-from exactformer.construct.separation import TokenTable, separate, separated_positions
+from exactformer.construct.separation import (
+    TokenTable,
+    _distinct_rows,
+    separate,
+    separated_positions,
+)
 
 PHASE = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -58,6 +63,39 @@ def test_separation_leaves_no_shared_point(data):
     # the construction's own belief about the positions is what the layers do
     believed = separated_positions(xs, table, sep, True)
     assert [token_set(b) for b in believed] == sets
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0.0, -0.0, 1.5, -2.0, 1e-300, 3.0]), min_size=3,
+                         max_size=3), min_size=1, max_size=30))
+def test_distinct_rows_groups_equal_rows(rows):
+    """Equal rows (−0.0 = 0.0) and only those share a group; each group's first index is the
+    first row holding it."""
+    a = np.array(rows) + 0.0
+    first, group = _distinct_rows(a)
+    keys = [tuple(r) for r in a.tolist()]
+    for i in range(len(keys)):
+        for k in range(len(keys)):
+            assert (group[i] == group[k]) == (keys[i] == keys[k])
+    assert sorted(first.tolist()) == sorted(keys.index(k) for k in set(keys))
+    assert all(group[f] == g for g, f in enumerate(first))
+
+
+def test_token_table_survives_a_hash_collision():
+    """Two different rows whose bit hashes collide are still two tokens (the sort fallback)."""
+    m0, m1 = (np.arange(1, 3, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | np.uint64(1)
+    a = np.array([1.25, -3.5]).view(np.uint64)
+    for t in range(1, 10 ** 5):  # B = A + t·(m1, −m0) in bits: the same hash
+        b = (a + np.array([m1, ~m0 + np.uint64(1)]) * np.uint64(t)).view(np.float64)
+        if np.isfinite(b).all() and (np.abs(b) > 1e-300).all():
+            break
+    rows = np.array([[1.25, -3.5], b.tolist(), [1.25, -3.5]])
+    bits = rows.view(np.uint64)
+    assert (bits[0] * np.array([m0, m1])).sum(dtype=np.uint64) == \
+        (bits[1] * np.array([m0, m1])).sum(dtype=np.uint64)
+    table = TokenTable.build([rows[:2], rows[2:]])
+    assert len(table.points) == 2
+    assert table.token_of.tolist() == [0, 1, 0]
 
 
 def recount(sets: list[frozenset], classes: np.ndarray, T: int):

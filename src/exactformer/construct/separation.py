@@ -40,14 +40,13 @@ class TokenTable:
     def build(cls, inputs: list[np.ndarray]) -> TokenTable:
         flat = np.concatenate(inputs, axis=0)
         seq_of = np.repeat(np.arange(len(inputs)), [len(x) for x in inputs])
-        if flat.dtype != object:  # rows as bytes (−0.0 made +0.0 first): one fast 1-D unique
-            rows = np.ascontiguousarray(flat + 0.0)
-            _, first, token_of = np.unique(rows.view(np.dtype((np.void, rows.strides[0]))),
-                                           return_index=True, return_inverse=True)
+        if flat.dtype != object:
+            rows = np.ascontiguousarray(flat + 0.0)  # −0.0 made +0.0: equal rows, equal bits
+            first, token_of = _distinct_rows(rows)
             order = np.argsort(first, kind="stable")  # ids in order of first appearance
             rank = np.empty_like(order)
             rank[order] = np.arange(len(order))
-            return cls(rows[first[order]], seq_of, rank[token_of.reshape(-1)], len(inputs))
+            return cls(rows[first[order]], seq_of, rank[token_of], len(inputs))
         ids: dict[tuple, int] = {}
         token_of = np.array([ids.setdefault(tuple(r.tolist()), len(ids)) for r in flat])
         rows = np.empty((len(ids), flat.shape[1]), dtype=object)
@@ -57,6 +56,30 @@ class TokenTable:
     def seqs(self) -> list[np.ndarray]:
         """Token ids of each sequence."""
         return np.split(self.token_of, np.flatnonzero(np.diff(self.seq_of)) + 1)
+
+
+def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first index of every distinct row of a float64 array and every row's group.
+
+    Rows are sorted by a hash of their bits (one integer sort, not a sort of byte strings);
+    equal rows have equal hashes, so each run of equal hashes must hold one row, which is
+    checked with == against the run's first row; a run holding two rows (a collision) falls
+    back to a sort of the rows."""
+    bits = rows.view(np.uint64)
+    mult = (np.arange(1, rows.shape[1] + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+            ) | np.uint64(1)
+    h = (bits * mult).sum(axis=1, dtype=np.uint64)  # wraps modulo 2^64
+    order = np.argsort(h, kind="stable")
+    hs = h[order]
+    starts = np.concatenate([[True], hs[1:] != hs[:-1]])
+    token_of = np.empty(len(rows), dtype=np.int64)
+    token_of[order] = np.cumsum(starts) - 1
+    first = order[starts]  # stable: a run starts at the first index of its hash
+    if (rows == rows[first][token_of]).all():
+        return first, token_of
+    _, first, token_of = np.unique(rows.view(np.dtype((np.void, rows.strides[0]))),
+                                   return_index=True, return_inverse=True)
+    return first, token_of.reshape(-1)
 
 
 @dataclass
