@@ -88,23 +88,28 @@ class Partition:
         return np.unique(self.label, return_inverse=True)[1].reshape(-1)
 
     def best_test(self) -> int | None:
-        """The token splitting most pairs among the involved sequences of each class: a token
-        held by a of the A involved sequences of a class splits a·(A − a) of their pairs. Ties
-        go to the lowest token id; None when no sequence is involved
+        """The token splitting most pairs among the involved sequences of each class (see
+        :meth:`scores`); ties go to the lowest token id; None when no sequence is involved
         (docs/hardmax.md#choosing-the-test-token)."""
         if self.weight == 0:
             return None
-        if self.dropped:  # an uninvolved sequence stays so: its memberships go for good
-            keep = self.nrep[self.act_seq] > 0
-            self.act_seq, self.act_tok = self.act_seq[keep], self.act_tok[keep]
-            self.dropped = False
-        score = np.bincount(self.act_tok, weights=self.size[self.label[self.act_seq]],
-                            minlength=self.T) - self.sq
+        score = self.scores()
         p = int(np.argmax(score))
         if score[p] <= 0:
             raise ConstructionError("no test token splits an unresolved class (inputs equal as "
                                     "sets)")
         return p
+
+    def scores(self) -> np.ndarray:
+        """Per token t, the pairs of involved sequences it splits: Σ_C a·(A − a) for a of the
+        A involved sequences of class C holding t, that is Σ over t's involved memberships of
+        A minus ``sq[t]``; one pass over the memberships of the involved sequences."""
+        if self.dropped:  # an uninvolved sequence stays so: its memberships go for good
+            keep = self.nrep[self.act_seq] > 0
+            self.act_seq, self.act_tok = self.act_seq[keep], self.act_tok[keep]
+            self.dropped = False
+        return np.bincount(self.act_tok, weights=self.size[self.label[self.act_seq]],
+                           minlength=self.T).astype(np.int64) - self.sq
 
     def _moves(self, seqs: np.ndarray, group: np.ndarray) -> _Moves:
         lens = self.start[seqs + 1] - self.start[seqs]
