@@ -68,8 +68,9 @@ def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
     exact = draws.exact
     d = positions[0].shape[1]
     axis = _axis(positions, m, draws)
-    iso = _isolations(axis.u)
-    chosen, moves = _pick(axis, iso, m)
+    by_u = np.argsort(axis.u)  # the u' are pairwise distinct (generic)
+    iso = _isolations(axis.u, by_u)
+    chosen, moves = _pick(axis, by_u, iso, m)
     circle = circle_points(len(moves), draws.rational(1, 2, 1024), exact)
     e1 = unit(d, 0, exact)
     points = [zeros((k, d), exact) for k in m]
@@ -137,11 +138,11 @@ def _axis(positions, m, draws: Draws) -> _Axis:
     return _Axis(g, g0, flat_u, start, first)
 
 
-def _pick(axis: _Axis, iso: np.ndarray, m: list[int]
+def _pick(axis: _Axis, by_u: np.ndarray, iso: np.ndarray, m: list[int]
           ) -> tuple[list[list[int]], list[tuple[int, int]]]:
     """Per sequence the P-leader (largest u' that stays) and m_j − 1 circle leaders (the extreme
     token where it must be one, then the most isolated: largest ``iso``, ties to the earlier
-    position); the moves, extreme token first. Sorted once over all tokens."""
+    position); the moves, extreme token first. ``by_u``: the tokens in increasing u'."""
     n, N = len(axis.u), len(m)
     seq_of = np.repeat(np.arange(N), np.diff(axis.start))
     free = np.ones(n, dtype=bool)  # neither forced onto the circle nor the P-leader
@@ -149,13 +150,14 @@ def _pick(axis: _Axis, iso: np.ndarray, m: list[int]
     if axis.first:
         free[axis.start[axis.first[0]] + axis.first[1]] = False
         need[axis.first[0]] -= 1
-    by_u = np.argsort(axis.u, kind="stable")
     rank = np.empty(n, dtype=np.int64)
     rank[by_u] = np.arange(n)
     leader = by_u[np.maximum.reduceat(np.where(free, rank, -1), axis.start[:-1])]
     free[leader] = False
     by_iso = np.argsort(-iso, kind="stable")  # most isolated first, ties in token order
-    order = by_iso[np.argsort(seq_of[by_iso], kind="stable")]
+    iso_rank = np.empty(n, dtype=np.int64)
+    iso_rank[by_iso] = np.arange(n)
+    order = np.argsort(seq_of * n + iso_rank)  # by sequence, then as in by_iso (keys distinct)
     order = order[free[order]]
     s = seq_of[order]
     taken = order[np.arange(len(order)) - np.searchsorted(s, s) < need[s]]
@@ -172,9 +174,9 @@ def _pick(axis: _Axis, iso: np.ndarray, m: list[int]
     return chosen, moves
 
 
-def _isolations(u: np.ndarray) -> np.ndarray:
-    """For every token, the distance from its u' to the nearest other u' (1 if alone)."""
-    order = np.argsort(u, kind="stable")
+def _isolations(u: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """For every token, the distance from its u' to the nearest other u' (1 if alone);
+    ``order`` sorts u."""
     s = u[order]
     near = np.empty(len(u), dtype=u.dtype)
     if len(u) == 1:
