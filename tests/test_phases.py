@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import exactformer as ef
 from exactformer import generate
 from exactformer.construct.generic import Draws
-from exactformer.construct.leaders import choose_leaders
+from exactformer.construct.leaders import _Axis, _isolations, _pick, choose_leaders
 from exactformer.construct.partition import Partition, refinement
 from exactformer.construct.separation import (
     TokenTable,
@@ -96,6 +96,42 @@ def test_token_table_survives_a_hash_collision():
     table = TokenTable.build([rows[:2], rows[2:]])
     assert len(table.points) == 2
     assert table.token_of.tolist() == [0, 1, 0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_pick_takes_the_most_isolated_tokens_ties_to_the_earlier(data):
+    """Per sequence: the forced extreme token (if any), the P-leader (largest u' of the
+    others) and then the most isolated tokens, equal isolations going to the earlier position
+    (spacings of 1 and 2 make many ties); the moves list the forced token first."""
+    lens = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=6))
+    m = [data.draw(st.integers(1, n)) for n in lens]
+    n, start = sum(lens), np.cumsum([0] + lens)
+    perm = data.draw(st.permutations(range(n)))
+    u = np.cumsum(data.draw(st.lists(st.sampled_from([1.0, 2.0]), min_size=n, max_size=n)))
+    u = u[list(perm)]
+    movable = [j for j in range(len(m)) if m[j] >= 2]
+    first = None
+    if movable and data.draw(st.booleans()):
+        j = data.draw(st.sampled_from(movable))
+        first = (j, data.draw(st.integers(0, lens[j] - 1)), 1)
+    by_u = np.argsort(u)
+    iso = _isolations(u, by_u)
+    chosen, moves = _pick(_Axis(None, None, u, start, first), by_u, iso, m)
+    expected_moves = []
+    for j in range(len(m)):
+        pos = range(lens[j])
+        forced = [first[1]] if first and first[0] == j else []
+        rest = [i for i in pos if i not in forced]
+        leader = max(rest, key=lambda i: u[start[j] + i])
+        rest.remove(leader)
+        rest.sort(key=lambda i: (-iso[start[j] + i], i))
+        circle = forced + rest[:m[j] - 1 - len(forced)]
+        assert chosen[j] == [leader] + circle, f"sequence {j}"
+        expected_moves += [(j, i) for i in circle]
+    if first:
+        assert moves[0] == first[:2]
+    assert sorted(moves) == sorted(expected_moves)
 
 
 def recount(sets: list[frozenset], classes: np.ndarray, T: int):
