@@ -108,7 +108,8 @@ class Partition:
             keep = self.nrep[self.act_seq] > 0
             self.act_seq, self.act_tok = self.act_seq[keep], self.act_tok[keep]
             self.dropped = False
-        return np.bincount(self.act_tok, weights=self.size[self.label[self.act_seq]],
+        own = self.size[self.label]  # per sequence, the involved count of its class
+        return np.bincount(self.act_tok, weights=own[self.act_seq],
                            minlength=self.T).astype(np.int64) - self.sq
 
     def _moves(self, seqs: np.ndarray, group: np.ndarray) -> _Moves:
