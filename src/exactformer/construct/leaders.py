@@ -54,8 +54,11 @@ def circle_points(k: int, r0, exact: bool) -> list[tuple]:
           for i in range(k)]
     if len(set(ks)) != k:
         raise ConstructionError(f"{k} circle leaders are too many for distinct circle points")
-    return [(num(Fraction(K * K - one, one + K * K), exact) * r0,
-             num(Fraction(2 ** 31 * K, one + K * K), exact) * r0) for K in ks]
+    def ratio(a: int, b: int):  # float64: int / int is correctly rounded, as float(Fraction)
+        return Fraction(a, b) if exact else a / b
+
+    return [(ratio(K * K - one, one + K * K) * r0, ratio(2 ** 31 * K, one + K * K) * r0)
+            for K in ks]
 
 
 def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
@@ -76,14 +79,14 @@ def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
     points = [zeros((k, d), exact) for k in m]
     for j in range(len(m)):
         points[j][0] = e1 * axis.u[axis.start[j] + chosen[j][0]]
-    hats = []
+    hats, us, isos = [], axis.u.tolist(), iso.tolist()  # scalars, faster one at a time
     for k, (j, i) in enumerate(tqdm(moves, desc="leader hats", unit="hat",
                                     disable=not progress, leave=False, delay=1)):
         q = zeros(d, exact)
         q[0], q[1] = circle[k]
         points[j][chosen[j].index(i)] = q
         at = axis.start[j] + i
-        hats.append(_leader_hat(axis, iso[at], axis.u[at], q, positions[j][i], first=k == 0,
+        hats.append(_leader_hat(axis, e1, isos[at], us[at], q, positions[j][i], first=k == 0,
                                 exact=exact))
     ffs = [ff_from_units(hats[0], num(0, exact), d, exact)] if hats else []
     ffs += [ff_from_units([u for units in hats[s:s + per_layer] for u in units], num(1, exact),
@@ -190,15 +193,13 @@ def _isolations(u: np.ndarray, order: np.ndarray) -> np.ndarray:
     return out
 
 
-def _leader_hat(axis: _Axis, iso, c, q, x, first: bool, exact: bool) -> list[Unit]:
+def _leader_hat(axis: _Axis, e1, iso, c, q, x, first: bool, exact: bool) -> list[Unit]:
     """The units moving the token at u' = c (position x, ``iso`` from the nearest other u') to
-    the circle point q. The first one
-    shares the non-residual projection layer, which every evaluator computes densely: it sits
-    at the extreme token and is mirrored when that is the smallest, so every other token lies
-    where all its units are exactly zero (docs/numerics.md#the-extreme-token-rule); it has no
-    plateau, so float64 builds check that rounding cannot misplace it."""
-    d = len(axis.g)
-    e1 = unit(d, 0, exact)
+    the circle point q. The first one shares the non-residual projection layer, which every
+    evaluator computes densely: it sits at the extreme token and is mirrored when that is the
+    smallest, so every other token lies where all its units are exactly zero
+    (docs/numerics.md#the-extreme-token-rule); it has no plateau, so float64 builds check that
+    rounding cannot misplace it."""
     delta = min(num(1, exact) / 2, iso / 2)
     if not first:
         return hat_units(e1, 0 * c, c, delta, q - e1 * c)
