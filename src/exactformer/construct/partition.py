@@ -112,9 +112,15 @@ class Partition:
         return np.bincount(self.act_tok, weights=own[self.act_seq],
                            minlength=self.T).astype(np.int64) - self.sq
 
-    def _moves(self, seqs: np.ndarray, group: np.ndarray) -> _Moves:
+    def _memberships(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The membership indices of these sequences, one sequence after another, and how many
+        each has."""
         lens = self.start[seqs + 1] - self.start[seqs]
-        k = np.repeat(self.start[seqs] - np.cumsum(lens) + lens, lens) + np.arange(lens.sum())
+        return np.repeat(self.start[seqs] - np.cumsum(lens) + lens, lens) + np.arange(
+            lens.sum()), lens
+
+    def _moves(self, seqs: np.ndarray, group: np.ndarray) -> _Moves:
+        k, lens = self._memberships(seqs)
         owner = np.repeat(np.arange(len(seqs)), lens)
         _, new_first, new_of, joined = np.unique(np.repeat(group, lens) * self.T + self.tok[k],
                                                  return_index=True, return_inverse=True,
@@ -157,7 +163,9 @@ class Partition:
                            + _repeated(mv.joined).sum())
         lone = self.holders[mv.old[(before >= 2) & (after == 1)]]
         self._involvement(seqs, group, mv, was, lone)
-        np.add.at(self.sq, old_tok, after ** 2)  # a lone holder that left counts in _drop
+        # a pair left with one holder adds 1 here; _drop took 1 back for every token of a
+        # holder no longer involved
+        np.add.at(self.sq, old_tok, after ** 2)
         np.add.at(self.sq, self.tok[mv.k[mv.new_first]],
                   np.where(mv.joined >= 2, mv.joined ** 2,
                            self.nrep[seqs[mv.owner[mv.new_first]]] > 0))
@@ -186,9 +194,7 @@ class Partition:
             return
         self.dropped = True
         np.subtract.at(self.size, self.label[gone], 1)
-        lens = self.start[gone + 1] - self.start[gone]
-        k = np.repeat(self.start[gone] - np.cumsum(lens) + lens, lens) + np.arange(lens.sum())
-        np.subtract.at(self.sq, self.tok[k], 1)
+        np.subtract.at(self.sq, self.tok[self._memberships(gone)[0]], 1)
 
 
 def refinement(label: np.ndarray, keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
