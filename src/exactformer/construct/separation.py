@@ -41,12 +41,12 @@ class TokenTable:
         flat = np.concatenate(inputs, axis=0)
         seq_of = np.repeat(np.arange(len(inputs)), [len(x) for x in inputs])
         if flat.dtype != object:
-            rows = np.ascontiguousarray(flat + 0.0)  # −0.0 made +0.0: equal rows, equal bits
-            first, token_of = _distinct_rows(rows)
+            flat += 0.0  # −0.0 made +0.0 (in the fresh copy): equal rows have equal bits
+            first, token_of = _distinct_rows(flat)
             order = np.argsort(first, kind="stable")  # ids in order of first appearance
             rank = np.empty_like(order)
             rank[order] = np.arange(len(order))
-            return cls(rows[first[order]], seq_of, rank[token_of], len(inputs))
+            return cls(flat[first[order]], seq_of, rank[token_of], len(inputs))
         ids: dict[tuple, int] = {}
         token_of = np.array([ids.setdefault(tuple(r.tolist()), len(ids)) for r in flat])
         rows = np.empty((len(ids), flat.shape[1]), dtype=object)
@@ -67,15 +67,17 @@ def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     back to a sort of the rows."""
     bits = rows.view(np.uint64)
     mult = (np.arange(1, rows.shape[1] + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-            ) | np.uint64(1)
-    h = (bits * mult).sum(axis=1, dtype=np.uint64)  # wraps modulo 2^64
-    order = np.argsort(h, kind="stable")
+            ) | np.uint64(1)  # odd multipliers; products and sums wrap modulo 2^64
+    h = np.zeros(len(rows), dtype=np.uint64)
+    for c in range(rows.shape[1]):  # column by column: no temporary the size of ``rows``
+        h += bits[:, c] * mult[c]
+    order = np.argsort(h)
     hs = h[order]
-    starts = np.concatenate([[True], hs[1:] != hs[:-1]])
+    starts = np.flatnonzero(np.concatenate([[True], hs[1:] != hs[:-1]]))
     token_of = np.empty(len(rows), dtype=np.int64)
-    token_of[order] = np.cumsum(starts) - 1
-    first = order[starts]  # stable: a run starts at the first index of its hash
-    if (rows == rows[first][token_of]).all():
+    token_of[order] = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(rows))))
+    first = np.minimum.reduceat(order, starts)  # the first index of each run
+    if all((rows[:, c] == rows[first, c][token_of]).all() for c in range(rows.shape[1])):
         return first, token_of
     _, first, token_of = np.unique(rows.view(np.dtype((np.void, rows.strides[0]))),
                                    return_index=True, return_inverse=True)
