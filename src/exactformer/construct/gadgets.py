@@ -14,6 +14,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..model import FF
+from ..numbers import zeros
 
 
 @dataclass
@@ -38,6 +39,8 @@ def hat_units(f, t0, c, delta, D, plateau: bool = True) -> list[Unit]:
         return [Unit(f, base + delta, w), Unit(f, base, D * (-2) / delta), Unit(f, base - delta, w)]
     delta = power_of_two_below(delta)
     step = delta / 4
+    if isinstance(c, np.generic):  # the same value as a Python number: a much faster round
+        c = c.item()
     c = round(c / step) * step
     half = delta / 2
     base = t0 - c
@@ -71,8 +74,8 @@ def projection_unit(f, t0, e) -> Unit:
 
 def ff_from_units(units: list[Unit], eta, d: int, exact: bool) -> FF:
     """The FF layer η·x + Σ w·relu(u·x + b) over ``units`` (one hidden unit each, in order)."""
-    kind, w = (object if exact else float), len(units)
-    U = np.array([un.u for un in units], dtype=kind).reshape(w, d)
-    b = np.array([un.b for un in units], dtype=kind).reshape(w)
-    W = np.array([un.w for un in units], dtype=kind).reshape(w, d).T.copy()
+    w = len(units)
+    U, b, W = zeros((w, d), exact), zeros(w, exact), zeros((d, w), exact)
+    for i, un in enumerate(units):
+        U[i], b[i], W[:, i] = un.u, un.b, un.w
     return FF(eta, U, b, W)
