@@ -68,16 +68,17 @@ def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     bits = rows.view(np.uint64)
     mult = (np.arange(1, rows.shape[1] + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
             ) | np.uint64(1)  # odd multipliers; products and sums wrap modulo 2^64
-    h = np.zeros(len(rows), dtype=np.uint64)
-    for c in range(rows.shape[1]):  # column by column: no temporary the size of ``rows``
-        h += bits[:, c] * mult[c]
+    blocks = range(0, len(rows), 1 << 16)  # blocks of rows: no temporary the size of ``rows``
+    h = np.concatenate([(bits[s:s + (1 << 16)] * mult).sum(axis=1, dtype=np.uint64)
+                        for s in blocks])
     order = np.argsort(h)
     hs = h[order]
     starts = np.flatnonzero(np.concatenate([[True], hs[1:] != hs[:-1]]))
     token_of = np.empty(len(rows), dtype=np.int64)
     token_of[order] = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(rows))))
     first = np.minimum.reduceat(order, starts)  # the first index of each run
-    if all((rows[:, c] == rows[first, c][token_of]).all() for c in range(rows.shape[1])):
+    rep = rows[first]
+    if all((rows[s:s + (1 << 16)] == rep[token_of[s:s + (1 << 16)]]).all() for s in blocks):
         return first, token_of
     _, first, token_of = np.unique(rows.view(np.dtype((np.void, rows.strides[0]))),
                                    return_index=True, return_inverse=True)
