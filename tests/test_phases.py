@@ -81,6 +81,17 @@ def test_distinct_rows_groups_equal_rows(rows):
     assert all(group[f] == g for g, f in enumerate(first))
 
 
+def test_distinct_rows_over_several_blocks():
+    """More rows than one hashing block: the grouping is the byte sort's."""
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((50, 3))[rng.integers(0, 50, 70_000)]
+    first, group = _distinct_rows(rows)
+    _, first_ref, group_ref = np.unique(rows.view(np.dtype((np.void, rows.strides[0]))),
+                                        return_index=True, return_inverse=True)
+    assert sorted(first.tolist()) == sorted(first_ref.tolist())
+    assert (first[group] == first_ref[group_ref.reshape(-1)]).all()
+
+
 def test_token_table_survives_a_hash_collision():
     """Two different rows whose bit hashes collide are still two tokens (the sort fallback)."""
     m0, m1 = (np.arange(1, 3, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | np.uint64(1)
