@@ -35,14 +35,19 @@ def hat_units(f, t0, c, delta, D, plateau: bool = True) -> list[Unit]:
     Breakpoints on a dyadic grid are exact in float64 too. See docs/gadgets.md.
     """
     if not plateau:
-        return [Unit(f, t0 - c + delta, D / delta),
-                Unit(f, t0 - c, D * (-2) / delta),
-                Unit(f, t0 - c - delta, D / delta)]
+        base, w = t0 - c, D / delta
+        return [Unit(f, base + delta, w), Unit(f, base, D * (-2) / delta), Unit(f, base - delta, w)]
     delta = power_of_two_below(delta)
-    c = round(c / (delta / 4)) * (delta / 4)
+    step = delta / 4
+    if isinstance(c, np.generic):  # the same value as a Python number: a much faster round
+        c = c.item()
+    c = round(c / step) * step
     half = delta / 2
-    return [Unit(f, t0 - c + delta, D / half), Unit(f, t0 - c + half, -D / half),
-            Unit(f, t0 - c - half, -D / half), Unit(f, t0 - c - delta, D / half)]
+    base = t0 - c
+    w = D / half
+    nw = -w  # = −D/half exactly (negation is exact in float64 too)
+    return [Unit(f, base + delta, w), Unit(f, base + half, nw), Unit(f, base - half, nw),
+            Unit(f, base - delta, w)]
 
 
 def power_of_two_below(x):
@@ -68,6 +73,7 @@ def projection_unit(f, t0, e) -> Unit:
 
 
 def ff_from_units(units: list[Unit], eta, d: int, exact: bool) -> FF:
+    """The FF layer η·x + Σ w·relu(u·x + b) over ``units`` (one hidden unit each, in order)."""
     w = len(units)
     U, b, W = zeros((w, d), exact), zeros(w, exact), zeros((d, w), exact)
     for i, un in enumerate(units):

@@ -52,16 +52,29 @@ class Draws:
 
 def relative_gap(values) -> float:
     """Smallest gap between distinct sorted values over their spread (0 on a coincidence)."""
-    vals = _sorted(values)
-    if len(vals) < 2:
-        return 1.0
-    spread = float(vals[-1] - vals[0]) or 1.0
-    return float(min(vals[1:] - vals[:-1])) / spread
+    return _relative_gap(_sorted(values))
 
 
 def separated(values, exact: bool) -> bool:
     """Distinct exactly (exact mode), or far enough apart for float64 rounding."""
+    return _separated(_sorted(values), exact)
+
+
+def generic_score(values, exact: bool) -> float | None:
+    """The score of a generic choice that must keep ``values`` apart: their relative gap, or
+    None (invalid) when two coincide (exact) or could merge under float64 rounding. One sort."""
     vals = _sorted(values)
+    return _relative_gap(vals) if _separated(vals, exact) else None
+
+
+def _relative_gap(vals: np.ndarray) -> float:
+    if len(vals) < 2:
+        return 1.0
+    spread = float(vals[-1] - vals[0]) or 1.0
+    return float((vals[1:] - vals[:-1]).min()) / spread
+
+
+def _separated(vals: np.ndarray, exact: bool) -> bool:
     if len(vals) < 2:
         return True
     gaps = vals[1:] - vals[:-1]
@@ -71,16 +84,10 @@ def separated(values, exact: bool) -> bool:
     return float(gaps.min()) > 256 * EPS * scale
 
 
-def generic_score(values, exact: bool) -> float | None:
-    """The score of a generic choice that must keep ``values`` apart: their relative gap, or
-    None (invalid) when two coincide (exact) or could merge under float64 rounding."""
-    return relative_gap(values) if separated(values, exact) else None
-
-
 def _sorted(values) -> np.ndarray:
     a = np.asarray(values)
     if a.dtype != object:
-        return np.sort(a.astype(float))
+        return np.sort(np.asarray(a, dtype=float))
     out = np.empty(len(a), dtype=object)
     out[:] = sorted(a.tolist())
     return out

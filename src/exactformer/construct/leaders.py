@@ -11,7 +11,6 @@ then sends every token onto its leader. See docs/hardmax.md#leaders-and-the-coll
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -35,12 +34,14 @@ class Leaders:
 
 @dataclass
 class _Axis:
-    """Every token on the positive e1 axis: u' = g·x + g0, per sequence, and the extreme token
-    that may carry the first hat inside the projection layer (None: no circle leader)."""
+    """Every token on the positive e1 axis: u' = g·x + g0, sequences one after another (sequence
+    j's tokens are u[start[j]:start[j+1]]), and the extreme token that may carry the first hat
+    inside the projection layer (None: no circle leader)."""
 
     g: np.ndarray
     g0: object
-    uprime: list[list]
+    u: np.ndarray
+    start: np.ndarray
     first: tuple[int, int, int] | None  # (sequence, position, orientation ±1)
 
 
@@ -48,15 +49,16 @@ def circle_points(k: int, r0, exact: bool) -> list[tuple]:
     """k distinct rational points r0·(−(1−s²)/(1+s²), 2s/(1+s²)) of the circle of radius r0,
     first coordinate < 0, with s = tan(φ/2) rounded to a multiple of 2^-30 (distinct s give
     distinct points; checked)."""
-    ss = [Fraction(round(math.tan((-math.pi / 2 + math.pi * (i + 0.5) / k) / 2) * 2 ** 30),
-                   2 ** 30) for i in range(k)]
-    if len(set(ss)) != k:
+    one = 2 ** 60  # s = K/2^30: the point is r0·(−(2^60 − K²), 2^31·K)/(2^60 + K²)
+    ks = [round(math.tan((-math.pi / 2 + math.pi * (i + 0.5) / k) / 2) * 2 ** 30)
+          for i in range(k)]
+    if len(set(ks)) != k:
         raise ConstructionError(f"{k} circle leaders are too many for distinct circle points")
-    pts = []
-    for s in ss:
-        den = 1 + s * s
-        pts.append((num(-(1 - s * s) / den, exact) * r0, num(2 * s / den, exact) * r0))
-    return pts
+    def ratio(a: int, b: int):  # float64: int / int is correctly rounded, as float(Fraction)
+        return Fraction(a, b) if exact else a / b
+
+    return [(ratio(K * K - one, one + K * K) * r0, ratio(2 ** 31 * K, one + K * K) * r0)
+            for K in ks]
 
 
 def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
@@ -69,21 +71,23 @@ def choose_leaders(positions: list[np.ndarray], m: list[int], draws: Draws,
     exact = draws.exact
     d = positions[0].shape[1]
     axis = _axis(positions, m, draws)
-    chosen, moves = _pick(axis, m)
+    by_u = np.argsort(axis.u)  # the u' are pairwise distinct (generic)
+    iso = _isolations(axis.u, by_u)
+    chosen, moves = _pick(axis, by_u, iso, m)
     circle = circle_points(len(moves), draws.rational(1, 2, 1024), exact)
     e1 = unit(d, 0, exact)
     points = [zeros((k, d), exact) for k in m]
     for j in range(len(m)):
-        points[j][0] = e1 * axis.uprime[j][chosen[j][0]]
-    flat = sorted(v for r in axis.uprime for v in r)
-    hats = []
+        points[j][0] = e1 * axis.u[axis.start[j] + chosen[j][0]]
+    hats, us, isos = [], axis.u.tolist(), iso.tolist()  # scalars, faster one at a time
     for k, (j, i) in enumerate(tqdm(moves, desc="leader hats", unit="hat",
                                     disable=not progress, leave=False, delay=1)):
         q = zeros(d, exact)
         q[0], q[1] = circle[k]
         points[j][chosen[j].index(i)] = q
-        hats.append(_leader_hat(axis, flat, axis.uprime[j][i], q, positions[j][i],
-                                first=k == 0, exact=exact))
+        at = axis.start[j] + i
+        hats.append(_leader_hat(axis, e1, isos[at], us[at], q, positions[j][i], first=k == 0,
+                                exact=exact))
     ffs = [ff_from_units(hats[0], num(0, exact), d, exact)] if hats else []
     ffs += [ff_from_units([u for units in hats[s:s + per_layer] for u in units], num(1, exact),
                           d, exact) for s in range(1, len(hats), per_layer)]
@@ -124,70 +128,79 @@ def _axis(positions, m, draws: Draws) -> _Axis:
         g = best_draw(lambda: draws.vector(d), lambda g: score(g, False),
                       what="leader projection")
     raw = flat_pos @ g
-    lo, hi = min(raw), max(raw)
+    lo, hi = raw.min(), raw.max()
     spread = (hi - lo) if hi != lo else num(1, exact)
     g, g0 = g / spread, draws.rational(1, 2, 1024) - lo / spread  # u' ∈ [shift, shift + 1]
-    flat_u = list(flat_pos @ g + g0)
-    offsets = np.cumsum([0] + [len(p) for p in positions])
-    uprime = [flat_u[offsets[j]:offsets[j + 1]] for j in range(len(positions))]
+    flat_u = flat_pos @ g + g0
+    start = np.cumsum([0] + [len(p) for p in positions])
     ext = extreme(flat_u) if movers else None
     first = None
     if ext is not None:
         j0 = int(seq_of[ext[0]])
-        first = (j0, int(ext[0] - offsets[j0]), ext[1])
-    return _Axis(g, g0, uprime, first)
+        first = (j0, int(ext[0] - start[j0]), ext[1])
+    return _Axis(g, g0, flat_u, start, first)
 
 
-def _pick(axis: _Axis, m: list[int]) -> tuple[list[list[int]], list[tuple[int, int]]]:
+def _pick(axis: _Axis, by_u: np.ndarray, iso: np.ndarray, m: list[int]
+          ) -> tuple[list[list[int]], list[tuple[int, int]]]:
     """Per sequence the P-leader (largest u' that stays) and m_j − 1 circle leaders (the extreme
-    token where it must be one, then the most isolated); the moves, extreme token first."""
-    iso = _isolations(axis.uprime)
-    forced = {axis.first[0]: axis.first[1]} if axis.first else {}
+    token where it must be one, then the most isolated: largest ``iso``, ties to the earlier
+    position); the moves, extreme token first. ``by_u``: the tokens in increasing u'."""
+    n, N = len(axis.u), len(m)
+    seq_of = np.repeat(np.arange(N), np.diff(axis.start))
+    free = np.ones(n, dtype=bool)  # neither forced onto the circle nor the P-leader
+    need = np.asarray(m, dtype=np.int64) - 1
+    if axis.first:
+        free[axis.start[axis.first[0]] + axis.first[1]] = False
+        need[axis.first[0]] -= 1
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_u] = np.arange(n)
+    leader = by_u[np.maximum.reduceat(np.where(free, rank, -1), axis.start[:-1])]
+    free[leader] = False
+    by_iso = np.argsort(-iso, kind="stable")  # most isolated first, ties in token order
+    iso_rank = np.empty(n, dtype=np.int64)
+    iso_rank[by_iso] = np.arange(n)
+    order = np.argsort(seq_of * n + iso_rank)  # by sequence, then as in by_iso (keys distinct)
+    order = order[free[order]]
+    s = seq_of[order]
+    taken = order[np.arange(len(order)) - np.searchsorted(s, s) < need[s]]
+    circles = np.split(taken - axis.start[seq_of[taken]],
+                       np.cumsum(np.bincount(seq_of[taken], minlength=N))[:-1])
+    forced = {axis.first[0]: [axis.first[1]]} if axis.first else {}
     chosen, moves = [], []
-    for j, (r, gaps) in enumerate(zip(axis.uprime, iso, strict=True)):
-        rest = [i for i in range(len(r)) if i != forced.get(j)]
-        pl = max(rest, key=lambda i: r[i])
-        need = m[j] - 1 - (j in forced)
-        rest = sorted((i for i in rest if i != pl), key=lambda i: (gaps[i], -i),
-                      reverse=True)[:need] if need > 0 else []
-        circ = ([forced[j]] if j in forced else []) + rest
-        chosen.append([pl] + circ)
+    for j in range(N):
+        circ = forced.get(j, []) + circles[j].tolist()
+        chosen.append([int(leader[j] - axis.start[j])] + circ)
         moves += [(j, i) for i in circ]
     if axis.first:
         moves.insert(0, moves.pop(moves.index(axis.first[:2])))
     return chosen, moves
 
 
-def _isolations(uprime: list[list]) -> list[np.ndarray]:
-    """For every token, the distance from its u' to the nearest other u' (1 if alone)."""
-    flat = np.asarray([v for r in uprime for v in r])
-    order = np.argsort(flat, kind="stable")
-    s = flat[order]
-    gaps = s[1:] - s[:-1]
-    near = np.empty(len(flat), dtype=flat.dtype)
-    near[:] = [min([g for g in pair if g is not None], default=1) for pair in
-               zip([None, *gaps.tolist()], [*gaps.tolist(), None], strict=True)]
+def _isolations(u: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """For every token, the distance from its u' to the nearest other u' (1 if alone);
+    ``order`` sorts u."""
+    s = u[order]
+    near = np.empty(len(u), dtype=u.dtype)
+    if len(u) == 1:
+        near[0] = 1
+    else:
+        gaps = s[1:] - s[:-1]
+        near[0], near[-1] = gaps[0], gaps[-1]
+        near[1:-1] = np.minimum(gaps[:-1], gaps[1:])
     out = np.empty_like(near)
     out[order] = near
-    return np.split(out, np.cumsum([len(r) for r in uprime])[:-1])
+    return out
 
 
-def _isolation(flat: list, v):
-    """Distance from v (one of the sorted values ``flat``) to its nearest other value."""
-    i = bisect_left(flat, v)
-    gaps = [flat[k] - flat[k - 1] for k in (i, i + 1) if 0 < k < len(flat)]
-    return min(gaps) if gaps else 1
-
-
-def _leader_hat(axis: _Axis, flat: list, c, q, x, first: bool, exact: bool) -> list[Unit]:
-    """The units moving the token at u' = c (position x) to the circle point q. The first one
-    shares the non-residual projection layer, which every evaluator computes densely: it sits
-    at the extreme token and is mirrored when that is the smallest, so every other token lies
-    where all its units are exactly zero (docs/numerics.md#the-extreme-token-rule); it has no
-    plateau, so float64 builds check that rounding cannot misplace it."""
-    d = len(axis.g)
-    e1 = unit(d, 0, exact)
-    delta = min(num(1, exact) / 2, _isolation(flat, c) / 2)
+def _leader_hat(axis: _Axis, e1, iso, c, q, x, first: bool, exact: bool) -> list[Unit]:
+    """The units moving the token at u' = c (position x, ``iso`` from the nearest other u') to
+    the circle point q. The first one shares the non-residual projection layer, which every
+    evaluator computes densely: it sits at the extreme token and is mirrored when that is the
+    smallest, so every other token lies where all its units are exactly zero
+    (docs/numerics.md#the-extreme-token-rule); it has no plateau, so float64 builds check that
+    rounding cannot misplace it."""
+    delta = min(num(1, exact) / 2, iso / 2)
     if not first:
         return hat_units(e1, 0 * c, c, delta, q - e1 * c)
     sign = axis.first[2] if axis.first else 1

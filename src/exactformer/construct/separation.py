@@ -22,6 +22,7 @@ from ..numbers import num, unit, zeros
 from ..record import Lift
 from .gadgets import ff_from_units, hat_units, projection_unit
 from .generic import ConstructionError, Draws, best_draw, check_sloped_hat, generic_score
+from .partition import Partition, refinement
 
 
 @dataclass
@@ -39,14 +40,13 @@ class TokenTable:
     def build(cls, inputs: list[np.ndarray]) -> TokenTable:
         flat = np.concatenate(inputs, axis=0)
         seq_of = np.repeat(np.arange(len(inputs)), [len(x) for x in inputs])
-        if flat.dtype != object:  # rows as bytes (−0.0 made +0.0 first): one fast 1-D unique
-            rows = np.ascontiguousarray(flat + 0.0)
-            _, first, token_of = np.unique(rows.view(np.dtype((np.void, rows.strides[0]))),
-                                           return_index=True, return_inverse=True)
+        if flat.dtype != object:
+            flat += 0.0  # −0.0 made +0.0 (in the fresh copy): equal rows have equal bits
+            first, token_of = _distinct_rows(flat)
             order = np.argsort(first, kind="stable")  # ids in order of first appearance
             rank = np.empty_like(order)
             rank[order] = np.arange(len(order))
-            return cls(rows[first[order]], seq_of, rank[token_of.reshape(-1)], len(inputs))
+            return cls(flat[first[order]], seq_of, rank[token_of], len(inputs))
         ids: dict[tuple, int] = {}
         token_of = np.array([ids.setdefault(tuple(r.tolist()), len(ids)) for r in flat])
         rows = np.empty((len(ids), flat.shape[1]), dtype=object)
@@ -56,6 +56,33 @@ class TokenTable:
     def seqs(self) -> list[np.ndarray]:
         """Token ids of each sequence."""
         return np.split(self.token_of, np.flatnonzero(np.diff(self.seq_of)) + 1)
+
+
+def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first index of every distinct row of a float64 array and every row's group.
+
+    Rows are sorted by a hash of their bits (one integer sort, not a sort of byte strings);
+    equal rows have equal hashes, so each run of equal hashes must hold one row, which is
+    checked with == against the run's first row; a run holding two rows (a collision) falls
+    back to a sort of the rows."""
+    bits = rows.view(np.uint64)
+    mult = (np.arange(1, rows.shape[1] + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+            ) | np.uint64(1)  # odd multipliers; products and sums wrap modulo 2^64
+    blocks = range(0, len(rows), 1 << 16)  # blocks of rows: no temporary the size of ``rows``
+    h = np.concatenate([(bits[s:s + (1 << 16)] * mult).sum(axis=1, dtype=np.uint64)
+                        for s in blocks])
+    order = np.argsort(h)
+    hs = h[order]
+    starts = np.flatnonzero(np.concatenate([[True], hs[1:] != hs[:-1]]))
+    token_of = np.empty(len(rows), dtype=np.int64)
+    token_of[order] = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(rows))))
+    first = np.minimum.reduceat(order, starts)  # the first index of each run
+    rep = rows[first]
+    if all((rows[s:s + (1 << 16)] == rep[token_of[s:s + (1 << 16)]]).all() for s in blocks):
+        return first, token_of
+    _, first, token_of = np.unique(rows.view(np.dtype((np.void, rows.strides[0]))),
+                                   return_index=True, return_inverse=True)
+    return first, token_of.reshape(-1)
 
 
 @dataclass
@@ -113,40 +140,37 @@ def plan_rounds(table: TokenTable, u_rank: np.ndarray, progress: bool = False,
     Sequences with equal signatures form a class; a class is unresolved while two of its
     sequences share a token. Lifting token p splits every class C into C ∩ owners(p) and
     C ∖ owners(p); the greedy takes the token that splits most pairs among the sequences of
-    unresolved classes that hold a repeated token. Each round splits an unresolved class, so at
-    most N − 1 rounds are needed. A first round without a lift records the sequences' own maxima
-    when that already splits a shared token. With ``per_round`` > 1 a round takes further tests
-    (:func:`_round_tests`) on ``channels`` registers: channel 0 is u, channel c ≥ 1 a free
-    coordinate read by its own head (docs/heads.md).
+    unresolved classes that hold a repeated token (:class:`Partition`, whose work per round is
+    proportional to the memberships of the sequences it moves and of those still involved).
+    Each round splits an unresolved class, so at most N − 1 rounds are needed. A first round
+    without a lift records the sequences' own maxima when that already splits a shared token.
+    With ``per_round`` > 1 a round takes further tests (:func:`_round_tests`) on ``channels``
+    registers: channel 0 is u, channel c ≥ 1 a free coordinate read by its own head
+    (docs/heads.md).
     """
     N, T = table.N, len(u_rank)
     seq, tok = table.seq_of, table.token_of
     cur = [np.full(N, -1, dtype=np.int64) for _ in range(channels)]
     np.maximum.at(cur[0], seq, u_rank[tok])
-    classes = np.zeros(N, dtype=np.int64)
-    owners = _owners(seq, tok, T)
+    part = Partition(seq, tok, T, np.zeros(N, dtype=np.int64))
+    if part.weight == 0:
+        return Plan([], np.zeros((0, N), dtype=np.int64), [], part.classes())
     tests, maxima, rows = [], [], []
-    active = np.arange(len(seq))
-    if _repeated_weight(classes, seq, tok, T) == 0:
-        return Plan([], np.zeros((0, N), dtype=np.int64), [], classes)
-    split = _refine(classes, cur[0])
-    if _repeated_weight(split, seq, tok, T) < _repeated_weight(classes, seq, tok, T):
-        classes = split
+    own = Partition(seq, tok, T, cur[0])
+    if own.weight < part.weight:
+        part = own
         tests.append(None)
         maxima.append(cur[0].copy())
         rows.append((0, 0))
+    owners = _owners(seq, tok, T)
     lifted = 0
     bar = tqdm(desc="separation rounds", unit="round", disable=not progress, leave=False, delay=1)
     with bar:
-        while True:
-            active, p = _best_test(classes, seq, tok, active, T)
-            if p is None:
-                break
+        while (p := part.best_test()) is not None:
             if len(tests) >= N:
                 raise ConstructionError(f"separation did not finish in N = {N} rounds")
             bar.update()
-            chosen, classes = _round_tests(p, classes, owners, seq, tok, active, T, per_round,
-                                           channels)
+            chosen, part = _round_tests(p, part, owners, per_round, channels)
             for i, (c, q) in enumerate(chosen):  # the highest test held is the register's max
                 cur[c][owners[q]] = T + lifted + i
             lifted += len(chosen)
@@ -154,39 +178,40 @@ def plan_rounds(table: TokenTable, u_rank: np.ndarray, progress: bool = False,
                 maxima.append(cur[c].copy())
                 rows.append((len(tests), c))
             tests.append(chosen)
-    return Plan(tests, np.array(maxima, dtype=np.int64).reshape(-1, N), rows, classes)
+    return Plan(tests, np.array(maxima, dtype=np.int64).reshape(-1, N), rows, part.classes())
 
 
-def _round_tests(p, classes, owners, seq, tok, active, T, per_round, channels):
+def _round_tests(p: int, part: Partition, owners: list[np.ndarray], per_round: int,
+                 channels: int) -> tuple[list[tuple[int, int]], Partition]:
     """The tests of one round as (channel, token), starting with (0, p), and the classes after
-    it. In each channel the i-th test is lifted to the i-th height, so a sequence's outcome
-    there is the highest test it holds (0: none). Each further test is the greedy best on the
-    classes refined so far, put in the channel where the true outcome split lowers the
-    repeated weight most (a fresh channel is an independent presence bit); none that lowers
-    it ends the round."""
-    keys = {0: np.zeros(len(classes), dtype=np.int64)}
+    it (``part`` itself, refined, when the round can hold one test). In each channel the i-th
+    test is lifted to the i-th height, so a sequence's outcome there is the highest test it
+    holds (0: none). Each further test is the greedy best on the classes refined so far, put
+    in the channel where the true outcome split lowers the repeated weight most (a fresh
+    channel is an independent presence bit); none that lowers it ends the round."""
+    keys = {0: np.zeros(len(part.label), dtype=np.int64)}
     keys[0][owners[p]] = 1
     chosen = [(0, p)]
-    after = _refine(classes, keys[0])
-    weight = _repeated_weight(after, seq, tok, T)
+    after = part if per_round == 1 else part.copy()
+    after.split(*refinement(part.label, list(keys.values())))
+    weight = after.weight
     while len(chosen) < per_round and weight > 0:
-        q = _best_test(after, seq, tok, active, T)[1]
+        q = after.best_test()
         if q is None or q in [t for _, t in chosen]:
             break
         best = None
         for c in sorted(keys) + ([len(keys)] if len(keys) < channels else []):
             trial = dict(keys)
-            trial[c] = keys.get(c, np.zeros(len(classes), dtype=np.int64)).copy()
+            trial[c] = keys.get(c, np.zeros(len(part.label), dtype=np.int64)).copy()
             trial[c][owners[q]] = sum(ch == c for ch, _ in chosen) + 1
-            refined = classes
-            for key in trial.values():
-                refined = _refine(refined, key)
-            w = _repeated_weight(refined, seq, tok, T)
+            w = part.weight_after(*refinement(part.label, list(trial.values())))
             if best is None or w < best[0]:
-                best = (w, c, trial, refined)
+                best = (w, c, trial)
         if best[0] >= weight:
             break
-        weight, c, keys, after = best
+        weight, c, keys = best
+        after = part.copy()
+        after.split(*refinement(part.label, list(keys.values())))
         chosen.append((c, q))
     return chosen, after
 
@@ -196,41 +221,6 @@ def _owners(seq: np.ndarray, tok: np.ndarray, T: int) -> list[np.ndarray]:
     order = np.argsort(tok, kind="stable")
     cuts = np.searchsorted(tok[order], np.arange(1, T))
     return np.split(seq[order], cuts)
-
-
-def _refine(classes: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """Split every class by ``key`` (integer per sequence); labels renumbered from 0."""
-    _, labels = np.unique(np.stack([classes, key]), axis=1, return_inverse=True)
-    return labels.reshape(-1)
-
-
-def _repeated_weight(classes, seq, tok, T) -> int:
-    """Σ over (class, token) held by ≥ 2 sequences of the class of that count: 0 iff every class
-    is token-disjoint, and it drops whenever a refinement splits a shared token."""
-    _, counts = np.unique(classes[seq] * T + tok, return_counts=True)
-    return int(counts[counts >= 2].sum())
-
-
-def _best_test(classes, seq, tok, active, T) -> tuple[np.ndarray, int | None]:
-    """The token splitting most pairs among the sequences that hold a token repeated in their
-    class (None when there are none); also the memberships still worth looking at."""
-    s, t = seq[active], tok[active]
-    keys, inv, counts = np.unique(classes[s] * T + t, return_inverse=True, return_counts=True)
-    inv = inv.reshape(-1)
-    repeated = counts[inv] >= 2
-    if not repeated.any():
-        return active[:0], None
-    involved = np.zeros(len(classes), dtype=bool)
-    involved[s[repeated]] = True
-    keep = involved[s]
-    size = np.bincount(classes[np.flatnonzero(involved)], minlength=len(classes))
-    counts = np.bincount(inv[keep], minlength=len(keys))  # (class, token) among the involved
-    split = counts * (size[keys // T] - counts)
-    score = np.bincount(keys % T, weights=split, minlength=T)
-    p = int(np.argmax(score))
-    if score[p] <= 0:
-        raise ConstructionError("no test token splits an unresolved class (inputs equal as sets)")
-    return active[keep], p
 
 
 def separate(table: TokenTable, draws: Draws, score_scale=1, progress: bool = False,
@@ -251,14 +241,9 @@ def separate(table: TokenTable, draws: Draws, score_scale=1, progress: bool = Fa
         return Separation([], u, [num(0, exact)] * N, [], [], {})
     n_lifts = sum(len(t) for t in plan.tests if t is not None)
     heights = [num(3 + k, exact) for k in range(n_lifts)]  # every u ≤ 2 < 3
-    value = [u[i] for i in order] + heights  # rank → value
-
-    def at(rank, channel):  # a channel c ≥ 1 is 0 where nothing was lifted
-        return num(0, exact) if rank < 0 else value[rank]
-
-    M = np.array([[at(r, c) for r in row] for row, (_, c) in zip(plan.maxima, plan.rows,
-                                                                   strict=True)],
-                 dtype=object if exact else float)  # one row per (round, channel)
+    value = np.empty(len(u) + n_lifts + 1, dtype=object if exact else float)
+    value[:] = [u[i] for i in order] + heights + [num(0, exact)]  # rank → value; −1 → 0
+    M = value[plan.maxima]  # one row per (round, channel); a channel c ≥ 1 is 0 where unlifted
     lams = _multipliers(M, plan.classes, heights[-1] if heights else num(3, exact), draws)
     sigma = list(np.asarray(lams) @ M)
     blocks, lifts, channels = _round_blocks(table, a, a0, u, order, plan, heights, lams, draws,
@@ -331,12 +316,15 @@ def separated_positions(inputs: list[np.ndarray], table: TokenTable, sep: Separa
     (u, σ_j, 0, …) — in exact arithmetic, as the construction computed it."""
     if not sep.R:
         return inputs
-    out = []
-    for j, s in enumerate(table.seqs()):
-        p = zeros((len(s), table.points.shape[1]), exact)
-        p[:, 0] = [sep.u[t] for t in s]
-        p[:, 1] = sep.sigma[j]
-        for (c, t), h in sep.channels.items():  # lifted on a free coordinate (docs/heads.md)
-            p[s == t, c + 1] = h
-        out.append(p)
-    return out
+    kind = object if exact else float
+    u, sigma = np.empty(len(sep.u), dtype=kind), np.empty(table.N, dtype=kind)
+    u[:], sigma[:] = sep.u, sep.sigma
+    flat = zeros((len(table.token_of), table.points.shape[1]), exact)
+    flat[:, 0] = u[table.token_of]
+    flat[:, 1] = sigma[table.seq_of]
+    lifted: dict[int, np.ndarray] = {}  # channel c ≥ 1 → height on e_{c+1} per token
+    for (c, t), h in sep.channels.items():  # lifted on a free coordinate (docs/heads.md)
+        lifted.setdefault(c, zeros(len(u), exact))[t] = h
+    for c, height in lifted.items():
+        flat[:, c + 1] = height[table.token_of]
+    return np.split(flat, np.flatnonzero(np.diff(table.seq_of)) + 1)
