@@ -14,6 +14,7 @@ enclosure decides them; elsewhere every outcome is enclosed (docs/numerics.md#en
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -144,41 +145,59 @@ def _moderate(v, e: int) -> bool:
     return bool(((v >= 2.0 ** -e) & (v <= 2.0 ** e)).all())
 
 
-def ff_change(X, r, U_, b, W, form):
-    """For rows X ± r inside a residual layer's window, with units (U_, b, W): the change
-    to add to X, the radius of the output x + change, and of the change alone.
+@dataclass
+class GadgetStep:
+    """What :func:`gadget_rows` finds for rows each meeting one gadget window."""
 
-    Gadget layers (``form``, from :func:`gadget_form`; None otherwise) are evaluated as their
-    affine piece: on the units
-    certainly active, change = (Σ ω_k σ_k)(f·x)·w + (Σ ω_k b_k)·w with both sums correctly
-    rounded, so on a flat top (Σ ω_k σ_k = 0) the change is the exact move to within one
-    rounding and the radius passes through unchanged. Undecided units add |W_k|·(their
-    pre-activation's radius) (ReLU is 1-Lipschitz). Other layers are taken as float64
-    computes them, with the rounding of every unit.
+    change: np.ndarray  # float change to add to the rows inside their window
+    inside: np.ndarray  # float f·x strictly inside the window
+    whole: np.ndarray  # radius of x + change (rows inside)
+    alone: np.ndarray  # radius of the change alone (rows inside) or bound on it (outside)
+
+
+def gadget_rows(X, r, f, sig, b, om, w, lo, hi) -> GadgetStep:
+    """Rows X ± r, each meeting one gadget window (units U_k = σ_k·f, b_k, W_k = ω_k·w of
+    :func:`gadget_form`; per row: σ, b, ω (n×h), w (n×d), lo, hi (n,)).
+
+    A row inside its window by float f·x moves by the window's affine piece on the units
+    certainly active: (Σ ω_k σ_k)(f·x)·w + (Σ ω_k b_k)·w with both sums exact or correctly
+    rounded, so on a flat top (Σ ω_k σ_k = 0) the move is exact to within one rounding and the
+    radius passes through unchanged; an undecided unit adds |ω_k|·|w|·(its pre-activation's
+    radius) (ReLU is 1-Lipschitz). A row outside keeps its value: the window is zero outside
+    and Lipschitz inside with slope Σ|ω_k σ_k|·|w|, so its change is at most that slope times
+    how far its box reaches into the window (the units' outputs would not do: beyond the
+    window they are large and cancel).
     """
-    if form is None:
-        return _generic_change(X, r, U_, b, W)
-    f, sig, w, om = form
-    Z, z_round, z_rad = _pre_activations(X, r, U_, b)
+    h, d = sig.shape[1], X.shape[1]
+    t, t_rad = X @ f, dot_radius(X, r, f)
+    Z = t[:, None] * sig + b
+    z_round = rounding(np.abs(sig) * (np.abs(X) @ np.abs(f))[:, None] + np.abs(b), d)
+    z_rad = up(np.abs(sig) * t_rad[:, None] + z_round, d + 3)
     active = lower(Z, z_rad) > 0
     unsure = ~active & ~(upper(Z, z_rad) <= 0)
-    t, t_rad = X @ f, dot_radius(X, r, f)
-    slope = np.array([math.fsum(om[a] * sig[a]) for a in active])  # exact products (the form)
-    shift = np.array([math.fsum(om[a] * b[a]) for a in active])  # exact products, rounded sum
-    loose = np.maximum(Z, 0.0) * unsure
-    change = np.outer(slope * t + shift, w) + loose @ W.T
+    slope = (om * sig * active).sum(axis=1)  # exact (gadget_form)
+    shift = np.array([math.fsum(v) for v in (om * b * active).tolist()])
+    loose = (np.maximum(Z, 0.0) * unsure * om).sum(axis=1)
     aw = np.abs(w)
-    err = np.outer(np.abs(slope) * (t_rad + 2 * U * np.abs(t)) + 2 * U * np.abs(shift), aw)
-    err += (z_rad * unsure) @ np.abs(W).T
-    err += rounding(np.outer(np.abs(slope * t) + np.abs(shift), aw) + loose @ np.abs(W).T
-                    + np.abs(X), len(b) + 3)
-    move = np.outer(np.abs(slope) * t_rad, aw)  # |J| r, J = slope·w fᵀ
-    n = 2 * len(b) + 12
-    return change, up(r + move + err, n), up(move + err, n)
+    err = (np.abs(slope) * (t_rad + 2 * U * np.abs(t)) + 2 * U * np.abs(shift)
+           + (z_rad * unsure * np.abs(om)).sum(axis=1))
+    size = (np.abs(slope * t) + np.abs(shift) + np.abs(loose))[:, None] * aw + np.abs(X)
+    moved = err[:, None] * aw + rounding(size, h + 3)
+    into = np.where(t <= lo, upper(t, t_rad) - lo, hi - lower(t, t_rad))
+    into = np.nextafter(np.maximum(into, 0.0), np.inf)
+    lip = np.minimum(np.abs(om * sig).sum(axis=1) * into,
+                     (np.maximum(upper(Z, z_rad), 0.0) * np.abs(om)).sum(axis=1))
+    inside = (t > lo) & (t < hi)
+    alone = np.where(inside[:, None], up(moved, 2 * h + 12), up(lip[:, None] * aw, 2 * h + 4))
+    return GadgetStep((slope * t + shift + loose)[:, None] * w, inside,
+                      up(r + moved, 2 * h + 12), alone)
 
 
-def _generic_change(X, r, U_, b, W):
-    """:func:`ff_change` for a layer of any form: the float64 change and its radii."""
+def ff_change(X, r, U_, b, W):
+    """For rows X ± r inside a residual layer's window (a layer of any form; gadgets take
+    :func:`gadget_rows`): the float64 change relu(X Uᵀ + b) Wᵀ, the radius of x + change
+    (|I + J| r for the Jacobian J of the units certainly active, grouped by activity pattern,
+    plus every unit's rounding and the undecided units' spread), and of the change alone."""
     h = len(b)
     Z, z_round, z_rad = _pre_activations(X, r, U_, b)
     active = lower(Z, z_rad) > 0

@@ -515,22 +515,31 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
 
 
 def _ridge_spread(st: _State, sp: _SortedProjection, ridge: Ridge, part: FF):
-    """For a tracking pass: the change of the rows inside the window by their float f·x
-    (computed as :func:`enclosure.ff_change` does), and the radius terms of every row whose
-    box may reach the window (also those within the rows' reach of its ends; see
-    :func:`enclosure.ridge_radius`)."""
+    """For a tracking pass: the change of the rows inside the window by their float f·x,
+    and the radius terms of every row whose box may reach the window (also those within the
+    rows' reach of its ends; see :func:`enclosure.ridge_radius`)."""
     w = st.reach(ridge.f) + 4 * enclosure.U * max(abs(ridge.lo), abs(ridge.hi))
     near, _ = sp.rows_in(enclosure.lower(ridge.lo, w), enclosure.upper(ridge.hi, w))
-    t = sp.t[near]
-    inside = (t > ridge.lo) & (t < ridge.hi)
-    rows, near = near[inside], near[~inside]
     if id(part) not in st.forms:  # the job holds its parts for the whole pass
         st.forms[id(part)] = enclosure.gadget_form(part.U, part.b, part.W)
-    change, whole, alone = enclosure.ff_change(st.P[rows], st.rad[rows], part.U, part.b,
-                                               part.W, st.forms[id(part)])
-    zone = enclosure.zone_change(st.P[near], st.rad[near], part.U, part.b, part.W, ridge.f,
+    form = st.forms[id(part)]
+    X, r = st.P[near], st.rad[near]
+    if form is not None and np.array_equal(form[0], ridge.f):  # lo, hi are along ridge.f
+        f, sig, w_, om = form
+        n = len(near)
+        g = enclosure.gadget_rows(X, r, f, np.tile(sig, (n, 1)), np.tile(part.b, (n, 1)),
+                                  np.tile(om, (n, 1)), np.tile(w_, (n, 1)),
+                                  np.full(n, ridge.lo), np.full(n, ridge.hi))
+        inside = g.inside
+        return g.change[inside], (near[inside], g.whole[inside], g.alone[inside],
+                                  near[~inside], g.alone[~inside])
+    t = sp.t[near]
+    inside = (t > ridge.lo) & (t < ridge.hi)
+    rows, out = near[inside], near[~inside]
+    change, whole, alone = enclosure.ff_change(X[inside], r[inside], part.U, part.b, part.W)
+    zone = enclosure.zone_change(X[~inside], r[~inside], part.U, part.b, part.W, ridge.f,
                                  ridge.lo, ridge.hi)
-    return change, (rows, whole, alone, near, zone)
+    return change, (rows, whole, alone, out, zone)
 
 
 def _norm(f) -> float:

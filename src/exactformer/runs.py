@@ -184,47 +184,23 @@ def _clearance(sp, run: Run, stats, scale: float) -> None:
 
 def _step(st, run: Run, rows, wins) -> np.ndarray:
     """Apply window wins[i] to row rows[i] (each row once); returns which rows moved."""
-    X, f = st.P[rows], run.f
-    t = X @ f
-    sig, b, om, w = run.sig[wins], run.b[wins], run.om[wins], run.w[wins]
-    Z = t[:, None] * sig + b
-    if st.rad is None:
-        inside = (t > run.lo[wins]) & (t < run.hi[wins])
-        change = (np.maximum(Z, 0.0) * om).sum(axis=1)[:, None] * w
-        st.P[rows[inside]] = X[inside] + change[inside]
-        return inside
-    return _tracked_step(st, run, rows, wins, X, t, Z)
-
-
-def _tracked_step(st, run: Run, rows, wins, X, t, Z) -> np.ndarray:
-    """:func:`_step` with radii: rows inside their window by float t move as
-    ``enclosure.ff_change`` computes a gadget layer; rows only near it keep their value and
-    add the bound on the change their box allows (as ``enclosure.zone_change``)."""
-    r, f = st.rad[rows], run.f
-    sig, b, om, w = run.sig[wins], run.b[wins], run.om[wins], run.w[wins]
-    h = sig.shape[1]
-    t_rad = enclosure.dot_radius(X, r, f)
-    z_round = enclosure.rounding(np.abs(sig) * (np.abs(X) @ np.abs(f))[:, None] + np.abs(b),
-                                 X.shape[1])
-    z_rad = enclosure.up(np.abs(sig) * t_rad[:, None] + z_round, X.shape[1] + 3)
-    active = enclosure.lower(Z, z_rad) > 0
-    unsure = ~active & ~(enclosure.upper(Z, z_rad) <= 0)
+    X = st.P[rows]
+    if st.rad is not None:
+        return _tracked_step(st, run, rows, wins, X)
+    t = X @ run.f
     inside = (t > run.lo[wins]) & (t < run.hi[wins])
-    slope = (om * sig * active).sum(axis=1)  # exact (enclosure.gadget_form)
-    shift = np.array([math.fsum(v) for v in (om * b * active).tolist()])
-    loose = (np.maximum(Z, 0.0) * unsure * om).sum(axis=1)
-    change = (slope * t + shift + loose)[:, None] * w
-    aw = np.abs(w)
-    err = (np.abs(slope) * (t_rad + 2 * enclosure.U * np.abs(t))
-           + 2 * enclosure.U * np.abs(shift) + (z_rad * unsure * np.abs(om)).sum(axis=1))
-    size = (np.abs(slope * t) + np.abs(shift) + np.abs(loose))[:, None] * aw + np.abs(X)
-    whole = enclosure.up(r + err[:, None] * aw + enclosure.rounding(size, h + 3), 2 * h + 12)
-    into = np.where(t <= run.lo[wins], enclosure.upper(t, t_rad) - run.lo[wins],
-                    run.hi[wins] - enclosure.lower(t, t_rad))
-    into = np.nextafter(np.maximum(into, 0.0), np.inf)  # how far the box reaches in
-    lip = np.minimum((np.abs(om * sig)).sum(axis=1) * into,  # zero outside, Lipschitz inside
-                     (np.maximum(enclosure.upper(Z, z_rad), 0.0) * np.abs(om)).sum(axis=1))
-    zone = enclosure.up(lip[:, None] * aw, 2 * h + 4)
+    Z = t[:, None] * run.sig[wins] + run.b[wins]
+    change = (np.maximum(Z, 0.0) * run.om[wins]).sum(axis=1)[:, None] * run.w[wins]
     st.P[rows[inside]] = X[inside] + change[inside]
-    st.rad[rows] = np.where(inside[:, None], whole, enclosure.up(r + zone, 2))
     return inside
+
+
+def _tracked_step(st, run: Run, rows, wins, X) -> np.ndarray:
+    """:func:`_step` with radii (``enclosure.gadget_rows``): rows inside their window move,
+    rows only near it keep their value and add the bound on the change their box allows."""
+    r = st.rad[rows]
+    g = enclosure.gadget_rows(X, r, run.f, run.sig[wins], run.b[wins], run.om[wins],
+                              run.w[wins], run.lo[wins], run.hi[wins])
+    st.P[rows[g.inside]] = X[g.inside] + g.change[g.inside]
+    st.rad[rows] = np.where(g.inside[:, None], g.whole, enclosure.up(r + g.alone, 2))
+    return g.inside
