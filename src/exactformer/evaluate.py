@@ -74,8 +74,9 @@ class Arithmetic:
             return a.astype(float)
         out = np.empty(a.shape, dtype=object)
         vals = a.ravel().tolist()  # Python scalars convert faster than NumPy ones
-        exact_ints = self.kind == "exact" and a.dtype.kind in "iu"
-        out.flat[:] = list(map(mpq if exact_ints else self.scalar, vals))
+        direct = self.kind == "exact" and (a.dtype.kind in "iu" or (
+            a.dtype.kind == "f" and bool(np.isfinite(a).all())))  # mpq(float) is exact
+        out.flat[:] = list(map(mpq if direct else self.scalar, vals))
         return out
 
     def public(self, a: np.ndarray) -> np.ndarray:
