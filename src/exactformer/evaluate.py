@@ -488,7 +488,9 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
         for ridge, part in ridges:
             sp = st.projection(ridge.f)
             if st.rad is not None:
-                change, terms = _ridge_spread(st, sp, ridge, part)
+                change, terms, gap = _ridge_spread(st, sp, ridge, part)
+                if gap is not None and stats.enabled:
+                    stats._min("hat_clearance", gap / (scale * _norm(ridge.f)))
                 rows = terms[0]
                 spread.append(terms)
                 moves.append((rows, change))
@@ -517,10 +519,15 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
 
 def _ridge_spread(st: _State, sp: _SortedProjection, ridge: Ridge, part: FF):
     """For a tracking pass: the change of the rows inside the window by their float f·x,
-    and the radius terms of every row whose box may reach the window (also those within the
-    rows' reach of its ends; see :func:`enclosure.ridge_radius`)."""
+    the radius terms of every row whose box may reach the window (also those within the
+    rows' reach of its ends; see :func:`enclosure.ridge_radius`), and the distance from the
+    window to the nearest row outside it (the hat clearance)."""
     w = st.reach(ridge.f) + 4 * enclosure.U * max(abs(ridge.lo), abs(ridge.hi))
-    near, _ = sp.rows_in(enclosure.lower(ridge.lo, w), enclosure.upper(ridge.hi, w))
+    near, gap = sp.rows_in(enclosure.lower(ridge.lo, w), enclosure.upper(ridge.hi, w))
+    t = sp.t[near]
+    gaps = np.concatenate([[] if gap is None else [gap + w], ridge.lo - t[t <= ridge.lo],
+                           t[t >= ridge.hi] - ridge.hi])
+    gap = float(gaps.min()) if len(gaps) else None
     if id(part) not in st.forms:  # the job holds its parts for the whole pass
         st.forms[id(part)] = enclosure.gadget_form(part.U, part.b, part.W)
     form = st.forms[id(part)]
@@ -533,14 +540,13 @@ def _ridge_spread(st: _State, sp: _SortedProjection, ridge: Ridge, part: FF):
                                   np.full(n, ridge.lo), np.full(n, ridge.hi))
         inside = g.inside
         return g.change[inside], (near[inside], g.whole[inside], g.alone[inside],
-                                  near[~inside], g.alone[~inside])
-    t = sp.t[near]
+                                  near[~inside], g.alone[~inside]), gap
     inside = (t > ridge.lo) & (t < ridge.hi)
     rows, out = near[inside], near[~inside]
     change, whole, alone = enclosure.ff_change(X[inside], r[inside], part.U, part.b, part.W)
     zone = enclosure.zone_change(X[~inside], r[~inside], part.U, part.b, part.W, ridge.f,
                                  ridge.lo, ridge.hi)
-    return change, (rows, whole, alone, out, zone)
+    return change, (rows, whole, alone, out, zone), gap
 
 
 def _norm(f) -> float:
@@ -977,22 +983,15 @@ class _Job:
 
 
 def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray],
-            stats: PassStats | None = None, progress: bool = False):
+            stats: PassStats | None = None, progress: bool = False, give_up: float = math.inf):
     """The float64 pass of a float64 hardmax model with a radius on every coordinate: returns
-    the float64 outputs (the same as :func:`forward`'s) and per token a bound on the distance
-    of the *exact* evaluation of the stored numbers on the exact inputs from them, given the
-    inputs' own radii (docs/numerics.md#enclosures). Radii are inf where nothing is known."""
-    return float_and_enclosure(model, inputs, radii, stats, progress)[1]
-
-
-def float_and_enclosure(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray],
-                        stats: PassStats | None = None, progress: bool = False,
-                        plain: bool = False, give_up: float = math.inf):
-    """:func:`enclose`, and with ``plain`` first the plain float64 pass (:func:`forward`'s
-    outputs, recording ``stats``), both over one prepared model. Returns (plain outputs or
-    None, (outputs, radii)) — what ``verify`` needs for a float64 hardmax model. A row whose
-    radius exceeds ``give_up`` gets radius inf (verify passes its tolerance limit: such a
-    row could not be certified anyway)."""
+    the float64 outputs and per token a bound on the distance of the *exact* evaluation of
+    the stored numbers on the exact inputs from them, given the inputs' own radii
+    (docs/numerics.md#enclosures). Radii are inf where nothing is known. The outputs are a
+    float64 evaluation in which gadget layers act as their affine pieces (a flat top adds its
+    move exactly), so they can differ from :func:`forward`'s in the last bits. ``stats``
+    records the pass's margins. A row whose radius exceeds ``give_up`` gets radius inf
+    (verify passes its tolerance limit: such a row could not be certified anyway)."""
     if model.exact or model.attention != "hardmax" or model.causal or \
             model.positions is not None:
         raise ValueError("enclosures are made for float64 hardmax set-to-set models without "
@@ -1000,16 +999,12 @@ def float_and_enclosure(model: Transformer, inputs: list[np.ndarray], radii: lis
     stats = PassStats() if stats is None else stats
     xs = [np.asarray(x, dtype=float) for x in inputs]
     ar = Arithmetic("float")
-    scale = max(1.0, max(_max_abs(x) for x in xs))
-    job = _Job.of(model, ar, None)
-    outs = None
+    st = _State(xs, ar, [np.asarray(r, dtype=float) for r in radii])
+    st.give_up = give_up
     with np.errstate(all="ignore"):  # overflow shows as inf or nan, and radii become inf
-        if plain:
-            outs = job.run(xs, None, stats, scale, progress)[0]
-        st = _State(xs, ar, [np.asarray(r, dtype=float) for r in radii])
-        st.give_up = give_up
-        job.walk(st, None, PassStats(enabled=False), scale, progress)
-    return outs, (st.outputs(), [np.where(np.isfinite(r), r, np.inf) for r in st.radii()])
+        _Job.of(model, ar, None).walk(st, None, stats, max(1.0, max(_max_abs(x) for x in xs)),
+                                      progress)
+    return st.outputs(), [np.where(np.isfinite(r), r, np.inf) for r in st.radii()]
 
 
 # ------------------------------------------------------------------------------ parallel

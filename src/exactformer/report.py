@@ -22,7 +22,7 @@ from .evaluate import (
     PassStats,
     dense_forward,
     distinct_rows,
-    float_and_enclosure,
+    enclose,
     forward,
     forward_causal,
     safe_float,
@@ -359,7 +359,7 @@ def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool
 
 def _float_and_enclosure(model, dataset, stats, progress: bool, limit: float
                          ) -> tuple[list, list[float]]:
-    """The plain float64 outputs (recording ``stats``) and, per pair, the enclosure's upper
+    """The enclosure pass's float64 outputs (recording ``stats``) and, per pair, its upper
     bound on the exact Hausdorff distance (nan when unknown). Rows whose radius passes
     ``limit`` are given up on at once (their pairs go to the exact pass)."""
     if dataset.exact:
@@ -370,9 +370,8 @@ def _float_and_enclosure(model, dataset, stats, progress: bool, limit: float
     else:
         xs_f, ys_f = dataset.floats()
         xs_r, ys_r = [np.zeros_like(x) for x in xs_f], [np.zeros_like(y) for y in ys_f]
-    plain, (outs, rads) = float_and_enclosure(model, xs_f, xs_r, stats, progress, plain=True,
-                                              give_up=limit)
-    return plain, [enclosure.hausdorff_bounds(o, r, y, yr)[1]
+    outs, rads = enclose(model, xs_f, xs_r, stats, progress, give_up=limit)
+    return outs, [enclosure.hausdorff_bounds(o, r, y, yr)[1]
                    for o, r, y, yr in zip(outs, rads, ys_f, ys_r, strict=True)]
 
 

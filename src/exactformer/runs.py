@@ -103,7 +103,7 @@ def apply_run(st, run: Run, stats, scale: float) -> bool:
         return False
     stab = _Stabber(run.layer, lo_w, hi_w)
     rows, wins = _first_windows(sp, lo_w, hi_w)
-    if not tracked and stats.enabled:
+    if stats.enabled:
         _clearance(sp, run, stats, scale)
     while len(rows):
         moved = _step(st, run, rows, wins)
