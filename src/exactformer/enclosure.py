@@ -313,10 +313,11 @@ def rank_one_radius(avg, q, q_rad, k, k_rad, C, C_rad, seg, starts) -> np.ndarra
     average lies in the hull of those rows' carrier boxes."""
     top, bottom = rank_one_candidates(k, k_rad, seg, starts)
     C_lo, C_hi = lower(C, C_rad), upper(C, C_rad)
+    pos, neg = lower(q, q_rad) > 0, upper(q, q_rad) < 0
+    lo, hi = np.full(C.shape, -np.inf), np.full(C.shape, np.inf)  # unknown until set below
     every = np.ones(len(seg), dtype=bool)
-    lo, hi = (h[seg] for h in segment_hull(C_lo, C_hi, every, starts))
-    for rows, mask in ((lower(q, q_rad) > 0, top), (upper(q, q_rad) < 0, bottom)):
-        if rows.any():
+    for rows, mask in ((pos, top), (neg, bottom), (~pos & ~neg, every)):
+        if rows.any():  # only the hulls some row reads
             m_lo, m_hi = segment_hull(C_lo, C_hi, mask, starts)
             lo[rows], hi[rows] = m_lo[seg[rows]], m_hi[seg[rows]]
     return hull_radius(avg, lo, hi)

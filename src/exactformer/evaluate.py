@@ -665,9 +665,9 @@ def _rank_one_average(st: _State, qa, ka, C, w, seg, starts, stats: PassStats) -
     bottom = (ka == np.minimum.reduceat(ka, starts)[seg]).astype(bool)
     every = np.ones(len(ka), dtype=bool)
     pos, neg = (qa > 0).astype(bool), (qa < 0).astype(bool)
-    out = _masked_means(C, w, every, seg, starts)[seg]
-    for rows, mask in ((pos, top), (neg, bottom)):
-        if rows.any():
+    out = np.empty(C.shape, dtype=C.dtype)
+    for rows, mask in ((pos, top), (neg, bottom), (~pos & ~neg, every)):
+        if rows.any():  # only the averages some row reads
             out[rows] = _masked_means(C, w, mask, seg, starts)[seg[rows]]
     _rank_one_stats(st, qa, ka, top, bottom, seg, starts, stats)
     return out
