@@ -651,3 +651,29 @@ def test_a_row_just_outside_a_steep_hat_keeps_a_small_radius(side):
     (out,), (rad,) = enclose(model, [np.array([[x0, 0.0]])], [np.array([[2.0 ** -38, 0.0]])])
     assert out.tolist() == [[x0, 0.0]]
     assert 2.0 ** -38 <= rad.max() < 1e-3
+
+
+def test_a_radius_that_grows_inside_a_run_of_hat_layers():
+    """Three hats on one direction are swept as a run: the first rounds the row by half an
+    ulp, a 2^12 flank amplifies that, and a 2^40 hat starts 2^-45 beyond the row's float
+    position. The windows were widened by the radii at the start of the run, so the row,
+    whose radius grew on the way, must be given up rather than miss the last window."""
+    e0, e1 = np.array([1.0, 0.0]), np.array([0.0, 1.0])
+
+    def hat(a, delta, w, om):
+        return FF(1.0, np.array([e0] * 3), -np.array([a, a + delta, a + 2 * delta]),
+                  np.outer(w, om * np.array([1.0, -2.0, 1.0])))
+
+    x0, x1, steep = 1 + 2.0 ** -52, 2 + 2.0 ** -50, 2.0 ** 12
+    x2 = x1 + steep * 2.0 ** -30
+    last = x2 - 2.0 ** -45
+    model = transformer([Block(hat(0.5, 1.0, e0, 2.0)),
+                         Block(hat(x1 - 2.0 ** -30, 2.0 ** -20, e0, steep)),
+                         Block(hat(last - 2 * 2.0 ** -30, 2.0 ** -30, e1, 2.0 ** 40))])
+    xs = [np.array([[x0, 0.0]])]
+    (mid,), (rad,) = enclose(model, xs, [np.zeros((1, 2))])
+    (exact,) = ef.forward(model, xs, "exact")
+    assert float(exact[0][1]) > 0.9  # the last hat does move the exact point
+    assert np.all(np.abs(np.array(exact, dtype=float) - mid) <= rad)
+    data = ef.Dataset.from_arrays(inputs=[[[x0, 0.0]]], targets=[mid.tolist()])
+    assert not ef.verify(model, data).ok

@@ -1084,7 +1084,11 @@ def _ridges_in(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | N
             r = Ridge(ff.U[0], float(-ff.b[idx].max()), float(-ff.b[idx].min()))
         else:
             r = ridge_window(_sub_ff(ff, idx))
-        out.append((Ridge(ar.array(r.f), ar.scalar(r.lo), ar.scalar(r.hi)), _sub_ff(params, idx)))
+        lo, hi = ar.scalar(r.lo), ar.scalar(r.hi)
+        if ar.kind == "float":  # rounded outward: the float window holds the exact one
+            lo = lo if Fraction(lo) <= to_fraction(r.lo) else float(np.nextafter(lo, -np.inf))
+            hi = hi if Fraction(hi) >= to_fraction(r.hi) else float(np.nextafter(hi, np.inf))
+        out.append((Ridge(ar.array(r.f), lo, hi), _sub_ff(params, idx)))
     return out
 
 

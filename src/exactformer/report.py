@@ -340,8 +340,9 @@ def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool
         outs = forward(model, xs, "exact", progress=progress, workers=workers)
         return [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)], None
     bounds = enclosed if enclosed is not None else [math.nan] * dataset.N
-    cap = Fraction(safe_float(limit))
-    cap = float(cap) if cap <= limit else float(np.nextafter(float(cap), 0.0))
+    cap = safe_float(limit)  # a float ≤ limit
+    if math.isfinite(cap) and Fraction(cap) > limit:
+        cap = float(np.nextafter(cap, 0.0))
     within = [b <= cap for b in bounds]  # nan (unknown) is never ≤
     rest = [j for j, ok in enumerate(within) if not ok]
     dist = [float(b) for b in bounds]

@@ -71,6 +71,7 @@ def _hat_parts(blk, ridge):
 
 
 def _same_run(a, b) -> bool:
+    """Can the windows a and b (see :func:`_hat_parts`) share a run: one width, one f."""
     return len(a[3]) == len(b[3]) and np.array_equal(a[0], b[0])
 
 
@@ -94,9 +95,10 @@ def apply_run(st, run: Run, stats, scale: float) -> bool:
     sp = st.projection(run.f)
     sp.refresh()
     tracked = st.rad is not None
-    reach = 0.0
+    reach = widening = 0.0
     if tracked:
-        reach = st.reach(run.f) + 4 * enclosure.U * np.maximum(np.abs(run.lo), np.abs(run.hi))
+        widening = st.reach(run.f)
+        reach = widening + 4 * enclosure.U * np.maximum(np.abs(run.lo), np.abs(run.hi))
     lo_w = enclosure.lower(run.lo, reach) if tracked else run.lo
     hi_w = enclosure.upper(run.hi, reach) if tracked else run.hi
     if tracked and _overlap_in_a_layer(run.layer, lo_w, hi_w):
@@ -107,6 +109,8 @@ def apply_run(st, run: Run, stats, scale: float) -> bool:
         _clearance(sp, run, stats, scale)
     while len(rows):
         moved = _step(st, run, rows, wins)
+        if tracked:
+            _outgrown(st, rows, run.f, widening)
         t = st.P[rows] @ run.f
         st.moved(rows[moved])  # refreshes every sorted index, this run's included
         st.grew(rows[~moved])  # rows near a window: their radius grew
@@ -114,6 +118,16 @@ def apply_run(st, run: Run, stats, scale: float) -> bool:
         keep = nxt >= 0
         rows, wins = rows[keep], nxt[keep]
     return True
+
+
+def _outgrown(st, rows, f, widening: float) -> None:
+    """Windows were widened once, by the rows' reach at the start of the run. A row whose own
+    reach along f has since grown beyond it could meet windows the sweep would not look up,
+    so its radius becomes inf (its pair goes to the exact pass)."""
+    own = enclosure.dot_radius(st.P[rows], st.rad[rows], f)
+    lost = ~(own <= widening)
+    if lost.any():
+        st.rad[rows[lost]] = np.inf
 
 
 def _overlap_in_a_layer(layer, lo, hi) -> bool:
@@ -139,13 +153,14 @@ def _first_windows(sp, lo, hi) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Stabber:
-    """The first window (in run order) of a layer after a given one whose interval holds t."""
+    """The first window (in run order) of a layer after a given one whose interval (already
+    widened by the rows' reach) holds t."""
 
     def __init__(self, layer, lo, hi):
         self.order = np.argsort(lo, kind="stable")
         self.lo, self.hi = lo[self.order], hi[self.order]
         self.layer = layer[self.order]
-        self.reach = np.maximum.accumulate(self.hi)  # largest hi among windows up to here
+        self.hi_max = np.maximum.accumulate(self.hi)  # largest hi among windows up to here
 
     def next(self, t, after) -> np.ndarray:
         k = np.searchsorted(self.lo, t, side="left") - 1  # windows 0..k have lo < t
@@ -153,7 +168,7 @@ class _Stabber:
         kk = np.maximum(k, 0)
         hit = (k >= 0) & (self.hi[kk] > t) & (self.layer[kk] > after)
         out[hit] = self.order[kk[hit]]
-        prev = np.where(k >= 1, self.reach[np.maximum(k - 1, 0)], -np.inf)
+        prev = np.where(k >= 1, self.hi_max[np.maximum(k - 1, 0)], -np.inf)
         for i in np.flatnonzero((k >= 1) & (prev > t)).tolist():  # nested windows: scan back
             out[i] = self._scan(t[i], after[i], k[i])
         return out
@@ -161,7 +176,7 @@ class _Stabber:
     def _scan(self, t, after, k) -> int:
         best = -1
         for j in range(k, -1, -1):
-            if self.reach[j] <= t:
+            if self.hi_max[j] <= t:
                 break
             if self.hi[j] > t and self.layer[j] > after:
                 o = int(self.order[j])
