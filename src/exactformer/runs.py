@@ -95,22 +95,17 @@ def apply_run(st, run: Run, stats, scale: float) -> bool:
     sp = st.projection(run.f)
     sp.refresh()
     tracked = st.rad is not None
-    reach = widening = 0.0
-    if tracked:
-        widening = st.reach(run.f)
-        reach = widening + 4 * enclosure.U * np.maximum(np.abs(run.lo), np.abs(run.hi))
-    lo_w = enclosure.lower(run.lo, reach) if tracked else run.lo
-    hi_w = enclosure.upper(run.hi, reach) if tracked else run.hi
-    if tracked and _overlap_in_a_layer(run.layer, lo_w, hi_w):
+    widening = st.reach(run.f) if tracked else 0.0
+    stab = _Stabber.widened(run, widening, tracked)
+    if stab is None:
         return False
-    stab = _Stabber(run.layer, lo_w, hi_w)
-    rows, wins = _first_windows(sp, lo_w, hi_w)
+    rows, wins = _first_windows(sp, stab.lo_w, stab.hi_w)
     if stats.enabled:
         _clearance(sp, run, stats, scale)
     while len(rows):
         moved = _step(st, run, rows, wins)
         if tracked:
-            _outgrown(st, rows, run.f, widening)
+            stab, widening = _rewiden(st, run, rows, stab, widening)
         t = st.P[rows] @ run.f
         st.moved(rows[moved])  # refreshes every sorted index, this run's included
         st.grew(rows[~moved])  # rows near a window: their radius grew
@@ -120,14 +115,20 @@ def apply_run(st, run: Run, stats, scale: float) -> bool:
     return True
 
 
-def _outgrown(st, rows, f, widening: float) -> None:
-    """Windows were widened once, by the rows' reach at the start of the run. A row whose own
-    reach along f has since grown beyond it could meet windows the sweep would not look up,
-    so its radius becomes inf (its pair goes to the exact pass)."""
-    own = enclosure.dot_radius(st.P[rows], st.rad[rows], f)
-    lost = ~(own <= widening)
-    if lost.any():
-        st.rad[rows[lost]] = np.inf
+def _rewiden(st, run: Run, rows, stab, widening: float):
+    """The windows are widened by the rows' reach along f. When a row that just took a step
+    now reaches further, widen them again (to twice that, so this happens rarely); if that
+    would make two windows of one layer overlap, give those rows up (radius inf: their pairs
+    go to the exact pass) and keep the windows."""
+    own = enclosure.dot_radius(st.P[rows], st.rad[rows], run.f)
+    grown = np.isfinite(own) & (own > widening)
+    if not grown.any():
+        return stab, widening
+    wider = _Stabber.widened(run, 2 * float(own[grown].max()), True)
+    if wider is not None:
+        return wider, 2 * float(own[grown].max())
+    st.rad[rows[grown]] = np.inf
+    return stab, widening
 
 
 def _overlap_in_a_layer(layer, lo, hi) -> bool:
@@ -156,7 +157,18 @@ class _Stabber:
     """The first window (in run order) of a layer after a given one whose interval (already
     widened by the rows' reach) holds t."""
 
+    @classmethod
+    def widened(cls, run: Run, widening: float, tracked: bool):
+        """The run's windows widened by ``widening`` plus the rounding of their ends (none
+        for a plain float pass), or None when two windows of one layer would overlap."""
+        if not tracked:
+            return cls(run.layer, run.lo, run.hi)
+        pad = widening + 4 * enclosure.U * np.maximum(np.abs(run.lo), np.abs(run.hi))
+        lo, hi = enclosure.lower(run.lo, pad), enclosure.upper(run.hi, pad)
+        return None if _overlap_in_a_layer(run.layer, lo, hi) else cls(run.layer, lo, hi)
+
     def __init__(self, layer, lo, hi):
+        self.lo_w, self.hi_w = lo, hi
         self.order = np.argsort(lo, kind="stable")
         self.lo, self.hi = lo[self.order], hi[self.order]
         self.layer = layer[self.order]
