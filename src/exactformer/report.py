@@ -221,9 +221,10 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     """Check every pair (see docs/verification.md).
 
     * hardmax, rational parameters: proved in exact arithmetic (set equality with ``==``);
-    * hardmax, float64 parameters: the stored floats evaluated exactly; the exact Hausdorff
-      distance is compared exactly with ``tolerance`` × the data's coordinate scale. A second,
-      independent float64 implementation (torch, else a dense NumPy pass) is reported beside it;
+    * hardmax, float64 parameters: judged by the exact value of the stored floats against
+      ``tolerance`` × the data's coordinate scale — settled by float64 enclosures where their
+      bound is within it, else by an exact pass compared exactly. A second, independent
+      float64 implementation (torch, else a dense NumPy pass) is reported beside it;
     * softmax: mpmath at ``digits`` and at twice as many digits (more while they disagree);
       the error plus the disagreement must be below 10^-(digits−10) × scale (rational
       parameters) or ``tolerance`` × scale (float64). Proved when ``exactformer.certify``
@@ -265,13 +266,9 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         proof = "exact rational arithmetic (==)" if proved else "not proved"
     else:
         exact_equal = None
-        within, used, snaps = _decide_softmax(model, *dataset.fractions(), limit, digits, tau,
-                                              at, extra, progress, workers)
-        arithmetic = f"mp{used}"
-        if snap is not None and snap in snaps_f:
-            extra.update(_snap_margins(model, snap, snaps[snap], snaps_f[snap],
-                                       safe_float(scale) or 1.0))
-        proved, proof = _prove_softmax(model, dataset, tau)
+        within, arithmetic, proved, proof = _softmax_verdict(
+            model, dataset, limit, digits, tau, (snap, snaps_f), extra, progress, workers,
+            scale)
     nonfinite: list[int] = []
     if not model.exact:  # the model's own arithmetic: inf or nan there is a failure
         nonfinite = [j for j, o in enumerate(outs_f) if not np.isfinite(o).all()]
@@ -291,6 +288,21 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         proved=proved, proof=proof)
     report.proved = report.proved and report.ok  # a proof never outranks a failed check
     return report
+
+
+def _softmax_verdict(model, dataset, limit, digits, tau, snapped, extra, progress, workers,
+                     scale):
+    """(within per pair, arithmetic, proved, proof) of a softmax model; the snap margins go
+    into ``extra`` (``snapped``: the first snap block and the float pass's snapshots)."""
+    snap, snaps_f = snapped
+    at = {snap} if snap is not None else set()
+    within, used, snaps = _decide_softmax(model, *dataset.fractions(), limit, digits, tau, at,
+                                          extra, progress, workers)
+    if snap is not None and snap in snaps_f:
+        extra.update(_snap_margins(model, snap, snaps[snap], snaps_f[snap],
+                                   safe_float(scale) or 1.0))
+    proved, proof = _prove_softmax(model, dataset, tau)
+    return within, f"mp{used}", proved, proof
 
 
 def _shape(model: Transformer, dataset: Dataset) -> dict:
@@ -328,18 +340,18 @@ def _float_pass(model, xs_f, stats, progress, tau, at):
 
 
 def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool, workers,
-                    enclosed):
+                    bounds):
     """Exact evaluation (floats read as their exact binary values). Rational models: set
     equality. Float64 models: a pair is within tolerance when its enclosure (a float64 pass
     with error bounds, docs/numerics.md#enclosures) proves the exact Hausdorff distance
     ≤ limit; every other pair gets the exact pass, its squared distance compared with limit²
     exactly. ``extra["hausdorff_exact"]``: the exact distance, or the enclosure's bound.
-    ``enclosed``: per pair, the enclosure's upper bound (float64 models)."""
+    ``bounds``: per pair, the enclosure's upper bound (float64 models; None: none made)."""
     if model.exact:
         xs, ys = dataset.fractions()
         outs = forward(model, xs, "exact", progress=progress, workers=workers)
         return [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)], None
-    bounds = enclosed if enclosed is not None else [math.nan] * dataset.N
+    bounds = bounds if bounds is not None else [math.nan] * dataset.N
     cap = safe_float(limit)  # a float ≤ limit
     if math.isfinite(cap) and Fraction(cap) > limit:
         cap = float(np.nextafter(cap, 0.0))
