@@ -75,14 +75,20 @@ def zone_change(X, r, U_, b, W, f, lo: float, hi: float) -> np.ndarray:
     if not len(X):
         return np.zeros((0, W.shape[0]))
     t, t_rad = X @ f, dot_radius(X, r, f)
-    reach = np.where(t <= lo, upper(t, t_rad) - lo, hi - lower(t, t_rad))
-    reach = np.nextafter(np.maximum(reach, 0.0), np.inf)
+    reach = reach_into(t, t_rad, lo, hi)
     j = int(np.argmax(np.abs(f)))
     sig = np.abs(U_[:, j] / f[j]) * (1 + 4 * U)
     slope = up(np.abs(W) @ sig, len(b) + 2)
     Z, _, z_rad = _pre_activations(X, r, U_, b)
     outputs = np.maximum(upper(Z, z_rad), 0.0) @ np.abs(W).T
     return up(np.minimum(np.outer(reach, slope), outputs), 2 * len(b) + 2)
+
+
+def reach_into(t, t_rad, lo, hi) -> np.ndarray:
+    """How far the intervals t ± t_rad of rows outside (lo, hi) reach into it (0 if not);
+    rounded up."""
+    into = np.where(t <= lo, upper(t, t_rad) - lo, hi - lower(t, t_rad))
+    return np.nextafter(np.maximum(into, 0.0), np.inf)
 
 
 def ridge_radius(rad, spread: list) -> np.ndarray:
@@ -183,8 +189,7 @@ def gadget_rows(X, r, f, sig, b, om, w, lo, hi) -> GadgetStep:
            + (z_rad * unsure * np.abs(om)).sum(axis=1))
     size = (np.abs(slope * t) + np.abs(shift) + np.abs(loose))[:, None] * aw + np.abs(X)
     moved = err[:, None] * aw + rounding(size, h + 3)
-    into = np.where(t <= lo, upper(t, t_rad) - lo, hi - lower(t, t_rad))
-    into = np.nextafter(np.maximum(into, 0.0), np.inf)
+    into = reach_into(t, t_rad, lo, hi)
     lip = np.minimum(np.abs(om * sig).sum(axis=1) * into,
                      (np.maximum(upper(Z, z_rad), 0.0) * np.abs(om)).sum(axis=1))
     inside = (t > lo) & (t < hi)
