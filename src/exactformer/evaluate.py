@@ -416,9 +416,9 @@ class _State:
             inv[order] = ids
             first = order[np.unique(ids, return_index=True)[1]]
         self.cnt = np.bincount(inv, weights=self.cnt, minlength=len(first)).astype(np.int64)
-        self.P, self.seq = self.P[first], self.seq[first]
+        self.P, self.seq = _columns(self.P[first]), self.seq[first]
         if self.rad is not None:
-            self.rad = self.rad[first]
+            self.rad = _columns(self.rad[first])
         self.owner = inv[self.owner]
         self.changed_everything()
 
@@ -443,6 +443,12 @@ class _State:
     def radii(self) -> list[np.ndarray]:
         """Every original token's current radius, per sequence (a tracking pass only)."""
         return np.split(self.rad[self.owner], np.cumsum(self.lengths)[:-1])
+
+
+def _columns(a: np.ndarray) -> np.ndarray:
+    """``a`` stored column by column: attention layers read and write single coordinates of
+    every row, which a row-major array spreads over all its memory."""
+    return np.asfortranarray(a) if a.dtype != object else a
 
 
 def _extent(P: np.ndarray, rad: np.ndarray) -> tuple[float, float]:
