@@ -66,6 +66,28 @@ def _pre_activations(X, r, U_, b):
     return Z, z_round, up(r @ aU.T + z_round, X.shape[1] + 1)
 
 
+def signs(Z, z_rad) -> tuple[np.ndarray, np.ndarray]:
+    """Units certainly active (pre-activation interval above 0) and undecided (neither above
+    nor at most 0); the rest are certainly off and add exactly nothing."""
+    active = lower(Z, z_rad) > 0
+    return active, ~active & ~(upper(Z, z_rad) <= 0)
+
+
+def window_pad(widening, lo, hi):
+    """How far to widen a window (lo, hi) for a row search: the rows' reach ``widening`` plus
+    the rounding of the float window ends."""
+    return widening + 4 * U * np.maximum(np.abs(lo), np.abs(hi))
+
+
+def _ff_parts(X, r, U_, b, W):
+    """(A, active, spread) of a layer's units on the boxes X ± r: the float ReLU outputs, the
+    units certainly active, and the units' own error in the output (the rounding of the
+    active ones' pre-activations, the whole spread of the undecided ones)."""
+    Z, z_round, z_rad = _pre_activations(X, r, U_, b)
+    active, unsure = signs(Z, z_rad)
+    return np.maximum(Z, 0.0), active, (z_round * active + z_rad * unsure) @ np.abs(W).T
+
+
 def zone_change(X, r, U_, b, W, f, lo: float, hi: float) -> np.ndarray:
     """A bound on |W relu(U x + b)| over the boxes X ± r, for rows the float pass leaves
     alone (their float f·x is outside the window (lo, hi)) although their box reaches it.
@@ -182,8 +204,7 @@ def gadget_rows(X, r, f, sig, b, om, w, lo, hi) -> GadgetStep:
     Z = t[:, None] * sig + b
     z_round = rounding(np.abs(sig) * (np.abs(X) @ np.abs(f))[:, None] + np.abs(b), d)
     z_rad = up(np.abs(sig) * t_rad[:, None] + z_round, d + 3)
-    active = lower(Z, z_rad) > 0
-    unsure = ~active & ~(upper(Z, z_rad) <= 0)
+    active, unsure = signs(Z, z_rad)
     slope = (om * sig * active).sum(axis=1)  # exact (gadget_form)
     shift = np.array([math.fsum(v) for v in (om * b * active).tolist()])
     loose = (np.maximum(Z, 0.0) * unsure * om).sum(axis=1)
@@ -207,12 +228,8 @@ def ff_change(X, r, U_, b, W):
     (|I + J| r for the Jacobian J of the units certainly active, grouped by activity pattern,
     plus every unit's rounding and the undecided units' spread), and of the change alone."""
     h = len(b)
-    Z, z_round, z_rad = _pre_activations(X, r, U_, b)
-    active = lower(Z, z_rad) > 0
-    unsure = ~active & ~(upper(Z, z_rad) <= 0)
-    A = np.maximum(Z, 0.0)
-    aW = np.abs(W)
-    spread = (z_round * active + z_rad * unsure) @ aW.T + rounding(np.abs(X) + A @ aW.T, h + 1)
+    A, active, spread = _ff_parts(X, r, U_, b, W)
+    spread = spread + rounding(np.abs(X) + A @ np.abs(W).T, h + 1)
     n = 2 * (h + X.shape[1]) + 4
     return (A @ W.T, up(jacobian_bound(r, active, W, U_, 1.0) + spread, n),
             up(jacobian_bound(r, active, W, U_, 0.0) + spread, n))
@@ -222,14 +239,9 @@ def ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     """A whole FF layer on every row: float64 output η·X + relu(X Uᵀ + b) Wᵀ and its radius
     (as in :func:`ff_change`)."""
     d, h = X.shape[1], len(b)
-    aW = np.abs(W)
-    Z, z_round, z_rad = _pre_activations(X, r, U_, b)
-    active = lower(Z, z_rad) > 0
-    unsure = ~active & ~(upper(Z, z_rad) <= 0)
-    A = np.maximum(Z, 0.0)
+    A, active, rad = _ff_parts(X, r, U_, b, W)
     out = eta * X + A @ W.T
-    rad = (z_round * active + z_rad * unsure) @ aW.T
-    rad += rounding(abs(eta) * np.abs(X) + A @ aW.T, h + 1)
+    rad += rounding(abs(eta) * np.abs(X) + A @ np.abs(W).T, h + 1)
     return out, up(rad + jacobian_bound(r, active, W, U_, eta), 2 * (h + d) + 4)
 
 

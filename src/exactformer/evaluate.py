@@ -528,7 +528,7 @@ def _ridge_spread(st: _State, sp: _SortedProjection, ridge: Ridge, part: FF):
     the radius terms of every row whose box may reach the window (also those within the
     rows' reach of its ends; see :func:`enclosure.ridge_radius`), and the distance from the
     window to the nearest row outside it (the hat clearance)."""
-    w = st.reach(ridge.f) + 4 * enclosure.U * max(abs(ridge.lo), abs(ridge.hi))
+    w = float(enclosure.window_pad(st.reach(ridge.f), ridge.lo, ridge.hi))
     near, gap = sp.rows_in(enclosure.lower(ridge.lo, w), enclosure.upper(ridge.hi, w))
     t = sp.t[near]
     gaps = np.concatenate([[] if gap is None else [gap + w], ridge.lo - t[t <= ridge.lo],

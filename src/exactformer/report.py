@@ -245,14 +245,8 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     scale = data_scale(*((xs_f, ys_f) if not dataset.exact else dataset.fractions()))
     stats = PassStats()
     snap = _snap_start(model)
-    at = {snap} if snap is not None else set()
-    enclosed = None
-    if model.attention == "hardmax" and not model.exact and model.positions is None:
-        outs_f, enclosed = _float_and_enclosure(model, dataset, stats, progress,
-                                                safe_float(Fraction(tolerance) * scale))
-        snaps_f = {}
-    else:
-        outs_f, snaps_f = _float_pass(model, xs_f, stats, progress, tau, at)
+    outs_f, snaps_f, enclosed = _first_pass(model, dataset, xs_f, stats, progress, tau, snap,
+                                            safe_float(Fraction(tolerance) * scale))
     hd = [hausdorff(distinct_rows(o), y) for o, y in zip(outs_f, ys_f, strict=True)]
     extra: dict = {}
     if model.attention == "softmax" and model.exact:
@@ -368,6 +362,17 @@ def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool
     extra["decided by"] = (f"float64 enclosures: {len(within) - len(rest)} pairs; exact pass: "
                            f"{len(rest)} pairs")
     return None, within
+
+
+def _first_pass(model, dataset, xs_f, stats, progress: bool, tau, snap, limit: float):
+    """The float64 pass every verify runs: (outputs, snapshots at the first snap block, the
+    enclosure's per-pair bounds or None). A float64 hardmax model without stored positions
+    gets the enclosure pass (docs/numerics.md#enclosures), any other the plain float pass."""
+    if model.attention == "hardmax" and not model.exact and model.positions is None:
+        outs, bounds = _float_and_enclosure(model, dataset, stats, progress, limit)
+        return outs, {}, bounds
+    at = {snap} if snap is not None else set()
+    return (*_float_pass(model, xs_f, stats, progress, tau, at), None)
 
 
 def _float_and_enclosure(model, dataset, stats, progress: bool, limit: float

@@ -163,7 +163,7 @@ class _Stabber:
         for a plain float pass), or None when two windows of one layer would overlap."""
         if not tracked:
             return cls(run.layer, run.lo, run.hi)
-        pad = widening + 4 * enclosure.U * np.maximum(np.abs(run.lo), np.abs(run.hi))
+        pad = enclosure.window_pad(widening, run.lo, run.hi)
         lo, hi = enclosure.lower(run.lo, pad), enclosure.upper(run.hi, pad)
         return None if _overlap_in_a_layer(run.layer, lo, hi) else cls(run.layer, lo, hi)
 
