@@ -283,33 +283,46 @@ def hull_radius(mid, lo, hi):
     return np.where(np.isfinite(r) & (r >= 0), r, np.inf)
 
 
-def rank_one_candidates(k, k_rad, seg, starts) -> tuple[np.ndarray, np.ndarray]:
-    """Rows that may hold their sequence's largest / smallest exact key a·x, given the keys'
-    float values k and radii: every row whose interval reaches the best certain bound."""
+def rank_one_candidates(k, k_rad, seg, starts, side: int) -> np.ndarray:
+    """Rows (increasing) that may hold their sequence's largest (side 1) or smallest (side
+    −1) exact key a·x, given the keys' float values k and radii: every row whose interval
+    reaches the best certain bound."""
     k_hi, k_lo = upper(k, k_rad), lower(k, k_rad)
     unknown = ~(np.isfinite(k_hi) & np.isfinite(k_lo))  # a candidate for anything
-    top = unknown | (k_hi >= np.fmax.reduceat(k_lo, starts)[seg])
-    bottom = unknown | (k_lo <= np.fmin.reduceat(k_hi, starts)[seg])
-    return top, bottom
+    if side > 0:
+        return np.flatnonzero(unknown | (k_hi >= np.fmax.reduceat(k_lo, starts)[seg]))
+    return np.flatnonzero(unknown | (k_lo <= np.fmin.reduceat(k_hi, starts)[seg]))
 
 
-def segment_hull(lo, hi, mask, starts) -> tuple[np.ndarray, np.ndarray]:
-    """Per segment, the smallest box holding the boxes [lo, hi] of its rows in ``mask``."""
-    m = mask if lo.ndim == 1 else mask[:, None]
-    return (np.minimum.reduceat(np.where(m, lo, np.inf), starts),
-            np.maximum.reduceat(np.where(m, hi, -np.inf), starts))
+def segment_hull(C, C_rad, rows, seg, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per segment (n of them), the smallest box holding the boxes C ± C_rad of its
+    ``rows`` (increasing); empty (lo = inf, hi = −inf) for a segment without such rows."""
+    lo, hi = np.full((n, C.shape[1]), np.inf), np.full((n, C.shape[1]), -np.inf)
+    if len(rows):
+        s = seg[rows]
+        first = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]]))
+        lo[s[first]] = np.minimum.reduceat(lower(C[rows], C_rad[rows]), first, axis=0)
+        hi[s[first]] = np.maximum.reduceat(upper(C[rows], C_rad[rows]), first, axis=0)
+    return lo, hi
 
 
 def scores(X, r, q, q_rad, k, k_rad, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """Float scores q_i k_l + α⟨x_i, x_l⟩ of one sequence's rows and a bound on their error
-    for any points within the rows' boxes."""
+    """Float scores q_i k_l + α⟨x_i, x_l⟩ of one sequence's rows (or of a batch of sequences:
+    leading axes) and a bound on their error for any points within the rows' boxes."""
     aX = np.abs(X)
-    S = np.outer(q, k) + (alpha * (X @ X.T) if alpha != 0 else 0.0)
-    err = np.outer(np.abs(q), k_rad) + np.outer(q_rad, np.abs(k) + k_rad)
+
+    def outer(u, v):
+        return u[..., :, None] * v[..., None, :]
+
+    def gram(A, B):
+        return A @ B.swapaxes(-1, -2)
+
+    S = outer(q, k) + (alpha * gram(X, X) if alpha != 0 else 0.0)
+    err = outer(np.abs(q), k_rad) + outer(q_rad, np.abs(k) + k_rad)
     if alpha != 0:
-        err += abs(alpha) * (aX @ r.T + r @ aX.T + r @ r.T)
-    err += rounding(np.outer(np.abs(q), np.abs(k)) + abs(alpha) * (aX @ aX.T), X.shape[1] + 2)
-    return S, up(err, 3 * X.shape[1] + 8)
+        err += abs(alpha) * (gram(aX, r) + gram(r, aX) + gram(r, r))
+    err += rounding(outer(np.abs(q), np.abs(k)) + abs(alpha) * gram(aX, aX), X.shape[-1] + 2)
+    return S, up(err, 3 * X.shape[-1] + 8)
 
 
 def distance_bounds(O, o_rad, Y, y_rad) -> tuple[np.ndarray, np.ndarray]:
@@ -330,29 +343,31 @@ def rank_one_radius(avg, q, q_rad, k, k_rad, C, C_rad, seg, starts) -> np.ndarra
     """Radius about ``avg`` of a rank-one hardmax average: a row whose query c·x is surely
     positive averages some of the rows that may hold the largest key, one surely negative
     some of those that may hold the smallest, any other some rows of its sequence; each
-    average lies in the hull of those rows' carrier boxes."""
-    top, bottom = rank_one_candidates(k, k_rad, seg, starts)
-    C_lo, C_hi = lower(C, C_rad), upper(C, C_rad)
+    average lies in the hull of those rows' carrier boxes (one hull per sequence)."""
     pos, neg = lower(q, q_rad) > 0, upper(q, q_rad) < 0
-    lo, hi = np.full(C.shape, -np.inf), np.full(C.shape, np.inf)  # unknown until set below
-    every = np.ones(len(seg), dtype=bool)
-    for rows, mask in ((pos, top), (neg, bottom), (~pos & ~neg, every)):
-        if rows.any():  # only the hulls some row reads
-            m_lo, m_hi = segment_hull(C_lo, C_hi, mask, starts)
-            lo[rows], hi[rows] = m_lo[seg[rows]], m_hi[seg[rows]]
-    return hull_radius(avg, lo, hi)
+    out = np.empty(C.shape)
+    for side, mask in ((1, pos), (-1, neg), (0, ~pos & ~neg)):
+        rows = np.flatnonzero(mask)
+        if not len(rows):  # only the hulls some row reads
+            continue
+        keys = np.arange(len(seg)) if side == 0 else \
+            rank_one_candidates(k, k_rad, seg, starts, side)
+        lo, hi = segment_hull(C, C_rad, keys, seg, len(starts))
+        out[rows] = hull_radius(avg[rows], lo[seg[rows]], hi[seg[rows]])
+    return out
 
 
 def head_radius(X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad, avg) -> np.ndarray:
-    """Radius about ``avg`` of one sequence's hardmax averages under general scores: each
-    row averages some of the keys whose score interval reaches the row's best certain
-    score, so its average lies in the hull of their carrier boxes."""
+    """Radius about ``avg`` of one sequence's hardmax averages under general scores (or of a
+    batch of sequences: leading axes): each row averages some of the keys whose score
+    interval reaches the row's best certain score, so its average lies in the hull of their
+    carrier boxes."""
     S, E = scores(X, r, q, q_rad, k, k_rad, alpha)
     s_hi, s_lo = upper(S, E), lower(S, E)
     unknown = ~(np.isfinite(s_hi) & np.isfinite(s_lo))
-    cand = unknown | (s_hi >= np.fmax.reduce(s_lo, axis=1)[:, None])
-    lo = np.where(cand[:, :, None], lower(C, C_rad)[None], np.inf).min(axis=1)
-    hi = np.where(cand[:, :, None], upper(C, C_rad)[None], -np.inf).max(axis=1)
+    cand = (unknown | (s_hi >= np.fmax.reduce(s_lo, axis=-1)[..., None]))[..., None]
+    lo = np.where(cand, lower(C, C_rad)[..., None, :, :], np.inf).min(axis=-2)
+    hi = np.where(cand, upper(C, C_rad)[..., None, :, :], -np.inf).max(axis=-2)
     return hull_radius(avg, lo, hi)
 
 

@@ -31,9 +31,9 @@ import numpy as np
 from gmpy2 import mpq
 from tqdm import tqdm
 
-from . import enclosure, runs
+from . import enclosure, rank_one, runs
 from .model import FF, SA, Transformer
-from .numbers import to_fraction, to_fraction_array
+from .numbers import safe_float, safe_floats, sparse_dot, to_fraction, to_fraction_array
 
 ARITHMETICS = ("exact", "float", "mp")
 
@@ -333,18 +333,39 @@ class _State:
         self.extent = None  # (largest radius, largest |coordinate|) over the rows, or None
         self.forms: dict = {}  # id of a ridge part -> its enclosure.gadget_form
         self.give_up = math.inf  # radius beyond which a row is given up (set to inf)
+        self._by_sequence = None  # (segments(), weights()) until the next compaction
+        self.heads = rank_one.HeadCache()
+        # change stamps: every change of a row's point or radius, and every attention write
+        # of a column, gets a new epoch (what rank_one.HeadCache reuses results by)
+        self.epoch = 0
+        self.row_epoch = np.zeros(len(self.seq), dtype=np.int64)
+        self.col_epoch = np.zeros(self.P.shape[1], dtype=np.int64)
 
     def changed_everything(self):
         self.projections.clear()
+        self.heads.clear()
         self.extent = None
+
+    def touch(self, rows) -> None:
+        """Stamp ``rows`` (indices or a mask) as changed in point or radius."""
+        self.epoch += 1
+        self.row_epoch[rows] = self.epoch
+
+    def _give_up(self, lost) -> None:
+        """Rows ``lost`` (a mask) can no longer be certified: their radius becomes inf."""
+        if lost.any():
+            self.rad[lost] = np.inf
+            self.touch(lost)
 
     def changed_columns(self, cols: np.ndarray) -> None:
         """Only the columns ``cols`` of every row changed: sorted indices along directions
         that ignore them stay valid."""
         self.projections = {k: v for k, v in self.projections.items()
                             if not any(v[0][c] != 0 for c in cols.tolist())}
+        self.epoch += 1
+        self.col_epoch[cols] = self.epoch
         if self.rad is not None:
-            self.rad[(self.rad[:, cols] > self.give_up).any(axis=1)] = np.inf
+            self._give_up((self.rad[:, cols] > self.give_up).any(axis=1))
         if self.extent is not None:
             r, m = _extent(self.P[:, cols], self.rad[:, cols])
             self.extent = (max(r, self.extent[0]), max(m, self.extent[1]))
@@ -355,7 +376,7 @@ class _State:
         whose radius is not finite are left out: their sequences are undecided whatever
         happens, and FF layers act on each row alone."""
         if self.extent is None:
-            self.rad[(self.rad > self.give_up).any(axis=1)] = np.inf
+            self._give_up((self.rad > self.give_up).any(axis=1))
             self.extent = _extent(self.P, self.rad)
         r, m = self.extent
         af = float(np.abs(f).sum())
@@ -376,6 +397,7 @@ class _State:
             bad = ~np.isfinite(t)
             if bad.any():
                 self.rad[rows[bad]] = np.inf
+                self.touch(rows[bad])
 
     def moved(self, rows: np.ndarray) -> None:
         """Rows changed by a ridge FF: refresh their values in every sorted index."""
@@ -389,10 +411,10 @@ class _State:
         """Rows whose value or radius changed: a radius beyond ``give_up`` becomes inf (such
         a row can no longer be certified, and leaving it in would widen every window's row
         search), and the extent behind :meth:`reach` takes in the rest."""
+        self.touch(rows)
         if self.rad is None or not len(rows):
             return
-        r = self.rad[rows]
-        lost = (r > self.give_up).any(axis=1)
+        lost = (self.rad[rows] > self.give_up).any(axis=1)
         if lost.any():
             self.rad[rows[lost]] = np.inf
         if self.extent is not None:
@@ -420,13 +442,25 @@ class _State:
         if self.rad is not None:
             self.rad = _columns(self.rad[first])
         self.owner = inv[self.owner]
+        self._by_sequence = None
+        self.row_epoch = np.zeros(len(first), dtype=np.int64)
         self.changed_everything()
 
-    def segment_index(self) -> tuple[np.ndarray, np.ndarray]:
+    def _grouping(self):
+        if self._by_sequence is None:
+            first = np.concatenate([[True], self.seq[1:] != self.seq[:-1]])
+            self._by_sequence = (rank_one.Segments(np.cumsum(first) - 1, np.flatnonzero(first)),
+                                 self.ar.array(self.cnt))
+        return self._by_sequence
+
+    def segment_index(self) -> rank_one.Segments:
         """Each row's segment number and every segment's first row (rows are contiguous by
         sequence: inputs are concatenated in order and compaction keeps that order)."""
-        first = np.concatenate([[True], self.seq[1:] != self.seq[:-1]])
-        return np.cumsum(first) - 1, np.flatnonzero(first)
+        return self._grouping()[0]
+
+    def weights(self) -> np.ndarray:
+        """The rows' multiplicities in the pass's arithmetic."""
+        return self._grouping()[1]
 
     def segments(self) -> list[tuple[int, int]]:
         bounds = np.flatnonzero(np.diff(self.seq)) + 1
@@ -453,6 +487,9 @@ def _columns(a: np.ndarray) -> np.ndarray:
 
 def _extent(P: np.ndarray, rad: np.ndarray) -> tuple[float, float]:
     """Largest radius and largest |coordinate| over the rows with finite values."""
+    r, m = float(rad.max(initial=0.0)), float(np.abs(P).max(initial=0.0))
+    if math.isfinite(r) and math.isfinite(m):  # every row finite (a nan shows as nan)
+        return r, m
     ok = np.isfinite(rad).all(axis=1) & np.isfinite(P).all(axis=1)
     return float(rad[ok].max(initial=0.0)), float(np.abs(P[ok]).max(initial=0.0))
 
@@ -568,8 +605,9 @@ def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
     Equal points are merged only when ρ = 0 (each token replaced by averages, as in the
     collapse): with ρ ≠ 0 distinct points almost never meet, and an unmerged pair of equal
     rows only costs time, never changes a result (they carry their multiplicities)."""
+    dots: dict = {}
     terms = [t for head in sa.heads
-             if (t := _head_term(st, head, attention, tau, stats)) is not None]
+             if (t := _head_term(st, head, attention, tau, stats, dots)) is not None]
     if sa.rho == 1:
         cols = np.unique(np.concatenate([c for c, _, _ in terms])) if terms else []
         if not len(cols):
@@ -597,56 +635,73 @@ def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
         st.compact()
 
 
-def _head_term(st: _State, head, attention: str, tau, stats: PassStats):
+def _head_term(st: _State, head, attention: str, tau, stats: PassStats, dots: dict):
     """(columns, values, radii) one head adds: V applied to the head's average, computed
-    from the layer's input; None when V = 0."""
+    from the layer's input; None when V = 0. ``dots`` holds the layer's products x·v
+    already computed (heads often read the same vector)."""
     P, rad, V = st.P, st.rad, head.V
     if V.beta == 0:
         cols = np.array([k for k, v in enumerate(V.p) if v != 0], dtype=np.int64)
         if not len(cols):
             return None
-        C = _sparse_dot(P, V.q)[:, None]
-        C_rad = None if rad is None else enclosure.dot_radius(P, rad, V.q)[:, None]
-        avg, avg_rad = _head_average(st, head.A, C, C_rad, attention, tau, stats)
+        avg, avg_rad = _head_average(st, head.A, V.q, attention, tau, stats, dots)
         val = avg * V.p[cols]
         return cols, val, None if rad is None else avg_rad * np.abs(V.p[cols]).astype(float)
-    avg, avg_rad = _head_average(st, head.A, P, rad, attention, tau, stats)
-    val = avg * V.beta + np.outer(_sparse_dot(avg, V.q), V.p)
+    avg, avg_rad = _head_average(st, head.A, None, attention, tau, stats, dots)
+    val = avg * V.beta + np.outer(sparse_dot(avg, V.q), V.p)
     if rad is None:
         return np.arange(P.shape[1]), val, None
     qr = enclosure.dot_radius(avg, avg_rad, V.q)
     return np.arange(P.shape[1]), val, abs(V.beta) * avg_rad + np.outer(qr, np.abs(V.p))
 
 
-def _head_average(st: _State, A, C, C_rad, attention: str, tau, stats: PassStats):
-    """Every row's attention average Σ_l π_il C_l of the carrier C (the points, or a
-    column of values per point) under one head's scores ⟨A x_i, x_l⟩, and, in a tracking
-    pass, the radius of that average (the hull of every average the enclosed scores allow)."""
-    ar = st.ar
-    P, cnt = st.P, st.cnt
-    qa = _sparse_dot(P, A.c)  # c·x_i
-    ka = _sparse_dot(P, A.a)  # a·x_l
-    weights = ar.array(cnt)  # multiplicities, in the pass's arithmetic
+def _dot(st: _State, v, dots: dict):
+    """x·v for every row and, in a tracking pass, its radius (else None), computed once per
+    layer input and vector."""
+    key = tuple(v.tolist())
+    if key not in dots:
+        dots[key] = (sparse_dot(st.P, v),
+                     None if st.rad is None else enclosure.dot_radius(st.P, st.rad, v))
+    return dots[key]
+
+
+def _head_average(st: _State, A, q, attention: str, tau, stats: PassStats, dots: dict):
+    """Every row's attention average Σ_l π_il C_l of the carrier C (the column x·q per point,
+    or the points themselves when q is None) under one head's scores ⟨A x_i, x_l⟩, and, in
+    a tracking pass, the radius of that average (the hull of every average the enclosed
+    scores allow)."""
     tracked = st.rad is not None
-    if tracked:
-        q_rad, k_rad = enclosure.dot_radius(P, st.rad, A.c), enclosure.dot_radius(P, st.rad, A.a)
     if attention == "hardmax" and A.alpha == 0:
-        seg, starts = st.segment_index()
-        avg = _rank_one_average(st, qa, ka, C, weights, seg, starts, stats)
-        if not tracked:
-            return avg, None
-        return avg, enclosure.rank_one_radius(avg, qa, q_rad, ka, k_rad, C, C_rad, seg,
-                                              starts)
+        res = st.heads.result(st, A.c, A.a, q, stats.enabled)
+        if stats.enabled:
+            stats.hardmax_ties += int(res.ties.sum())
+            if np.isfinite(res.margin).any():
+                stats._min("hardmax_margin", float(res.margin.min()))
+        return res.avg, res.rad
+    ar, P = st.ar, st.P
+    qa, q_rad = _dot(st, A.c, dots)  # c·x_i
+    ka, k_rad = _dot(st, A.a, dots)  # a·x_l
+    if q is None:
+        C, C_rad = P, st.rad
+    else:
+        C, C_rad = _dot(st, q, dots)
+        C, C_rad = C[:, None], None if C_rad is None else C_rad[:, None]
+    weights = st.weights()  # multiplicities, in the pass's arithmetic
     out = np.empty(C.shape, dtype=C.dtype)
     out_rad = np.empty(C.shape) if tracked else None
+    if attention == "hardmax" and not ar.is_object:
+        for rows in _batches(st.segment_index(), C.shape[1]):
+            out[rows] = _float_hardmax_rows(P[rows], qa[rows], ka[rows], A.alpha,
+                                            weights[rows], stats, C[rows])
+            if tracked:
+                out_rad[rows] = enclosure.head_radius(
+                    P[rows], st.rad[rows], qa[rows], q_rad[rows], ka[rows], k_rad[rows],
+                    A.alpha, C[rows], C_rad[rows], out[rows])
+        return out, out_rad
     for s, e in st.segments():
         X, w, Cs = P[s:e], weights[s:e], C[s:e]
         if attention == "hardmax":
             out[s:e] = _hardmax_rows(X, qa[s:e], ka[s:e], A.alpha, w, stats, Cs)
-            if tracked:
-                out_rad[s:e] = enclosure.head_radius(
-                    X, st.rad[s:e], qa[s:e], q_rad[s:e], ka[s:e], k_rad[s:e], A.alpha, Cs,
-                    C_rad[s:e], out[s:e])
             continue
         if ar.is_object:
             out[s:e] = _softmax_rows_mp(X, qa[s:e], ka[s:e], A.alpha, w, tau, ar, Cs)
@@ -662,82 +717,7 @@ def _head_average(st: _State, A, C, C_rad, attention: str, tau, stats: PassStats
     return out, out_rad
 
 
-def _rank_one_average(st: _State, qa, ka, C, w, seg, starts, stats: PassStats) -> np.ndarray:
-    """Hardmax averages of the carrier C for rank-one scores (c·x_i)(a·x_l), every sequence
-    at once: a row with c·x_i > 0 averages its sequence's keys with the largest a·x, one with
-    c·x_i < 0 those with the smallest, one with c·x_i = 0 all of them. Decided on the keys in
-    the pass's own numbers (exactly in exact and mp passes; on the float keys in float64)."""
-    top = (ka == np.maximum.reduceat(ka, starts)[seg]).astype(bool)
-    bottom = (ka == np.minimum.reduceat(ka, starts)[seg]).astype(bool)
-    every = np.ones(len(ka), dtype=bool)
-    pos, neg = (qa > 0).astype(bool), (qa < 0).astype(bool)
-    out = np.empty(C.shape, dtype=C.dtype)
-    for rows, mask in ((pos, top), (neg, bottom), (~pos & ~neg, every)):
-        if rows.any():  # only the averages some row reads
-            out[rows] = _masked_means(C, w, mask, seg, starts)[seg[rows]]
-    _rank_one_stats(st, qa, ka, top, bottom, seg, starts, stats)
-    return out
-
-
-def _masked_means(P, w, mask, seg, starts) -> np.ndarray:
-    """Per segment, the w-weighted mean of the rows in ``mask``. The weights are normalised
-    first, so a single row comes back exactly (w/w = 1) in float64 too."""
-    wm = np.where(mask, w, 0 * w)
-    total = np.add.reduceat(wm, starts)
-    frac = wm / np.where(total[seg] != 0, total[seg], 1 + 0 * total[seg])
-    return np.add.reduceat(frac[:, None] * P, starts, axis=0)
-
-
-def _rank_one_stats(st: _State, qa, ka, top, bottom, seg, starts, stats: PassStats) -> None:
-    """Ties (a query whose best keys hold two distinct points) and the smallest best-minus-
-    second score gap over the sequence's score scale (float images of the scores)."""
-    if not stats.enabled:
-        return
-    every = np.ones(len(seg), dtype=bool)
-    for rows, mask in ((qa > 0, top), (qa < 0, bottom), (qa == 0, every)):
-        rows = rows.astype(bool) & (np.add.reduceat(mask.astype(np.int64), starts) > 1)[seg]
-        if rows.any():  # only sequences with several best rows can tie
-            stats.hardmax_ties += int((rows & _two_points(st.P, mask, seg, starts)[seg]).sum())
-    qf, kf = safe_floats(np.asarray(qa)), safe_floats(np.asarray(ka))
-    with np.errstate(all="ignore"):
-        gap_top = np.maximum.reduceat(kf, starts) - np.maximum.reduceat(
-            np.where(top, -np.inf, kf), starts)
-        gap_bottom = np.minimum.reduceat(np.where(bottom, np.inf, kf), starts) - \
-            np.minimum.reduceat(kf, starts)
-        scale = np.maximum.reduceat(np.abs(qf), starts) * np.maximum.reduceat(np.abs(kf), starts)
-        margin = np.abs(qf) * np.where(qf > 0, gap_top[seg], gap_bottom[seg]) / scale[seg]
-    ok = np.isfinite(margin) & (qf != 0)
-    if ok.any():
-        stats._min("hardmax_margin", float(margin[ok].min()))
-
-
-def _two_points(P, mask, seg, starts) -> np.ndarray:
-    """Per segment: do its rows in ``mask`` hold two distinct points?"""
-    n = len(seg)
-    rep = np.minimum.reduceat(np.where(mask, np.arange(n), n), starts)
-    rep = np.minimum(rep, n - 1)[seg]
-    differs = mask & np.any(P != P[rep], axis=1).astype(bool)
-    return np.add.reduceat(differs.astype(np.int64), starts) > 0
-
-
 SAFE_EXPONENT = 250  # float pre-filters trust only magnitudes in [2^-250, 2^250] (see below)
-
-
-def safe_float(v) -> float:
-    """``float(v)`` with overflow mapped to ±inf (Fractions raise instead of rounding)."""
-    try:
-        return float(v)
-    except OverflowError:
-        return math.inf if v > 0 else -math.inf
-
-
-def safe_floats(a: np.ndarray) -> np.ndarray:
-    """A float64 copy of ``a``; exact or mpmath values are rounded, overflow becomes ±inf."""
-    if a.dtype != object:
-        return a.astype(float)
-    out = np.empty(a.shape)
-    out.flat[:] = [safe_float(v) for v in a.flat]
-    return out
 
 
 def _trusted_floats(exact: np.ndarray) -> np.ndarray | None:
@@ -853,29 +833,15 @@ def _hardmax_sets(X, qa, ka, alpha) -> list[np.ndarray]:
 
 
 def _hardmax_rows(X, qa, ka, alpha, w, stats: PassStats, C=None) -> np.ndarray:
-    """Each row's average of the carrier C (default X; multiplicities w) over its argmax set
-    of scores s_il = (c·x_i)(a·x_l) + α⟨x_i, x_l⟩.
-
-    Float64 passes decide in float64. Exact and high-precision passes decide exactly (see
-    :func:`_hardmax_sets`), at every scale: no float rounding can change their argmax sets.
-    """
-    n = len(X)
-    Sf = _float_scores(X, qa, ka, alpha)
-    if X.dtype != object:
-        hit = Sf == Sf.max(axis=1)[:, None]
-        sets = None
-    else:
-        sets = _hardmax_sets(X, qa, ka, alpha)
-        hit = np.zeros((n, n), dtype=bool)
-        for i, idx in enumerate(sets):
-            hit[i, idx] = True
-    stats.hardmax_ties += sum(bool(np.any(X[row] != X[row][0]))
-                              for row in hit[hit.sum(axis=1) > 1])
-    _record_margin(Sf, hit, stats)
+    """Each row's average of the carrier C (default X; multiplicities w) over its exact
+    argmax set of scores s_il = (c·x_i)(a·x_l) + α⟨x_i, x_l⟩ (exact and high-precision
+    passes, see :func:`_hardmax_sets`): no float rounding can change these sets."""
+    sets = _hardmax_sets(X, qa, ka, alpha)
+    hit = np.zeros((len(X), len(X)), dtype=bool)
+    for i, idx in enumerate(sets):
+        hit[i, idx] = True
+    _record_hits(X, _float_scores(X, qa, ka, alpha), hit, stats)
     C = X if C is None else C
-    if sets is None:
-        M = hit * w[None, :]
-        return (M / M.sum(axis=1)[:, None]) @ C
     out = np.empty(C.shape, dtype=C.dtype)
     for i, idx in enumerate(sets):
         ws = w[idx]
@@ -883,16 +849,54 @@ def _hardmax_rows(X, qa, ka, alpha, w, stats: PassStats, C=None) -> np.ndarray:
     return out
 
 
-def _record_margin(Sf: np.ndarray, hit: np.ndarray, stats: PassStats) -> None:
-    """Smallest best-minus-second float score gap over the score scale. A report only: float
-    precision is enough, and rows whose float scores are not finite are skipped."""
-    if len(Sf) < 2 or not np.isfinite(Sf).all():
+BATCH = 2 * 10**6  # float64 scores per batch of sequences (× carrier columns)
+
+
+def _batches(sg, k: int):
+    """Row indices (B, n) of sequences with n rows each, B at a time so that a batch holds
+    about BATCH scores × k carrier columns."""
+    lengths = np.diff(np.append(sg.starts, len(sg.seg)))
+    for n in np.unique(lengths).tolist():
+        segs = np.flatnonzero(lengths == n)
+        per = max(1, BATCH // (n * n * k))
+        for i in range(0, len(segs), per):
+            yield sg.starts[segs[i:i + per], None] + np.arange(n)
+
+
+def _float_hardmax_rows(X, qa, ka, alpha, w, stats: PassStats, C) -> np.ndarray:
+    """:func:`_hardmax_rows` for a float64 pass, decided on the float scores, for a batch of
+    sequences of equal length at once (X: B × n × d, qa, ka, w: B × n, C: B × n × k)."""
+    with np.errstate(all="ignore"):
+        Sf = qa[..., :, None] * ka[..., None, :]
+        if alpha != 0:
+            Sf = Sf + alpha * (X @ X.swapaxes(-1, -2))
+    hit = Sf == Sf.max(axis=-1, keepdims=True)
+    _record_hits(X, Sf, hit, stats)
+    M = hit * w[..., None, :]
+    return (M / M.sum(axis=-1, keepdims=True)) @ C
+
+
+def _record_hits(X, Sf, hit, stats: PassStats) -> None:
+    """Ties (queries whose best keys hold two distinct points) and the smallest
+    best-minus-second float score gap over each sequence's score scale, for one sequence or a
+    batch (leading axes). A report only: float precision is enough, and sequences whose
+    float scores are not finite are skipped."""
+    if not stats.enabled:
         return
-    scale = float(np.abs(Sf).max()) or 1.0
-    second = np.where(hit, -np.inf, Sf).max(axis=1)
-    ok = np.isfinite(second)
-    if ok.any():
-        stats._min("hardmax_margin", float((Sf.max(axis=1) - second)[ok].min()) / scale)
+    for at in np.argwhere(hit.sum(axis=-1) > 1):  # queries with several best keys
+        best = X[tuple(at[:-1])][hit[tuple(at)]]
+        stats.hardmax_ties += int(bool(np.any(best != best[0])))
+    if Sf.shape[-1] < 2:
+        return
+    with np.errstate(all="ignore"):
+        scale = np.abs(Sf).max(axis=(-2, -1))
+        ok = np.isfinite(Sf).all(axis=(-2, -1))
+        scale = np.where(scale != 0, scale, 1.0)
+        second = np.where(hit, -np.inf, Sf).max(axis=-1)
+        gap = (Sf.max(axis=-1) - second) / scale[..., None]
+    keep = ok[..., None] & np.isfinite(second)
+    if keep.any():
+        stats._min("hardmax_margin", float(gap[keep].min()))
 
 
 # ------------------------------------------------------------------------------ public
@@ -1287,7 +1291,7 @@ def _apply_causal_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats) 
 def _add_causal_head(st: _State, P, new, head, attention: str, tau, stats: PassStats):
     """``new`` plus V·(the head's causal averages of the rows P)."""
     A, V = head.A, head.V
-    qa, ka = _sparse_dot(P, A.c), _sparse_dot(P, A.a)
+    qa, ka = sparse_dot(P, A.c), sparse_dot(P, A.a)
     out = np.empty_like(P)
     for s, e in st.segments():
         if attention == "hardmax":
@@ -1299,17 +1303,8 @@ def _add_causal_head(st: _State, P, new, head, attention: str, tau, stats: PassS
     cols = [k for k, v in enumerate(V.p) if v != 0]
     if cols:  # only the columns that p·(q·y) changes, q·y over q's nonzero entries
         new = new.copy() if new is P else new
-        new[:, cols] = new[:, cols] + np.outer(_sparse_dot(out, V.q), V.p[cols])
+        new[:, cols] = new[:, cols] + np.outer(sparse_dot(out, V.q), V.p[cols])
     return new
-
-
-def _sparse_dot(X: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """X @ v over v's nonzero entries only (the construction's vectors are mostly zeros, and
-    each skipped product is a Fraction multiplication in exact passes)."""
-    nz = [k for k, a in enumerate(v) if a != 0]
-    if len(nz) == 1:  # one column: a scaled view, no gathered copy
-        return X[:, nz[0]] * v[nz[0]]
-    return X[:, nz] @ v[nz] if nz else X[:, 0] * 0
 
 
 def causal_hardmax_rows(X, qa, ka, alpha, stats: PassStats) -> np.ndarray:

@@ -116,3 +116,29 @@ def unit(d: int, i: int, exact: bool) -> np.ndarray:
 def num(v, exact: bool):
     """A scalar in the chosen arithmetic."""
     return to_fraction(v) if exact else float(v)
+
+
+def safe_float(v) -> float:
+    """``float(v)`` with overflow mapped to ±inf (Fractions raise instead of rounding)."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
+def safe_floats(a: np.ndarray) -> np.ndarray:
+    """A float64 copy of ``a``; exact or mpmath values are rounded, overflow becomes ±inf."""
+    if a.dtype != object:
+        return a.astype(float)
+    out = np.empty(a.shape)
+    out.flat[:] = [safe_float(v) for v in a.flat]
+    return out
+
+
+def sparse_dot(X: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """X @ v over v's nonzero entries only (the construction's vectors are mostly zeros, and
+    each skipped product is a Fraction multiplication in exact passes)."""
+    nz = [k for k, a in enumerate(v) if a != 0]
+    if len(nz) == 1:  # one column: a scaled view, no gathered copy
+        return X[:, nz[0]] * v[nz[0]]
+    return X[:, nz] @ v[nz] if nz else X[:, 0] * 0

@@ -25,11 +25,9 @@ from .evaluate import (
     enclose,
     forward,
     forward_causal,
-    safe_float,
-    safe_floats,
 )
 from .model import Transformer
-from .numbers import to_fraction, to_fraction_array
+from .numbers import safe_float, safe_floats, to_fraction, to_fraction_array
 from .record import CausalConstruction
 from .tables import format_table
 
