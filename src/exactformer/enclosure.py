@@ -365,9 +365,17 @@ def head_radius(X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad, avg) -> np.nda
     S, E = scores(X, r, q, q_rad, k, k_rad, alpha)
     s_hi, s_lo = upper(S, E), lower(S, E)
     unknown = ~(np.isfinite(s_hi) & np.isfinite(s_lo))
-    cand = (unknown | (s_hi >= np.fmax.reduce(s_lo, axis=-1)[..., None]))[..., None]
-    lo = np.where(cand, lower(C, C_rad)[..., None, :, :], np.inf).min(axis=-2)
-    hi = np.where(cand, upper(C, C_rad)[..., None, :, :], -np.inf).max(axis=-2)
+    cand = unknown | (s_hi >= np.fmax.reduce(s_lo, axis=-1)[..., None])
+    C_lo, C_hi = lower(C, C_rad), upper(C, C_rad)
+    one = np.argmax(cand, axis=-1)[..., None]  # the candidate of a row that has only one
+    lo = np.take_along_axis(C_lo, one, axis=-2)
+    hi = np.take_along_axis(C_hi, one, axis=-2)
+    many = cand.sum(axis=-1) != 1
+    if many.any():  # the hull over every candidate, for the sequences that need it
+        at = np.nonzero(many.any(axis=-1)) if many.ndim > 1 else ()
+        c = cand[at][..., None]
+        lo[at] = np.where(c, C_lo[at][..., None, :, :], np.inf).min(axis=-2)
+        hi[at] = np.where(c, C_hi[at][..., None, :, :], -np.inf).max(axis=-2)
     return hull_radius(avg, lo, hi)
 
 
