@@ -31,6 +31,7 @@ from fractions import Fraction
 from itertools import accumulate
 
 import numpy as np
+from sortedcontainers import SortedList
 from tqdm import tqdm
 
 from ..causal_data import CausalDataset
@@ -271,7 +272,7 @@ def _round_blocks(ctx: _Contexts, rounds: list[_Round], projection, lams, score_
     blocks, lifts = [], []
     for r, rnd in enumerate(rounds):
         u = regs[0]
-        present = sorted(u)
+        present = SortedList(u)
         units = [] if r else [projection_unit(*projection, e[0])]
         lam_of = {c: next(lam) for c in rnd.maxima}
         for c, p in rnd.tests:

@@ -9,9 +9,8 @@ points are pairwise disjoint. See docs/hardmax.md#interpolation and docs/heads.m
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-
 import numpy as np
+from sortedcontainers import SortedList
 from tqdm import tqdm
 
 from ..model import Block
@@ -46,7 +45,7 @@ def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Dra
                   lambda h: generic_score(np.concatenate([L @ h, Yu @ h]), exact),
                   what="interpolation direction")
     lv, yv = list(L @ h), list(Y @ h)
-    present = sorted(lv + ([] if fixed is None else list(fixed @ h)))
+    present = SortedList(lv + ([] if fixed is None else list(fixed @ h)))
     every = sorted(lv + list(Yu @ h))
     cap = (every[-1] - every[0]) if len(every) > 1 else num(1, exact)
     blocks = []
@@ -58,17 +57,16 @@ def interpolate(leaders: list[np.ndarray], targets: list[np.ndarray], draws: Dra
             h, 0 * lv[i], lv[i], half_room(present, lv[i], cap), Y[i] - L[i])]
         blocks.append(Block(ff_from_units(units, num(1, exact), d, exact), None))
         for i in layer:
-            present.pop(bisect_left(present, lv[i]))
+            present.remove(lv[i])
         for i in layer:
-            j = bisect_left(present, yv[i])
-            if j == len(present) or present[j] != yv[i]:
-                insort(present, yv[i])
+            if yv[i] not in present:
+                present.add(yv[i])
     return blocks, h
 
 
-def half_room(present: list, c, cap):
-    """Half the distance from c (one of the sorted values ``present``) to its nearest other
-    value, at most cap/2: the half-width of a hat at c that touches no other present value."""
-    i = bisect_left(present, c)
+def half_room(present: SortedList, c, cap):
+    """Half the distance from c (one of the values ``present``) to its nearest other value,
+    at most cap/2: the half-width of a hat at c that touches no other present value."""
+    i = present.bisect_left(c)
     near = [abs(present[k] - c) for k in (i - 1, i + 1) if 0 <= k < len(present)]
     return min([cap] + near) / 2
