@@ -191,17 +191,23 @@ class Transformer:
         return sum((b.ff.n_params() if b.ff else 0) +
                    (2 * d * d * len(b.sa.heads) + 1 if b.sa else 0) for b in self.blocks)
 
-    def parameters(self) -> list:
-        """Every parameter value, in a fixed order (identity layers contribute none)."""
+    def parameter_arrays(self) -> list[np.ndarray]:
+        """Every parameter value as the blocks' flat arrays, in a fixed order (identity layers
+        contribute none): what :meth:`parameters` lists one by one."""
         out: list = []
         for b in self.blocks:
             if b.ff:
-                out += [b.ff.eta, *b.ff.U.flat, *b.ff.b.flat, *b.ff.W.flat]
+                out += [np.asarray([b.ff.eta]), b.ff.U.ravel(), b.ff.b.ravel(), b.ff.W.ravel()]
             if b.sa:
-                out.append(b.sa.rho)
+                out.append(np.asarray([b.sa.rho]))
                 for h in b.sa.heads:
-                    out += [h.A.alpha, *h.A.a, *h.A.c, h.V.beta, *h.V.p, *h.V.q]
+                    out += [np.asarray([h.A.alpha]), h.A.a, h.A.c, np.asarray([h.V.beta]),
+                            h.V.p, h.V.q]
         return out
+
+    def parameters(self) -> list:
+        """Every parameter value, in a fixed order (identity layers contribute none)."""
+        return [v for a in self.parameter_arrays() for v in a]
 
     def to_float(self) -> Transformer:
         """The same model with float64 parameters."""

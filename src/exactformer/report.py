@@ -300,9 +300,7 @@ def _softmax_verdict(model, dataset, limit, digits, tau, snapped, extra, progres
 def _shape(model: Transformer, dataset: Dataset) -> dict:
     """The report's fields that describe the model and the data, not the verdict."""
     L4, L4k = _width_bounds(model, dataset.N, dataset.total_m)
-    theta = np.array([safe_float(v) for v in model.parameters()] or [0.0])
-    with np.errstate(over="ignore"):
-        l2 = float(np.sqrt((theta ** 2).sum()))
+    largest, l2 = _parameter_sizes(model)
     return dict(
         attention=model.attention, N=dataset.N, d=dataset.d, sum_m=dataset.total_m,
         total_tokens=dataset.total_n, blocks=model.n_blocks,
@@ -310,8 +308,16 @@ def _shape(model: Transformer, dataset: Dataset) -> dict:
         blocks_design=design_bound(model, dataset.N, dataset.total_m),
         max_width=model.max_width(), max_heads=model.max_heads(), blocks_width4=L4,
         blocks_width_target=L4k, structured=_structured(model), params=model.n_params(),
-        params_dense=model.n_params_dense(), max_abs_param=float(np.abs(theta).max()),
-        param_l2=l2)
+        params_dense=model.n_params_dense(), max_abs_param=largest, param_l2=l2)
+
+
+def _parameter_sizes(model: Transformer) -> tuple[float, float]:
+    """The largest |parameter| and the parameters' Euclidean norm, in float64 (one array
+    operation over the blocks' arrays: a large model has millions of parameters)."""
+    theta = np.concatenate([safe_floats(np.asarray(a)) for a in model.parameter_arrays()]
+                           + [np.zeros(1)])
+    with np.errstate(over="ignore"):
+        return float(np.abs(theta).max()), float(np.sqrt((theta ** 2).sum()))
 
 
 def _relative(err: float, scale: float) -> float:
@@ -657,7 +663,6 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
             errs = _position_errors(outs, [ar.array(y) for y in ys], dataset.known)
         first = _first_over(errs, dataset.known, tolerance * scale)
         arithmetic = f"mp{digits}"
-    theta = np.array([float(v) for v in model.parameters()] or [0.0])
     rec = model.record if isinstance(model.record, CausalConstruction) else None
     R = None if rec is None else rec.R
     return CausalReport(
@@ -667,7 +672,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         (1 if model.attention == "softmax" and rec.moves else 0), R=R, max_width=model.max_width(),
         params=model.n_params(), params_dense=model.n_params_dense(),
         position_params=0 if model.positions is None else int(np.size(model.positions)),
-        max_abs_param=float(np.abs(theta).max()), exact_equal=exact_equal,
+        max_abs_param=_parameter_sizes(model)[0], exact_equal=exact_equal,
         errors=[worst([0.0, *e]) for e in errs],
         errors_float64=[worst([0.0, *e]) for e in err_f], position_errors=errs,
         first_failure=first,
