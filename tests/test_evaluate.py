@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import exactformer as ef
 from exactformer.construct.gadgets import ff_from_units, hat_units, snap_units
-from exactformer.evaluate import PassStats, ridge_window
+from exactformer.evaluate import PassStats, _SortedProjection, ridge_window
 from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 
 SETTINGS = settings(max_examples=60, deadline=None,
@@ -505,3 +505,34 @@ def test_dense_reference_pass_agrees_with_the_reference(data):
     got = ef.evaluate.dense_forward(model, [np.asarray(x, float) for x in X])
     for g, w in zip(got, ref_forward(model, X), strict=True):
         np.testing.assert_allclose(g, np.asarray(w, dtype=float), rtol=1e-12, atol=1e-9)
+
+
+@SETTINGS
+@given(t=st.lists(st.sampled_from([-1.0, 0.0, 0.5, 1.0, 2.0, np.nan, np.inf]), min_size=1,
+                  max_size=30),
+       moves=st.lists(st.lists(st.tuples(st.integers(0, 29),
+                                         st.sampled_from([-2.0, 0.25, 0.5, 3.0, np.nan])),
+                               max_size=12), max_size=6),
+       window=st.tuples(st.sampled_from([-1.5, 0.0, 0.4]), st.sampled_from([0.6, 1.0, 2.5])),
+       exact=st.booleans())
+def test_sorted_projection_under_moves(t, moves, window, exact):
+    """Moving rows and folding them back in (a merge, not a new sort) keeps a sorted
+    permutation, and the rows found in a window are those a scan finds."""
+    if exact:
+        t = [v for v in t if np.isfinite(v)] or [0.0]
+        moves = [[(r, v) for r, v in m if np.isfinite(v)] for m in moves]
+    arr = np.array([Fraction(v) for v in t], dtype=object) if exact else np.array(t)
+    sp = _SortedProjection(arr.copy())
+    for step in moves:
+        rows = np.array(sorted({r % len(t) for r, _ in step}), dtype=np.int64)
+        new = {r % len(t): v for r, v in step}
+        vals = [Fraction(new[r]) if exact else new[r] for r in rows.tolist()]
+        sp.update(rows, np.array(vals, dtype=object if exact else float))
+        lo, hi = window
+        found = sorted(sp.rows_in(lo, hi)[0].tolist())
+        assert found == [i for i, v in enumerate(sp.t) if lo < v < hi]
+        sp.refresh()
+        assert sorted(sp.order.tolist()) == list(range(len(t)))
+        s = [float(v) for v in sp.t[sp.order]]
+        finite = [v for v in s if not np.isnan(v)]
+        assert finite == sorted(finite) and s[:len(finite)] == finite  # nan last

@@ -266,13 +266,22 @@ class _SortedProjection:
 
     def __init__(self, t: np.ndarray):
         self.t = t
-        self._rebuild()
+        self.order = _stable_argsort(t)
+        self._sorted()
 
-    def _rebuild(self):
-        self.order = _stable_argsort(self.t)
+    def _sorted(self):
         self.sorted_t = self.t[self.order]
         self.dirty: set[int] = set()
         self.is_dirty = np.zeros(len(self.t), dtype=bool)
+
+    def _rebuild(self):
+        """Fold the moved rows in: the others keep their sorted order, the moved ones are
+        sorted alone and merged in (linear in the rows, not a sort of them all)."""
+        moved = np.fromiter(self.dirty, dtype=np.int64, count=len(self.dirty))
+        moved = moved[_stable_argsort(self.t[moved])]
+        keep = self.order[~self.is_dirty[self.order]]
+        self.order = np.insert(keep, np.searchsorted(self.t[keep], self.t[moved]), moved)
+        self._sorted()
 
     def rows_in(self, lo, hi) -> tuple[np.ndarray, object]:
         """Rows with lo < t < hi, and the smallest distance from a row outside to [lo, hi]."""
