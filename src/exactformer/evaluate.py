@@ -551,7 +551,7 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
             if gap is not None and stats.enabled:
                 stats._min("hat_clearance", safe_float(gap) / (scale * _norm(ridge.f)))
             if len(rows):
-                X = st.P[rows]
+                X, part = st.P[rows], _in(st.ar, part)
                 moves.append((rows, relu(X @ part.U.T + part.b) @ part.W.T))
         if spread:
             st.rad = enclosure.ridge_radius(st.rad, spread)
@@ -563,6 +563,7 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
     if st.rad is not None:
         st.P, st.rad = enclosure.ff_dense(st.P, st.rad, ff.eta, ff.U, ff.b, ff.W)
     else:
+        ff = _in(st.ar, ff)
         st.P = st.P * ff.eta + relu(st.P @ ff.U.T + ff.b) @ ff.W.T
     st.changed_everything()
     if ff.eta == 0:
@@ -956,8 +957,9 @@ class _Job:
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau) -> _Job:
         params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
-        blocks = [_convert_block(b, ar) for b in params.blocks]
-        ridges = [_ridges_in(b.ff, c.ff, ar) if b.ff is not None else None
+        blocks = params.blocks  # converted to the pass's arithmetic where used (_in)
+        directions: dict = {}
+        ridges = [_ridges_in(b.ff, c.ff, ar, directions) if b.ff is not None else None
                   for b, c in zip(model.blocks, blocks, strict=True)]
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         plan = runs.plan_runs(blocks, ridges) if ar.kind == "float" else {}
@@ -992,7 +994,7 @@ class _Job:
             if blk.ff is not None:
                 _apply_ff(st, blk.ff, self.ridges[i], stats, scale)
             if blk.sa is not None and not blk.sa.is_identity():
-                _apply_sa(st, blk.sa, self.attention, self.tau, stats)
+                _apply_sa(st, _in(st.ar, blk.sa), self.attention, self.tau, stats)
             i += 1
             bar.update(1)
             if snapshots and i in snapshots:
@@ -1089,10 +1091,14 @@ def _run_parallel(job: _Job, xs, bounds, snapshots, stats: PassStats, scale: flo
     return outs, snaps
 
 
-def _ridges_in(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | None:
-    """``ff`` cut into ridge windows, each with its units taken from ``params`` (the layer in
-    the pass's arithmetic): a wide layer of k hats on one direction is k windows, so a token
-    outside every window is never touched (docs/heads.md). None: apply the layer densely."""
+def _ridges_in(ff: FF, params: FF, ar: Arithmetic, directions: dict | None = None
+               ) -> list[tuple[Ridge, FF]] | None:
+    """``ff`` cut into ridge windows, each with its units taken from ``params`` (the layer's
+    numbers for the pass: float64 for a float64 pass; a part is converted to an exact or mp
+    pass's arithmetic when applied, see :func:`_in`): a wide layer of k hats on one direction
+    is k windows, so a token outside every window is never touched (docs/heads.md). The
+    window's direction is in the pass's arithmetic (``directions``: those converted so far,
+    shared by the layers of a pass). None: apply the layer densely."""
     cuts = ridge_groups(ff)
     if cuts is None:
         return None
@@ -1107,8 +1113,18 @@ def _ridges_in(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | N
         if ar.kind == "float":  # rounded outward: the float window holds the exact one
             lo = lo if Fraction(lo) <= to_fraction(r.lo) else float(np.nextafter(lo, -np.inf))
             hi = hi if Fraction(hi) >= to_fraction(r.hi) else float(np.nextafter(hi, np.inf))
-        out.append((Ridge(ar.array(r.f), lo, hi), _sub_ff(params, idx)))
+        out.append((Ridge(_direction(ar, r.f, directions), lo, hi), _sub_ff(params, idx)))
     return out
+
+
+def _direction(ar: Arithmetic, f, directions: dict | None):
+    """``f`` in the pass's arithmetic, converted once per distinct direction."""
+    if directions is None or not ar.is_object:
+        return ar.array(f)
+    key = tuple(f.tolist())
+    if key not in directions:
+        directions[key] = ar.array(f)
+    return directions[key]
 
 
 def _one_float_direction(ff: FF) -> bool:
@@ -1173,8 +1189,12 @@ def ridge_groups(ff: FF) -> list[list[int]] | None:
 def _sub_ff(ff: FF, idx: list[int]) -> FF:
     return FF(ff.eta, ff.U[idx], ff.b[idx], ff.W[:, idx])
 
-def _convert_block(b, ar: Arithmetic):
-    return b if ar.kind == "float" else b.converted(ar.scalar, ar.array)
+def _in(ar: Arithmetic, layer):
+    """A layer (block, FF, SA or ridge part) in the pass's arithmetic. Passes convert each layer
+    when they apply it, and a ridge part only when some row is inside its window: an exact
+    pass over a few sequences of a float64 model with 10^5 hat layers converts the few that
+    reach its rows, not the millions of parameters of the others."""
+    return layer if ar.kind == "float" else layer.converted(ar.scalar, ar.array)
 
 
 def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None) -> list[np.ndarray]:
@@ -1271,8 +1291,9 @@ def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str
         params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
         pos = None if model.positions is None else ar.array(model.positions)
         xs = with_positions(pos, [ar.array(np.asarray(x)) for x in inputs])
-        blocks = [_convert_block(b, ar) for b in params.blocks]
-        ridges = [_ridges_in(b.ff, c.ff, ar) if b.ff is not None else None
+        blocks = params.blocks  # converted to the pass's arithmetic where used (_in)
+        directions: dict = {}
+        ridges = [_ridges_in(b.ff, c.ff, ar, directions) if b.ff is not None else None
                   for b, c in zip(model.blocks, blocks, strict=True)]
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         st = _CausalState(xs, ar)
@@ -1283,7 +1304,7 @@ def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str
             if blk.ff is not None:
                 _apply_ff(st, blk.ff, ridge, stats, scale)
             if blk.sa is not None and not blk.sa.is_identity():
-                _apply_causal_sa(st, blk.sa, model.attention, tau, stats)
+                _apply_causal_sa(st, _in(ar, blk.sa), model.attention, tau, stats)
         return st.outputs()
 
 

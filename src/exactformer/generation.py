@@ -19,7 +19,7 @@ from .evaluate import (
     Arithmetic,
     CausalScan,
     PassStats,
-    _convert_block,
+    _in,
     _ridges_in,
     causal_row,
     relu,
@@ -88,7 +88,7 @@ class Decoder:
         self.positions = None if model.positions is None else self.ar.array(model.positions)
         tau = self.ar.scalar(model.tau if model.tau is not None else 1)
         self.layers: list = []
-        for b, blk in zip(model.blocks, (_convert_block(b, self.ar) for b in params.blocks),
+        for b, blk in zip(model.blocks, (_in(self.ar, b) for b in params.blocks),
                           strict=True):
             if blk.ff is not None:
                 self._add_ff(blk.ff, _ridges_in(b.ff, blk.ff, self.ar),
