@@ -167,21 +167,29 @@ def _scaled_rows(rows):
     """For n stacks of rows (n×h×d): ok, the first row ``lead`` of each stack and k with
     rows_i = k_i·lead exactly, k_i a power of two; every row ±lead (every hat) needs no
     division."""
-    n = len(rows)
     lead = rows[:, 0]
     size = np.abs(lead)
     nz = lead != 0
     ok = nz.any(axis=1) & (~nz | ((size >= 2.0 ** -500) & (size <= 2.0 ** 500))).all(axis=1)
     same = (rows == lead[:, None]).all(axis=2)
-    flipped = (rows == -lead[:, None]).all(axis=2)
-    sign = (same | flipped).all(axis=1)
+    sign = (same | (rows == -lead[:, None]).all(axis=2)).all(axis=1)
+    k = np.where(same, 1.0, -1.0)
+    rest = np.flatnonzero(ok & ~sign)
+    if len(rest):
+        k[rest], sign[rest] = _power_scales(rows[rest], lead[rest], nz[rest])
+    return ok & sign, lead, k
+
+
+def _power_scales(rows, lead, nz):
+    """k with rows_i = k_i·lead exactly (lead ≠ 0), and whether every k_i is a power of two
+    in [2^-400, 2^400]."""
+    n = len(rows)
     j = np.argmax(nz, axis=1)  # the first nonzero entry of lead
-    k = rows[np.arange(n), :, j] / np.where(nz.any(axis=1), lead[np.arange(n), j], 1.0)[:, None]
-    scaled = ((np.frexp(np.abs(k))[0] == 0.5).all(axis=1)
-              & ((np.abs(k) >= 2.0 ** -400) & (np.abs(k) <= 2.0 ** 400)).all(axis=1)
-              & (rows == k[:, :, None] * lead[:, None]).all(axis=(1, 2)))
-    k = np.where(sign[:, None], np.where(same, 1.0, -1.0), k)
-    return ok & (sign | scaled), lead, k
+    k = rows[np.arange(n), :, j] / lead[np.arange(n), j][:, None]
+    size = np.abs(k)
+    return k, ((np.frexp(size)[0] == 0.5).all(axis=1)
+               & ((size >= 2.0 ** -400) & (size <= 2.0 ** 400)).all(axis=1)
+               & (rows == k[:, :, None] * lead[:, None]).all(axis=(1, 2)))
 
 
 @dataclass

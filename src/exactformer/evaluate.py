@@ -18,11 +18,13 @@ L blocks and T tokens near O(T + L log T) for constructed models; any other laye
 from __future__ import annotations
 
 import bisect
+import gc
 import math
 import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
 
@@ -1089,6 +1091,7 @@ def _run_parallel(job: _Job, xs, bounds, snapshots, stats: PassStats, scale: flo
 
 
 HAT_CHUNK = 4096  # layers stacked at once by the batch hat test (bounds its temporary memory)
+FLOAT64 = np.dtype(np.float64)
 
 
 def ridges_of(ffs: list, params: list, ar: Arithmetic) -> list:
@@ -1103,16 +1106,31 @@ def ridges_of(ffs: list, params: list, ar: Arithmetic) -> list:
     out: list = [None] * len(ffs)
     shapes: dict = {}
     for i, ff in enumerate(ffs):
-        if ff is not None and len(ff.b) and all(a.dtype == float for a in (ff.U, ff.b, ff.W)):
+        if ff is not None and len(ff.b) and ff.U.dtype == ff.b.dtype == ff.W.dtype == FLOAT64:
             shapes.setdefault((ff.U.shape, ff.W.shape), []).append(i)
-    for idx in shapes.values():
-        for s in range(0, len(idx), HAT_CHUNK):
-            chunk = idx[s:s + HAT_CHUNK]
-            found = _hat_windows([ffs[i] for i in chunk], [params[i] for i in chunk], ar)
-            for i, windows in zip(chunk, found, strict=True):
-                out[i] = windows
+    with _paused_gc():
+        for idx in shapes.values():
+            for s in range(0, len(idx), HAT_CHUNK):
+                chunk = idx[s:s + HAT_CHUNK]
+                found = _hat_windows([ffs[i] for i in chunk], [params[i] for i in chunk], ar)
+                for i, windows in zip(chunk, found, strict=True):
+                    out[i] = windows
     return [out[i] if out[i] is not None or ff is None else _ridge_cuts(ff, params[i], ar)
             for i, ff in enumerate(ffs)]
+
+
+@contextmanager
+def _paused_gc():
+    """No cyclic garbage collection inside: building the windows of a large model creates
+    hundreds of thousands of small acyclic objects, and the collections they would trigger
+    (each walking every live object of the model) cost a third of the preparation."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _hat_windows(ffs: list[FF], params: list[FF], ar: Arithmetic) -> list:
@@ -1126,19 +1144,19 @@ def _hat_windows(ffs: list[FF], params: list[FF], ar: Arithmetic) -> list:
     pU = np.take_along_axis(pU, order[:, :, None], axis=1)
     pb = np.take_along_axis(pb, order, axis=1)
     pW = np.take_along_axis(pW, order[:, None, :], axis=2)
-    layers = np.flatnonzero(ok).tolist()
-    lo, hi = [ar.scalar(v) for v in lo.tolist()], [ar.scalar(v) for v in hi.tolist()]
+    layers = np.flatnonzero(ok)
+    row, start = np.nonzero(opens[layers])  # every hat: its layer (among ``layers``), 1st unit
+    end = np.full(len(start), b.shape[1])  # a hat ends where the next one of its layer starts
+    nxt = row[1:] == row[:-1]
+    end[:-1][nxt] = start[1:][nxt]
+    fs = ar.array(U[layers, 0])
     out: list = [None] * len(ffs)
-    j = 0
-    for layer, first, f, Ul, bl, Wl in zip(layers, opens[layers].tolist(),
-                                           ar.array(U[layers, 0]), pU[layers], pb[layers],
-                                           pW[layers], strict=True):
-        ends = [k for k, o in enumerate(first) if o][1:] + [len(first)]
+    for layer in layers.tolist():
         out[layer] = []
-        for a, e in zip([0, *ends[:-1]], ends, strict=True):
-            part = FF(params[layer].eta, Ul[a:e], bl[a:e], Wl[:, a:e])
-            out[layer].append((Ridge(f, lo[j], hi[j]), part))
-            j += 1
+    for m, layer, a, e, lo_, hi_ in zip(row.tolist(), layers[row].tolist(), start.tolist(),
+                                        end.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        part = FF(params[layer].eta, pU[layer, a:e], pb[layer, a:e], pW[layer, :, a:e])
+        out[layer].append((Ridge(fs[m], ar.scalar(lo_), ar.scalar(hi_)), part))
     return out
 
 
@@ -1159,9 +1177,9 @@ def _hat_cuts(U, b, W, eta):
           & np.isfinite(b).all(axis=1))
     order = np.argsort(-b, axis=1, kind="stable")
     bs = np.take_along_axis(b, order, axis=1)
-    cols = np.take_along_axis(W, order[:, None, :], axis=2)
-    step = np.where((cols[:, :, 1:] == cols[:, :, :-1]).all(axis=1), 1,
-                    np.where((cols[:, :, 1:] == -cols[:, :, :-1]).all(axis=1), -1, 0))
+    cols = np.take_along_axis(np.swapaxes(W, 1, 2), order[:, :, None], axis=1)  # n×h×d
+    step = np.where((cols[:, 1:] == cols[:, :-1]).all(axis=2), 1,
+                    np.where((cols[:, 1:] == -cols[:, :-1]).all(axis=2), -1, 0))
     sign = np.cumprod(np.concatenate([np.ones((n, 1), dtype=np.int64),
                                       np.where(step == 0, 1, step)], axis=1), axis=1)
     closes = (np.cumsum(sign, axis=1) == 0) & ok[:, None]

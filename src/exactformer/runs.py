@@ -82,7 +82,7 @@ class _Windows:
         width = np.array([len(part.b) for _, _, part in wins])
         slot, ok = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
         f, by_width = np.zeros((n, len(wins[0][1].f))), {}
-        for h in np.unique(width).tolist():
+        for h in sorted(set(width.tolist())):
             idx = np.flatnonzero(width == h)
             slot[idx] = np.arange(len(idx))
             ok[idx], f[idx], *by_width[h] = _forms([wins[j] for j in idx.tolist()])
