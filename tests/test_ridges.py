@@ -50,16 +50,18 @@ def ref_hat_groups(ff: FF):
     return groups if not cur and groups else None
 
 
-def ref_ridges(ff: FF | None):
-    """One layer's windows: hats by :func:`ref_hat_groups` with ends −max b, −min b, anything
-    else by the general test."""
+def ref_ridges(ff: FF | None, params: FF | None = None, ar: Arithmetic = FLOAT):
+    """One layer's windows: hats by :func:`ref_hat_groups` with ends −max b, −min b (in the
+    pass's arithmetic) and units from ``params``, anything else by the general test."""
     if ff is None:
         return None
+    params = ff if params is None else params
     groups = ref_hat_groups(ff)
     if groups is None:
-        return evaluate._ridge_cuts(ff, ff, FLOAT)
-    return [(Ridge(ff.U[0].astype(float), float(-ff.b[g].max()), float(-ff.b[g].min())),
-             FF(ff.eta, ff.U[g], ff.b[g], ff.W[:, g])) for g in groups]
+        return evaluate._ridge_cuts(ff, params, ar)
+    return [(Ridge(ar.array(ff.U[0]), ar.scalar(float(-ff.b[g].max())),
+                   ar.scalar(float(-ff.b[g].min()))),
+             FF(params.eta, params.U[g], params.b[g], params.W[:, g])) for g in groups]
 
 
 def ref_form(U, b, W):
@@ -137,7 +139,11 @@ def ref_ridges_of(ffs, params, ar):
 
 # ------------------------------------------------------------------------------ comparison
 def bits(a) -> tuple:
+    """Bytes of a float array (signed zeros and NaN payloads included); the values and their
+    types for an object array (exact and mpmath passes)."""
     a = np.asarray(a)
+    if a.dtype == object:
+        return a.shape, [(type(v), v) for v in a.flat]
     return a.dtype.str, a.shape, np.ascontiguousarray(a).tobytes()
 
 
@@ -166,6 +172,10 @@ def assert_same_runs(got: dict, want: dict) -> None:
             assert bits(g.f) == bits(w.f)
         for name in ("layer", "lo", "hi", "sig", "b", "om", "w"):
             assert bits(getattr(g, name)) == bits(getattr(w, name)), f"run {k}: {name}"
+
+
+def converted(ff: FF | None, ar: Arithmetic) -> FF | None:
+    return None if ff is None else ff.converted(ar.scalar, ar.array)
 
 
 def assert_same_preparation(blocks) -> None:
@@ -314,7 +324,7 @@ def windows(draw):
     return draw(scaled_rows(h, d)), b, draw(scaled_rows(h, d)).T.copy()
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(window=windows())
 def test_gadget_forms_as_the_reference(window):
     """The batch gadget test on one window: the same form (bitwise) or the same refusal."""
@@ -326,7 +336,7 @@ def test_gadget_forms_as_the_reference(window):
         assert [bits(a) for a in got] == [bits(a) for a in want]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(ff=st.integers(1, 3).flatmap(hat_layers))
 @example(ff=FF(1.0, np.ones((4, 1)), np.array([0.0, -1.0, -2.0, -3.0]),
                np.array([[1.0, -1.0, -1.0, 1.0]])))
@@ -359,6 +369,19 @@ def test_hats_are_recognised_and_cut():
 def test_runs_as_the_reference(blocks):
     """Stacks of (almost) hat layers: the same windows and the same runs."""
     assert_same_preparation(blocks)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(blocks=st.integers(1, 3).flatmap(hat_stacks), kind=st.sampled_from(["exact", "mp"]))
+def test_exact_and_mp_windows_as_the_reference(blocks, kind):
+    """The windows of an exact or mpmath pass of a float64 model: ends and units in the pass's
+    numbers, the same as the reference's."""
+    ar = Arithmetic(kind, 30)
+    ffs = [b.ff for b in blocks]
+    assume(all(np.isfinite(a).all() for ff in ffs if ff is not None for a in (ff.U, ff.b, ff.W)))
+    params = [converted(ff, ar) for ff in ffs]
+    assert_same_ridges(evaluate.ridges_of(ffs, params, ar),
+                       [ref_ridges(ff, p, ar) for ff, p in zip(ffs, params, strict=True)])
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

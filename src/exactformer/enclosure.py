@@ -157,10 +157,10 @@ def gadget_forms(U_, b, W):
         ok_u, f, sig = _scaled_rows(U_)
         ok_w, w, om = _scaled_rows(np.swapaxes(W, 1, 2))
         scaled = np.abs(om * b)
+        shifts = ((b == 0) | ((scaled >= 2.0 ** -1000) & (scaled <= 2.0 ** 1000))).all(axis=1)
         slopes = np.abs(sig * om)  # powers of two within 2^40 of each other: sums are exact
-        ok = (ok_u & ok_w & ((b == 0) | ((scaled >= 2.0 ** -1000) & (scaled <= 2.0 ** 1000))).all(
-            axis=1) & ~(slopes.max(axis=1) > 2.0 ** 40 * slopes.min(axis=1)))
-    return ok, f, sig, w, om
+        close = ~(slopes.max(axis=1) > 2.0 ** 40 * slopes.min(axis=1))
+    return ok_u & ok_w & shifts & close, f, sig, w, om
 
 
 def _scaled_rows(rows):
@@ -172,12 +172,12 @@ def _scaled_rows(rows):
     nz = lead != 0
     ok = nz.any(axis=1) & (~nz | ((size >= 2.0 ** -500) & (size <= 2.0 ** 500))).all(axis=1)
     same = (rows == lead[:, None]).all(axis=2)
-    sign = (same | (rows == -lead[:, None]).all(axis=2)).all(axis=1)
+    fits = (same | (rows == -lead[:, None]).all(axis=2)).all(axis=1)  # every row ±lead
     k = np.where(same, 1.0, -1.0)
-    rest = np.flatnonzero(ok & ~sign)
+    rest = np.flatnonzero(ok & ~fits)
     if len(rest):
-        k[rest], sign[rest] = _power_scales(rows[rest], lead[rest], nz[rest])
-    return ok & sign, lead, k
+        k[rest], fits[rest] = _power_scales(rows[rest], lead[rest], nz[rest])
+    return ok & fits, lead, k
 
 
 def _power_scales(rows, lead, nz):
