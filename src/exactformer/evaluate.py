@@ -959,9 +959,10 @@ class _Job:
     def of(cls, model: Transformer, ar: Arithmetic, tau) -> _Job:
         params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
         blocks = [_convert_block(b, ar) for b in params.blocks]
-        ridges = ridges_of([b.ff for b in model.blocks], [c.ff for c in blocks], ar)
+        with _paused_gc():
+            ridges = ridges_of([b.ff for b in model.blocks], [c.ff for c in blocks], ar)
+            plan = runs.plan_runs(blocks, ridges) if ar.kind == "float" else {}
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
-        plan = runs.plan_runs(blocks, ridges) if ar.kind == "float" else {}
         return cls(ar, model.attention, blocks, ridges, tau, plan)
 
     def run(self, xs: list[np.ndarray], snapshots, stats: PassStats, scale: float,
