@@ -140,40 +140,56 @@ def ridge_radius(rad, spread: list) -> np.ndarray:
 
 def gadget_form(U_, b, W):
     """(f, σ, w, ω) with U_k = σ_k·f and W_k = ω_k·w exactly, every σ_k, ω_k a signed power
-    of two, or None. Every hat and lift of the construction has this form (docs/gadgets.md).
-    The form is refused unless the products the gadget evaluation forms — σ_k·f, ω_k·w,
-    ω_k·σ_k and ω_k·b_k — are all exact (normal floats, far from underflow and overflow) and
-    every sum of the ω_k·σ_k is exact too."""
-    def split(rows):
-        lead = rows[0]
-        nz = np.abs(lead[lead != 0])
-        if not len(nz) or not _moderate(nz, 500):
-            return None
-        same, flipped = (rows == lead).all(axis=1), (rows == -lead).all(axis=1)
-        if (same | flipped).all():  # every hat: rows ±lead, no division needed
-            return lead, np.where(same, 1.0, -1.0)
-        j = int(np.flatnonzero(lead)[0])
-        k = rows[:, j] / lead[j]
-        mant = np.frexp(np.abs(k))[0]
-        if not ((mant == 0.5).all() and _moderate(np.abs(k), 400)
-                and (rows == k[:, None] * lead).all()):
-            return None
-        return lead, k
-    a, c = split(U_), split(W.T)
-    if a is None or c is None:
-        return None
-    scaled = np.abs(c[1] * b)
-    if not ((b == 0) | ((scaled >= 2.0 ** -1000) & (scaled <= 2.0 ** 1000))).all():
-        return None
-    slopes = np.abs(a[1] * c[1])  # powers of two within 2^40 of each other: any sum is exact
-    if slopes.max() > 2.0 ** 40 * slopes.min():
-        return None
-    return a[0], a[1], c[0], c[1]
+    of two, or None (:func:`gadget_forms` for one layer)."""
+    ok, f, sig, w, om = gadget_forms(U_[None], b[None], W[None])
+    return (f[0], sig[0], w[0], om[0]) if ok[0] else None
 
 
-def _moderate(v, e: int) -> bool:
-    """Every value in [2^-e, 2^e] (so products of two such stay normal floats)."""
-    return bool(((v >= 2.0 ** -e) & (v <= 2.0 ** e)).all())
+def gadget_forms(U_, b, W):
+    """The gadget forms of n layers of one shape at once (U_ n×h×d, b n×h, W n×d×h): ok (n,)
+    and f (n×d), σ (n×h), w (n×d), ω (n×h) with U_k = σ_k·f and W_k = ω_k·w exactly, every
+    σ_k, ω_k a signed power of two; the rows where ok is False mean nothing. Every hat and lift
+    of the construction has this form (docs/gadgets.md). The form is refused unless the
+    products the gadget evaluation forms — σ_k·f, ω_k·w, ω_k·σ_k and ω_k·b_k — are all exact
+    (normal floats, far from underflow and overflow) and every sum of the ω_k·σ_k is exact
+    too."""
+    with np.errstate(all="ignore"):
+        ok_u, f, sig = _scaled_rows(U_)
+        ok_w, w, om = _scaled_rows(np.swapaxes(W, 1, 2))
+        scaled = np.abs(om * b)
+        shifts = ((b == 0) | ((scaled >= 2.0 ** -1000) & (scaled <= 2.0 ** 1000))).all(axis=1)
+        slopes = np.abs(sig * om)  # powers of two within 2^40 of each other: sums are exact
+        close = ~(slopes.max(axis=1) > 2.0 ** 40 * slopes.min(axis=1))
+    return ok_u & ok_w & shifts & close, f, sig, w, om
+
+
+def _scaled_rows(rows):
+    """For n stacks of rows (n×h×d): ok, the first row ``lead`` of each stack and k with
+    rows_i = k_i·lead exactly, k_i a power of two; every row ±lead (every hat) needs no
+    division."""
+    lead = rows[:, 0]
+    size = np.abs(lead)
+    nz = lead != 0
+    ok = nz.any(axis=1) & (~nz | ((size >= 2.0 ** -500) & (size <= 2.0 ** 500))).all(axis=1)
+    same = (rows == lead[:, None]).all(axis=2)
+    fits = (same | (rows == -lead[:, None]).all(axis=2)).all(axis=1)  # every row ±lead
+    k = np.where(same, 1.0, -1.0)
+    rest = np.flatnonzero(ok & ~fits)
+    if len(rest):
+        k[rest], fits[rest] = _power_scales(rows[rest], lead[rest], nz[rest])
+    return ok & fits, lead, k
+
+
+def _power_scales(rows, lead, nz):
+    """k with rows_i = k_i·lead exactly (lead ≠ 0), and whether every k_i is a power of two
+    in [2^-400, 2^400]."""
+    n = len(rows)
+    j = np.argmax(nz, axis=1)  # the first nonzero entry of lead
+    k = rows[np.arange(n), :, j] / lead[np.arange(n), j][:, None]
+    size = np.abs(k)
+    return k, ((np.frexp(size)[0] == 0.5).all(axis=1)
+               & ((size >= 2.0 ** -400) & (size <= 2.0 ** 400)).all(axis=1)
+               & (rows == k[:, :, None] * lead[:, None]).all(axis=(1, 2)))
 
 
 @dataclass

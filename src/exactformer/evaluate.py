@@ -18,11 +18,13 @@ L blocks and T tokens near O(T + L log T) for constructed models; any other laye
 from __future__ import annotations
 
 import bisect
+import gc
 import math
 import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
 
@@ -958,11 +960,10 @@ class _Job:
     def of(cls, model: Transformer, ar: Arithmetic, tau) -> _Job:
         params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
         blocks = params.blocks  # converted to the pass's arithmetic where used (_in)
-        directions: dict = {}
-        ridges = [_ridges_in(b.ff, c.ff, ar, directions) if b.ff is not None else None
-                  for b, c in zip(model.blocks, blocks, strict=True)]
+        with _paused_gc():
+            ridges = ridges_of([b.ff for b in model.blocks], [c.ff for c in blocks], ar)
+            plan = runs.plan_runs(blocks, ridges) if ar.kind == "float" else {}
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
-        plan = runs.plan_runs(blocks, ridges) if ar.kind == "float" else {}
         return cls(ar, model.attention, blocks, ridges, tau, plan)
 
     def run(self, xs: list[np.ndarray], snapshots, stats: PassStats, scale: float,
@@ -1091,14 +1092,128 @@ def _run_parallel(job: _Job, xs, bounds, snapshots, stats: PassStats, scale: flo
     return outs, snaps
 
 
-def _ridges_in(ff: FF, params: FF, ar: Arithmetic, directions: dict | None = None
-               ) -> list[tuple[Ridge, FF]] | None:
-    """``ff`` cut into ridge windows, each with its units taken from ``params`` (the layer's
-    numbers for the pass: float64 for a float64 pass; a part is converted to an exact or mp
-    pass's arithmetic when applied, see :func:`_in`): a wide layer of k hats on one direction
-    is k windows, so a token outside every window is never touched (docs/heads.md). The
-    window's direction is in the pass's arithmetic (``directions``: those converted so far,
-    shared by the layers of a pass). None: apply the layer densely."""
+HAT_CHUNK = 4096  # layers stacked at once by the batch hat test (bounds its temporary memory)
+FLOAT64 = np.dtype(np.float64)
+
+
+def ridges_of(ffs: list, params: list, ar: Arithmetic) -> list:
+    """Every layer of ``ffs`` (None for a block without FF) cut into ridge windows, each with
+    its units taken from the same layer of ``params`` (the layer's numbers for the pass:
+    float64 in a float64 pass; exact and mp passes convert a part when they apply it, see
+    :func:`_in`), and the window's direction and ends in the pass's arithmetic: a wide layer
+    of k hats on one direction is k windows, so a token outside every window is never
+    touched (docs/heads.md). None: apply the layer densely.
+
+    Float64 hat layers (every unit reads one row f, the columns of each hat are ±w) are
+    recognised in batch, all layers of one shape at once (:func:`_hat_windows`,
+    docs/numerics.md#ridge-windows); every other layer goes through :func:`_ridge_cuts`."""
+    out: list = [None] * len(ffs)
+    shapes: dict = {}
+    for i, ff in enumerate(ffs):
+        if ff is not None and len(ff.b) and ff.U.dtype == ff.b.dtype == ff.W.dtype == FLOAT64:
+            shapes.setdefault((ff.U.shape, ff.W.shape), []).append(i)
+    with _paused_gc():
+        for idx in shapes.values():
+            for s in range(0, len(idx), HAT_CHUNK):
+                chunk = idx[s:s + HAT_CHUNK]
+                found = _hat_windows([ffs[i] for i in chunk], [params[i] for i in chunk], ar)
+                for i, windows in zip(chunk, found, strict=True):
+                    out[i] = windows
+    return [out[i] if out[i] is not None or ff is None else _ridge_cuts(ff, params[i], ar)
+            for i, ff in enumerate(ffs)]
+
+
+@contextmanager
+def _paused_gc():
+    """No cyclic garbage collection inside: building the windows of a large model creates
+    hundreds of thousands of small acyclic objects, and the collections they would trigger
+    (each walking every live object of the model) cost a third of the preparation."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _hat_windows(ffs: list[FF], params: list[FF], ar: Arithmetic) -> list:
+    """:func:`ridges_of` for float64 layers of one shape: per layer its hats (as windows whose
+    units are views of the sorted units of all these layers), or None where the layer is not
+    a residual layer of hats on one row f (:func:`_hat_cuts`)."""
+    U, b, W = (np.array([getattr(ff, k) for ff in ffs]) for k in "UbW")
+    ok, order, opens, lo, hi = _hat_cuts(U, b, W, np.array([ff.eta == 1 for ff in ffs]))
+    same = all(p is ff for p, ff in zip(params, ffs, strict=True))  # the pass's own layers
+    pU, pb, pW = (U, b, W) if same else (np.array([getattr(p, k) for p in params]) for k in "UbW")
+    pU = np.take_along_axis(pU, order[:, :, None], axis=1)
+    pb = np.take_along_axis(pb, order, axis=1)
+    pW = np.take_along_axis(pW, order[:, None, :], axis=2)
+    layers = np.flatnonzero(ok)
+    row, start = np.nonzero(opens[layers])  # every hat: its layer (among ``layers``), 1st unit
+    end = np.full(len(start), b.shape[1])  # a hat ends where the next one of its layer starts
+    nxt = row[1:] == row[:-1]
+    end[:-1][nxt] = start[1:][nxt]
+    if ar.is_object:  # each distinct direction converted once (±0 convert alike)
+        rows, which = np.unique(U[layers, 0], axis=0, return_inverse=True)
+        fs = ar.array(rows)[which.reshape(-1)]
+    else:
+        fs = U[layers, 0]
+    out: list = [None] * len(ffs)
+    for layer in layers.tolist():
+        out[layer] = []
+    for m, layer, a, e, lo_, hi_ in zip(row.tolist(), layers[row].tolist(), start.tolist(),
+                                        end.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        part = FF(params[layer].eta, pU[layer, a:e], pb[layer, a:e], pW[layer, :, a:e])
+        out[layer].append((Ridge(fs[m], ar.scalar(lo_), ar.scalar(hi_)), part))
+    return out
+
+
+def _hat_cuts(U, b, W, eta):
+    """The hats of float64 layers of one shape (U n×h×d, b n×h, W n×d×h, η = 1 where ``eta``):
+    ok (n,), the units in breakpoint order (n×h), where a hat opens in that order (n×h), and
+    every hat's window ends lo, hi (in layer and breakpoint order).
+
+    A layer is ok when every unit reads its first row f (nonzero) and its units, sorted by −b
+    (stable), form consecutive hats: columns ±w, signs summing to 0 and Σ ±b_i exactly 0
+    (math.fsum is exact). Each unit's sign is taken relative to its predecessor's column (a
+    column that is not ± its predecessor must open a hat, and the sign a hat starts with does
+    not matter); every earlier hat sums to exactly 0, so a hat closes exactly where the
+    layer's prefix sums of signs and of ±b are both 0. A hat's window is (−max b, −min b):
+    floats, exact, no outward rounding needed."""
+    n, h = b.shape
+    ok = (eta.astype(bool) & U[:, 0].any(axis=1) & (U == U[:, :1]).all(axis=(1, 2))
+          & np.isfinite(b).all(axis=1))
+    order = np.argsort(-b, axis=1, kind="stable")
+    bs = np.take_along_axis(b, order, axis=1)
+    cols = np.take_along_axis(np.swapaxes(W, 1, 2), order[:, :, None], axis=1)  # n×h×d
+    step = np.where((cols[:, 1:] == cols[:, :-1]).all(axis=2), 1,
+                    np.where((cols[:, 1:] == -cols[:, :-1]).all(axis=2), -1, 0))
+    sign = np.cumprod(np.concatenate([np.ones((n, 1), dtype=np.int64),
+                                      np.where(step == 0, 1, step)], axis=1), axis=1)
+    closes = (np.cumsum(sign, axis=1) == 0) & ok[:, None]
+    terms = (sign * bs).tolist()
+    for layer, k in np.argwhere(closes).tolist():
+        closes[layer, k] = _sums_to_zero(terms[layer][:k + 1])
+    ok &= closes[:, -1] & ~((step == 0) & ~closes[:, :-1]).any(axis=1)
+    opens = np.concatenate([np.ones((n, 1), dtype=bool), closes[:, :-1]], axis=1)
+    starts = np.flatnonzero(opens[ok])
+    sorted_b = bs[ok].ravel()
+    return (ok, order, opens, -np.maximum.reduceat(sorted_b, starts),
+            -np.minimum.reduceat(sorted_b, starts))
+
+
+def _sums_to_zero(terms: list) -> bool:
+    """Is the exact sum of these floats 0? (math.fsum rounds correctly; a sum beyond float
+    range is not 0.)"""
+    try:
+        return math.fsum(terms) == 0
+    except OverflowError:
+        return False
+
+
+def _ridge_cuts(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | None:
+    """The ridge windows of one layer by the general test (:func:`ridge_groups`), for a layer
+    that is not a float64 layer of hats; see :func:`ridges_of`."""
     cuts = ridge_groups(ff)
     if cuts is None:
         return None
@@ -1113,18 +1228,13 @@ def _ridges_in(ff: FF, params: FF, ar: Arithmetic, directions: dict | None = Non
         if ar.kind == "float":  # rounded outward: the float window holds the exact one
             lo = lo if Fraction(lo) <= to_fraction(r.lo) else float(np.nextafter(lo, -np.inf))
             hi = hi if Fraction(hi) >= to_fraction(r.hi) else float(np.nextafter(hi, np.inf))
-        out.append((Ridge(_direction(ar, r.f, directions), lo, hi), _sub_ff(params, idx)))
+        out.append((Ridge(ar.array(r.f), lo, hi), _sub_ff(params, idx)))
     return out
 
 
-def _direction(ar: Arithmetic, f, directions: dict | None):
-    """``f`` in the pass's arithmetic, converted once per distinct direction."""
-    if directions is None or not ar.is_object:
-        return ar.array(f)
-    key = tuple(f.tolist())
-    if key not in directions:
-        directions[key] = ar.array(f)
-    return directions[key]
+def _ridges_in(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | None:
+    """:func:`ridges_of` for one layer."""
+    return ridges_of([ff], [params], ar)[0]
 
 
 def _one_float_direction(ff: FF) -> bool:
@@ -1133,41 +1243,11 @@ def _one_float_direction(ff: FF) -> bool:
     return U.dtype == float and bool(U[0].any()) and bool((U == U[0]).all())
 
 
-def _hat_groups(ff: FF) -> list[list[int]] | None:
-    """:func:`ridge_groups` for a float64 residual layer whose units all read one row f and
-    whose columns are ±w per group (every hat): units in breakpoint order close a window when
-    their signs sum to 0 and Σ ±b_i is exactly 0 (math.fsum is exact here). None when the
-    layer is not of that form (the general test then decides)."""
-    if ff.eta != 1 or not _one_float_direction(ff):
-        return None
-    b, W = ff.b, ff.W
-    groups, cur, w, signs, terms = [], [], None, 0, []
-    for i in np.argsort(-b, kind="stable").tolist():
-        col = W[:, i]
-        if not cur:
-            w, sign = col, 1
-        elif (col == w).all():
-            sign = 1
-        elif (col == -w).all():
-            sign = -1
-        else:
-            return None
-        cur.append(i)
-        signs += sign
-        terms.append(sign * float(b[i]))
-        if signs == 0 and math.fsum(terms) == 0 and w.any():
-            groups.append(cur)
-            cur, terms = [], []
-    return groups if not cur and groups else None
-
-
 def ridge_groups(ff: FF) -> list[list[int]] | None:
     """The hidden units of ``ff`` split into consecutive groups (by breakpoint along their
     common direction) that are each a ridge window, or None when ``ff`` is not a ridge window
-    at all. One group when the layer cannot be cut."""
-    fast = _hat_groups(ff)
-    if fast is not None:
-        return fast
+    at all. One group when the layer cannot be cut. Decided by :func:`ridge_window` on
+    growing groups; float64 hat layers are cut faster by :func:`_hat_cuts`."""
     if ridge_window(ff) is None:
         return None
     U, b = ff.U, ff.b
@@ -1292,9 +1372,7 @@ def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str
         pos = None if model.positions is None else ar.array(model.positions)
         xs = with_positions(pos, [ar.array(np.asarray(x)) for x in inputs])
         blocks = params.blocks  # converted to the pass's arithmetic where used (_in)
-        directions: dict = {}
-        ridges = [_ridges_in(b.ff, c.ff, ar, directions) if b.ff is not None else None
-                  for b, c in zip(model.blocks, blocks, strict=True)]
+        ridges = ridges_of([b.ff for b in model.blocks], [c.ff for c in blocks], ar)
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         st = _CausalState(xs, ar)
         scale = max(1.0, float(np.abs(safe_floats(st.P)).max()))

@@ -38,52 +38,85 @@ class Run:
 def plan_runs(blocks, ridges) -> dict[int, Run]:
     """The runs of a float64 pass, keyed by their first block: maximal stretches of two or
     more blocks whose FF is a ridge layer of gadget hats (all of one width) on one direction,
-    with no attention."""
-    runs, cur = {}, []
+    with no attention. Every window's gadget form is found in batch (:class:`_Windows`)."""
+    wins = [(i, r, part) for i, (blk, ridge) in enumerate(zip(blocks, ridges, strict=True))
+            if blk.ff is not None and ridge is not None
+            and (blk.sa is None or blk.sa.is_identity()) for r, part in ridge]
+    if not wins:
+        return {}
+    t = _Windows.of(wins)
+    good = np.ones(len(blocks), dtype=bool)  # every window of the block is a gadget
+    good[t.layer[~t.ok]] = False
+    first = np.flatnonzero(np.concatenate([[True], t.layer[1:] != t.layer[:-1]]))
+    first = first[good[t.layer[first]]]  # the first window of every good block
+    a, b = first[:-1], first[1:]
+    joins = ((t.layer[b] == t.layer[a] + 1) & (t.width[b] == t.width[a])
+             & (t.f[b] == t.f[a]).all(axis=1))  # next block, same width and f
+    cuts = [0, *(np.flatnonzero(~joins) + 1).tolist(), len(first)]
+    return {int(t.layer[first[s]]): t.run(int(first[s]), int(first[e - 1]))
+            for s, e in zip(cuts[:-1], cuts[1:], strict=True) if e - s >= 2}
 
-    def close():
-        if len(cur) >= 2:
-            runs[cur[0][0]] = _run(cur)
-        cur.clear()
 
-    for i, (blk, ridge) in enumerate(zip(blocks, ridges, strict=True)):
-        parts = _hat_parts(blk, ridge)
-        if parts is None or (cur and not _same_run(cur[-1][1][0], parts[0])):
-            close()
-        if parts is not None:
-            cur.append((i, parts))
-    close()
-    return runs
+FORM_CHUNK = 16384  # windows whose gadget forms are found at once (bounds temporary memory)
 
 
-def _hat_parts(blk, ridge):
-    """[(f, lo, hi, σ, b, ω, w)] for a block that can join a run, else None."""
-    if blk.ff is None or ridge is None or (blk.sa is not None and not blk.sa.is_identity()):
-        return None
+@dataclass
+class _Windows:
+    """The windows of all blocks that may join a run, in block order: per window its block,
+    width (units), row in the arrays of its width, gadget test, form f and ends; per width the
+    forms' σ, b, ω, w (``enclosure.gadget_forms``)."""
+
+    layer: np.ndarray
+    width: np.ndarray
+    slot: np.ndarray
+    ok: np.ndarray  # a gadget whose f is its ridge's f
+    f: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    by_width: dict
+
+    @classmethod
+    def of(cls, wins: list) -> _Windows:
+        """From (block, ridge, part) triples."""
+        n = len(wins)
+        width = np.array([len(part.b) for _, _, part in wins])
+        slot, ok = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+        f, by_width = np.zeros((n, len(wins[0][1].f))), {}
+        for h in sorted(set(width.tolist())):
+            idx = np.flatnonzero(width == h)
+            slot[idx] = np.arange(len(idx))
+            ok[idx], f[idx], *by_width[h] = _forms([wins[j] for j in idx.tolist()])
+        return cls(np.array([i for i, _, _ in wins]), width, slot, ok, f,
+                   np.array([float(r.lo) for _, r, _ in wins]),
+                   np.array([float(r.hi) for _, r, _ in wins]), by_width)
+
+    def run(self, w0: int, last: int) -> Run:
+        """The run of the blocks from window w0's to window ``last``'s; without windows (never
+        swept) when they are not all of one width."""
+        w1 = int(np.searchsorted(self.layer, self.layer[last], side="right"))
+        start, end = int(self.layer[w0]), int(self.layer[last]) + 1
+        h = int(self.width[w0])
+        if (self.width[w0:w1] != h).any():
+            e = np.array([])
+            return Run(start, end, None, e, e, e, e, e, e, e)
+        s = slice(int(self.slot[w0]), int(self.slot[w0]) + w1 - w0)
+        sig, b, om, w = (a[s] for a in self.by_width[h])
+        return Run(start, end, self.f[w0], self.layer[w0:w1], self.lo[w0:w1], self.hi[w0:w1],
+                   sig, b, om, w)
+
+
+def _forms(wins: list) -> tuple:
+    """(ok, f, σ, b, ω, w) of windows of one width, a chunk of windows at a time; ok where the
+    window is a gadget whose f is its ridge's f."""
     out = []
-    for r, part in ridge:
-        form = enclosure.gadget_form(part.U, part.b, part.W)
-        if form is None or not np.array_equal(form[0], r.f):
-            return None
-        f, sig, w, om = form
-        out.append((f, float(r.lo), float(r.hi), sig, part.b, om, w))
-    return out
-
-
-def _same_run(a, b) -> bool:
-    """Can the windows a and b (see :func:`_hat_parts`) share a run: one width, one f."""
-    return len(a[3]) == len(b[3]) and np.array_equal(a[0], b[0])
-
-
-def _run(blocks: list) -> Run:
-    rows = [(i, *p) for i, parts in blocks for p in parts]
-    if len({len(r[4]) for r in rows}) != 1:  # every window must have the same width
-        rows = rows[:0]
-    return Run(blocks[0][0], blocks[-1][0] + 1, rows[0][1] if rows else None,
-               np.array([r[0] for r in rows]), np.array([r[2] for r in rows]),
-               np.array([r[3] for r in rows]), np.array([r[4] for r in rows]),
-               np.array([r[5] for r in rows]), np.array([r[6] for r in rows]),
-               np.array([r[7] for r in rows]))
+    for s in range(0, len(wins), FORM_CHUNK):
+        chunk = wins[s:s + FORM_CHUNK]
+        b = np.array([p.b for _, _, p in chunk])
+        ok, f, sig, w, om = enclosure.gadget_forms(
+            np.array([p.U for _, _, p in chunk]), b, np.array([p.W for _, _, p in chunk]))
+        ok &= (f == np.array([r.f for _, r, _ in chunk])).all(axis=1)
+        out.append((ok, f, sig, b, om, w))
+    return tuple(np.concatenate(a) for a in zip(*out, strict=True))
 
 
 # ------------------------------------------------------------------------------ applying
