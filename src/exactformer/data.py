@@ -223,8 +223,13 @@ def _all_floats_row(row) -> bool:
         return row.dtype.kind in "fiub"
     if not isinstance(row, (list, tuple)):
         return False
+    if set(map(type, row)) <= _PLAIN_NUMBERS:  # the common case, without a call per value
+        return True
     return all(isinstance(v, (float, int, np.floating, np.integer)) and not isinstance(v, bool)
                for v in row)
+
+
+_PLAIN_NUMBERS = frozenset({float, int})
 
 
 def _as_matrix(seq, name: str, exact: bool) -> np.ndarray:
@@ -377,7 +382,8 @@ def _merge_equal_inputs(xs, ys, among):
 # ----------------------------------------------------------------------------- float data
 # Float data are checked as arrays: vectorised passes find a superset of the sequences that
 # may break a rule ("suspects"), and the per-sequence checks above run on those alone, in the
-# order of a full pass, so the first offence and its message are those of a full pass.
+# order of a full pass, so the first offence and its message are those of a full pass (see
+# docs/problem.md, validation rules).
 BATCH_VALUES = 1 << 18  # values per vectorised batch: small temporaries (2 MiB each)
 _MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
