@@ -477,8 +477,8 @@ def _row_hashes(arrays: list[np.ndarray]) -> np.ndarray:
 
 
 def _float_suspects(xs: list[np.ndarray], ys: list[np.ndarray]
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """For float data (rows checked finite): the pairs that may break m_j <= n_j or repeat a
+                    ) -> tuple[list[int], list[int]]:
+    """For float data (no NaN): the pairs that may break m_j <= n_j or repeat a
     token (rows with equal hashes in one sequence), and the inputs that may equal another as
     sets (equal sums of their row hashes). Both are supersets: equal rows hash equally."""
     nx = np.array([x.shape[0] for x in xs])
