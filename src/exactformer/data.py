@@ -128,6 +128,9 @@ class Dataset(SequenceData):
         if len(inputs) == 0:
             raise DatasetError("the dataset is empty: at least one pair is needed")
         exact = not all(_all_floats(s) for s in list(inputs) + list(targets))
+        if not exact:
+            xs, ys = _float_matrices(inputs, targets)
+            return cls._validated(xs, ys)
         xs = [_as_matrix(s, f"input {j}", exact) for j, s in enumerate(inputs)]
         ys = [_as_matrix(s, f"target {j}", exact) for j, s in enumerate(targets)]
         return cls._validated(xs, ys)
@@ -181,6 +184,10 @@ class Dataset(SequenceData):
     # ----------------------------------------------------------------------------- validation
     @classmethod
     def _validated(cls, xs: list[np.ndarray], ys: list[np.ndarray]) -> Dataset:
+        """Check the rules of docs/problem.md on matrices, in a fixed order: dimensions, then
+        pair by pair m_j <= n_j and distinct tokens, then equal inputs. Float data run the
+        per-pair checks on the suspects of ``_float_suspects`` alone: the same first offence
+        and message as checking every pair."""
         d = xs[0].shape[1]
         for kind, seqs in (("input", xs), ("target", ys)):
             for j, s in enumerate(seqs):
@@ -190,14 +197,19 @@ class Dataset(SequenceData):
                         "(all tokens must share one dimension)")
         if d < 2:
             raise DatasetError(f"d = {d}: the construction needs token dimension d >= 2")
-        for j, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if is_exact_array(xs[0]):
+            pairs = equal_sets = range(len(xs))
+        else:
+            pairs, equal_sets = _float_suspects(xs, ys)
+        for j in pairs:
+            x, y = xs[j], ys[j]
             if y.shape[0] > x.shape[0]:
                 raise DatasetError(
                     f"pair {j}: the target has m = {y.shape[0]} tokens, more than the input's "
                     f"n = {x.shape[0]} (the rule is m_j <= n_j)")
             _check_distinct(x, f"input {j}")
             _check_distinct(y, f"target {j}")
-        return cls(*_merge_equal_inputs(xs, ys))
+        return cls(*_merge_equal_inputs(xs, ys, equal_sets))
 
 
 def _all_floats(seq) -> bool:
@@ -211,8 +223,13 @@ def _all_floats_row(row) -> bool:
         return row.dtype.kind in "fiub"
     if not isinstance(row, (list, tuple)):
         return False
+    if set(map(type, row)) <= _PLAIN_NUMBERS:  # the common case, without a call per value
+        return True
     return all(isinstance(v, (float, int, np.floating, np.integer)) and not isinstance(v, bool)
                for v in row)
+
+
+_PLAIN_NUMBERS = frozenset({float, int})
 
 
 def _as_matrix(seq, name: str, exact: bool) -> np.ndarray:
@@ -338,11 +355,14 @@ def _token_set(seq: np.ndarray) -> frozenset:
     return frozenset(tuple(row.tolist()) for row in seq)
 
 
-def _merge_equal_inputs(xs, ys):
+def _merge_equal_inputs(xs, ys, among):
+    """Drop each input of ``among`` (ascending) that equals an earlier one of ``among`` as a
+    set, with a DuplicatePairWarning, or raise when their targets differ as sets. ``among``
+    must hold every input that equals another (all of them, or the float suspects)."""
     first: dict[frozenset, int] = {}
-    keep = []
-    for j, x in enumerate(xs):
-        key = _token_set(x)
+    dropped = set()
+    for j in among:
+        key = _token_set(xs[j])
         if key in first:
             k = first[key]
             if _token_set(ys[j]) != _token_set(ys[k]):
@@ -352,10 +372,139 @@ def _merge_equal_inputs(xs, ys):
             warnings.warn(f"pairs {k} and {j}: equal inputs and equal targets (as sets); "
                           f"pair {j} was merged into pair {k}", DuplicatePairWarning,
                           stacklevel=4)
+            dropped.add(j)
             continue
         first[key] = j
-        keep.append(j)
+    keep = [j for j in range(len(xs)) if j not in dropped]
     return tuple(xs[j] for j in keep), tuple(ys[j] for j in keep)
+
+
+# ----------------------------------------------------------------------------- float data
+# Float data are checked as arrays: vectorised passes find a superset of the sequences that
+# may break a rule ("suspects"), and the per-sequence checks above run on those alone, in the
+# order of a full pass, so the first offence and its message are those of a full pass (see
+# docs/problem.md, validation rules).
+BATCH_VALUES = 1 << 18  # values per vectorised batch: small temporaries (2 MiB each)
+_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _float_matrices(inputs, targets) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Inputs and targets of float data as float64 matrices (copies), with the structure and
+    value rules of ``_as_matrix`` and its messages, the first offence in the order inputs then
+    targets, token by token."""
+    seqs = list(inputs) + list(targets)
+    N = len(inputs)
+
+    def name(k: int) -> str:
+        return f"input {k}" if k < N else f"target {k - N}"
+
+    with np.errstate(over="ignore", invalid="ignore"):  # _check_values reports inf and NaN
+        out = [_float_matrix(seq) for seq in seqs]
+    for k in [k for k, arr in enumerate(out) if arr is None]:
+        try:
+            out[k] = _as_matrix(seqs[k], name(k), False)
+        except DatasetError:
+            _check_values(seqs, out[:k], name)  # a bad value of an earlier sequence comes first
+            raise
+    _check_values(seqs, out, name)
+    return out[:N], out[N:]
+
+
+def _float_matrix(seq) -> np.ndarray | None:
+    """``seq`` as an n×d float64 copy, or None for anything but a non-empty matrix that NumPy
+    reads at once (ragged rows, ints beyond float64, rows that are not vectors): those go
+    through ``_as_matrix``, which names the offence. Values are checked later."""
+    try:
+        arr = np.array(seq, dtype=float)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return arr if arr.ndim == 2 and arr.shape[0] > 0 else None
+
+
+def _check_values(seqs: list, arrays: list[np.ndarray], name) -> None:
+    """Raise ``_as_matrix``'s error for the first of ``arrays`` (the float64 images of
+    ``seqs``) with a value that is not finite or not in the normal float64 range."""
+    sizes = [a.size for a in arrays]
+    for lo, hi in _batches(sizes):
+        flat = np.concatenate([a.ravel() for a in arrays[lo:hi]])
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(flat) | ((np.abs(flat) < SMALLEST_FLOAT) & (flat != 0))
+        if bad.any():
+            ends = np.cumsum(sizes[lo:hi])
+            for k in np.unique(np.searchsorted(ends, np.flatnonzero(bad), side="right")):
+                _as_matrix(seqs[lo + k], name(lo + k), False)
+
+
+def _batches(sizes: list[int]) -> list[tuple[int, int]]:
+    """Consecutive index ranges [lo, hi) of about BATCH_VALUES values each (at least one)."""
+    out, lo, total = [], 0, 0
+    for k, size in enumerate(sizes):
+        total += size
+        if total >= BATCH_VALUES:
+            out.append((lo, k + 1))
+            lo, total = k + 1, 0
+    if lo < len(sizes):
+        out.append((lo, len(sizes)))
+    return out
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser, in place on a uint64 array: a bijection whose every output
+    bit depends on every input bit, so structured floats (grids, powers of 2) hash apart."""
+    z ^= z >> np.uint64(30)
+    z *= _MIX[0]
+    z ^= z >> np.uint64(27)
+    z *= _MIX[1]
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _row_hashes(arrays: list[np.ndarray]) -> np.ndarray:
+    """A 64-bit hash of every row of the float64 matrices ``arrays`` (one width), equal for
+    equal rows: adding 0.0 turns −0.0 into 0.0, so the bits compare like the numbers."""
+    d = arrays[0].shape[1]
+    offsets = _mix(np.arange(1, d + 1, dtype=np.uint64) * _GOLDEN)
+    out = np.empty(sum(a.shape[0] for a in arrays), dtype=np.uint64)
+    start = 0
+    for lo, hi in _batches([a.size for a in arrays]):
+        bits = (np.concatenate(arrays[lo:hi]) + 0.0).view(np.uint64)
+        bits += offsets
+        rows = _mix(_mix(bits).sum(axis=1, dtype=np.uint64))
+        out[start:start + len(rows)] = rows
+        start += len(rows)
+    return out
+
+
+def _float_suspects(xs: list[np.ndarray], ys: list[np.ndarray]
+                    ) -> tuple[list[int], list[int]]:
+    """For float data (no NaN): the pairs that may break m_j <= n_j or repeat a
+    token (rows with equal hashes in one sequence), and the inputs that may equal another as
+    sets (equal sums of their row hashes). Both are supersets: equal rows hash equally."""
+    nx = np.array([x.shape[0] for x in xs])
+    ny = np.array([y.shape[0] for y in ys])
+    hx = _row_hashes(xs)
+    pairs = (ny > nx) | _repeated_hash(hx, nx) | _repeated_hash(_row_hashes(ys), ny)
+    sums = np.add.reduceat(hx, np.concatenate([[0], np.cumsum(nx)[:-1]]))
+    order = np.argsort(sums, kind="stable")
+    same = sums[order[1:]] == sums[order[:-1]]
+    shared = np.zeros(len(xs), dtype=bool)
+    shared[order[1:][same]] = shared[order[:-1][same]] = True
+    return np.flatnonzero(pairs).tolist(), np.flatnonzero(shared).tolist()
+
+
+def _repeated_hash(h: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per sequence (rows ``lengths[j]`` at a time): whether two of its rows may share a hash.
+    The sequence number fills the high bits of a sort key and the hash the rest, so a shared
+    key means one sequence; with fewer hash bits left a few more sequences are suspects."""
+    top = max(len(lengths) - 1, 1).bit_length()
+    seq = np.repeat(np.arange(len(lengths), dtype=np.uint64), lengths)
+    key = (seq << np.uint64(64 - top)) | (h >> np.uint64(top))
+    key.sort()
+    same = key[1:] == key[:-1]
+    out = np.zeros(len(lengths), dtype=bool)
+    out[(key[1:][same] >> np.uint64(64 - top)).astype(np.intp)] = True
+    return out
 
 
 def _split(flat: np.ndarray, lengths: np.ndarray, name: str, lengths_name: str

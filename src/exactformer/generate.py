@@ -89,9 +89,10 @@ def vocabulary(N: int, vocab: int, n: int, m: int, d: int, seed: int = 0) -> Dat
         idx = rng.choice(vocab, n, replace=False)
         return frozenset(idx.tolist()), idx
 
-    pairs = _distinct_draws(N, draw, lambda idx: (table[idx], table[idx[:m]]),
-                            f"vocabulary: sets of {n} of {vocab} words")
-    return Dataset.from_arrays([x for x, _ in pairs], [y for _, y in pairs])
+    words = np.array(_distinct_draws(N, draw, lambda idx: idx,
+                                     f"vocabulary: sets of {n} of {vocab} words"))
+    xs = table[words]  # one N×n×d gather: the same values as a gather per sequence, faster
+    return Dataset.from_arrays(xs, xs[:, :m])
 
 
 def nested(N: int, d: int, base: int = 3, seed: int = 0) -> Dataset:
