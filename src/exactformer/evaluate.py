@@ -264,7 +264,8 @@ def _stable_argsort(t: np.ndarray) -> np.ndarray:
 
 
 class _SortedProjection:
-    """Rows' values t = P·f kept in a sorted index; moved rows wait in a small dirty set."""
+    """Rows' values t = P·f kept in a sorted index; moved rows wait in a dirty set (checked
+    one by one by every query) until there are enough of them to be merged back in."""
 
     def __init__(self, t: np.ndarray):
         self.t = t
@@ -273,14 +274,13 @@ class _SortedProjection:
 
     def _sorted(self):
         self.sorted_t = self.t[self.order]
-        self.dirty: set[int] = set()
+        self.dirty = np.zeros(0, dtype=np.int64)
         self.is_dirty = np.zeros(len(self.t), dtype=bool)
 
     def _rebuild(self):
         """Fold the moved rows in: the others keep their sorted order, the moved ones are
         sorted alone and merged in (linear in the rows, not a sort of them all)."""
-        moved = np.fromiter(self.dirty, dtype=np.int64, count=len(self.dirty))
-        moved = moved[_stable_argsort(self.t[moved])]
+        moved = self.dirty[_stable_argsort(self.t[self.dirty])]
         keep = self.order[~self.is_dirty[self.order]]
         self.order = np.insert(keep, np.searchsorted(self.t[keep], self.t[moved]), moved)
         self._sorted()
@@ -291,7 +291,7 @@ class _SortedProjection:
         i1 = int(np.searchsorted(self.sorted_t, hi, side="left"))
         cand = self.order[i0:i1]
         cand = cand[~self.is_dirty[cand]]
-        rows = list(cand[(self.t[cand] > lo).astype(bool) & (self.t[cand] < hi).astype(bool)])
+        rows = [cand[(self.t[cand] > lo).astype(bool) & (self.t[cand] < hi).astype(bool)]]
         gaps = []
         j = i0 - 1
         while j >= 0 and self.is_dirty[self.order[j]]:
@@ -303,25 +303,36 @@ class _SortedProjection:
             j += 1
         if j < len(self.order):
             gaps.append(self.sorted_t[j] - hi)
-        if self.dirty:
-            dirty = np.fromiter(self.dirty, dtype=np.int64, count=len(self.dirty))
-            td = self.t[dirty]
+        if len(self.dirty):
+            td = self.t[self.dirty]
             inside = (td > lo).astype(bool) & (td < hi).astype(bool)
-            rows += dirty[inside].tolist()
-            gaps += [lo - v if v <= lo else v - hi for v in td[~inside].tolist()]
-        return np.asarray(rows, dtype=int), (min(gaps) if gaps else None)
+            rows.append(self.dirty[inside])
+            gaps += _gaps(td[~inside], lo, hi)
+        return np.concatenate(rows).astype(int), (min(gaps) if gaps else None)
 
     def refresh(self) -> None:
         """Fold the moved rows back into the sorted order (a rebuild) if there are any."""
-        if self.dirty:
+        if len(self.dirty):
             self._rebuild()
 
     def update(self, rows: np.ndarray, t_new: np.ndarray) -> None:
         self.t[rows] = t_new
-        self.dirty.update(int(r) for r in rows)
+        rows = np.unique(rows)
+        self.dirty = np.concatenate([self.dirty, rows[~self.is_dirty[rows]]])
         self.is_dirty[rows] = True
-        if len(self.dirty) > 64 + int(len(self.t) ** 0.5):
+        if len(self.dirty) > 64 + len(self.t) // 64:
             self._rebuild()
+
+
+def _gaps(t: np.ndarray, lo, hi) -> list:
+    """The smallest distance from the values t (all outside (lo, hi)) to [lo, hi], as a
+    one-element list (empty when there is none; float nan values are not distances)."""
+    if t.dtype == object:
+        return [min(lo - v if v <= lo else v - hi for v in t.tolist())] if len(t) else []
+    with np.errstate(invalid="ignore"):
+        g = np.where(t <= lo, lo - t, t - hi)
+    g = g[~np.isnan(g)]
+    return [g.min()] if len(g) else []
 
 
 # ------------------------------------------------------------------------------ state
