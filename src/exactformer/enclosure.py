@@ -264,7 +264,12 @@ def ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
 def jacobian_bound(r, active, W, U_, eta: float) -> np.ndarray:
     """Per row, |J| r (with J's rounding) for J = η·I + Σ_{k active} W_k U_kᵀ, the exact
     Jacobian of the row's affine piece. Rows are grouped by their pattern of active units."""
-    patterns, which = np.unique(active, axis=0, return_inverse=True)
+    if active.shape[1] < 63:  # a pattern as one integer: sorting those is far faster
+        code = active.astype(np.int64) @ (np.int64(1) << np.arange(active.shape[1]))
+        _, first, which = np.unique(code, return_index=True, return_inverse=True)
+        patterns = active[first]
+    else:
+        patterns, which = np.unique(active, axis=0, return_inverse=True)
     which = which.reshape(-1)
     out = np.empty_like(r)
     for g, pat in enumerate(patterns):

@@ -544,6 +544,7 @@ def _row_keys(seq: np.ndarray, P: np.ndarray) -> list:
 
 
 # ------------------------------------------------------------------------------ layers
+DENSE_ROWS = 2 ** 16  # rows per slice of a dense FF in an enclosure pass
 def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: PassStats,
               scale: float):
     """Apply an FF: each ridge window only to the rows inside it (every window's change is
@@ -574,7 +575,11 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
             st.moved(rows)
         return
     if st.rad is not None:
-        st.P, st.rad = enclosure.ff_dense(st.P, st.rad, ff.eta, ff.U, ff.b, ff.W)
+        P, rad = np.empty_like(st.P), np.empty_like(st.rad)
+        for s in range(0, len(P), DENSE_ROWS):  # each row alone: temporaries stay small
+            P[s:s + DENSE_ROWS], rad[s:s + DENSE_ROWS] = enclosure.ff_dense(
+                st.P[s:s + DENSE_ROWS], st.rad[s:s + DENSE_ROWS], ff.eta, ff.U, ff.b, ff.W)
+        st.P, st.rad = P, rad
     else:
         ff = _in(st.ar, ff)
         st.P = st.P * ff.eta + relu(st.P @ ff.U.T + ff.b) @ ff.W.T
