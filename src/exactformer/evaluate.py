@@ -386,10 +386,19 @@ class _State:
                             if not any(v[0][c] != 0 for c in cols.tolist())}
         self.epoch += 1
         self.col_epoch[cols] = self.epoch
-        if self.rad is not None:
-            self._give_up((self.rad[:, cols] > self.give_up).any(axis=1))
+        if self.rad is None:
+            return
+        lost = np.zeros(len(self.rad), dtype=bool)
+        for c in cols.tolist():  # column views: no gathered copies
+            lost |= self.rad[:, c] > self.give_up
+        self._give_up(lost)
         if self.extent is not None:
-            r, m = _extent(self.P[:, cols], self.rad[:, cols])
+            tops = [float(a.max(initial=0.0)) for c in cols.tolist()
+                    for a in (self.rad[:, c], np.abs(self.P[:, c]))]
+            if all(math.isfinite(v) for v in tops):  # (a nan shows as nan)
+                r, m = max(tops[::2]), max(tops[1::2])
+            else:
+                r, m = _extent(self.P[:, cols], self.rad[:, cols])
             self.extent = (max(r, self.extent[0]), max(m, self.extent[1]))
 
     def reach(self, f) -> float:
@@ -637,30 +646,45 @@ def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
     terms = [t for head in sa.heads
              if (t := _head_term(st, head, attention, tau, stats, dots)) is not None]
     if sa.rho == 1:
-        cols = np.unique(np.concatenate([c for c, _, _ in terms])) if terms else []
-        if not len(cols):
-            return
-        new = st.P[:, cols]
-        grown = None if st.rad is None else st.rad[:, cols]
-    else:
-        cols = np.arange(st.P.shape[1])
-        new = st.P * sa.rho
-        grown = None if st.rad is None else \
-            abs(sa.rho) * st.rad + enclosure.rounding(np.abs(new), 1)
+        _add_terms(st, terms)
+        return
+    new = st.P * sa.rho
+    grown = None if st.rad is None else abs(sa.rho) * st.rad + enclosure.rounding(np.abs(new), 1)
     size = np.abs(new)
     for c, val, vrad in terms:
-        at = np.searchsorted(cols, c)
-        new[:, at] = new[:, at] + val
+        new[:, c] = new[:, c] + val
         if grown is not None:
-            size[:, at] += np.abs(val)
-            grown[:, at] += vrad
-    st.P[:, cols] = new
+            size[:, c] += np.abs(val)
+            grown[:, c] += vrad
+    st.P = new
     if grown is not None:
         k = len(terms) + 2
-        st.rad[:, cols] = enclosure.up(grown + enclosure.rounding(size, k), 4 * k)
-    st.changed_columns(np.asarray(cols))
+        st.rad = enclosure.up(grown + enclosure.rounding(size, k), 4 * k)
+    st.changed_columns(np.arange(st.P.shape[1]))
     if sa.rho == 0:
         st.compact()
+
+
+def _add_terms(st: _State, terms: list) -> None:
+    """ρ = 1: the heads' terms added to the columns they write, one column at a time and in
+    place (a column of the column-major rows is one contiguous array), the radius growing by
+    the terms' radii and the rounding of the sums."""
+    cols = np.unique(np.concatenate([c for c, _, _ in terms])) if terms else []
+    k = len(terms) + 2
+    for c in cols.tolist():
+        parts = [(val[:, i], None if vrad is None else vrad[:, i])
+                 for cs, val, vrad in terms for i in np.flatnonzero(cs == c).tolist()]
+        x = st.P[:, c]
+        if st.rad is not None:
+            size, r = np.abs(x), st.rad[:, c]
+            for v, vr in parts:
+                size += np.abs(v)
+                r += vr
+            r[:] = enclosure.up(r + enclosure.rounding(size, k), 4 * k)
+        for v, _ in parts:
+            x += v
+    if len(cols):
+        st.changed_columns(np.asarray(cols))
 
 
 def _head_term(st: _State, head, attention: str, tau, stats: PassStats, dots: dict):
