@@ -778,7 +778,7 @@ def _trusted_floats(exact: np.ndarray) -> np.ndarray | None:
     round to a subnormal, to zero or to inf, and a relative bound would no longer hold)."""
     f = safe_floats(exact)
     mag = np.abs(f)
-    nonzero = np.array([v != 0 for v in exact.flat], dtype=bool).reshape(exact.shape)
+    nonzero = np.asarray(exact != 0, dtype=bool)
     if (nonzero & ((mag < 2.0 ** -SAFE_EXPONENT) | (mag > 2.0 ** SAFE_EXPONENT))).any():
         return None
     return f
@@ -871,13 +871,17 @@ def _exact_candidates(X, qa, ka, alpha) -> np.ndarray:
 
 def _hardmax_sets(X, qa, ka, alpha) -> list[np.ndarray]:
     """Exact argmax sets (exact or high-precision passes): rank one in O(n) exactly, else
-    exact comparisons among the candidates of a safe float pre-filter."""
+    exact comparisons among the candidates of a safe float pre-filter. The candidates always
+    hold the whole argmax set, so a row with a single candidate needs no exact score."""
     if alpha == 0:
         return _rank_one_argmax(qa, ka)
     cand = _exact_candidates(X, qa, ka, alpha)
     sets = []
     for i in range(len(X)):
         idx = np.flatnonzero(cand[i])
+        if len(idx) == 1:
+            sets.append(idx)
+            continue
         sc = qa[i] * ka[idx] + (X[idx] @ X[i]) * alpha
         best = max(sc)
         sets.append(idx[[v == best for v in sc]])
@@ -896,6 +900,9 @@ def _hardmax_rows(X, qa, ka, alpha, w, stats: PassStats, C=None) -> np.ndarray:
     C = X if C is None else C
     out = np.empty(C.shape, dtype=C.dtype)
     for i, idx in enumerate(sets):
+        if len(idx) == 1:  # the mean of one point (w·c/w) is the point itself
+            out[i] = C[idx[0]]
+            continue
         ws = w[idx]
         out[i] = (ws @ C[idx]) / sum(ws)
     return out

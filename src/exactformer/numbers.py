@@ -127,9 +127,13 @@ def safe_float(v) -> float:
 
 
 def safe_floats(a: np.ndarray) -> np.ndarray:
-    """A float64 copy of ``a``; exact or mpmath values are rounded, overflow becomes ±inf."""
-    if a.dtype != object:
+    """A float64 copy of ``a``; exact or mpmath values are rounded, overflow becomes ±inf.
+    NumPy's cast calls ``float`` on each value in C; only an array with a value beyond float
+    range (which raises there) is converted value by value."""
+    try:
         return a.astype(float)
+    except OverflowError:
+        pass
     out = np.empty(a.shape)
     out.flat[:] = [safe_float(v) for v in a.flat]
     return out
