@@ -75,10 +75,15 @@ class Arithmetic:
         if self.kind == "float":
             return a.astype(float)
         out = np.empty(a.shape, dtype=object)
-        vals = a.ravel().tolist()  # Python scalars convert faster than NumPy ones
         direct = self.kind == "exact" and (a.dtype.kind in "iu" or (
             a.dtype.kind == "f" and bool(np.isfinite(a).all())))  # mpq(float) is exact
-        out.flat[:] = list(map(mpq if direct else self.scalar, vals))
+        if direct:  # one mpq per distinct value (counts, pixel values), shared: mpq is immutable
+            distinct, inverse = np.unique(a, return_inverse=True)
+            table = np.empty(len(distinct), dtype=object)
+            table[:] = list(map(mpq, distinct.tolist()))  # Python scalars convert faster
+            out[...] = table[inverse.reshape(a.shape)]
+            return out
+        out.flat[:] = list(map(self.scalar, a.ravel().tolist()))
         return out
 
     def public(self, a: np.ndarray) -> np.ndarray:
