@@ -124,6 +124,25 @@ def test_compaction_beyond_float_range():
     assert [rows(o) for o in state.outputs()] == [rows(x) for x in X]
 
 
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 2), st.lists(
+    st.sampled_from([0, 1, Fraction(-1, 3), 1 + Fraction(1, 2 ** 80), 1 - Fraction(1, 2 ** 80),
+                     Fraction(2) ** 1100, Fraction(2) ** 1100 + 1]), min_size=2, max_size=2)),
+    min_size=1, max_size=30))
+def test_compaction_groups_are_exact_points(rows_):
+    # grouping by float images must give exactly the groups of equal (sequence, point): rows
+    # 2^-80 apart share a float image, 2^1100 has none; groups are numbered by first sight
+    # in sequence order, which keeps the rows of a sequence contiguous
+    seq = np.array([q for q, _ in rows_])
+    P = Arithmetic("exact").array(F([p for _, p in rows_]))
+    first, inv = ev._object_row_groups(seq, P)
+    order = sorted(range(len(rows_)), key=lambda r: seq[r])
+    keys = [(int(seq[r]), *rows_[r][1]) for r in order]
+    want = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    assert [want[k] for k in keys] == inv[order].tolist()
+    assert [keys[order.index(r)] for r in first.tolist()] == list(dict.fromkeys(keys))
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.fractions(-2, 2, max_denominator=4) |
                 st.sampled_from([Fraction(1, 3) + Fraction(1, 2 ** 70), Fraction(10) ** 320]),

@@ -464,15 +464,8 @@ class _State:
             _, first, inv = np.unique(_float_row_keys(self.seq, rows), return_index=True,
                                       return_inverse=True)
             inv = inv.reshape(-1)
-        else:  # rows numbered in sequence order, by first sight of their key
-            order = np.argsort(self.seq, kind="stable")
-            keys = _row_keys(self.seq, self.P)
-            index: dict = {}
-            ids = np.fromiter((index.setdefault(keys[r], len(index)) for r in order.tolist()),
-                              dtype=np.int64, count=len(order))
-            inv = np.empty(len(order), dtype=np.int64)
-            inv[order] = ids
-            first = order[np.unique(ids, return_index=True)[1]]
+        else:
+            first, inv = _object_row_groups(self.seq, self.P)
         self.cnt = np.bincount(inv, weights=self.cnt, minlength=len(first)).astype(np.int64)
         self.P, self.seq = _columns(self.P[first]), self.seq[first]
         if self.rad is not None:
@@ -536,6 +529,37 @@ def _float_row_keys(seq: np.ndarray, P: np.ndarray) -> np.ndarray:
     bytes compare like the numbers (NaN rows merge only with bitwise equal NaN rows)."""
     key = np.ascontiguousarray(np.column_stack([seq.astype(float), P + 0.0]))
     return key.view(np.dtype((np.void, key.shape[1] * key.itemsize))).ravel()
+
+
+def _object_row_groups(seq: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Compaction groups of an exact or mpmath state: ``inv[r]`` is the group of row r, groups
+    numbered by first sight in sequence order (so rows stay contiguous by sequence), and
+    ``first[g]`` is the row first seen in group g.
+
+    Rows are grouped by (sequence, float image) with one sort of byte keys, and the grouping
+    is kept when every row equals its group's first row exactly (float images are a function
+    of the exact values, so different groups are different points). When two different points
+    share a float image, the rows are keyed exactly instead (:func:`_row_keys`)."""
+    order = np.argsort(seq, kind="stable")
+    Pf = _float_image(P)
+    label = None
+    if Pf is not None:
+        _, rep, label = np.unique(_float_row_keys(seq, Pf), return_index=True,
+                                  return_inverse=True)
+        label = label.reshape(-1)
+        if not np.asarray(P == P[rep[label]], dtype=bool).all():
+            label = None
+    if label is None:
+        keys = _row_keys(seq, P)
+        index: dict = {}
+        label = np.fromiter((index.setdefault(k, len(index)) for k in keys), dtype=np.int64,
+                            count=len(keys))
+    _, seen, group = np.unique(label[order], return_index=True, return_inverse=True)
+    number = np.empty(len(seen), dtype=np.int64)
+    number[np.argsort(seen)] = np.arange(len(seen))
+    inv = np.empty(len(order), dtype=np.int64)
+    inv[order] = number[group.reshape(-1)]
+    return order[np.sort(seen)], inv
 
 
 def _row_keys(seq: np.ndarray, P: np.ndarray) -> list:
