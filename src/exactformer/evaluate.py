@@ -679,7 +679,7 @@ def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
         return
     new = st.P * sa.rho
     grown = None if st.rad is None else abs(sa.rho) * st.rad + enclosure.rounding(np.abs(new), 1)
-    size = np.abs(new)
+    size = None if grown is None else np.abs(new)  # the radii's rounding terms only
     for c, val, vrad in terms:
         new[:, c] = new[:, c] + val
         if grown is not None:
