@@ -125,6 +125,25 @@ def test_compaction_beyond_float_range():
 
 
 @SETTINGS
+@given(data=st.data())
+def test_exact_dense_ff_equals_the_matrix_formula(data):
+    # repeated rows of U are dotted once, zero entries and zero weights skipped, η·x left out
+    # for η = 0: the values must be those of η·x + W·relu(U·x + b) computed in Fractions
+    d, n = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6))
+    rows_u = data.draw(st.lists(vectors(d), min_size=1, max_size=3))
+    U = F([data.draw(st.sampled_from(rows_u)) for _ in range(data.draw(st.integers(1, 5)))])
+    w = U.shape[0]
+    ff = FF(Fraction(data.draw(st.sampled_from([0, 1, Fraction(1, 2)]))), U,
+            F(data.draw(vectors(w))), F([data.draw(vectors(w)) for _ in range(d)]))
+    X = F([data.draw(vectors(d)) for _ in range(n)])
+    zero = Fraction(0)
+    want = X * ff.eta + np.maximum(X @ ff.U.T + ff.b, zero) @ ff.W.T
+    ar = Arithmetic("exact")
+    got = ev._exact_dense_ff(ar.array(X), ff.converted(ar.scalar, ar.array))
+    assert rows(ar.public(got)) == rows(want)
+
+
+@SETTINGS
 @given(st.lists(st.tuples(st.integers(0, 2), st.lists(
     st.sampled_from([0, 1, Fraction(-1, 3), 1 + Fraction(1, 2 ** 80), 1 - Fraction(1, 2 ** 80),
                      Fraction(2) ** 1100, Fraction(2) ** 1100 + 1]), min_size=2, max_size=2)),
