@@ -919,40 +919,38 @@ def _exact_candidates(X, qa, ka, alpha) -> np.ndarray:
     return Sf >= (Sf.max(axis=1) - 2 * bound.max(axis=1))[:, None]
 
 
-def _hardmax_sets(X, qa, ka, alpha) -> list[np.ndarray]:
-    """Exact argmax sets (exact or high-precision passes): rank one in O(n) exactly, else
-    exact comparisons among the candidates of a safe float pre-filter. The candidates always
-    hold the whole argmax set, so a row with a single candidate needs no exact score."""
+def _hardmax_hits(X, qa, ka, alpha) -> np.ndarray:
+    """Exact argmax sets (exact or high-precision passes) as a boolean matrix, row i holding
+    row i's set: rank one in O(n) exactly, else exact comparisons among the candidates of a
+    safe float pre-filter. The candidates always hold the whole argmax set, so a row with a
+    single candidate needs no exact score."""
+    n = len(X)
     if alpha == 0:
-        return _rank_one_argmax(qa, ka)
-    cand = _exact_candidates(X, qa, ka, alpha)
-    sets = []
-    for i in range(len(X)):
-        idx = np.flatnonzero(cand[i])
-        if len(idx) == 1:
-            sets.append(idx)
-            continue
+        hit = np.zeros((n, n), dtype=bool)
+        for i, idx in enumerate(_rank_one_argmax(qa, ka)):
+            hit[i, idx] = True
+        return hit
+    hit = _exact_candidates(X, qa, ka, alpha)
+    for i in np.flatnonzero(hit.sum(axis=1) > 1).tolist():
+        idx = np.flatnonzero(hit[i])
         sc = qa[i] * ka[idx] + (X[idx] @ X[i]) * alpha
         best = max(sc)
-        sets.append(idx[[v == best for v in sc]])
-    return sets
+        hit[i, idx] = [v == best for v in sc]
+    return hit
 
 
 def _hardmax_rows(X, qa, ka, alpha, w, stats: PassStats, C=None) -> np.ndarray:
     """Each row's average of the carrier C (default X; multiplicities w) over its exact
     argmax set of scores s_il = (c·x_i)(a·x_l) + α⟨x_i, x_l⟩ (exact and high-precision
-    passes, see :func:`_hardmax_sets`): no float rounding can change these sets."""
-    sets = _hardmax_sets(X, qa, ka, alpha)
-    hit = np.zeros((len(X), len(X)), dtype=bool)
-    for i, idx in enumerate(sets):
-        hit[i, idx] = True
+    passes, see :func:`_hardmax_hits`): no float rounding can change these sets."""
+    hit = _hardmax_hits(X, qa, ka, alpha)
     _record_hits(X, _float_scores(X, qa, ka, alpha), hit, stats)
     C = X if C is None else C
     out = np.empty(C.shape, dtype=C.dtype)
-    for i, idx in enumerate(sets):
-        if len(idx) == 1:  # the mean of one point (w·c/w) is the point itself
-            out[i] = C[idx[0]]
-            continue
+    one = hit.sum(axis=1) == 1
+    out[one] = C[hit[one].argmax(axis=1)]  # the mean of one point (w·c/w) is the point itself
+    for i in np.flatnonzero(~one).tolist():
+        idx = np.flatnonzero(hit[i])
         ws = w[idx]
         out[i] = (ws @ C[idx]) / sum(ws)
     return out
