@@ -105,6 +105,9 @@ class Arithmetic:
         return np.frompyfunc(mpmath.exp, 1, 1)(a)
 
 
+_EXACT = Arithmetic("exact")
+
+
 def relu(z: np.ndarray) -> np.ndarray:
     return np.where((z > 0).astype(bool), z, 0 * z)
 
@@ -619,7 +622,7 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
                 st.P[s:s + DENSE_ROWS], st.rad[s:s + DENSE_ROWS], ff.eta, ff.U, ff.b, ff.W)
         st.P, st.rad = P, rad
     elif st.ar.kind == "exact":
-        st.P = _exact_dense_ff(st.P, ff)
+        st.P = _exact_dense_ff(st.P, _in(st.ar, ff))
     else:
         ff = _in(st.ar, ff)
         st.P = st.P * ff.eta + relu(st.P @ ff.U.T + ff.b) @ ff.W.T
@@ -1307,16 +1310,22 @@ def _sums_to_zero(terms: list) -> bool:
 
 
 def _ridge_cuts(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | None:
-    """The ridge windows of one layer by the general test (:func:`ridge_groups`), for a layer
-    that is not a float64 layer of hats; see :func:`ridges_of`."""
-    cuts = ridge_groups(ff)
+    """The ridge windows of one layer that is not a float64 layer of hats; see
+    :func:`ridges_of`. A rational layer of hats is cut by :func:`_hat_groups` on an mpq copy
+    (a linear test with comparisons a fifth of a Fraction's); anything else, and a rational
+    layer that test does not cut, by the general test (:func:`ridge_groups`, quadratically
+    many Fraction operations)."""
+    q = ff.converted(_EXACT.scalar, _EXACT.array) if ff.U.dtype == object else None
+    cuts = _hat_groups(q) if q is not None else None
+    cuts = cuts if cuts is not None else ridge_groups(ff)
     if cuts is None:
         return None
-    one_f = _one_float_direction(ff)
+    one_f = _one_direction(ff if q is None else q)
     out = []
     for idx in cuts:
         if one_f:  # every unit reads f with scale 1: the breakpoints are −b, exactly
-            r = Ridge(ff.U[0], float(-ff.b[idx].max()), float(-ff.b[idx].min()))
+            lo, hi = -ff.b[idx].max(), -ff.b[idx].min()
+            r = Ridge(ff.U[0], *((float(lo), float(hi)) if ff.b.dtype == float else (lo, hi)))
         else:
             r = ridge_window(_sub_ff(ff, idx))
         lo, hi = ar.scalar(r.lo), ar.scalar(r.hi)
@@ -1332,10 +1341,39 @@ def _ridges_in(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | N
     return ridges_of([ff], [params], ar)[0]
 
 
-def _one_float_direction(ff: FF) -> bool:
-    """A float64 layer whose hidden units all read the same nonzero row f."""
+def _one_direction(ff: FF) -> bool:
+    """A layer whose hidden units all read the same nonzero row f, compared exactly (float64
+    and rational parameters alike)."""
     U = ff.U
-    return U.dtype == float and bool(U[0].any()) and bool((U == U[0]).all())
+    return bool((U[0] != 0).any()) and bool((U == U[0]).all())
+
+
+def _hat_groups(ff: FF) -> list[list[int]] | None:
+    """:func:`ridge_groups` for a rational residual layer (exact values, as mpq) whose units
+    all read one row f and whose columns are ±w per hat: units in breakpoint order close a
+    window when their signs sum to 0 and Σ ±b_i is exactly 0, the test :func:`_hat_cuts`
+    makes on float64 layers. None when the layer is not of that form."""
+    if ff.eta != 1 or not _one_direction(ff):
+        return None
+    b, W = ff.b, ff.W
+    groups, cur, w, signs, terms = [], [], None, 0, []
+    for i in np.argsort(-b, kind="stable").tolist():
+        col = W[:, i]
+        if not cur:
+            w, sign = col, 1
+        elif (col == w).all():
+            sign = 1
+        elif (col == -w).all():
+            sign = -1
+        else:
+            return None
+        cur.append(i)
+        signs += sign
+        terms.append(sign * b[i])
+        if signs == 0 and sum(terms) == 0 and (w != 0).any():
+            groups.append(cur)
+            cur, terms = [], []
+    return groups if not cur and groups else None
 
 
 def ridge_groups(ff: FF) -> list[list[int]] | None:
