@@ -13,7 +13,18 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_evaluate import F, attend, hat_ff, inputs_for, model_of, models, ref_forward, rows
+from test_evaluate import (
+    F,
+    attend,
+    fracs,
+    hat_ff,
+    inputs_for,
+    model_of,
+    models,
+    ref_forward,
+    rows,
+    vectors,
+)
 
 import exactformer as ef
 import exactformer.evaluate as ev
@@ -21,7 +32,7 @@ from exactformer.causal_data import CausalDataset
 from exactformer.evaluate import Arithmetic, PassStats, _chunk_bounds, _stable_argsort
 from exactformer.generate import shared_pool
 from exactformer.generation import Decoder, generate
-from exactformer.model import Block
+from exactformer.model import FF, Block
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -61,6 +72,48 @@ def test_values_below_float_resolution():
         assert all_fractions(got)
 
 
+@SETTINGS
+@given(data=st.data())
+def test_rational_hat_layers_cut_into_windows(data):
+    # several hats on one direction f (every unit reads f itself, as in constructed models)
+    # take the linear cut of _hat_groups: each group must pass the general window test, and
+    # the pass must equal the plain per-token reference
+    d = data.draw(st.integers(2, 3))
+    f = data.draw(vectors(d, nonzero=True))
+    ff = None
+    for _ in range(data.draw(st.integers(1, 4))):
+        hat = hat_ff(f, data.draw(fracs()), data.draw(fracs(Fraction(1, 8), 2)),
+                     data.draw(vectors(d, nonzero=True)), plateau=data.draw(st.booleans()))
+        ff = hat if ff is None else FF(ff.eta, np.vstack([ff.U, hat.U]),
+                                       np.concatenate([ff.b, hat.b]),
+                                       np.hstack([ff.W, hat.W]))
+    groups = ev._hat_groups(ff)
+    if groups is not None:
+        assert sorted(i for g in groups for i in g) == list(range(ff.width))
+        assert all(ev.ridge_window(ev._sub_ff(ff, g)) is not None for g in groups)
+    model = model_of(d, Block(ff, None))
+    X = data.draw(inputs_for(d, max_len=8))
+    assert [rows(g) for g in ef.forward(model, X, "exact", workers=1)] == ref_forward(model, X)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_attention_decided_below_float_resolution(data):
+    # points 2^-70 apart share their float images: the float pre-filter of α ≠ 0 attention
+    # keeps several candidates and exact scores decide; rows with a single candidate skip them
+    d = data.draw(st.integers(2, 3))
+    base = data.draw(st.lists(vectors(d, lo=-2, hi=2, den=4), min_size=1, max_size=3))
+    tiny = Fraction(1, 2 ** 70)
+    pool = [[v + tiny * data.draw(st.integers(-1, 1)) for v in b] for b in base for _ in (0, 1)]
+    X = [F(data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=6)))
+         for _ in range(data.draw(st.integers(1, 3)))]
+    A = (data.draw(st.sampled_from([1, -1, Fraction(1, 3)])),
+         data.draw(vectors(d, lo=-1, hi=1, den=2)), data.draw(vectors(d, lo=-1, hi=1, den=2)))
+    sa = attend(A, V=(1, [0] * d, [0] * d), rho=data.draw(st.sampled_from([0, 1])))
+    model = model_of(d, Block(None, sa))
+    assert [rows(g) for g in ef.forward(model, X, "exact", workers=1)] == ref_forward(model, X)
+
+
 def test_compaction_beyond_float_range():
     # 10^400 has no float image: the rows are then keyed by their exact values only
     big, tiny = Fraction(10) ** 400, Fraction(1, 2 ** 80)
@@ -69,6 +122,44 @@ def test_compaction_beyond_float_range():
     state.compact()
     assert state.seq.tolist() == [0, 0, 0, 1] and state.cnt.tolist() == [2, 1, 1, 1]
     assert [rows(o) for o in state.outputs()] == [rows(x) for x in X]
+
+
+@SETTINGS
+@given(data=st.data())
+def test_exact_dense_ff_equals_the_matrix_formula(data):
+    # repeated rows of U are dotted once, zero entries and zero weights skipped, η·x left out
+    # for η = 0: the values must be those of η·x + W·relu(U·x + b) computed in Fractions
+    d, n = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6))
+    rows_u = data.draw(st.lists(vectors(d), min_size=1, max_size=3))
+    U = F([data.draw(st.sampled_from(rows_u)) for _ in range(data.draw(st.integers(1, 5)))])
+    w = U.shape[0]
+    ff = FF(Fraction(data.draw(st.sampled_from([0, 1, Fraction(1, 2)]))), U,
+            F(data.draw(vectors(w))), F([data.draw(vectors(w)) for _ in range(d)]))
+    X = F([data.draw(vectors(d)) for _ in range(n)])
+    zero = Fraction(0)
+    want = X * ff.eta + np.maximum(X @ ff.U.T + ff.b, zero) @ ff.W.T
+    ar = Arithmetic("exact")
+    got = ev._exact_dense_ff(ar.array(X), ff.converted(ar.scalar, ar.array))
+    assert rows(ar.public(got)) == rows(want)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 2), st.lists(
+    st.sampled_from([0, 1, Fraction(-1, 3), 1 + Fraction(1, 2 ** 80), 1 - Fraction(1, 2 ** 80),
+                     Fraction(2) ** 1100, Fraction(2) ** 1100 + 1]), min_size=2, max_size=2)),
+    min_size=1, max_size=30))
+def test_compaction_groups_are_exact_points(rows_):
+    # grouping by float images must give exactly the groups of equal (sequence, point): rows
+    # 2^-80 apart share a float image, 2^1100 has none; groups are numbered by first sight
+    # in sequence order, which keeps the rows of a sequence contiguous
+    seq = np.array([q for q, _ in rows_])
+    P = Arithmetic("exact").array(F([p for _, p in rows_]))
+    first, inv = ev._object_row_groups(seq, P)
+    order = sorted(range(len(rows_)), key=lambda r: seq[r])
+    keys = [(int(seq[r]), *rows_[r][1]) for r in order]
+    want = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    assert [want[k] for k in keys] == inv[order].tolist()
+    assert [keys[order.index(r)] for r in first.tolist()] == list(dict.fromkeys(keys))
 
 
 @settings(max_examples=60, deadline=None)

@@ -75,10 +75,15 @@ class Arithmetic:
         if self.kind == "float":
             return a.astype(float)
         out = np.empty(a.shape, dtype=object)
-        vals = a.ravel().tolist()  # Python scalars convert faster than NumPy ones
         direct = self.kind == "exact" and (a.dtype.kind in "iu" or (
             a.dtype.kind == "f" and bool(np.isfinite(a).all())))  # mpq(float) is exact
-        out.flat[:] = list(map(mpq if direct else self.scalar, vals))
+        if direct:  # one mpq per distinct value (counts, pixel values), shared: mpq is immutable
+            distinct, inverse = np.unique(a, return_inverse=True)
+            table = np.empty(len(distinct), dtype=object)
+            table[:] = list(map(mpq, distinct.tolist()))  # Python scalars convert faster
+            out[...] = table[inverse.reshape(a.shape)]
+            return out
+        out.flat[:] = list(map(self.scalar, a.ravel().tolist()))
         return out
 
     def public(self, a: np.ndarray) -> np.ndarray:
@@ -98,6 +103,9 @@ class Arithmetic:
             raise ValueError("softmax attention cannot be evaluated in exact rational arithmetic; "
                              "use arithmetic='mp' (high precision) or 'float'")
         return np.frompyfunc(mpmath.exp, 1, 1)(a)
+
+
+_EXACT = Arithmetic("exact")
 
 
 def relu(z: np.ndarray) -> np.ndarray:
@@ -459,15 +467,8 @@ class _State:
             _, first, inv = np.unique(_float_row_keys(self.seq, rows), return_index=True,
                                       return_inverse=True)
             inv = inv.reshape(-1)
-        else:  # rows numbered in sequence order, by first sight of their key
-            order = np.argsort(self.seq, kind="stable")
-            keys = _row_keys(self.seq, self.P)
-            index: dict = {}
-            ids = np.fromiter((index.setdefault(keys[r], len(index)) for r in order.tolist()),
-                              dtype=np.int64, count=len(order))
-            inv = np.empty(len(order), dtype=np.int64)
-            inv[order] = ids
-            first = order[np.unique(ids, return_index=True)[1]]
+        else:
+            first, inv = _object_row_groups(self.seq, self.P)
         self.cnt = np.bincount(inv, weights=self.cnt, minlength=len(first)).astype(np.int64)
         self.P, self.seq = _columns(self.P[first]), self.seq[first]
         if self.rad is not None:
@@ -533,6 +534,37 @@ def _float_row_keys(seq: np.ndarray, P: np.ndarray) -> np.ndarray:
     return key.view(np.dtype((np.void, key.shape[1] * key.itemsize))).ravel()
 
 
+def _object_row_groups(seq: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Compaction groups of an exact or mpmath state: ``inv[r]`` is the group of row r, groups
+    numbered by first sight in sequence order (so rows stay contiguous by sequence), and
+    ``first[g]`` is the row first seen in group g.
+
+    Rows are grouped by (sequence, float image) with one sort of byte keys, and the grouping
+    is kept when every row equals its group's first row exactly (float images are a function
+    of the exact values, so different groups are different points). When two different points
+    share a float image, the rows are keyed exactly instead (:func:`_row_keys`)."""
+    order = np.argsort(seq, kind="stable")
+    Pf = _float_image(P)
+    label = None
+    if Pf is not None:
+        _, rep, label = np.unique(_float_row_keys(seq, Pf), return_index=True,
+                                  return_inverse=True)
+        label = label.reshape(-1)
+        if not np.asarray(P == P[rep[label]], dtype=bool).all():
+            label = None
+    if label is None:
+        keys = _row_keys(seq, P)
+        index: dict = {}
+        label = np.fromiter((index.setdefault(k, len(index)) for k in keys), dtype=np.int64,
+                            count=len(keys))
+    _, seen, group = np.unique(label[order], return_index=True, return_inverse=True)
+    number = np.empty(len(seen), dtype=np.int64)
+    number[np.argsort(seen)] = np.arange(len(seen))
+    inv = np.empty(len(order), dtype=np.int64)
+    inv[order] = number[group.reshape(-1)]
+    return order[np.sort(seen)], inv
+
+
 def _row_keys(seq: np.ndarray, P: np.ndarray) -> list:
     """A hashable key per row of an object array, equal exactly when (sequence, point) are.
 
@@ -589,12 +621,33 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
             P[s:s + DENSE_ROWS], rad[s:s + DENSE_ROWS] = enclosure.ff_dense(
                 st.P[s:s + DENSE_ROWS], st.rad[s:s + DENSE_ROWS], ff.eta, ff.U, ff.b, ff.W)
         st.P, st.rad = P, rad
+    elif st.ar.kind == "exact":
+        st.P = _exact_dense_ff(st.P, _in(st.ar, ff))
     else:
         ff = _in(st.ar, ff)
         st.P = st.P * ff.eta + relu(st.P @ ff.U.T + ff.b) @ ff.W.T
     st.changed_everything()
     if ff.eta == 0:
         st.compact()
+
+
+def _exact_dense_ff(P: np.ndarray, ff: FF) -> np.ndarray:
+    """η·x + W·relu(U·x + b) on every row of an exact pass, with far fewer rational operations
+    than the matrix products: each distinct row of U is dotted once and over its nonzero
+    entries only (the first leader layer's units all read one row), each output coordinate
+    sums only the units with a nonzero weight, and η·x is left out when η = 0."""
+    dots: dict = {}
+    H = np.empty((len(P), ff.U.shape[0]), dtype=object)
+    for i, u in enumerate(ff.U):
+        key = tuple(u.tolist())
+        if key not in dots:
+            dots[key] = sparse_dot(P, u)
+        H[:, i] = relu(dots[key] + ff.b[i])
+    out = np.empty_like(P)
+    for k in range(P.shape[1]):
+        move = sparse_dot(H, ff.W[k])
+        out[:, k] = move if ff.eta == 0 else P[:, k] * ff.eta + move
+    return out
 
 
 def _ridge_spread(st: _State, sp: _SortedProjection, ridge: Ridge, part: FF):
@@ -650,7 +703,7 @@ def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
         return
     new = st.P * sa.rho
     grown = None if st.rad is None else abs(sa.rho) * st.rad + enclosure.rounding(np.abs(new), 1)
-    size = np.abs(new)
+    size = None if grown is None else np.abs(new)  # the radii's rounding terms only
     for c, val, vrad in terms:
         new[:, c] = new[:, c] + val
         if grown is not None:
@@ -778,7 +831,7 @@ def _trusted_floats(exact: np.ndarray) -> np.ndarray | None:
     round to a subnormal, to zero or to inf, and a relative bound would no longer hold)."""
     f = safe_floats(exact)
     mag = np.abs(f)
-    nonzero = np.array([v != 0 for v in exact.flat], dtype=bool).reshape(exact.shape)
+    nonzero = np.asarray(exact != 0, dtype=bool)
     if (nonzero & ((mag < 2.0 ** -SAFE_EXPONENT) | (mag > 2.0 ** SAFE_EXPONENT))).any():
         return None
     return f
@@ -869,33 +922,38 @@ def _exact_candidates(X, qa, ka, alpha) -> np.ndarray:
     return Sf >= (Sf.max(axis=1) - 2 * bound.max(axis=1))[:, None]
 
 
-def _hardmax_sets(X, qa, ka, alpha) -> list[np.ndarray]:
-    """Exact argmax sets (exact or high-precision passes): rank one in O(n) exactly, else
-    exact comparisons among the candidates of a safe float pre-filter."""
+def _hardmax_hits(X, qa, ka, alpha) -> np.ndarray:
+    """Exact argmax sets (exact or high-precision passes) as a boolean matrix, row i holding
+    row i's set: rank one in O(n) exactly, else exact comparisons among the candidates of a
+    safe float pre-filter. The candidates always hold the whole argmax set, so a row with a
+    single candidate needs no exact score."""
+    n = len(X)
     if alpha == 0:
-        return _rank_one_argmax(qa, ka)
-    cand = _exact_candidates(X, qa, ka, alpha)
-    sets = []
-    for i in range(len(X)):
-        idx = np.flatnonzero(cand[i])
+        hit = np.zeros((n, n), dtype=bool)
+        for i, idx in enumerate(_rank_one_argmax(qa, ka)):
+            hit[i, idx] = True
+        return hit
+    hit = _exact_candidates(X, qa, ka, alpha)
+    for i in np.flatnonzero(hit.sum(axis=1) > 1).tolist():
+        idx = np.flatnonzero(hit[i])
         sc = qa[i] * ka[idx] + (X[idx] @ X[i]) * alpha
         best = max(sc)
-        sets.append(idx[[v == best for v in sc]])
-    return sets
+        hit[i, idx] = [v == best for v in sc]
+    return hit
 
 
 def _hardmax_rows(X, qa, ka, alpha, w, stats: PassStats, C=None) -> np.ndarray:
     """Each row's average of the carrier C (default X; multiplicities w) over its exact
     argmax set of scores s_il = (c·x_i)(a·x_l) + α⟨x_i, x_l⟩ (exact and high-precision
-    passes, see :func:`_hardmax_sets`): no float rounding can change these sets."""
-    sets = _hardmax_sets(X, qa, ka, alpha)
-    hit = np.zeros((len(X), len(X)), dtype=bool)
-    for i, idx in enumerate(sets):
-        hit[i, idx] = True
+    passes, see :func:`_hardmax_hits`): no float rounding can change these sets."""
+    hit = _hardmax_hits(X, qa, ka, alpha)
     _record_hits(X, _float_scores(X, qa, ka, alpha), hit, stats)
     C = X if C is None else C
     out = np.empty(C.shape, dtype=C.dtype)
-    for i, idx in enumerate(sets):
+    one = hit.sum(axis=1) == 1
+    out[one] = C[hit[one].argmax(axis=1)]  # the mean of one point (w·c/w) is the point itself
+    for i in np.flatnonzero(~one).tolist():
+        idx = np.flatnonzero(hit[i])
         ws = w[idx]
         out[i] = (ws @ C[idx]) / sum(ws)
     return out
@@ -1252,16 +1310,22 @@ def _sums_to_zero(terms: list) -> bool:
 
 
 def _ridge_cuts(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | None:
-    """The ridge windows of one layer by the general test (:func:`ridge_groups`), for a layer
-    that is not a float64 layer of hats; see :func:`ridges_of`."""
-    cuts = ridge_groups(ff)
+    """The ridge windows of one layer that is not a float64 layer of hats; see
+    :func:`ridges_of`. A rational layer of hats is cut by :func:`_hat_groups` on an mpq copy
+    (a linear test with comparisons a fifth of a Fraction's); anything else, and a rational
+    layer that test does not cut, by the general test (:func:`ridge_groups`, quadratically
+    many Fraction operations)."""
+    q = ff.converted(_EXACT.scalar, _EXACT.array) if ff.U.dtype == object else None
+    cuts = _hat_groups(q) if q is not None else None
+    cuts = cuts if cuts is not None else ridge_groups(ff)
     if cuts is None:
         return None
-    one_f = _one_float_direction(ff)
+    one_f = _one_direction(ff if q is None else q)
     out = []
     for idx in cuts:
         if one_f:  # every unit reads f with scale 1: the breakpoints are −b, exactly
-            r = Ridge(ff.U[0], float(-ff.b[idx].max()), float(-ff.b[idx].min()))
+            lo, hi = -ff.b[idx].max(), -ff.b[idx].min()
+            r = Ridge(ff.U[0], *((float(lo), float(hi)) if ff.b.dtype == float else (lo, hi)))
         else:
             r = ridge_window(_sub_ff(ff, idx))
         lo, hi = ar.scalar(r.lo), ar.scalar(r.hi)
@@ -1277,10 +1341,39 @@ def _ridges_in(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | N
     return ridges_of([ff], [params], ar)[0]
 
 
-def _one_float_direction(ff: FF) -> bool:
-    """A float64 layer whose hidden units all read the same nonzero row f."""
+def _one_direction(ff: FF) -> bool:
+    """A layer whose hidden units all read the same nonzero row f, compared exactly (float64
+    and rational parameters alike)."""
     U = ff.U
-    return U.dtype == float and bool(U[0].any()) and bool((U == U[0]).all())
+    return bool((U[0] != 0).any()) and bool((U == U[0]).all())
+
+
+def _hat_groups(ff: FF) -> list[list[int]] | None:
+    """:func:`ridge_groups` for a rational residual layer (exact values, as mpq) whose units
+    all read one row f and whose columns are ±w per hat: units in breakpoint order close a
+    window when their signs sum to 0 and Σ ±b_i is exactly 0, the test :func:`_hat_cuts`
+    makes on float64 layers. None when the layer is not of that form."""
+    if ff.eta != 1 or not _one_direction(ff):
+        return None
+    b, W = ff.b, ff.W
+    groups, cur, w, signs, terms = [], [], None, 0, []
+    for i in np.argsort(-b, kind="stable").tolist():
+        col = W[:, i]
+        if not cur:
+            w, sign = col, 1
+        elif (col == w).all():
+            sign = 1
+        elif (col == -w).all():
+            sign = -1
+        else:
+            return None
+        cur.append(i)
+        signs += sign
+        terms.append(sign * b[i])
+        if signs == 0 and sum(terms) == 0 and (w != 0).any():
+            groups.append(cur)
+            cur, terms = [], []
+    return groups if not cur and groups else None
 
 
 def ridge_groups(ff: FF) -> list[list[int]] | None:

@@ -127,18 +127,22 @@ def safe_float(v) -> float:
 
 
 def safe_floats(a: np.ndarray) -> np.ndarray:
-    """A float64 copy of ``a``; exact or mpmath values are rounded, overflow becomes ±inf."""
-    if a.dtype != object:
+    """A float64 copy of ``a``; exact or mpmath values are rounded, overflow becomes ±inf.
+    NumPy's cast calls ``float`` on each value in C; only an array with a value beyond float
+    range (which raises there) is converted value by value."""
+    try:
         return a.astype(float)
+    except OverflowError:
+        pass
     out = np.empty(a.shape)
     out.flat[:] = [safe_float(v) for v in a.flat]
     return out
 
 
 def sparse_dot(X: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """X @ v over v's nonzero entries only (the construction's vectors are mostly zeros, and
-    each skipped product is a Fraction multiplication in exact passes)."""
+    """X @ v over v's nonzero entries only (the construction's vectors are mostly zeros or unit
+    vectors, and each skipped product is a rational multiplication in exact passes)."""
     nz = [k for k, a in enumerate(v) if a != 0]
-    if len(nz) == 1:  # one column: a scaled view, no gathered copy
-        return X[:, nz[0]] * v[nz[0]]
+    if len(nz) == 1:  # one column: scaled, or copied when the entry is 1 (no products)
+        return X[:, nz[0]].copy() if v[nz[0]] == 1 else X[:, nz[0]] * v[nz[0]]
     return X[:, nz] @ v[nz] if nz else X[:, 0] * 0

@@ -345,9 +345,9 @@ def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool
     ≤ limit; every other pair gets the exact pass, its squared distance compared with limit²
     exactly. ``extra["hausdorff_exact"]``: the exact distance, or the enclosure's bound.
     ``bounds``: per pair, the enclosure's upper bound (float64 models; None: none made)."""
-    if model.exact:
-        xs, ys = dataset.fractions()
-        outs = forward(model, xs, "exact", progress=progress, workers=workers)
+    if model.exact:  # the inputs enter as they are: the exact pass reads floats exactly
+        ys = [to_fraction_array(y) for y in dataset.targets]
+        outs = forward(model, list(dataset.inputs), "exact", progress=progress, workers=workers)
         return [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)], None
     bounds = bounds if bounds is not None else [math.nan] * dataset.N
     cap = safe_float(limit)  # a float ≤ limit
