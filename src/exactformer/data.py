@@ -24,6 +24,7 @@ from .numbers import (
     NumberError,
     fmt_array,
     is_exact_array,
+    mix64,
     parse_exact,
     to_fraction,
     to_fraction_array,
@@ -385,7 +386,6 @@ def _merge_equal_inputs(xs, ys, among):
 # order of a full pass, so the first offence and its message are those of a full pass (see
 # docs/problem.md, validation rules).
 BATCH_VALUES = 1 << 18  # values per vectorised batch: small temporaries (2 MiB each)
-_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -449,28 +449,17 @@ def _batches(sizes: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _mix(z: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser, in place on a uint64 array: a bijection whose every output
-    bit depends on every input bit, so structured floats (grids, powers of 2) hash apart."""
-    z ^= z >> np.uint64(30)
-    z *= _MIX[0]
-    z ^= z >> np.uint64(27)
-    z *= _MIX[1]
-    z ^= z >> np.uint64(31)
-    return z
-
-
 def _row_hashes(arrays: list[np.ndarray]) -> np.ndarray:
     """A 64-bit hash of every row of the float64 matrices ``arrays`` (one width), equal for
     equal rows: adding 0.0 turns −0.0 into 0.0, so the bits compare like the numbers."""
     d = arrays[0].shape[1]
-    offsets = _mix(np.arange(1, d + 1, dtype=np.uint64) * _GOLDEN)
+    offsets = mix64(np.arange(1, d + 1, dtype=np.uint64) * _GOLDEN)
     out = np.empty(sum(a.shape[0] for a in arrays), dtype=np.uint64)
     start = 0
     for lo, hi in _batches([a.size for a in arrays]):
         bits = (np.concatenate(arrays[lo:hi]) + 0.0).view(np.uint64)
         bits += offsets
-        rows = _mix(_mix(bits).sum(axis=1, dtype=np.uint64))
+        rows = mix64(mix64(bits).sum(axis=1, dtype=np.uint64))
         out[start:start + len(rows)] = rows
         start += len(rows)
     return out

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from . import enclosure, rank_one, runs
 from .model import FF, SA, Transformer
-from .numbers import safe_float, safe_floats, sparse_dot, to_fraction, to_fraction_array
+from .numbers import mix64, safe_float, safe_floats, sparse_dot, to_fraction, to_fraction_array
 
 ARITHMETICS = ("exact", "float", "mp")
 
@@ -463,10 +463,8 @@ class _State:
     def compact(self):
         """Merge equal points of the same sequence; rows end up grouped by sequence."""
         if self.ar.kind == "float":
-            rows = self.P if self.rad is None else np.column_stack([self.P, self.rad])
-            _, first, inv = np.unique(_float_row_keys(self.seq, rows), return_index=True,
-                                      return_inverse=True)
-            inv = inv.reshape(-1)
+            first, inv = _float_row_groups(
+                self.seq, [self.P] if self.rad is None else [self.P, self.rad])
         else:
             first, inv = _object_row_groups(self.seq, self.P)
         self.cnt = np.bincount(inv, weights=self.cnt, minlength=len(first)).astype(np.int64)
@@ -524,6 +522,30 @@ def _extent(P: np.ndarray, rad: np.ndarray) -> tuple[float, float]:
         return r, m
     ok = np.isfinite(rad).all(axis=1) & np.isfinite(P).all(axis=1)
     return float(rad[ok].max(initial=0.0)), float(np.abs(P[ok]).max(initial=0.0))
+
+
+def _float_row_groups(seq: np.ndarray, arrays: list[np.ndarray]
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Compaction groups of a float64 state (the columns of ``arrays`` side by side):
+    ``inv[r]`` is the group of row r and ``first[g]`` a row of group g; groups are in
+    sequence order. Rows are sorted by (sequence, a 64-bit hash of their bits) and a row joins
+    the row before it when sequence and every bit agree (adding 0.0 turns −0.0 into 0.0; NaN
+    rows merge only with bitwise equal ones). Two equal rows that a hash collision keeps
+    apart stay two rows, which costs time only: rows carry their multiplicities. Column by
+    column, so no copy of all rows is made (a sort of byte keys held three)."""
+    cols = [a[:, c] for a in arrays for c in range(a.shape[1])]
+    h = np.zeros(len(seq), dtype=np.uint64)
+    for c, col in enumerate(cols):
+        h ^= mix64((col + 0.0).view(np.uint64) + np.uint64(c + 1))
+    order = np.lexsort((h, seq))
+    same = (seq[order][1:] == seq[order][:-1]) & (h[order][1:] == h[order][:-1])
+    for col in cols:
+        bits = (col + 0.0).view(np.uint64)[order]
+        same &= bits[1:] == bits[:-1]
+    starts = np.concatenate([[True], ~same])
+    inv = np.empty(len(seq), dtype=np.int64)
+    inv[order] = np.cumsum(starts) - 1
+    return order[starts], inv
 
 
 def _float_row_keys(seq: np.ndarray, P: np.ndarray) -> np.ndarray:

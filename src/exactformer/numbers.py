@@ -146,3 +146,17 @@ def sparse_dot(X: np.ndarray, v: np.ndarray) -> np.ndarray:
     if len(nz) == 1:  # one column: scaled, or copied when the entry is 1 (no products)
         return X[:, nz[0]].copy() if v[nz[0]] == 1 else X[:, nz[0]] * v[nz[0]]
     return X[:, nz] @ v[nz] if nz else X[:, 0] * 0
+
+
+_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def mix64(z: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser, in place on a uint64 array: a bijection whose every output
+    bit depends on every input bit, so structured floats (grids, powers of 2) hash apart."""
+    z ^= z >> np.uint64(30)
+    z *= _MIX[0]
+    z ^= z >> np.uint64(27)
+    z *= _MIX[1]
+    z ^= z >> np.uint64(31)
+    return z
