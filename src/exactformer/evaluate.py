@@ -1424,6 +1424,7 @@ def ridge_groups(ff: FF) -> list[list[int]] | None:
 def _sub_ff(ff: FF, idx: list[int]) -> FF:
     return FF(ff.eta, ff.U[idx], ff.b[idx], ff.W[:, idx])
 
+
 def _in(ar: Arithmetic, layer):
     """A layer (block, FF, SA or ridge part) in the pass's arithmetic. Passes convert each layer
     when they apply it, and a ridge part only when some row is inside its window: an exact
