@@ -677,3 +677,15 @@ def test_a_radius_that_grows_inside_a_run_of_hat_layers():
     assert np.all(np.abs(np.array(exact, dtype=float) - mid) <= rad)
     data = ef.Dataset.from_arrays(inputs=[[[x0, 0.0]]], targets=[mid.tolist()])
     assert not ef.verify(model, data).ok
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=DATA)
+def test_no_radii_means_exact_inputs(data):
+    """``radii=None`` (exact float inputs) encloses exactly as explicit zero radii do."""
+    model = compiled(data, 4, 1)
+    xs, _ = data.floats()
+    a = enclose(model, xs, None)
+    b = enclose(model, xs, [np.zeros_like(x) for x in xs])
+    for u, v in zip(a[0] + a[1], b[0] + b[1], strict=True):
+        assert np.array_equal(u, v)

@@ -353,8 +353,10 @@ class _State:
         self.ar = ar
         self.N = len(inputs)
         self.lengths = [x.shape[0] for x in inputs]
-        self.P = ar.array(np.concatenate(inputs, axis=0))
-        self.rad = None if rad is None else np.concatenate(rad, axis=0).astype(float)
+        P = np.concatenate(inputs, axis=0)
+        self.P = P if P.dtype == float and ar.kind == "float" else ar.array(P)
+        self.rad = None if rad is None else \
+            np.zeros(P.shape) if not len(rad) else np.concatenate(rad, axis=0).astype(float)
         self.seq = np.repeat(np.arange(self.N), self.lengths)
         self.cnt = np.ones(len(self.seq), dtype=np.int64)
         self.owner = np.arange(len(self.seq))  # original token -> current row
@@ -468,9 +470,9 @@ class _State:
         else:
             first, inv = _object_row_groups(self.seq, self.P)
         self.cnt = np.bincount(inv, weights=self.cnt, minlength=len(first)).astype(np.int64)
-        self.P, self.seq = _columns(self.P[first]), self.seq[first]
+        self.P, self.seq = _columns(self.P, first), self.seq[first]
         if self.rad is not None:
-            self.rad = _columns(self.rad[first])
+            self.rad = _columns(self.rad, first)
         self.owner = inv[self.owner]
         self._by_sequence = None
         self.row_epoch = np.zeros(len(first), dtype=np.int64)
@@ -509,10 +511,16 @@ class _State:
         return np.split(self.rad[self.owner], np.cumsum(self.lengths)[:-1])
 
 
-def _columns(a: np.ndarray) -> np.ndarray:
-    """``a`` stored column by column: attention layers read and write single coordinates of
-    every row, which a row-major array spreads over all its memory."""
-    return np.asfortranarray(a) if a.dtype != object else a
+def _columns(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The ``rows`` of ``a`` stored column by column (one allocation): attention layers read
+    and write single coordinates of every row, which a row-major array spreads over all its
+    memory."""
+    if a.dtype == object:
+        return a[rows]
+    out = np.empty((len(rows), a.shape[1]), dtype=a.dtype, order="F")
+    for c in range(a.shape[1]):
+        np.take(a[:, c], rows, out=out[:, c])
+    return out
 
 
 def _extent(P: np.ndarray, rad: np.ndarray) -> tuple[float, float]:
@@ -1124,12 +1132,13 @@ class _Job:
         return snaps
 
 
-def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray],
+def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray] | None,
             stats: PassStats | None = None, progress: bool = False, give_up: float = math.inf):
     """The float64 pass of a float64 hardmax model with a radius on every coordinate: returns
     the float64 outputs and per token a bound on the distance of the *exact* evaluation of
     the stored numbers on the exact inputs from them, given the inputs' own radii
-    (docs/numerics.md#enclosures). Radii are inf where nothing is known. The outputs are a
+    (docs/numerics.md#enclosures); ``radii`` None: exact inputs (radius 0). Radii are inf
+    where nothing is known. The outputs are a
     float64 evaluation in which gadget layers act as their affine pieces (a flat top adds its
     move exactly), so they can differ from :func:`forward`'s in the last bits. ``stats``
     records the pass's margins. A row whose radius exceeds ``give_up`` gets radius inf
@@ -1141,7 +1150,7 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
     stats = PassStats() if stats is None else stats
     xs = [np.asarray(x, dtype=float) for x in inputs]
     ar = Arithmetic("float")
-    st = _State(xs, ar, [np.asarray(r, dtype=float) for r in radii])
+    st = _State(xs, ar, [] if radii is None else [np.asarray(r, dtype=float) for r in radii])
     st.give_up = give_up
     with np.errstate(all="ignore"):  # overflow shows as inf or nan, and radii become inf
         _Job.of(model, ar, None).walk(st, None, stats, max(1.0, max(_max_abs(x) for x in xs)),

@@ -391,7 +391,7 @@ def _float_and_enclosure(model, dataset, stats, progress: bool, limit: float
         ys_r = [enclosure.float_radius(y, f) for y, f in zip(ys, ys_f, strict=True)]
     else:
         xs_f, ys_f = dataset.floats()
-        xs_r, ys_r = [np.zeros_like(x) for x in xs_f], [np.zeros_like(y) for y in ys_f]
+        xs_r, ys_r = None, [np.zeros_like(y) for y in ys_f]  # float data are exact
     outs, rads = enclose(model, xs_f, xs_r, stats, progress, give_up=limit)
     return outs, [enclosure.hausdorff_bounds(o, r, y, yr)[1]
                    for o, r, y, yr in zip(outs, rads, ys_f, ys_r, strict=True)]
