@@ -403,12 +403,7 @@ class _State:
             lost |= self.rad[:, c] > self.give_up
         self._give_up(lost)
         if self.extent is not None:
-            tops = [float(a.max(initial=0.0)) for c in cols.tolist()
-                    for a in (self.rad[:, c], np.abs(self.P[:, c]))]
-            if all(math.isfinite(v) for v in tops):  # (a nan shows as nan)
-                r, m = max(tops[::2]), max(tops[1::2])
-            else:
-                r, m = _extent(self.P[:, cols], self.rad[:, cols])
+            r, m = _extent(self.P, self.rad, cols)
             self.extent = (max(r, self.extent[0]), max(m, self.extent[1]))
 
     def reach(self, f) -> float:
@@ -495,10 +490,9 @@ class _State:
         return self._grouping()[1]
 
     def segments(self) -> list[tuple[int, int]]:
-        bounds = np.flatnonzero(np.diff(self.seq)) + 1
-        starts = np.concatenate([[0], bounds])
-        ends = np.concatenate([bounds, [len(self.seq)]])
-        return list(zip(starts.tolist(), ends.tolist(), strict=True))
+        """Each sequence's rows as a range (start, end)."""
+        starts = self.segment_index().starts
+        return list(zip(starts.tolist(), [*starts[1:].tolist(), len(self.seq)], strict=True))
 
     def outputs(self) -> list[np.ndarray]:
         """Every original token's current point, per sequence, in the public representation
@@ -523,11 +517,17 @@ def _columns(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def _extent(P: np.ndarray, rad: np.ndarray) -> tuple[float, float]:
-    """Largest radius and largest |coordinate| over the rows with finite values."""
-    r, m = float(rad.max(initial=0.0)), float(np.abs(P).max(initial=0.0))
-    if math.isfinite(r) and math.isfinite(m):  # every row finite (a nan shows as nan)
-        return r, m
+def _extent(P: np.ndarray, rad: np.ndarray, cols: np.ndarray | None = None
+            ) -> tuple[float, float]:
+    """Largest radius and largest |coordinate| over the rows with finite values, in the
+    columns ``cols`` (default all). Read column by column (views, no gathered copies) while
+    every value is finite, which is the usual case."""
+    tops = [float(a.max(initial=0.0)) for c in range(P.shape[1]) if cols is None or c in cols
+            for a in (rad[:, c], np.abs(P[:, c]))]
+    if all(math.isfinite(v) for v in tops):  # (a nan shows as nan)
+        return max(tops[::2], default=0.0), max(tops[1::2], default=0.0)
+    if cols is not None:
+        P, rad = P[:, cols], rad[:, cols]
     ok = np.isfinite(rad).all(axis=1) & np.isfinite(P).all(axis=1)
     return float(rad[ok].max(initial=0.0)), float(np.abs(P[ok]).max(initial=0.0))
 
