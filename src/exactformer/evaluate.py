@@ -645,12 +645,11 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
             st.P[rows] = st.P[rows] + change
             st.moved(rows)
         return
-    if st.rad is not None:
-        P, rad = np.empty_like(st.P), np.empty_like(st.rad)
-        for s in range(0, len(P), DENSE_ROWS):  # each row alone: temporaries stay small
-            P[s:s + DENSE_ROWS], rad[s:s + DENSE_ROWS] = enclosure.ff_dense(
-                st.P[s:s + DENSE_ROWS], st.rad[s:s + DENSE_ROWS], ff.eta, ff.U, ff.b, ff.W)
-        st.P, st.rad = P, rad
+    if st.rad is not None:  # each row alone: slices written back in place stay small
+        for s in range(0, len(st.P), DENSE_ROWS):
+            rows = slice(s, s + DENSE_ROWS)
+            st.P[rows], st.rad[rows] = enclosure.ff_dense(st.P[rows], st.rad[rows], ff.eta,
+                                                          ff.U, ff.b, ff.W)
     elif st.ar.kind == "exact":
         st.P = _exact_dense_ff(st.P, _in(st.ar, ff))
     else:
@@ -728,66 +727,82 @@ def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
     dots: dict = {}
     terms = [t for head in sa.heads
              if (t := _head_term(st, head, attention, tau, stats, dots)) is not None]
-    if sa.rho == 1:
-        _add_terms(st, terms)
-        return
-    new = st.P * sa.rho
-    grown = None if st.rad is None else abs(sa.rho) * st.rad + enclosure.rounding(np.abs(new), 1)
-    size = None if grown is None else np.abs(new)  # the radii's rounding terms only
-    for c, val, vrad in terms:
-        new[:, c] = new[:, c] + val
-        if grown is not None:
-            size[:, c] += np.abs(val)
-            grown[:, c] += vrad
-    st.P = new
-    if grown is not None:
-        k = len(terms) + 2
-        st.rad = enclosure.up(grown + enclosure.rounding(size, k), 4 * k)
-    st.changed_columns(np.arange(st.P.shape[1]))
+    _write_terms(st, sa.rho, terms)
     if sa.rho == 0:
         st.compact()
 
 
-def _add_terms(st: _State, terms: list) -> None:
-    """ρ = 1: the heads' terms added to the columns they write, one column at a time and in
-    place (a column of the column-major rows is one contiguous array), the radius growing by
-    the terms' radii and the rounding of the sums."""
-    cols = np.unique(np.concatenate([c for c, _, _ in terms])) if terms else []
+def _write_terms(st: _State, rho, terms: list[_Term]) -> None:
+    """The rows become ρ·x plus the heads' terms, one column at a time and in place (a column
+    of the column-major rows is one contiguous array, and no row-sized temporary is made).
+    A tracking pass grows each radius by |ρ|·r, the terms' radii and the rounding of the
+    product and the sums. With ρ = 1 the product is exact and only the written columns
+    change."""
     k = len(terms) + 2
-    for c in cols.tolist():
-        parts = [(val[:, i], None if vrad is None else vrad[:, i])
-                 for cs, val, vrad in terms for i in np.flatnonzero(cs == c).tolist()]
+    written = sorted({c for t in terms for c in t.cols})
+    cols = written if rho == 1 else list(range(st.P.shape[1]))
+    for c in cols:
+        parts = [t.column(c) for t in terms if c in t.cols]
         x = st.P[:, c]
+        new = x if rho == 1 else x * rho
         if st.rad is not None:
-            size, r = np.abs(x), st.rad[:, c]
+            size = np.abs(new)
+            r = st.rad[:, c]
+            if rho != 1:
+                r = abs(rho) * r + enclosure.rounding(size, 1)
             for v, vr in parts:
                 size += np.abs(v)
                 r += vr
-            r[:] = enclosure.up(r + enclosure.rounding(size, k), 4 * k)
+            st.rad[:, c] = enclosure.up(r + enclosure.rounding(size, k), 4 * k)
         for v, _ in parts:
-            x += v
-    if len(cols):
+            new += v
+        if rho != 1:
+            x[:] = new
+    if cols:
         st.changed_columns(np.asarray(cols))
 
 
-def _head_term(st: _State, head, attention: str, tau, stats: PassStats, dots: dict):
-    """(columns, values, radii) one head adds: V applied to the head's average, computed
-    from the layer's input; None when V = 0. ``dots`` holds the layer's products x·v
-    already computed (heads often read the same vector)."""
-    P, rad, V = st.P, st.rad, head.V
+@dataclass(frozen=True)
+class _Term:
+    """What one head adds to the rows, kept as the head's average so that the values are
+    formed column by column: column c gains p_c·avg (β = 0: avg is the average of x·q), or
+    β·avg_c + p_c·(q·avg) (avg is the average point). ``avg_rad``, ``s_rad``: radii of avg
+    and q·avg in a tracking pass, else None."""
+
+    V: object
+    cols: frozenset
+    avg: np.ndarray
+    avg_rad: np.ndarray | None
+    s: np.ndarray | None = None
+    s_rad: np.ndarray | None = None
+
+    def column(self, c: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The term's values in column c and, in a tracking pass, their radii."""
+        p, beta = self.V.p[c], self.V.beta
+        if beta == 0:
+            val = self.avg[:, 0] * p
+            return val, None if self.avg_rad is None else self.avg_rad[:, 0] * float(abs(p))
+        val = self.avg[:, c] * beta + self.s * p
+        if self.avg_rad is None:
+            return val, None
+        return val, abs(beta) * self.avg_rad[:, c] + self.s_rad * abs(p)
+
+
+def _head_term(st: _State, head, attention: str, tau, stats: PassStats, dots: dict
+               ) -> _Term | None:
+    """What one head adds (its average, computed from the layer's input); None when V = 0.
+    ``dots`` holds the layer's products x·v already computed (heads often read the same
+    vector)."""
+    V = head.V
     if V.beta == 0:
-        cols = np.array([k for k, v in enumerate(V.p) if v != 0], dtype=np.int64)
-        if not len(cols):
+        cols = frozenset(k for k, v in enumerate(V.p) if v != 0)
+        if not cols:
             return None
-        avg, avg_rad = _head_average(st, head.A, V.q, attention, tau, stats, dots)
-        val = avg * V.p[cols]
-        return cols, val, None if rad is None else avg_rad * np.abs(V.p[cols]).astype(float)
+        return _Term(V, cols, *_head_average(st, head.A, V.q, attention, tau, stats, dots))
     avg, avg_rad = _head_average(st, head.A, None, attention, tau, stats, dots)
-    val = avg * V.beta + np.outer(sparse_dot(avg, V.q), V.p)
-    if rad is None:
-        return np.arange(P.shape[1]), val, None
-    qr = enclosure.dot_radius(avg, avg_rad, V.q)
-    return np.arange(P.shape[1]), val, abs(V.beta) * avg_rad + np.outer(qr, np.abs(V.p))
+    s_rad = None if avg_rad is None else enclosure.dot_radius(avg, avg_rad, V.q)
+    return _Term(V, frozenset(range(st.P.shape[1])), avg, avg_rad, sparse_dot(avg, V.q),
+                 s_rad)
 
 
 def _dot(st: _State, v, dots: dict):
