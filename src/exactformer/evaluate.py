@@ -1282,34 +1282,41 @@ def _paused_gc():
 
 
 def _hat_windows(ffs: list[FF], params: list[FF], ar: Arithmetic) -> list:
-    """:func:`ridges_of` for float64 layers of one shape: per layer its hats (as windows whose
-    units are views of the sorted units of all these layers), or None where the layer is not
-    a residual layer of hats on one row f (:func:`_hat_cuts`)."""
+    """:func:`ridges_of` for float64 layers of one shape: per layer its hats, or None where the
+    layer is not a residual layer of hats on one row f (:func:`_hat_cuts`). A hat's units are
+    the pass's own layer when the hat is the whole layer in breakpoint order (every
+    constructed width-4 layer), else views of the layer's units in that order: a large model's
+    windows add no copy of its parameters."""
     U, b, W = (np.array([getattr(ff, k) for ff in ffs]) for k in "UbW")
     ok, order, opens, lo, hi = _hat_cuts(U, b, W, np.array([ff.eta == 1 for ff in ffs]))
-    same = all(p is ff for p, ff in zip(params, ffs, strict=True))  # the pass's own layers
-    pU, pb, pW = (U, b, W) if same else (np.array([getattr(p, k) for p in params]) for k in "UbW")
-    pU = np.take_along_axis(pU, order[:, :, None], axis=1)
-    pb = np.take_along_axis(pb, order, axis=1)
-    pW = np.take_along_axis(pW, order[:, None, :], axis=2)
     layers = np.flatnonzero(ok)
     row, start = np.nonzero(opens[layers])  # every hat: its layer (among ``layers``), 1st unit
-    end = np.full(len(start), b.shape[1])  # a hat ends where the next one of its layer starts
+    h = b.shape[1]
+    end = np.full(len(start), h)  # a hat ends where the next one of its layer starts
     nxt = row[1:] == row[:-1]
     end[:-1][nxt] = start[1:][nxt]
     if ar.is_object:  # each distinct direction converted once (±0 convert alike)
         rows, which = np.unique(U[layers, 0], axis=0, return_inverse=True)
-        fs = ar.array(rows)[which.reshape(-1)]
+        fs = list(ar.array(rows)[which.reshape(-1)])
     else:
-        fs = U[layers, 0]
+        fs = [ffs[layer].U[0] for layer in layers.tolist()]
+    in_order = (order == np.arange(h)).all(axis=1)
+    units = {layer: params[layer] if in_order[layer] else _units_in(params[layer], order[layer])
+             for layer in layers.tolist()}
     out: list = [None] * len(ffs)
     for layer in layers.tolist():
         out[layer] = []
     for m, layer, a, e, lo_, hi_ in zip(row.tolist(), layers[row].tolist(), start.tolist(),
                                         end.tolist(), lo.tolist(), hi.tolist(), strict=True):
-        part = FF(params[layer].eta, pU[layer, a:e], pb[layer, a:e], pW[layer, :, a:e])
+        p = units[layer]
+        part = p if e - a == h else FF(p.eta, p.U[a:e], p.b[a:e], p.W[:, a:e])
         out[layer].append((Ridge(fs[m], ar.scalar(lo_), ar.scalar(hi_)), part))
     return out
+
+
+def _units_in(ff: FF, order: np.ndarray) -> FF:
+    """``ff`` with its hidden units in the order ``order`` (the same function)."""
+    return FF(ff.eta, ff.U[order], ff.b[order], ff.W[:, order])
 
 
 def _hat_cuts(U, b, W, eta):
