@@ -65,7 +65,9 @@ class Arithmetic:
         if self.kind == "exact":
             if isinstance(v, mpq):
                 return v
-            return mpq(v) if isinstance(v, (int, Fraction)) else mpq(to_fraction(v))
+            if isinstance(v, (int, Fraction)) or (isinstance(v, float) and math.isfinite(v)):
+                return mpq(v)  # exact, also for a float
+            return mpq(to_fraction(v))
         if isinstance(v, Fraction):
             return mpmath.mpf(v.numerator) / v.denominator
         return mpmath.mpf(v)
@@ -148,6 +150,15 @@ class Ridge:
     f: np.ndarray
     lo: object
     hi: object
+    f_norm: float | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def norm(self) -> float:
+        """‖f‖ in float64 (a window's clearance is reported relative to it); batch-built
+        windows get it with the batch."""
+        if self.f_norm is None:
+            self.f_norm = float(np.linalg.norm(safe_floats(np.asarray(self.f))))
+        return self.f_norm
 
 
 def ridge_window(ff: FF) -> Ridge | None:
@@ -297,9 +308,11 @@ class _SortedProjection:
         """Rows with lo < t < hi, and the smallest distance from a row outside to [lo, hi]."""
         i0 = int(np.searchsorted(self.sorted_t, lo, side="right"))
         i1 = int(np.searchsorted(self.sorted_t, hi, side="left"))
-        cand = self.order[i0:i1]
-        cand = cand[~self.is_dirty[cand]]
-        rows = [cand[(self.t[cand] > lo).astype(bool) & (self.t[cand] < hi).astype(bool)]]
+        rows = [np.zeros(0, dtype=np.int64)]
+        if i0 < i1:  # (most windows hold no row: skip the work on empty arrays)
+            cand = self.order[i0:i1]
+            cand = cand[~self.is_dirty[cand]]
+            rows.append(cand[(self.t[cand] > lo).astype(bool) & (self.t[cand] < hi).astype(bool)])
         gaps = []
         j = i0 - 1
         while j >= 0 and self.is_dirty[self.order[j]]:
@@ -627,14 +640,14 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
             if st.rad is not None:
                 change, terms, gap = _ridge_spread(st, sp, ridge, part)
                 if gap is not None and stats.enabled:
-                    stats._min("hat_clearance", gap / (scale * _norm(ridge.f)))
+                    stats._min("hat_clearance", gap / (scale * ridge.norm))
                 rows = terms[0]
                 spread.append(terms)
                 moves.append((rows, change))
                 continue
             rows, gap = sp.rows_in(ridge.lo, ridge.hi)
             if gap is not None and stats.enabled:
-                stats._min("hat_clearance", safe_float(gap) / (scale * _norm(ridge.f)))
+                stats._min("hat_clearance", safe_float(gap) / (scale * ridge.norm))
             if len(rows):
                 X, part = st.P[rows], _in(st.ar, part)
                 moves.append((rows, relu(X @ part.U.T + part.b) @ part.W.T))
@@ -709,10 +722,6 @@ def _ridge_spread(st: _State, sp: _SortedProjection, ridge: Ridge, part: FF):
     zone = enclosure.zone_change(X[~inside], r[~inside], part.U, part.b, part.W, ridge.f,
                                  ridge.lo, ridge.hi)
     return change, (rows, whole, alone, out, zone), gap
-
-
-def _norm(f) -> float:
-    return float(np.linalg.norm(safe_floats(np.asarray(f))))
 
 
 def _apply_sa(st: _State, sa: SA, attention: str, tau, stats: PassStats):
@@ -1300,6 +1309,7 @@ def _hat_windows(ffs: list[FF], params: list[FF], ar: Arithmetic) -> list:
         fs = list(ar.array(rows)[which.reshape(-1)])
     else:
         fs = [ffs[layer].U[0] for layer in layers.tolist()]
+    norms = np.linalg.norm(U[layers, 0], axis=1).tolist()
     in_order = (order == np.arange(h)).all(axis=1)
     units = {layer: params[layer] if in_order[layer] else _units_in(params[layer], order[layer])
              for layer in layers.tolist()}
@@ -1307,10 +1317,11 @@ def _hat_windows(ffs: list[FF], params: list[FF], ar: Arithmetic) -> list:
     for layer in layers.tolist():
         out[layer] = []
     for m, layer, a, e, lo_, hi_ in zip(row.tolist(), layers[row].tolist(), start.tolist(),
-                                        end.tolist(), lo.tolist(), hi.tolist(), strict=True):
+                                        end.tolist(), ar.array(lo).tolist(),
+                                        ar.array(hi).tolist(), strict=True):
         p = units[layer]
         part = p if e - a == h else FF(p.eta, p.U[a:e], p.b[a:e], p.W[:, a:e])
-        out[layer].append((Ridge(fs[m], ar.scalar(lo_), ar.scalar(hi_)), part))
+        out[layer].append((Ridge(fs[m], lo_, hi_, norms[m]), part))
     return out
 
 
