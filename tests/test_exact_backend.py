@@ -183,6 +183,20 @@ def test_backend_conversions():
         ar.array(np.array([np.inf]))
 
 
+@settings(max_examples=200, deadline=None)
+@given(v=st.floats(allow_nan=False, allow_infinity=False)
+       | st.sampled_from([5e-324, -5e-324, -0.0, 2.0 ** -1074, 1.7976931348623157e308]))
+def test_exact_scalars_of_floats_are_their_binary_values(v):
+    """A finite float (Python or NumPy) enters an exact pass as its exact binary value, one at
+    a time or in an array; a non-finite one is refused."""
+    ar = Arithmetic("exact")
+    for x in (v, np.float64(v)):
+        assert ar.public(np.array([ar.scalar(x)], dtype=object))[0] == Fraction(v)
+    assert ar.public(ar.array(np.array([v])))[0] == Fraction(v)
+    with pytest.raises(ValueError, match="not finite"):
+        ar.scalar(float("nan"))
+
+
 # ------------------------------------------------------------------------------ parallel
 def test_pass_stats_merge():
     a = PassStats(hardmax_margin=0.5, hardmax_ties=2, hat_clearance=None)
