@@ -17,11 +17,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from conftest import datasets, make_dataset
+from conftest import hausdorff as float_hausdorff
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer import enclosure
+from exactformer import enclosure, report
 from exactformer.construct.generic import ConstructionError
 from exactformer.evaluate import enclose
 from exactformer.model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
@@ -538,6 +539,59 @@ def test_float_pass_exact_but_exact_evaluation_misses():
     mids, rads = enclose_exact_inputs(model, data.fractions()[0])
     assert mids[0][0, 0] == 0.0 and rads[0][0, 0] >= 1.0
     assert check_containment(model, data.fractions()[0]) == 2
+
+
+@st.composite
+def boxes(draw, rows: int, d: int):
+    """``rows`` boxes in R^d: centres from :func:`values` (inf and nan included) and radii
+    that are 0, tiny, moderate or inf."""
+    mid = np.array([draw(vectors(d, True)) for _ in range(rows)]).reshape(rows, d)
+    rad = np.array(draw(st.lists(st.sampled_from([0.0, 0.0, 2.0 ** -1070, 1e-300, 1e-9, 0.5,
+                                                  math.inf]), min_size=rows * d,
+                                 max_size=rows * d))).reshape(rows, d)
+    return mid, rad
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), n=st.integers(1, 4), m=st.integers(1, 3), d=st.integers(1, 3))
+def test_hausdorff_upper_bounds_every_exact_set(data, n, m, d):
+    """The upper bound ``verify`` accepts pairs by is at least the exact Hausdorff distance
+    of any points chosen in the boxes (corners and centres, in Fractions), and nan when some
+    centre or radius is not finite."""
+    (O, o_rad), (Y, y_rad) = data.draw(boxes(n, d)), data.draw(boxes(m, d))
+    (h,) = enclosure.hausdorff_upper(O[None], o_rad[None], Y[None], y_rad[None])
+    finite = all(np.isfinite(a).all() for a in (O, o_rad, Y, y_rad))
+    if not finite:
+        assert math.isnan(h)  # nothing known: such a pair is never accepted
+        return
+    assert 0 <= h < math.inf
+    pick = st.sampled_from([-1, 0, 1])
+    points = [[[exact(c) + data.draw(pick) * exact(r) for c, r in zip(cs, rs, strict=True)]
+               for cs, rs in zip(M, R, strict=True)] for M, R in ((O, o_rad), (Y, y_rad))]
+    assert hausdorff_sq(*points) <= exact(h) ** 2
+
+
+def test_pairs_are_stacked_like_one_at_a_time(monkeypatch):
+    """``report.per_pair`` (pairs of equal shapes stacked, in slices) gives what one call
+    per pair gives, in the pairs' order, for mixed shapes and non-finite values."""
+    rng = np.random.default_rng(0)
+    shapes = [(3, 2), (1, 2), (3, 2), (5, 2), (3, 2), (1, 2), (3, 2)]
+    outs = [rng.normal(size=s) for s in shapes]
+    rads = [np.abs(rng.normal(size=s)) * 1e-12 for s in shapes]
+    ys = [rng.normal(size=(1 + j % 2, 2)) for j in range(len(shapes))]
+    yrs = [np.zeros_like(y) for y in ys]
+    outs[2][1, 0], rads[4][0, 1] = math.nan, math.inf
+    monkeypatch.setattr(report, "STACK_CELLS", 8)  # slices of one or two pairs
+    for fn, cols in ((enclosure.hausdorff_upper, (outs, rads, ys, yrs)),
+                     (report._hausdorff_stack, (outs, ys))):
+        one = [float(fn(*(c[j][None] for c in cols))[0]) for j in range(len(outs))]
+        got = report.per_pair(fn, *cols)
+        assert np.array_equal(got, one, equal_nan=True)
+    assert [math.isnan(v) for v in report.per_pair(enclosure.hausdorff_upper, outs, rads,
+                                                   ys, yrs)] == [j in (2, 4) for j in range(7)]
+    assert report.per_pair(report._hausdorff_stack, outs, ys) == pytest.approx(
+        [math.nan if j == 2 else float_hausdorff(o, y)
+         for j, (o, y) in enumerate(zip(outs, ys, strict=True))], nan_ok=True)
 
 
 # ------------------------------------------------------------------------------ found here

@@ -346,18 +346,20 @@ def scores(X, r, q, q_rad, k, k_rad, alpha: float) -> tuple[np.ndarray, np.ndarr
     return S, up(err, 3 * X.shape[-1] + 8)
 
 
-def distance_bounds(O, o_rad, Y, y_rad) -> tuple[np.ndarray, np.ndarray]:
-    """Lower and upper bounds on the Euclidean distance between every exact point of box
-    O_i ± o_rad_i and of box Y_j ± y_rad_j (matrices |O| × |Y|)."""
-    d = O.shape[1]
+def hausdorff_upper(O, o_rad, Y, y_rad) -> np.ndarray:
+    """Upper bounds on the Hausdorff distance between the exact point sets that the boxes
+    O ± o_rad and Y ± y_rad enclose (token by token), for a stack of pairs of one shape
+    (O, o_rad: B×n×d; Y, y_rad: B×m×d); nan where unknown. Each distance |x − y| of points in
+    two boxes is at most |O_i − Y_j| + |o_rad_i + y_rad_j|, both computed in float64 and
+    inflated by their rounding (squares below 2^-1022 may vanish: d · 2^-510 covers them)."""
+    d = O.shape[-1]
     with np.errstate(over="ignore", invalid="ignore"):
-        D = np.sqrt(((O[:, None, :] - Y[None, :, :]) ** 2).sum(axis=2))
-        R = np.sqrt(((o_rad[:, None, :] + y_rad[None, :, :]) ** 2).sum(axis=2))
+        D = np.sqrt(((O[:, :, None, :] - Y[:, None, :, :]) ** 2).sum(axis=3))
+        R = np.sqrt(((o_rad[:, :, None, :] + y_rad[:, None, :, :]) ** 2).sum(axis=3))
         slack = 1 + (4 * d + 16) * U
-        under = d * FLOOR  # squares below 2^-1022 may vanish: sqrt(d · 2^-1022) covers them
-        hi = up(D * slack + R * slack + 2 * under, 4)
-        lo = np.maximum(D / slack - R * slack - 2 * under, 0.0)
-    return np.nextafter(lo, -np.inf).clip(0.0), hi
+        hi = up(D * slack + R * slack + 2 * d * FLOOR, 4)
+        h = np.maximum(hi.min(axis=2).max(axis=1), hi.min(axis=1).max(axis=1))
+    return np.where(np.isfinite(h), h, np.nan)
 
 
 def rank_one_radius(avg, q, q_rad, k, k_rad, C, C_rad, seg, starts) -> np.ndarray:
@@ -398,17 +400,6 @@ def head_radius(X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad, avg) -> np.nda
         lo[at] = np.where(c, C_lo[at][..., None, :, :], np.inf).min(axis=-2)
         hi[at] = np.where(c, C_hi[at][..., None, :, :], -np.inf).max(axis=-2)
     return hull_radius(avg, lo, hi)
-
-
-def hausdorff_bounds(O, o_rad, Y, y_rad) -> tuple[float, float]:
-    """Lower and upper bounds on the Hausdorff distance between the exact point sets that
-    the boxes O ± o_rad and Y ± y_rad enclose (token by token); nan when unknown."""
-    lo, hi = distance_bounds(O, o_rad, Y, y_rad)
-    with np.errstate(invalid="ignore"):
-        upper_h = max(hi.min(axis=1).max(), hi.min(axis=0).max())
-        lower_h = max(lo.min(axis=1).max(), lo.min(axis=0).max())
-    ok = np.isfinite(upper_h) and np.isfinite(lower_h)
-    return (float(lower_h), float(upper_h)) if ok else (math.nan, math.nan)
 
 
 def float_radius(exact: np.ndarray, approx: np.ndarray) -> np.ndarray:
