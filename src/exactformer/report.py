@@ -341,8 +341,10 @@ def _shape(model: Transformer, dataset: Dataset) -> dict:
 def _parameter_sizes(model: Transformer) -> tuple[float, float]:
     """The largest |parameter| and the parameters' Euclidean norm, in float64 (one array
     operation over the blocks' arrays: a large model has millions of parameters)."""
-    theta = np.concatenate([safe_floats(np.asarray(a)) for a in model.parameter_arrays()]
-                           + [np.zeros(1)])
+    arrays = model.parameter_arrays()
+    if not all(a.dtype == float for a in arrays):  # (a float64 model's need no conversion)
+        arrays = [safe_floats(np.asarray(a)) for a in arrays]
+    theta = np.concatenate([*arrays, np.zeros(1)])
     with np.errstate(over="ignore"):
         return float(np.abs(theta).max()), float(np.sqrt((theta ** 2).sum()))
 
