@@ -158,15 +158,21 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 def test_enclosure_holds_the_exact_evaluation(data, d, rows, give_up):
     """Several heads writing overlapping columns, ρ ∈ {1, 0, 0.5, −2, 3}, keys shared across
     layers, dense FFs written back in slices of ``rows`` rows: wherever a radius is finite the
-    exact value lies within it (with give_up = 0 a finite radius is mostly 0: the float is
-    exact), and the pass is repeatable bit for bit."""
+    exact value lies within it, and the pass is repeatable bit for bit and writes nothing
+    into the model or the inputs. The exact inputs are the drawn Fractions (the floats carry
+    radii) or the floats themselves (radius 0; float scores then tie where exact ones do
+    not)."""
     xs = data.draw(inputs(d))
     model = data.draw(models(d))
     xf = floats(xs)
     radii = [enclosure.float_radius(x, f) for x, f in zip(xs, xf, strict=True)]
+    if data.draw(st.booleans()):
+        xs, radii = [np.array(x, dtype=object) for x in xf], None
+    snap = snapshot(model, xf + (radii or []))
     with patch.object(evaluate, "DENSE_ROWS", rows):
         mids, rads = evaluate.enclose(model, xf, radii, give_up=give_up)
         again = evaluate.enclose(model, xf, radii, give_up=give_up)
+    assert_unchanged(model, snap)
     for a, b in zip(mids + rads, again[0] + again[1], strict=True):
         assert a.tobytes() == b.tobytes()
     for j, (mid, rad, ref) in enumerate(zip(mids, rads, ref_forward(model, xs), strict=True)):
@@ -269,3 +275,38 @@ def test_a_cached_head_result_after_a_rescaling_write():
             assert np.isfinite(rad).all()
             assert all(abs(e - Fraction(m)) <= Fraction(r) for e, m, r in
                        zip(np.ravel(out), mid.flat, rad.flat, strict=True))
+
+
+def test_an_uncertain_average_reaches_the_columns_its_q_part_writes():
+    """Keys x₀ + x₁ of the float inputs (1/3, 2/3, 0, 0) and (1, 0, 1, 0) tie in float64 (the
+    sum rounds to 1) but not exactly: the float pass averages both tokens, the exact one
+    takes the second. The head (β = 1) writes q·avg = avg₂ into x₃, where both tokens agree:
+    only the radius of q·avg covers the miss of ½ there."""
+    h = rank_one([1, 1, 0, 0], [1, 1, 1, 0], 1.0, [0, 0, 0, 1], [0, 0, 1, 0])
+    for rho in (1.0, -2.0):
+        model = Transformer(d=4, attention="hardmax", exact=False,
+                            blocks=[Block(None, SA(rho, heads=[h, h]))])
+        xf = [np.array([[1 / 3, 2 / 3, 0, 0], [1, 0, 1, 0]])]
+        (mid,), (rad,) = evaluate.enclose(model, xf, None)
+        (ref,) = ref_forward(model, xf)
+        assert abs(ref[0][3] - Fraction(mid[0, 3])) == 1  # ½ per head
+        assert all(abs(e - Fraction(m)) <= Fraction(r) for e, m, r in
+                   zip(np.ravel(ref), mid.flat, rad.flat, strict=True))
+
+
+def test_two_hats_in_one_layer_in_any_unit_order():
+    """Two disjoint trapezoids on x₀ in one layer, units in breakpoint order (the layer is its
+    own part, cut into two views) or shuffled (views of a sorted copy): every pass moves each
+    token by its own hat."""
+    b = np.array([0, -0.5, -1, -1.5, -2, -2.25, -2.5, -2.75])
+    W = np.concatenate([np.outer([1.0, -1.0, -1.0, 1.0], w) for w in ([0, 1], [3, -1])]).T
+    xs = [np.array([[0.75, 0], [2.5, 1], [-1, 0]], dtype=object)]
+    for order in (np.arange(8), np.array([5, 0, 7, 2, 1, 4, 6, 3])):
+        ff = FF(1.0, np.array([[1.0, 0.0]] * 8), b[order], W[:, order].copy())
+        model = Transformer(d=2, attention="hardmax", exact=False, blocks=[Block(ff, None)])
+        (ref,) = ref_forward(model, xs)
+        assert ref == [[0.75, 0.5], [3.25, 0.75], [-1, 0]]
+        assert ef.forward(model, xs, "exact")[0].tolist() == ref
+        assert ef.forward(model, floats(xs))[0].tolist() == ref
+        (mid,), (rad,) = evaluate.enclose(model, floats(xs), None)
+        assert mid.tolist() == ref and np.isfinite(rad).all()
