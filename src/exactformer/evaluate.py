@@ -1165,8 +1165,9 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
     where nothing is known. The outputs are a
     float64 evaluation in which gadget layers act as their affine pieces (a flat top adds its
     move exactly), so they can differ from :func:`forward`'s in the last bits. ``stats``
-    records the pass's margins. A row whose radius exceeds ``give_up`` gets radius inf
-    (verify passes its tolerance limit: such a row could not be certified anyway)."""
+    records the pass's margins. A row whose radius exceeds ``give_up`` where a layer changes
+    it gets radius inf (verify passes its tolerance limit: such a row could not be certified
+    anyway); radii no layer touches are returned as they are."""
     if model.exact or model.attention != "hardmax" or model.causal or \
             model.positions is not None:
         raise ValueError("enclosures are made for float64 hardmax set-to-set models without "
