@@ -34,7 +34,7 @@ from gmpy2 import mpq
 from tqdm import tqdm
 
 from . import enclosure, rank_one, runs
-from .model import FF, SA, Transformer
+from .model import FF, SA, Transformer, ValueMatrix
 from .numbers import mix64, safe_float, safe_floats, sparse_dot, to_fraction, to_fraction_array
 
 ARITHMETICS = ("exact", "float", "mp")
@@ -778,7 +778,7 @@ class _Term:
     β·avg_c + p_c·(q·avg) (avg is the average point). ``avg_rad``, ``s_rad``: radii of avg
     and q·avg in a tracking pass, else None."""
 
-    V: object
+    V: ValueMatrix
     cols: frozenset
     avg: np.ndarray
     avg_rad: np.ndarray | None
