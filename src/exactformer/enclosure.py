@@ -354,12 +354,23 @@ def hausdorff_upper(O, o_rad, Y, y_rad) -> np.ndarray:
     inflated by their rounding (squares below 2^-1022 may vanish: d · 2^-510 covers them)."""
     d = O.shape[-1]
     with np.errstate(over="ignore", invalid="ignore"):
-        D = np.sqrt(((O[:, :, None, :] - Y[:, None, :, :]) ** 2).sum(axis=3))
+        D = pair_distances(O, Y)
         R = np.sqrt(((o_rad[:, :, None, :] + y_rad[:, None, :, :]) ** 2).sum(axis=3))
         slack = 1 + (4 * d + 16) * U
-        hi = up(D * slack + R * slack + 2 * d * FLOOR, 4)
-        h = np.maximum(hi.min(axis=2).max(axis=1), hi.min(axis=1).max(axis=1))
+        h = hausdorff_of(up(D * slack + R * slack + 2 * d * FLOOR, 4))
     return np.where(np.isfinite(h), h, np.nan)
+
+
+def pair_distances(A, B) -> np.ndarray:
+    """Float64 Euclidean distances between the rows of A and those of B, for a stack of pairs
+    (A: P×n×d, B: P×m×d; P×n×m)."""
+    return np.sqrt(((A[:, :, None, :] - B[:, None, :, :]) ** 2).sum(axis=3))
+
+
+def hausdorff_of(D) -> np.ndarray:
+    """Per pair, the Hausdorff distance of two sets from the distances D (P×n×m) between
+    their points: the larger of the two directed max-min distances."""
+    return np.maximum(D.min(axis=2).max(axis=1), D.min(axis=1).max(axis=1))
 
 
 def rank_one_radius(avg, q, q_rad, k, k_rad, C, C_rad, seg, starts) -> np.ndarray:

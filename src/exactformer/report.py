@@ -48,8 +48,8 @@ def hausdorff(a: np.ndarray, b: np.ndarray) -> float:
 def _hausdorff_stack(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """:func:`hausdorff` of float64 pairs of one shape, stacked (A: P×n×d, B: P×m×d)."""
     with np.errstate(invalid="ignore", over="ignore"):
-        D = np.sqrt(((A[:, :, None, :] - B[:, None, :, :]) ** 2).sum(-1))
-    h = np.maximum(D.min(axis=2).max(axis=1), D.min(axis=1).max(axis=1))
+        D = enclosure.pair_distances(A, B)
+    h = enclosure.hausdorff_of(D)
     finite, nan = np.isfinite(D).all(axis=(1, 2)), np.isnan(D).any(axis=(1, 2))
     return np.where(finite, h, np.where(nan, math.nan, math.inf))
 
