@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 import exactformer as ef
-from exactformer import generate
+from exactformer.data import builtin
 from exactformer.tables import markdown_table
 
 RESULTS = Path(__file__).parent / "results"
@@ -61,11 +61,11 @@ def run(attention: str, exact: bool, label: str, data: ef.Dataset, seed: int = 0
 
 def cases(quick: bool):
     """(attention, exact, label, dataset) for the main table."""
-    U = generate.uniform
+    U = builtin.uniform
     if quick:
         yield "hardmax", True, "uniform", U(20, 10, 2, 4)
         yield "hardmax", False, "uniform", U(100, 20, 3, 8)
-        yield "softmax", True, "pool", generate.shared_pool(10, 3, 8, 5, 3, seed=1)
+        yield "softmax", True, "pool", builtin.shared_pool(10, 3, 8, 5, 3, seed=1)
         return
     for N in (10, 100, 1000, 10000):  # N
         yield "hardmax", False, "uniform", U(N, 20, 2, 8)
@@ -78,10 +78,10 @@ def cases(quick: bool):
     yield "hardmax", False, "uniform (target 1)", U(1000, 50, 3, 16)
     yield "hardmax", True, "uniform (target 2)", U(100, 20, 3, 4)
     for N in (10, 100, 300):
-        yield "hardmax", True, "shared vocabulary", generate.vocabulary(N, 40, 8, 2, 4, seed=N)
+        yield "hardmax", True, "shared vocabulary", builtin.vocabulary(N, 40, 8, 2, 4, seed=N)
     for N, n in ((10, 10), (50, 10), (100, 20)):
         yield "softmax", True, "uniform", U(N, n, 2, 4)
-    yield "softmax", True, "shared vocabulary", generate.vocabulary(50, 30, 6, 2, 3, seed=5)
+    yield "softmax", True, "shared vocabulary", builtin.vocabulary(50, 30, 6, 2, 3, seed=5)
 
 
 def scaling(quick: bool) -> tuple[list[dict], float, float]:
@@ -89,7 +89,7 @@ def scaling(quick: bool) -> tuple[list[dict], float, float]:
     Ns = (100, 200, 400) if quick else (625, 1250, 2500, 5000, 10000)
     rows = []
     for N in Ns:
-        r = run("hardmax", False, "uniform", generate.uniform(N, 50, 2, 8))
+        r = run("hardmax", False, "uniform", builtin.uniform(N, 50, 2, 8))
         rows.append(r)
         print(f"  scaling N={N}: build {r['build s']} s, verify {r['verify s']} s", flush=True)
     T = np.log([r["T"] for r in rows])

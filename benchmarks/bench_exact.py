@@ -29,8 +29,8 @@ import gmpy2
 import numpy as np
 
 import exactformer as ef
-from exactformer import generate
-from exactformer.evaluate import default_workers
+from exactformer.data import builtin
+from exactformer.evaluate.passes import default_workers
 from exactformer.tables import markdown_table
 
 RESULTS = Path(__file__).parent / "results"
@@ -73,11 +73,11 @@ def cases(quick: bool):
     """(label, dataset) pairs."""
     if quick:
         yield "image-like", image_like(12, seed=2)
-        yield "vocabulary", generate.vocabulary(20, 12, 5, 2, 3)
+        yield "vocabulary", builtin.vocabulary(20, 12, 5, 2, 3)
         return
     yield digits(200)
     yield "image-like (61 tokens)", image_like(300)
-    yield "vocabulary (40 words, R^4)", generate.vocabulary(300, 40, 8, 2, 4)
+    yield "vocabulary (40 words, R^4)", builtin.vocabulary(300, 40, 8, 2, 4)
 
 
 def timed(fn):
@@ -93,7 +93,7 @@ def timed(fn):
 
 def warm_up() -> None:
     """Verify a small rational and float64 model once, untimed (imports, first-call caches)."""
-    data = generate.vocabulary(6, 6, 3, 2, 2)
+    data = builtin.vocabulary(6, 6, 3, 2, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for exact in (True, False):

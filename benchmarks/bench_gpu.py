@@ -30,9 +30,9 @@ import torch
 import torch._dynamo
 
 import exactformer as ef
-from exactformer import generate
-from exactformer import torch as et
-from exactformer.report import hausdorff
+from exactformer import export as et
+from exactformer.data import builtin
+from exactformer.distance import hausdorff
 
 FULL = {"N": 400, "n": 8, "m": 3, "d": 64, "tokens": 100_000}
 SMALL = {"N": 6, "n": 4, "m": 2, "d": 8, "tokens": 2_000}
@@ -118,7 +118,7 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if device.type == "cuda" or "graph" not in m]
 
     t0 = time.perf_counter()
-    data = generate.uniform(cfg["N"], cfg["n"], cfg["m"], cfg["d"], seed=0)
+    data = builtin.uniform(cfg["N"], cfg["n"], cfg["m"], cfg["d"], seed=0)
     model = ef.compile(data, exact=False, seed=0)
     t_build = time.perf_counter() - t0
     reps = math.ceil(cfg["tokens"] / (cfg["N"] * cfg["n"]))

@@ -4,7 +4,7 @@ For each dataset and k in 1, 2, 4, 8, 16, 32 the hardmax model is built at width
 head and with k heads (at most d − 1 are used), verified exactly, and compared with the width-4
 build: L against the target R + ⌈(L₄ − R)/k⌉ + 3, the separation rounds R_k against R, P
 against P₄. The float32 error is the max Hausdorff error over the coordinate scale of the
-native torch layout run in float32 (`exactformer.torch.float32_verdict`). Writes
+native torch layout run in float32 (`exactformer.export.float32_verdict`). Writes
 benchmarks/results/heads.md and heads.png.
 
     python benchmarks/bench_heads.py            # digits (sklearn) and a vocabulary dataset
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 import exactformer as ef
-from exactformer import generate
+from exactformer.data import builtin
 
 RESULTS = Path(__file__).parent / "results"
 COLUMNS = ["data", "k", "heads", "heads used", "R", "L", "target", "P", "P / P₄", "build s",
@@ -52,7 +52,7 @@ def digits_like(n_images: int, seed: int = 0) -> ef.Dataset:
 def float32_error(model: ef.Transformer, data: ef.Dataset) -> float | None:
     """Relative max Hausdorff error of the native layout in float32 (None: no torch)."""
     try:
-        from exactformer.torch import float32_verdict
+        from exactformer.export import float32_verdict
     except ImportError:
         return None
     return float32_verdict(model, data).error
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "heads.md")
     args = p.parse_args(argv)
     ks = [1, 2, 4] if args.quick else [1, 2, 4, 8, 16, 32]
-    sets = [("vocabulary", generate.vocabulary(40 if args.quick else 200, 12, 5, 2, 4, seed=1)),
+    sets = [("vocabulary", builtin.vocabulary(40 if args.quick else 200, 12, 5, 2, 4, seed=1)),
             ("digits", digits_like(10 if args.quick else args.images))]
     rows = []
     for label, data in sets:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import exactformer as ef
-from exactformer import generate
+from exactformer.data import builtin
 from exactformer.tables import markdown_table
 
 RESULTS = Path(__file__).parent / "results"
@@ -40,7 +40,7 @@ COLUMNS = ["N", "T", "R", "L", "build s", "verify s", "peak RSS MiB", "verdict",
 
 def run(N: int) -> dict:
     """Generate, build and verify one size, in the calling process."""
-    data = generate.vocabulary(N, VOCAB, N_TOKENS, M_TARGETS, D, seed=N)
+    data = builtin.vocabulary(N, VOCAB, N_TOKENS, M_TARGETS, D, seed=N)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()

@@ -7,9 +7,10 @@ For a few small built-in datasets:
    ``exactformer.verify``;
 2. **train** what a user would otherwise train: the ρ/η layout with exactly the architecture of
    the softmax construction's ρ/η export (same depth, width 4, h = d + 1, softmax τ = 1, so an
-   exact interpolant exists in it), from a seeded random start (exactformer.train.random_rho_eta),
-   full-batch Adam with no penalty (ε = 0), until the largest Hausdorff error of a pair is below
-   --target (1e-3) × the coordinate scale, or the time budget (--budget, 60 s) runs out.
+   exact interpolant exists in it), from a seeded random start
+   (exactformer.tools.train.random_rho_eta), full-batch Adam with no penalty (ε = 0), until the
+   largest Hausdorff error of a pair is below --target (1e-3) × the coordinate scale, or the time
+   budget (--budget, 60 s) runs out.
 
 Table: time, final error (max Hausdorff distance over the coordinate scale), parameters
 (structured count for the constructions, the ρ/η layout's dense count for training) and the
@@ -32,15 +33,15 @@ from pathlib import Path
 import torch
 
 import exactformer as ef
-from exactformer import generate
-from exactformer import train as tr
-from exactformer.torch import to_rho_eta
+from exactformer.data import builtin
+from exactformer.export import to_rho_eta
+from exactformer.tools import train as tr
 
 RESULTS = Path(__file__).parent / "results"
 DATASETS = {
-    "uniform": lambda: generate.uniform(N=4, n=6, m=2, d=3, seed=0),
-    "shared_pool": lambda: generate.shared_pool(N=5, d=3, pool=6, n_max=4, m_max=2, seed=1),
-    "vocabulary": lambda: generate.vocabulary(N=5, vocab=10, n=4, m=2, d=3, seed=0),
+    "uniform": lambda: builtin.uniform(N=4, n=6, m=2, d=3, seed=0),
+    "shared_pool": lambda: builtin.shared_pool(N=5, d=3, pool=6, n_max=4, m_max=2, seed=1),
+    "vocabulary": lambda: builtin.vocabulary(N=5, vocab=10, n=4, m=2, d=3, seed=0),
 }
 
 

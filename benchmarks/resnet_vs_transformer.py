@@ -6,7 +6,7 @@ and verify both interpolants for every n:
 * the hardmax transformer (exactformer.compile): rational parameters and exact verification up
   to --exact-max-n, float64 parameters and a
   float64 Hausdorff check (tolerance --tolerance × coordinate scale) above it;
-* the residual MLP on the flattened input (exactformer.resnet): always rational and verified
+* the residual MLP on the flattened input (exactformer.tools.resnet): always rational and verified
   with ``==``, plus its float64 error.
 
 Writes a Markdown table and a PNG figure under benchmarks/results/ and prints the table.
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 import exactformer as ef
-from exactformer import generate
-from exactformer.resnet import build_resnet, resnet_param_count, verify_resnet
+from exactformer.data import builtin
+from exactformer.tools.resnet import build_resnet, resnet_param_count, verify_resnet
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -121,7 +121,7 @@ def main(argv=None) -> list[dict]:
     args = p.parse_args(argv)
     rows = []
     for n in (int(v) for v in args.ns.split(",")):
-        data = generate.uniform(args.N, n, args.m, args.d, seed=args.seed)
+        data = builtin.uniform(args.N, n, args.m, args.d, seed=args.seed)
         rows.append({"n": n,
                      "transformer": transformer_row(data, n <= args.exact_max_n, args.tolerance),
                      "resnet": resnet_row(data)})

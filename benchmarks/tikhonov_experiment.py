@@ -1,7 +1,7 @@
 """The Tikhonov experiment of Alcalde–Fantuzzi–Zuazua (docs/baselines.md), one command.
 
 Data: N = 10 sequences of n = 100 tokens uniform in [0,1]^16; each target is the output of one
-generating block (exactformer.train.mean_ff_generator: zero query/key matrices, so every token
+generating block (exactformer.tools.train.mean_ff_generator: zero query/key matrices, so every token
 becomes its sequence's mean, then a random width-4 FF, ρ = 0, η = 1), a single token (m = 1).
 The generator θ_gen is an exact interpolant in the trained architecture (one ρ/η block, h = 1,
 softmax, τ = 1, width 4), so a global minimiser of Loss + ε‖θ‖² has loss ≤ ε‖θ_gen‖².
@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from exactformer import train as tr  # noqa: E402
+from exactformer.tools import train as tr  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 

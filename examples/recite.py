@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 import exactformer as ef
-from exactformer.generation import generate, nearest
+from exactformer.tools.decode import generate, nearest
 
 DIM = 8
 

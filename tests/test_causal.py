@@ -18,15 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer.causal_data import CausalDataset, load_dataset
 from exactformer.cli import main
 from exactformer.construct.gadgets import ff_from_units, hat_units
 from exactformer.data import DatasetError
+from exactformer.data.causal import CausalDataset, load_dataset
 from exactformer.evaluate import forward_causal
-from exactformer.generation import Decoder, generate
 from exactformer.model import FF, Block
 from exactformer.modelio import ModelFormatError, model_from_dict, model_to_dict
 from exactformer.numbers import as_number_array, num, unit
+from exactformer.tools.decode import Decoder, generate
 
 
 @st.composite
@@ -379,7 +379,7 @@ def test_recite_example_small():
 # ------------------------------------------------------------------------------ torch
 @pytest.mark.parametrize("attention", ["hardmax", "softmax"])
 def test_torch_layouts_apply_the_causal_mask_and_positions(tmp_path, attention):
-    et = pytest.importorskip("exactformer.torch")
+    et = pytest.importorskip("exactformer.export")
     data, _ = text_data(["abcab", "cabba", "bac"], "abc")
     model = ef.compile(data, attention=attention)
     assert model.record.R > 0  # attention layers that the mask matters for
@@ -403,7 +403,7 @@ def test_torch_layouts_apply_the_causal_mask_and_positions(tmp_path, attention):
 
 def test_torch_causal_mask_hides_later_tokens():
     torch = pytest.importorskip("torch")
-    et = pytest.importorskip("exactformer.torch")
+    et = pytest.importorskip("exactformer.export")
     S = torch.tensor([[[1.0, 5.0], [1.0, 5.0]]])
     w = et.attention_weights(S, None, "hardmax", None, causal=True)
     assert w.tolist() == [[[1.0, 0.0], [0.0, 1.0]]]
@@ -602,7 +602,7 @@ def test_cli_builds_a_wide_causal_model(tmp_path, capsys):
 
 @pytest.mark.parametrize("attention", ["hardmax", "softmax"])
 def test_torch_round_trip_of_a_wide_multi_head_causal_model(tmp_path, attention):
-    et = pytest.importorskip("exactformer.torch")
+    et = pytest.importorskip("exactformer.export")
     data = conflict_data(seed=3, n=6)
     model = wide(data, 4, 3, attention=attention)
     assert model.max_heads() >= 2

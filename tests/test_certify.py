@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer import generate
-from exactformer.certify import prove
+from exactformer.data import builtin
 from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from exactformer.modelio import model_from_dict, model_to_dict
+from exactformer.verification.certify import prove
 
 
 def mp_error(model, data, dps=100):
@@ -41,7 +41,7 @@ def assert_proved(model, data):
 
 @pytest.fixture(scope="module")
 def demo():
-    data = generate.demo()
+    data = builtin.demo()
     return data, ef.compile(data, attention="softmax")
 
 
@@ -86,7 +86,7 @@ def test_proof_does_not_read_meta(demo):
 
 
 def test_proves_hardmax_models_with_the_exact_pass():
-    data = generate.demo()
+    data = builtin.demo()
     proof = prove(ef.compile(data, attention="hardmax"), data)
     assert proof.proved and proof.bits is None
 
@@ -175,7 +175,7 @@ def test_refuses_swapped_targets(demo):
 
 def test_refuses_other_data(demo):
     _, model = demo
-    other = generate.shared_pool(4, 3, 5, 3, 2, seed=3)
+    other = builtin.shared_pool(4, 3, 5, 3, 2, seed=3)
     assert not prove(model, other).proved
 
 
@@ -195,7 +195,7 @@ def test_float64_models_are_not_proved(demo):
 
 
 def test_wrong_hardmax_model_is_refuted():
-    data = generate.demo()
+    data = builtin.demo()
     model = ef.compile(data, attention="hardmax")
     xs, ys = data.fractions()
     assert prove(model, ef.Dataset.from_arrays(xs, [ys[1], ys[0]] + ys[2:])).refuted
@@ -206,4 +206,4 @@ def test_bad_arguments_raise(demo):
     with pytest.raises(ValueError, match="max_bits"):
         prove(model, data, max_bits=32)
     with pytest.raises(ValueError, match="dimension"):
-        prove(model, generate.shared_pool(3, 2, 4, 2, seed=1))
+        prove(model, builtin.shared_pool(3, 2, 4, 2, seed=1))

@@ -22,10 +22,11 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer import enclosure, report
+from exactformer import distance
 from exactformer.construct.generic import ConstructionError
-from exactformer.evaluate import enclose
+from exactformer.evaluate import enclose, enclosure
 from exactformer.model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
+from exactformer.verification import report
 
 TOLERANCE = 1e-9  # verify's default
 
@@ -572,7 +573,7 @@ def test_hausdorff_upper_bounds_every_exact_set(data, n, m, d):
 
 
 def test_pairs_are_stacked_like_one_at_a_time(monkeypatch):
-    """``report.per_pair`` (pairs of equal shapes stacked, in slices) gives what one call
+    """``distance.per_pair`` (pairs of equal shapes stacked, in slices) gives what one call
     per pair gives, in the pairs' order, for mixed shapes and non-finite values."""
     rng = np.random.default_rng(0)
     shapes = [(3, 2), (1, 2), (3, 2), (5, 2), (3, 2), (1, 2), (3, 2)]
@@ -581,15 +582,15 @@ def test_pairs_are_stacked_like_one_at_a_time(monkeypatch):
     ys = [rng.normal(size=(1 + j % 2, 2)) for j in range(len(shapes))]
     yrs = [np.zeros_like(y) for y in ys]
     outs[2][1, 0], rads[4][0, 1] = math.nan, math.inf
-    monkeypatch.setattr(report, "STACK_CELLS", 8)  # slices of one or two pairs
+    monkeypatch.setattr(distance, "STACK_CELLS", 8)  # slices of one or two pairs
     for fn, cols in ((enclosure.hausdorff_upper, (outs, rads, ys, yrs)),
-                     (report._hausdorff_stack, (outs, ys))):
+                     (distance.hausdorff_stack, (outs, ys))):
         one = [float(fn(*(c[j][None] for c in cols))[0]) for j in range(len(outs))]
-        got = report.per_pair(fn, *cols)
+        got = distance.per_pair(fn, *cols)
         assert np.array_equal(got, one, equal_nan=True)
-    assert [math.isnan(v) for v in report.per_pair(enclosure.hausdorff_upper, outs, rads,
+    assert [math.isnan(v) for v in distance.per_pair(enclosure.hausdorff_upper, outs, rads,
                                                    ys, yrs)] == [j in (2, 4) for j in range(7)]
-    assert report.per_pair(report._hausdorff_stack, outs, ys) == pytest.approx(
+    assert distance.per_pair(distance.hausdorff_stack, outs, ys) == pytest.approx(
         [math.nan if j == 2 else float_hausdorff(o, y)
          for j, (o, y) in enumerate(zip(outs, ys, strict=True))], nan_ok=True)
 
@@ -677,7 +678,6 @@ def test_projection_that_overflows_inside_a_window(monkeypatch):
     """f = (MAX, MAX), x = (3/2, −3/2): f·x = 0 exactly, the peak of a hat that adds (1, 0),
     but MAX·3/2 overflows and the float projection is inf − inf. Only the dense independent
     check (skipped for large data) saw the nan; with it skipped, the enclosure decides."""
-    from exactformer import report
     big = float(np.finfo(float).max)
     model = transformer([Block(ff(1, [[big, big]] * 3, [1, 0, -1], [[1, -2, 1], [0] * 3]))])
     x = [[[Fraction(3, 2), Fraction(-3, 2)]]]

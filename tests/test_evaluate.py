@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer import evaluate
 from exactformer.construct.gadgets import ff_from_units, hat_units, snap_units
-from exactformer.evaluate import PassStats, _SortedProjection, ridge_window
+from exactformer.evaluate import passes as evaluate
+from exactformer.evaluate.passes import PassStats, _SortedProjection, ridge_window
 from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 
 SETTINGS = settings(max_examples=60, deadline=None,

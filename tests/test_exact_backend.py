@@ -27,12 +27,12 @@ from test_evaluate import (
 )
 
 import exactformer as ef
-import exactformer.evaluate as ev
-from exactformer.causal_data import CausalDataset
-from exactformer.evaluate import Arithmetic, PassStats, _chunk_bounds, _stable_argsort
-from exactformer.generate import shared_pool
-from exactformer.generation import Decoder, generate
+import exactformer.evaluate.passes as ev
+from exactformer.data.builtin import shared_pool
+from exactformer.data.causal import CausalDataset
+from exactformer.evaluate.passes import Arithmetic, PassStats, _chunk_bounds, _stable_argsort
 from exactformer.model import FF, Block
+from exactformer.tools.decode import Decoder, generate
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

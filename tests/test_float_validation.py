@@ -16,8 +16,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from exactformer import Dataset, DatasetError
-from exactformer import data as data_module
 from exactformer.data import DuplicatePairWarning
+from exactformer.data import sets as data_module
 
 
 # ------------------------------------------------------------------------ reference pass

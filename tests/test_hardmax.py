@@ -29,9 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer import generate
 from exactformer.construct.generic import ConstructionError
-from exactformer.data import DatasetError
+from exactformer.data import DatasetError, builtin
 from exactformer.modelio import model_to_dict
 
 SETTINGS = settings(max_examples=40, deadline=None,
@@ -151,10 +150,10 @@ def test_readme_example():
 
 # ------------------------------------------------------------------------------ adversarial
 FAMILIES = {
-    "nested": lambda N, d, seed: generate.nested(N, d, seed=seed),
-    "interior": generate.interior,
-    "one_token_apart": generate.one_token_apart,
-    "shared_maximum": generate.shared_maximum,
+    "nested": lambda N, d, seed: builtin.nested(N, d, seed=seed),
+    "interior": builtin.interior,
+    "one_token_apart": builtin.one_token_apart,
+    "shared_maximum": builtin.shared_maximum,
 }
 
 
@@ -175,25 +174,25 @@ def test_adversarial_families(family, N, d, seed):
 
 @pytest.mark.parametrize("base", [1, 4])
 def test_nested_family_with_other_bases(base):
-    ds = generate.nested(7, 3, base=base, seed=5)
+    ds = builtin.nested(7, 3, base=base, seed=5)
     check_exact_model(ef.compile(ds, exact=True, seed=11), ds)
 
 
 def test_demo_data():
-    ds = generate.demo()
+    ds = builtin.demo()
     model = ef.compile(ds, exact=True, seed=0)
     check_exact_model(model, ds)
     assert model.n_blocks == block_bounds(model, ds)[0]
 
 
 def test_shared_pool_with_targets_as_long_as_inputs():
-    ds = generate.shared_pool(N=10, d=2, pool=5, n_max=4, seed=8, m_equals_n=True)
+    ds = builtin.shared_pool(N=10, d=2, pool=5, n_max=4, seed=8, m_equals_n=True)
     check_exact_model(ef.compile(ds, exact=True, seed=2), ds)
 
 
 def test_shared_pool_thirty_sequences():
     # regression: integer targets made every small-lattice interpolation direction collide
-    ds = generate.shared_pool(N=30, d=3, pool=6, n_max=5, m_max=3, seed=7)
+    ds = builtin.shared_pool(N=30, d=3, pool=6, n_max=5, m_max=3, seed=7)
     check_exact_model(ef.compile(ds, exact=True, seed=1), ds)
 
 
@@ -252,9 +251,9 @@ def test_deterministic_for_a_seed(ds, seed):
 
 
 def test_deterministic_across_processes():
-    code = ("import json, exactformer as ef; from exactformer import generate; "
+    code = ("import json, exactformer as ef; from exactformer.data import builtin; "
             "from exactformer.modelio import model_to_dict; "
-            "ds = generate.shared_pool(N=9, d=3, pool=5, n_max=4, m_max=3, seed=4); "
+            "ds = builtin.shared_pool(N=9, d=3, pool=5, n_max=4, m_max=3, seed=4); "
             "print(json.dumps(model_to_dict(ef.compile(ds, exact=True, seed=5))))")
     outs = []
     for hashseed in ("1", "2"):
@@ -267,7 +266,7 @@ def test_deterministic_across_processes():
 
 
 def test_different_seeds_give_different_models():
-    ds = generate.demo()
+    ds = builtin.demo()
     a = model_to_dict(ef.compile(ds, exact=True, seed=0))
     b = model_to_dict(ef.compile(ds, exact=True, seed=1))
     assert a["blocks"] != b["blocks"]
@@ -316,11 +315,11 @@ def test_exact_model_in_float_and_mp_agrees_with_exact(ds, seed):
 
 
 def test_float64_mode_on_float_data():
-    ds = generate.uniform(N=40, n=6, m=3, d=4, seed=0)
+    ds = builtin.uniform(N=40, n=6, m=3, d=4, seed=0)
     fm = ef.compile(ds, exact=False, seed=0)
     report = ef.verify(fm, ds)
     assert report.ok and report.max_hausdorff_float64 <= 1e-9
-    ds = generate.vocabulary(N=30, vocab=12, n=4, m=2, d=3, seed=1)
+    ds = builtin.vocabulary(N=30, vocab=12, n=4, m=2, d=3, seed=1)
     fm = ef.compile(ds, exact=False, seed=0)
     assert fm.meta["R"] >= 1
     report = ef.verify(fm, ds)
@@ -360,7 +359,7 @@ def test_perturbing_one_parameter_fails_verification(ds, seed, data):
 
 
 def test_dropping_the_collapse_fails_verification():
-    ds = generate.demo()
+    ds = builtin.demo()
     model = ef.compile(ds, exact=True, seed=0)
     start, end = model.meta["phases"]["leaders"]
     broken = copy.deepcopy(model)
@@ -372,7 +371,7 @@ def test_dropping_the_collapse_fails_verification():
 
 
 def test_model_for_other_targets_fails_verification():
-    ds = generate.demo()
+    ds = builtin.demo()
     model = ef.compile(ds, exact=True, seed=0)
     ys = [np.array([[v + 1 for v in row] for row in y], dtype=object) for y in ds.targets]
     other = ef.Dataset.from_arrays(list(ds.inputs), ys)
@@ -381,7 +380,7 @@ def test_model_for_other_targets_fails_verification():
 
 
 def test_broken_float_model_fails_verification():
-    ds = generate.demo()
+    ds = builtin.demo()
     fm = ef.compile(ds, exact=False, seed=0)
     assert ef.verify(fm, ds).ok
     broken = copy.deepcopy(fm)
@@ -398,14 +397,14 @@ def test_float64_mode_on_tokens_that_coincide_in_float():
 
 
 def test_verify_rejects_dimension_mismatch():
-    model = ef.compile(generate.demo(), exact=True, seed=0)
+    model = ef.compile(builtin.demo(), exact=True, seed=0)
     with pytest.raises(ValueError, match="d = 3"):
         ef.verify(model, make_dataset([[[0, 0]]], [[[1, 1]]]))
 
 
 # ------------------------------------------------------------------------------ report
 def test_report_contents():
-    ds = generate.demo()
+    ds = builtin.demo()
     model = ef.compile(ds, exact=True, seed=0)
     report = ef.verify(model, ds)
     d = report.to_dict()
@@ -422,7 +421,7 @@ def test_report_contents():
 
 
 def test_parameter_counts():
-    model = ef.compile(generate.demo(), exact=True, seed=0)
+    model = ef.compile(builtin.demo(), exact=True, seed=0)
     d = model.d
     structured = dense = 0
     for b in model.blocks:

@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer import generate
-from exactformer.certify import prove
 from exactformer.cli import main
+from exactformer.data import builtin
 from exactformer.evaluate import dense_forward
 from exactformer.model import SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 from exactformer.modelio import ModelFormatError, model_from_dict, model_to_dict
+from exactformer.verification.certify import prove
 
 SETTINGS = settings(max_examples=12, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -65,7 +65,7 @@ def test_wide_float64_build_interpolates(data, width, heads):
 
 
 def test_width_one_is_todays_model():
-    data = generate.vocabulary(20, 6, 3, 2, 3, seed=1)
+    data = builtin.vocabulary(20, 6, 3, 2, 3, seed=1)
     a, b = ef.compile(data), ef.compile(data, width=4)
     assert model_to_dict(a) == model_to_dict(b)
 
@@ -100,7 +100,7 @@ def test_wide_softmax_is_proved(data, width, heads):
 
 def test_multi_head_softmax_proof_can_fail():
     """The ball proof sums the heads: dropping one head's value breaks a proved model."""
-    data = generate.vocabulary(12, 6, 4, 2, 4, seed=5)
+    data = builtin.vocabulary(12, 6, 4, 2, 4, seed=5)
     model = ef.compile(data, attention="softmax", width=16, heads=3)
     assert model.max_heads() > 1 and prove(model, data).proved
     blk = next(b for b in model.blocks if b.sa is not None and len(b.sa.heads) > 1)
@@ -127,7 +127,7 @@ def test_many_shared_tokens_need_fewer_rounds():
 def test_heads_read_tests_on_free_coordinates():
     """With d − 1 ≥ 2 channels a round also lifts tests onto free coordinates, each read by its
     own head: fewer rounds than one channel, still exact, and the file says /2."""
-    data = generate.vocabulary(30, 8, 4, 2, 5, seed=2)
+    data = builtin.vocabulary(30, 8, 4, 2, 5, seed=2)
     one = ef.compile(data, width=16)
     many = ef.compile(data, width=16, heads=4)
     assert many.meta["R"] < one.meta["R"] and many.max_heads() > 1
@@ -244,8 +244,8 @@ def test_cli_build_width_and_info(tmp_path, capsys):
 @pytest.mark.parametrize("attention", ["hardmax", "softmax"])
 @pytest.mark.parametrize("layout", ["native", "rho-eta"])
 def test_torch_layouts_carry_every_head(tmp_path, attention, layout):
-    et = pytest.importorskip("exactformer.torch")
-    data = generate.vocabulary(12, 6, 4, 2, 4, seed=5)
+    et = pytest.importorskip("exactformer.export")
+    data = builtin.vocabulary(12, 6, 4, 2, 4, seed=5)
     model = ef.compile(data, attention=attention, width=16, heads=3)
     assert model.max_heads() > 1
     assert et.max_error(et.convert(model, layout), data) < 1e-9
@@ -259,7 +259,7 @@ def test_torch_layouts_carry_every_head(tmp_path, attention, layout):
 
 
 def test_native_file_with_stacked_heads_is_checked(tmp_path):
-    et = pytest.importorskip("exactformer.torch")
+    et = pytest.importorskip("exactformer.export")
     model = two_head_model()
     config = et.native_config(model)
     assert config["blocks"][0]["sa"] == {"heads": 2}
@@ -274,8 +274,8 @@ def test_native_file_with_stacked_heads_is_checked(tmp_path):
 
 def test_plot_title_names_width_and_heads(tmp_path):
     pytest.importorskip("matplotlib")
-    from exactformer import plot
-    data = generate.vocabulary(10, 6, 4, 2, 4, seed=1)
+    from exactformer.tools import plot
+    data = builtin.vocabulary(10, 6, 4, 2, 4, seed=1)
     model = ef.compile(data, width=16, heads=3)
     fig = plot.plot_phases(model, data, tmp_path / "p.png")
     assert f"width 16, {model.max_heads()} heads" in fig._suptitle.get_text()

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer import enclosure, evaluate
+from exactformer.evaluate import enclosure
+from exactformer.evaluate import passes as evaluate
 from exactformer.model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 
 F0 = Fraction(0)

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer import generate
+from exactformer.data import builtin
 from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from exactformer.modelio import (
     FORMAT,
@@ -172,7 +172,7 @@ def walk_numbers(node, where="doc"):
 
 
 def test_documented_format_keys(tmp_path):
-    ds = generate.demo()
+    ds = builtin.demo()
     model = ef.compile(ds, exact=True, seed=0)
     save_model(model, tmp_path / "m.json")
     doc = json.loads((tmp_path / "m.json").read_text())
@@ -226,7 +226,7 @@ def test_documented_format_keys(tmp_path):
 
 
 def test_float64_file_numbers_are_strings(tmp_path):
-    model = ef.compile(generate.demo(), exact=False, seed=0)
+    model = ef.compile(builtin.demo(), exact=False, seed=0)
     save_model(model, tmp_path / "m.json")
     doc = json.loads((tmp_path / "m.json").read_text())
     for where, v in walk_numbers(doc["blocks"], "blocks"):

@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer import generate
 from exactformer.construct.generic import Draws
 from exactformer.construct.leaders import _Axis, _isolations, _pick, choose_leaders
 from exactformer.construct.partition import Partition, refinement
@@ -28,6 +27,7 @@ from exactformer.construct.separation import (
     separate,
     separated_positions,
 )
+from exactformer.data import builtin
 
 PHASE = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -267,7 +267,7 @@ def test_snap_maps_its_whole_interval_onto_its_target(data, rnd):
 
 
 def test_snaps_on_the_demo_are_flat_where_the_tokens_are():
-    data = generate.demo()
+    data = builtin.demo()
     model = ef.compile(data, attention="softmax")
     span = model.record.phase("snap")
     line = snapshot(model, data, span.start, "mp")

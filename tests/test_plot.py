@@ -12,20 +12,22 @@ from hypothesis import HealthCheck, example, given, settings
 from test_causal import causal_data
 
 import exactformer as ef
-from exactformer import cli, generate
+import exactformer.tools
+from exactformer import cli
+from exactformer.data import builtin
 
 mpl = pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")
 
 from matplotlib.collections import PathCollection  # noqa: E402
 
-from exactformer.plot import POSITION_CMAP, panels, plot_phases  # noqa: E402
+from exactformer.tools.plot import POSITION_CMAP, panels, plot_phases  # noqa: E402
 
 
 def small_d2():
     """Shared tokens (so a leaders phase and its collapse) in few blocks: every block is a frame
     of the animation, and drawing frames is what these tests spend their time on."""
-    return generate.shared_pool(N=3, d=2, pool=4, n_max=3, m_max=2, seed=1)
+    return builtin.shared_pool(N=3, d=2, pool=4, n_max=3, m_max=2, seed=1)
 
 
 def test_hardmax_panels_png_and_gif(tmp_path):
@@ -52,7 +54,7 @@ def test_hardmax_panels_png_and_gif(tmp_path):
 def test_softmax_and_projected_panels(tmp_path, attention, phases):
     """Both attentions build (d = 3: panels are 2-D projections) and plot one panel per phase,
     plus the input and the collapse that ends the leaders phase."""
-    data = generate.shared_pool(N=4, d=3, pool=4, n_max=3, m_max=2, seed=1)
+    data = builtin.shared_pool(N=4, d=3, pool=4, n_max=3, m_max=2, seed=1)
     model = ef.compile(data, attention=attention, exact=attention == "hardmax")
     assert list(model.meta["phases"]) == phases
     fig = plot_phases(model, data, tmp_path / f"{attention}.png")
@@ -90,8 +92,9 @@ def test_cli_plot(tmp_path, capsys):
 def test_cli_plot_without_matplotlib_says_what_to_install(tmp_path, capsys, monkeypatch):
     path = tmp_path / "data.json"
     path.write_text(json.dumps(small_d2().to_json_dict()))
-    monkeypatch.delattr(ef, "plot", raising=False)
-    monkeypatch.setitem(sys.modules, "exactformer.plot", None)  # import fails like a missing dep
+    monkeypatch.delattr(exactformer.tools, "plot", raising=False)
+    # the import fails as with a missing dependency
+    monkeypatch.setitem(sys.modules, "exactformer.tools.plot", None)
     assert cli.main(["plot", str(path), "-o", str(tmp_path / "f.png")]) == 2
     assert "exactformer[plot]" in capsys.readouterr().err
     assert not (tmp_path / "f.png").exists()

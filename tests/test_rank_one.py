@@ -27,8 +27,8 @@ from test_enclosure import (
 )
 
 import exactformer as ef
-from exactformer import enclosure, rank_one
-from exactformer.evaluate import PassStats, _float_hardmax_rows, enclose
+from exactformer.evaluate import enclosure, rank_one
+from exactformer.evaluate.passes import PassStats, _float_hardmax_rows, enclose
 from exactformer.model import SA, Block
 
 

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from exactformer import Dataset, DatasetError, generate
-from exactformer.resnet import build_resnet, flatten, resnet_param_count, verify_resnet
+from exactformer import Dataset, DatasetError
+from exactformer.data import builtin
+from exactformer.tools.resnet import build_resnet, flatten, resnet_param_count, verify_resnet
 
 
 @st.composite
@@ -79,7 +80,7 @@ def test_interpolates_exactly_on_random_data(data, seed):
 
 def test_float_data_and_count_grows_with_n():
     for n in (5, 20):
-        data = generate.uniform(N=4, n=n, m=2, d=2, seed=1)
+        data = builtin.uniform(N=4, n=n, m=2, d=2, seed=1)
         net = build_resnet(data)
         assert verify_resnet(net, data).ok
         assert net.n_blocks == 4 and net.meta["cycles"] == 0
@@ -107,7 +108,7 @@ def test_input_equal_to_target_costs_nothing():
 
 
 def test_verification_catches_a_perturbed_model():
-    data = generate.demo()
+    data = builtin.demo()
     net = build_resnet(data)
     assert verify_resnet(net, data).ok
     net.blocks[0].W[0, 0] += Fraction(1, 7)

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer import enclosure, evaluate, runs
 from exactformer.construct.generic import ConstructionError
-from exactformer.evaluate import Arithmetic, Ridge, enclose
+from exactformer.evaluate import Arithmetic, Ridge, enclose, enclosure, runs
+from exactformer.evaluate import passes as evaluate
 from exactformer.model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 
 FLOAT = Arithmetic("float")

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer import generate
 from exactformer.cli import main
 from exactformer.construct.softmax import TemperatureError
+from exactformer.data import builtin
 from exactformer.modelio import model_from_dict, model_to_dict
 
 SETTINGS = settings(max_examples=20, deadline=None,
@@ -60,9 +60,9 @@ def test_softmax_interpolates_random_pooled_data(data, seed):
 
 
 @pytest.mark.parametrize("data", [
-    generate.nested(6, 3, seed=1), generate.interior(5, 2, seed=2),
-    generate.one_token_apart(5, 3, seed=3), generate.shared_maximum(7, 2, seed=4),
-    generate.shared_pool(6, 2, 4, 4, m_equals_n=True, seed=5),
+    builtin.nested(6, 3, seed=1), builtin.interior(5, 2, seed=2),
+    builtin.one_token_apart(5, 3, seed=3), builtin.shared_maximum(7, 2, seed=4),
+    builtin.shared_pool(6, 2, 4, 4, m_equals_n=True, seed=5),
     ef.Dataset.from_arrays([[[1, 2], [3, 4]]], [[[0, 0], [5, 5]]]),  # N = 1, m = n
 ], ids=["nested", "interior", "one-token-apart", "shared-max", "m=n", "N=1"])
 def test_softmax_adversarial_families(data):
@@ -70,7 +70,7 @@ def test_softmax_adversarial_families(data):
 
 
 def test_output_equals_targets_to_40_digits_relative():
-    data = generate.demo()
+    data = builtin.demo()
     model = ef.compile(data, attention="softmax")
     xs, ys = data.fractions()
     outs = ef.forward(model, xs, "mp", dps=50)
@@ -84,7 +84,7 @@ def test_output_equals_targets_to_40_digits_relative():
 
 
 def test_tau_star_reported_and_too_large_tau_is_refused():
-    data = generate.demo()
+    data = builtin.demo()
     model = ef.compile(data, attention="softmax")
     tau_star = model.meta["tau_star"]
     assert isinstance(tau_star, float) and tau_star > 0
@@ -93,7 +93,7 @@ def test_tau_star_reported_and_too_large_tau_is_refused():
 
 
 def test_explicit_temperature_below_tau_star():
-    data = generate.demo()
+    data = builtin.demo()
     tau = Fraction(1, 64)
     model = ef.compile(data, attention="softmax", tau=tau)
     assert model.tau == tau and model.meta["folded"] is False
@@ -101,14 +101,14 @@ def test_explicit_temperature_below_tau_star():
 
 
 def test_wrong_temperature_fails_verification():
-    data = generate.nested(5, 3, seed=7)
+    data = builtin.nested(5, 3, seed=7)
     model = ef.compile(data, attention="softmax")
     assert ef.verify(model, data).ok
     assert not ef.verify(model, data, tau=model.tau * 50).ok
 
 
 def test_softmax_json_round_trip_keeps_temperature_and_parameters():
-    data = generate.interior(4, 2, seed=9)
+    data = builtin.interior(4, 2, seed=9)
     model = ef.compile(data, attention="softmax")
     doc = model_to_dict(model)
     assert doc["attention"] == "softmax" and Fraction(doc["tau"]) == model.tau
@@ -119,7 +119,7 @@ def test_softmax_json_round_trip_keeps_temperature_and_parameters():
 
 def test_cli_builds_and_verifies_softmax(tmp_path):
     data = tmp_path / "data.json"
-    data.write_text(json.dumps(generate.demo().to_json_dict()))
+    data.write_text(json.dumps(builtin.demo().to_json_dict()))
     out = tmp_path / "m.json"
     assert main(["build", str(data), "-o", str(out), "--attention", "softmax"]) == 0
     assert main(["verify", str(out), str(data)]) == 0
@@ -131,7 +131,7 @@ def test_cli_builds_and_verifies_softmax(tmp_path):
 
 
 def test_float64_softmax_is_judged_by_the_float_tolerance():
-    data = generate.uniform(12, 5, 2, 3, seed=3)
+    data = builtin.uniform(12, 5, 2, 3, seed=3)
     model = ef.compile(data, attention="softmax", exact=False)
     assert not model.exact
     report = ef.verify(model, data)
@@ -144,8 +144,8 @@ def test_float64_softmax_is_judged_by_the_float_tolerance():
 def test_tokens_far_below_float64_resolution_are_simulated_at_their_precision():
     """Coordinates near 10^6 with tokens 10^-9 apart (relative spacing 10^-15): the
     simulation runs at the digits the data need, and the model is proved exact."""
-    from exactformer.certify import prove
     from exactformer.construct.softmax import simulation_digits
+    from exactformer.verification.certify import prove
 
     base, eps = Fraction(10 ** 6), Fraction(1, 10 ** 9)
     xs = [[[base, base], [base + eps, base]], [[base + eps, base], [base, base + eps]],
@@ -159,7 +159,7 @@ def test_tokens_far_below_float64_resolution_are_simulated_at_their_precision():
 
 @functools.cache
 def _pool_and_tau_star():
-    data = generate.shared_pool(4, 2, 4, 3, 2, seed=3)
+    data = builtin.shared_pool(4, 2, 4, 3, 2, seed=3)
     return data, ef.compile(data, attention="softmax").record.tau_star
 
 
@@ -183,4 +183,4 @@ def test_bad_temperature_is_refused_before_any_search(tau, monkeypatch):
 
     monkeypatch.setattr(sm, "find_tau_star", no_search)
     with pytest.raises(ValueError, match="tau"):
-        ef.compile(generate.demo(), attention="softmax", tau=tau)
+        ef.compile(builtin.demo(), attention="softmax", tau=tau)

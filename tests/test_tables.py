@@ -1,6 +1,7 @@
 """One table format for every printed report: labels padded to one width, two spaces, value."""
 
-from exactformer import compile, generate, verify
+from exactformer import compile, verify
+from exactformer.data import builtin
 from exactformer.tables import format_table
 
 
@@ -11,7 +12,7 @@ def test_labels_are_padded_to_the_longest():
 
 
 def test_the_verification_report_is_such_a_table():
-    data = generate.shared_pool(N=3, d=2, pool=4, n_max=3, m_max=2, seed=1)
+    data = builtin.shared_pool(N=3, d=2, pool=4, n_max=3, m_max=2, seed=1)
     report = verify(compile(data), data)
     assert report.table() == format_table(report.rows())
     width = max(len(k) for k, _ in report.rows())

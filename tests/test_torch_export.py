@@ -24,15 +24,17 @@ from hypothesis import strategies as st  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 import exactformer as ef  # noqa: E402
-from exactformer import cli, generate  # noqa: E402
-from exactformer import torch as et  # noqa: E402
+from exactformer import cli  # noqa: E402
+from exactformer import export as et  # noqa: E402
+from exactformer.data import builtin  # noqa: E402
+from exactformer.distance import hausdorff  # noqa: E402
+from exactformer.export import modules as etm  # noqa: E402
 from exactformer.model import FF, SA, Block, ScoreMatrix, ValueMatrix  # noqa: E402
-from exactformer.report import hausdorff  # noqa: E402
 
 DATASETS = {
-    "demo": generate.demo,
-    "pool": lambda: generate.shared_pool(N=10, d=4, pool=8, n_max=5, m_max=3, seed=1),
-    "nested": lambda: generate.nested(N=10, d=3, seed=2),
+    "demo": builtin.demo,
+    "pool": lambda: builtin.shared_pool(N=10, d=4, pool=8, n_max=5, m_max=3, seed=1),
+    "nested": lambda: builtin.nested(N=10, d=3, seed=2),
 }
 LAYOUTS = ("native", "rho-eta")
 
@@ -77,7 +79,7 @@ def test_native_float64_matches_evaluator_and_targets(name, attention):
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 10 ** 6), N=st.integers(1, 8), d=st.integers(2, 5))
 def test_native_matches_evaluator_on_random_data(seed, N, d):
-    data = generate.shared_pool(N=N, d=d, pool=N + 3, n_max=4, seed=seed)
+    data = builtin.shared_pool(N=N, d=d, pool=N + 3, n_max=4, seed=seed)
     model = ef.compile(data, seed=seed)
     check_matches_evaluator(model, data)
     assert target_error(et.apply(et.to_torch(model), data.floats()[0]), data) <= 1e-12
@@ -125,9 +127,9 @@ def test_profile_form_is_the_same_function():
     x = torch.as_tensor(np.random.default_rng(1).normal(size=(256, d)) * 10)
     native = et.to_torch(replace(model, blocks=[Block(ff, None) for ff in ffs]))
     for ff, layer in zip(ffs, native.blocks, strict=True):
-        assert isinstance(layer.ff, et.ProfileFF)
-        dense = et.DenseFF(d, ff.width)
-        et._fill(dense, eta=ff.eta, U=ff.U, b=ff.b, W=ff.W)
+        assert isinstance(layer.ff, etm.ProfileFF)
+        dense = etm.DenseFF(d, ff.width)
+        etm.fill(dense, eta=ff.eta, U=ff.U, b=ff.b, W=ff.W)
         with torch.no_grad():
             a, b = layer.ff(x), dense(x)
         terms = (x.abs() @ dense.U.abs().T + dense.b.abs()) @ dense.W.abs().T + x.abs()
@@ -369,7 +371,7 @@ def test_safetensors_round_trip(tmp_path, layout, dtype, ff):
     assert all(t1[k].dtype == t2[k].dtype and torch.equal(t1[k], t2[k]) for k in t1)
     assert json.loads((tmp_path / "again.config.json").read_text()) == config
     if layout == "native":
-        assert all(isinstance(b.ff, et.ProfileFF if ff == "profile" else et.DenseFF)
+        assert all(isinstance(b.ff, etm.ProfileFF if ff == "profile" else etm.DenseFF)
                    for b in again.blocks)
         assert again.model.parameters() == et.round_model(model, getattr(torch, dtype)).parameters()
 
@@ -379,8 +381,8 @@ def test_native_evaluation_forms():
     one that keeps float32 on the targets."""
     data, model = case("pool")
     profile, dense = et.to_torch(model), et.to_torch(model, ff="dense")
-    assert all(isinstance(b.ff, et.ProfileFF) for b in profile.blocks)
-    assert all(isinstance(b.ff, et.DenseFF) for b in dense.blocks)
+    assert all(isinstance(b.ff, etm.ProfileFF) for b in profile.blocks)
+    assert all(isinstance(b.ff, etm.DenseFF) for b in dense.blocks)
     assert profile.model is model and dense.model is model
     xs, _ = data.floats()
     assert max_diff(et.apply(dense, xs), et.apply(profile, xs), data.coordinate_scale()) <= 1e-10
@@ -440,7 +442,7 @@ def test_failed_export_leaves_nothing(tmp_path, monkeypatch):
     def broken(tensors, filename):
         raise OSError("disk full")
 
-    monkeypatch.setattr(et, "save_file", broken)
+    monkeypatch.setattr(et.layouts, "save_file", broken)
     with pytest.raises(OSError):
         et.export(model, tmp_path / "m.safetensors")
     assert list(tmp_path.iterdir()) == []
@@ -449,7 +451,7 @@ def test_failed_export_leaves_nothing(tmp_path, monkeypatch):
 def test_cli_export_without_torch(tmp_path, monkeypatch, capsys):
     _, model = case("demo")
     ef.save_model(model, tmp_path / "m.json")
-    monkeypatch.setitem(sys.modules, "exactformer.torch", None)
+    monkeypatch.setitem(sys.modules, "exactformer.export", None)
     monkeypatch.delattr(ef, "torch", raising=False)
     assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(tmp_path / "m.st")]) == 2
     assert "PyTorch" in capsys.readouterr().err

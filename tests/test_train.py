@@ -1,4 +1,4 @@
-"""Regularised training and the Tikhonov diagnostic (docs/baselines.md, exactformer.train)."""
+"""Regularised training and the Tikhonov diagnostic (docs/baselines.md, exactformer.tools.train)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 import exactformer as ef  # noqa: E402
-from exactformer import generate  # noqa: E402
-from exactformer import train as tr  # noqa: E402
-from exactformer.torch import to_rho_eta  # noqa: E402
+from exactformer.data import builtin  # noqa: E402
+from exactformer.export import to_rho_eta  # noqa: E402
+from exactformer.tools import train as tr  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -172,7 +172,7 @@ def test_training_stops_at_the_target_error_and_the_time_budget():
 
 
 def test_warm_start_from_a_constructed_model():
-    data = generate.shared_pool(N=4, d=3, pool=5, n_max=3, m_max=2, seed=1)
+    data = builtin.shared_pool(N=4, d=3, pool=5, n_max=3, m_max=2, seed=1)
     module = to_rho_eta(ef.compile(data, attention="softmax", exact=False))
     r = tr.train(module, data, eps=1e-6, epochs=0, progress=False)
     assert r.final_max_error < 1e-9 * data.coordinate_scale()
@@ -229,9 +229,9 @@ def test_diagnostic_requires_the_same_architecture():
 # ------------------------------------------------------------------------------ command line
 def test_cli_train_warm_start_writes_the_module_and_prints_the_diagnostic(tmp_path, capsys):
     from exactformer import cli
-    from exactformer.torch import load_torch
+    from exactformer.export import load_torch
 
-    data = generate.shared_pool(N=3, d=3, pool=4, n_max=3, m_max=2, seed=1)
+    data = builtin.shared_pool(N=3, d=3, pool=4, n_max=3, m_max=2, seed=1)
     data_path, model_path = tmp_path / "data.json", tmp_path / "model.json"
     data_path.write_text(json.dumps(data.to_json_dict()))
     model = ef.compile(data, attention="softmax", exact=False)

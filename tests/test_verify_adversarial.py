@@ -228,22 +228,22 @@ def test_float_tolerance_is_compared_exactly():
 
 # ------------------------------------------------------------------------------ proof plumbing
 def fake_certify(monkeypatch, proved: bool):
-    mod = types.ModuleType("exactformer.certify")
+    mod = types.ModuleType("exactformer.verification.certify")
     mod.prove = lambda model, data: types.SimpleNamespace(
         proved=proved, bits=212 if proved else None, reason="" if proved else "ball too wide")
-    monkeypatch.setitem(sys.modules, "exactformer.certify", mod)
+    monkeypatch.setitem(sys.modules, "exactformer.verification.certify", mod)
 
 
 @pytest.fixture(scope="module")
 def softmax_case():
-    from exactformer import generate
-    data = generate.uniform(N=3, n=3, m=2, d=2, seed=0)
+    from exactformer.data import builtin
+    data = builtin.uniform(N=3, n=3, m=2, d=2, seed=0)
     return ef.compile(data, attention="softmax", exact=True, seed=0), data
 
 
 def test_softmax_proved_only_through_certify(monkeypatch, softmax_case):
     model, data = softmax_case
-    monkeypatch.setitem(sys.modules, "exactformer.certify", None)  # import fails
+    monkeypatch.setitem(sys.modules, "exactformer.verification.certify", None)  # import fails
     plain = ef.verify(model, data)
     assert plain.ok and not plain.proved and plain.verdict() == "OK"
     fake_certify(monkeypatch, True)
@@ -256,8 +256,8 @@ def test_softmax_proved_only_through_certify(monkeypatch, softmax_case):
 
 
 def test_hardmax_verdicts_per_model_kind():
-    from exactformer import generate
-    data = generate.demo()
+    from exactformer.data import builtin
+    data = builtin.demo()
     rational = ef.verify(ef.compile(data, exact=True, seed=0), data)
     assert rational.proved and rational.verdict() == "PROVED EXACT"
     floats = ef.verify(ef.compile(data, exact=False, seed=0), data)

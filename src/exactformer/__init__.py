@@ -1,12 +1,15 @@
-"""exactformer: compile a finite sequence-to-sequence dataset into an exact transformer."""
+"""exactformer: compile a finite sequence-to-sequence dataset into an exact transformer.
+
+The package is laid out by stage (docs/README.md#the-package): ``data`` → ``construct`` →
+``model`` → ``evaluate`` → ``verification`` → ``export``, with ``tools`` around them.
+"""
 
 from .api import compile
-from .causal_data import CausalDataset
-from .data import Dataset, DatasetError
+from .data import CausalDataset, Dataset, DatasetError
 from .evaluate import forward, predict
 from .model import Transformer
 from .modelio import load_model, save_model
-from .report import verify
+from .verification import verify
 
 __all__ = ["CausalDataset", "Dataset", "DatasetError", "Transformer", "compile", "forward",
            "load_model", "predict", "save_model", "verify"]

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from .causal_data import CausalDataset
 from .construct.causal import compile_causal
 from .construct.hardmax import check_heads, compile_hardmax, hats_per_layer
 from .construct.softmax import compile_softmax
-from .data import Dataset
+from .data import CausalDataset, Dataset
 
 
 def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact: bool = True,

@@ -20,15 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import generate
 from .api import compile
-from .causal_data import load_dataset
 from .construct.generic import ConstructionError
-from .data import Dataset, DatasetError
+from .data import Dataset, DatasetError, builtin, load_dataset
 from .modelio import ModelFormatError, atomic_path, load_model, save_model, write_text_atomic
 from .numbers import as_number_array, fmt, parse_exact
-from .report import verify
 from .tables import format_table
+from .verification import verify
 
 
 class UsageError(Exception):
@@ -138,8 +136,8 @@ def _info(args) -> int:
 
 
 def _generate(args) -> int:
-    from .generation import generate as run_generation
-    from .generation import nearest
+    from .tools.decode import generate as run_generation
+    from .tools.decode import nearest
     model = load_model(args.model)
     symbols, vocab = _read_vocabulary(args.vocabulary) if args.vocabulary else (None, None)
     prompt = _read_prompt(args.prompt, symbols, vocab)
@@ -201,7 +199,7 @@ def _torch_module(name: str, command: str):
 
 
 def _export(args) -> int:
-    ef_torch = _torch_module("torch", "export")
+    ef_torch = _torch_module("export", "export")
     model = load_model(args.model)
     module = ef_torch.export(model, args.output, layout=args.layout, dtype=args.dtype)
     print(f"exported {model.n_blocks} blocks as {len(module.blocks)} {args.layout} blocks "
@@ -210,7 +208,7 @@ def _export(args) -> int:
 
 
 def _train(args) -> int:
-    ef_torch, ef_train = _torch_module("torch", "train"), _torch_module("train", "train")
+    ef_torch, ef_train = _torch_module("export", "train"), _torch_module("tools.train", "train")
     data = Dataset.load(args.data)
     if args.start:
         model = load_model(args.start)
@@ -237,7 +235,7 @@ def _train(args) -> int:
 
 
 def _demo(args) -> int:
-    data = generate.demo()
+    data = builtin.demo()
     print(f"demo data: N = {data.N} sequences in R^{data.d}, {data.total_n} input tokens drawn "
           f"from a pool of 7 (heavy sharing), Σm = {data.total_m} target tokens\n")
     t0 = time.perf_counter()
@@ -255,7 +253,7 @@ def _demo(args) -> int:
 
 def _plot(args) -> int:
     try:
-        from . import plot
+        from .tools import plot
     except ImportError as e:
         raise UsageError(f"plot needs matplotlib (pip install 'exactformer[plot]'): {e}") \
             from None

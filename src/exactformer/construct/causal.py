@@ -34,7 +34,7 @@ import numpy as np
 from sortedcontainers import SortedList
 from tqdm import tqdm
 
-from ..causal_data import CausalDataset
+from ..data import CausalDataset
 from ..evaluate import forward_causal, with_positions
 from ..model import SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 from ..numbers import as_number_array, num, unit

@@ -33,9 +33,9 @@ import numpy as np
 from gmpy2 import mpq
 from tqdm import tqdm
 
+from ..model import FF, SA, Transformer, ValueMatrix
+from ..numbers import mix64, safe_float, safe_floats, sparse_dot, to_fraction, to_fraction_array
 from . import enclosure, rank_one, runs
-from .model import FF, SA, Transformer, ValueMatrix
-from .numbers import mix64, safe_float, safe_floats, sparse_dot, to_fraction, to_fraction_array
 
 ARITHMETICS = ("exact", "float", "mp")
 
@@ -649,7 +649,7 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
             if gap is not None and stats.enabled:
                 stats._min("hat_clearance", safe_float(gap) / (scale * ridge.norm))
             if len(rows):
-                X, part = st.P[rows], _in(st.ar, part)
+                X, part = st.P[rows], in_arithmetic(st.ar, part)
                 moves.append((rows, relu(X @ part.U.T + part.b) @ part.W.T))
         if spread:
             st.rad = enclosure.ridge_radius(st.rad, spread)
@@ -664,9 +664,9 @@ def _apply_ff(st: _State, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: 
             st.P[rows], st.rad[rows] = enclosure.ff_dense(st.P[rows], st.rad[rows], ff.eta,
                                                           ff.U, ff.b, ff.W)
     elif st.ar.kind == "exact":
-        st.P = _exact_dense_ff(st.P, _in(st.ar, ff))
+        st.P = _exact_dense_ff(st.P, in_arithmetic(st.ar, ff))
     else:
-        ff = _in(st.ar, ff)
+        ff = in_arithmetic(st.ar, ff)
         st.P = st.P * ff.eta + relu(st.P @ ff.U.T + ff.b) @ ff.W.T
     st.changed_everything()
     if ff.eta == 0:
@@ -1111,7 +1111,7 @@ class _Job:
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau) -> _Job:
         params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
-        blocks = params.blocks  # converted to the pass's arithmetic where used (_in)
+        blocks = params.blocks  # converted to the pass's arithmetic where used (in_arithmetic)
         with _paused_gc():
             ridges = ridges_of([b.ff for b in model.blocks], [c.ff for c in blocks], ar)
             plan = runs.plan_runs(blocks, ridges) if ar.kind == "float" else {}
@@ -1147,7 +1147,7 @@ class _Job:
             if blk.ff is not None:
                 _apply_ff(st, blk.ff, self.ridges[i], stats, scale)
             if blk.sa is not None and not blk.sa.is_identity():
-                _apply_sa(st, _in(st.ar, blk.sa), self.attention, self.tau, stats)
+                _apply_sa(st, in_arithmetic(st.ar, blk.sa), self.attention, self.tau, stats)
             i += 1
             bar.update(1)
             if snapshots and i in snapshots:
@@ -1254,8 +1254,8 @@ def ridges_of(ffs: list, params: list, ar: Arithmetic) -> list:
     """Every layer of ``ffs`` (None for a block without FF) cut into ridge windows, each with
     its units taken from the same layer of ``params`` (the layer's numbers for the pass:
     float64 in a float64 pass; exact and mp passes convert a part when they apply it, see
-    :func:`_in`), and the window's direction and ends in the pass's arithmetic: a wide layer
-    of k hats on one direction is k windows, so a token outside every window is never
+    :func:`in_arithmetic`), and the window's direction and ends in the pass's arithmetic: a
+    wide layer of k hats on one direction is k windows, so a token outside every window is never
     touched (docs/heads.md). None: apply the layer densely.
 
     Float64 hat layers (every unit reads one row f, the columns of each hat are ±w) are
@@ -1401,7 +1401,7 @@ def _ridge_cuts(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | 
     return out
 
 
-def _ridges_in(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | None:
+def ridges_in(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | None:
     """:func:`ridges_of` for one layer."""
     return ridges_of([ff], [params], ar)[0]
 
@@ -1468,7 +1468,7 @@ def _sub_ff(ff: FF, idx: list[int]) -> FF:
     return FF(ff.eta, ff.U[idx], ff.b[idx], ff.W[:, idx])
 
 
-def _in(ar: Arithmetic, layer):
+def in_arithmetic(ar: Arithmetic, layer):
     """A layer (block, FF, SA or ridge part) in the pass's arithmetic. Passes convert each layer
     when they apply it, and a ridge part only when some row is inside its window: an exact
     pass over a few sequences of a float64 model with 10^5 hat layers converts the few that
@@ -1570,7 +1570,7 @@ def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str
         params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
         pos = None if model.positions is None else ar.array(model.positions)
         xs = with_positions(pos, [ar.array(np.asarray(x)) for x in inputs])
-        blocks = params.blocks  # converted to the pass's arithmetic where used (_in)
+        blocks = params.blocks  # converted to the pass's arithmetic where used (in_arithmetic)
         ridges = ridges_of([b.ff for b in model.blocks], [c.ff for c in blocks], ar)
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         st = _CausalState(xs, ar)
@@ -1581,7 +1581,7 @@ def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str
             if blk.ff is not None:
                 _apply_ff(st, blk.ff, ridge, stats, scale)
             if blk.sa is not None and not blk.sa.is_identity():
-                _apply_causal_sa(st, _in(ar, blk.sa), model.attention, tau, stats)
+                _apply_causal_sa(st, in_arithmetic(ar, blk.sa), model.attention, tau, stats)
         return st.outputs()
 
 

@@ -35,16 +35,16 @@ from fractions import Fraction
 
 import numpy as np
 
-from .construct.gadgets import ff_from_units, hat_units
-from .construct.generic import (
+from ..construct.gadgets import ff_from_units, hat_units
+from ..construct.generic import (
     ConstructionError,
     Draws,
     best_draw,
     relative_gap,
     separated,
 )
-from .data import Dataset
-from .numbers import to_fraction_array
+from ..data import Dataset
+from ..numbers import to_fraction_array
 
 WIDTH = 4
 

@@ -17,17 +17,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import (
+from ..numbers import to_fraction
+from .sets import (
     Dataset,
     DatasetError,
     SequenceData,
-    _all_floats_row,
-    _as_matrix,
-    _split,
+    all_floats_row,
+    as_matrix,
     read_json,
     read_npz,
+    split_rows,
 )
-from .numbers import to_fraction
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,8 @@ class CausalDataset(SequenceData):
         rows = [row for s in inputs for row in s]
         rows += [t for ts in targets if isinstance(ts, (list, tuple, np.ndarray))
                  for t in ts if t is not None]
-        exact = not all(_all_floats_row(r) for r in rows)
-        xs = [_as_matrix(s, f"sequence {j}", exact) for j, s in enumerate(inputs)]
+        exact = not all(all_floats_row(r) for r in rows)
+        xs = [as_matrix(s, f"sequence {j}", exact) for j, s in enumerate(inputs)]
         ys, known = [], []
         for j, (x, ts) in enumerate(zip(xs, targets, strict=True)):
             y, k = _target_rows(ts, j, x.shape[0], x.shape[1], exact)
@@ -103,7 +103,7 @@ class CausalDataset(SequenceData):
                 raise DatasetError(f"{path}: missing arrays {sorted(missing)} (causal npz)")
             if "causal" in z.files and not bool(z["causal"]):
                 raise DatasetError(f"{path}: \"causal\" is false; not a causal dataset")
-            xs = _split(z["inputs"], z["input_lengths"], "inputs", "input_lengths")
+            xs = split_rows(z["inputs"], z["input_lengths"], "inputs", "input_lengths")
             flat, mask = z["targets"], np.asarray(z["target_mask"]).astype(bool)
         if flat.shape[0] != sum(len(x) for x in xs) or mask.shape != (flat.shape[0],):
             raise DatasetError(f"{path}: targets and target_mask need one row per input token "

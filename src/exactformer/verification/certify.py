@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from flint import arb, arb_mat, ctx, fmpq, fmpq_mat
 
-from .data import Dataset
-from .evaluate import forward
-from .model import FF, SA, Head, Transformer
-from .numbers import to_fraction
+from ..data import Dataset
+from ..evaluate import forward
+from ..model import FF, SA, Head, Transformer
+from ..numbers import to_fraction
 
 START_BITS = 64
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .numbers import (
+from ..numbers import (
     NumberError,
     fmt_array,
     is_exact_array,
@@ -132,8 +132,8 @@ class Dataset(SequenceData):
         if not exact:
             xs, ys = _float_matrices(inputs, targets)
             return cls._validated(xs, ys)
-        xs = [_as_matrix(s, f"input {j}", exact) for j, s in enumerate(inputs)]
-        ys = [_as_matrix(s, f"target {j}", exact) for j, s in enumerate(targets)]
+        xs = [as_matrix(s, f"input {j}", exact) for j, s in enumerate(inputs)]
+        ys = [as_matrix(s, f"target {j}", exact) for j, s in enumerate(targets)]
         return cls._validated(xs, ys)
 
     @classmethod
@@ -160,8 +160,8 @@ class Dataset(SequenceData):
     def from_npz(cls, path: str | Path) -> Dataset:
         """Read ``inputs`` (T×d), ``input_lengths`` (N), ``targets`` (M×d), ``target_lengths``."""
         arrays = read_npz(path, ("inputs", "input_lengths", "targets", "target_lengths"))
-        xs = _split(arrays["inputs"], arrays["input_lengths"], "inputs", "input_lengths")
-        ys = _split(arrays["targets"], arrays["target_lengths"], "targets", "target_lengths")
+        xs = split_rows(arrays["inputs"], arrays["input_lengths"], "inputs", "input_lengths")
+        ys = split_rows(arrays["targets"], arrays["target_lengths"], "targets", "target_lengths")
         return cls.from_arrays(xs, ys)
 
     @classmethod
@@ -216,10 +216,10 @@ class Dataset(SequenceData):
 def _all_floats(seq) -> bool:
     if isinstance(seq, np.ndarray):
         return seq.dtype.kind in "fiub"
-    return isinstance(seq, (list, tuple)) and all(_all_floats_row(row) for row in seq)
+    return isinstance(seq, (list, tuple)) and all(all_floats_row(row) for row in seq)
 
 
-def _all_floats_row(row) -> bool:
+def all_floats_row(row) -> bool:
     if isinstance(row, np.ndarray):
         return row.dtype.kind in "fiub"
     if not isinstance(row, (list, tuple)):
@@ -233,7 +233,7 @@ def _all_floats_row(row) -> bool:
 _PLAIN_NUMBERS = frozenset({float, int})
 
 
-def _as_matrix(seq, name: str, exact: bool) -> np.ndarray:
+def as_matrix(seq, name: str, exact: bool) -> np.ndarray:
     """One sequence as an n×d array; names the token on ragged rows or bad values."""
     if isinstance(seq, np.ndarray):
         if seq.ndim != 2:
@@ -391,7 +391,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 def _float_matrices(inputs, targets) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Inputs and targets of float data as float64 matrices (copies), with the structure and
-    value rules of ``_as_matrix`` and its messages, the first offence in the order inputs then
+    value rules of ``as_matrix`` and its messages, the first offence in the order inputs then
     targets, token by token."""
     seqs = list(inputs) + list(targets)
     N = len(inputs)
@@ -403,7 +403,7 @@ def _float_matrices(inputs, targets) -> tuple[list[np.ndarray], list[np.ndarray]
         out = [_float_matrix(seq) for seq in seqs]
     for k in [k for k, arr in enumerate(out) if arr is None]:
         try:
-            out[k] = _as_matrix(seqs[k], name(k), False)
+            out[k] = as_matrix(seqs[k], name(k), False)
         except DatasetError:
             _check_values(seqs, out[:k], name)  # a bad value of an earlier sequence comes first
             raise
@@ -414,7 +414,7 @@ def _float_matrices(inputs, targets) -> tuple[list[np.ndarray], list[np.ndarray]
 def _float_matrix(seq) -> np.ndarray | None:
     """``seq`` as an n×d float64 copy, or None for anything but a non-empty matrix that NumPy
     reads at once (ragged rows, ints beyond float64, rows that are not vectors): those go
-    through ``_as_matrix``, which names the offence. Values are checked later."""
+    through ``as_matrix``, which names the offence. Values are checked later."""
     try:
         arr = np.array(seq, dtype=float)
     except (ValueError, TypeError, OverflowError):
@@ -423,7 +423,7 @@ def _float_matrix(seq) -> np.ndarray | None:
 
 
 def _check_values(seqs: list, arrays: list[np.ndarray], name) -> None:
-    """Raise ``_as_matrix``'s error for the first of ``arrays`` (the float64 images of
+    """Raise ``as_matrix``'s error for the first of ``arrays`` (the float64 images of
     ``seqs``) with a value that is not finite or not in the normal float64 range."""
     sizes = [a.size for a in arrays]
     for lo, hi in _batches(sizes):
@@ -433,7 +433,7 @@ def _check_values(seqs: list, arrays: list[np.ndarray], name) -> None:
         if bad.any():
             ends = np.cumsum(sizes[lo:hi])
             for k in np.unique(np.searchsorted(ends, np.flatnonzero(bad), side="right")):
-                _as_matrix(seqs[lo + k], name(lo + k), False)
+                as_matrix(seqs[lo + k], name(lo + k), False)
 
 
 def _batches(sizes: list[int]) -> list[tuple[int, int]]:
@@ -496,7 +496,7 @@ def _repeated_hash(h: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return out
 
 
-def _split(flat: np.ndarray, lengths: np.ndarray, name: str, lengths_name: str
+def split_rows(flat: np.ndarray, lengths: np.ndarray, name: str, lengths_name: str
            ) -> list[np.ndarray]:
     if flat.ndim != 2:
         raise DatasetError(f"{name}: expected a T×d array, got shape {flat.shape}")

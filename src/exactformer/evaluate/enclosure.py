@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..distance import hausdorff_of, pair_distances
+
 U = 2.0 ** -53  # unit roundoff of float64
 TINY = 2.0 ** -1022  # absolute slack per operation: covers underflow to subnormals or zero
 FLOOR = 2.0 ** -510  # > sqrt(2^-1022): a distance whose square underflows is below it
@@ -359,18 +361,6 @@ def hausdorff_upper(O, o_rad, Y, y_rad) -> np.ndarray:
         slack = 1 + (4 * d + 16) * U
         h = hausdorff_of(up(D * slack + R * slack + 2 * d * FLOOR, 4))
     return np.where(np.isfinite(h), h, np.nan)
-
-
-def pair_distances(A, B) -> np.ndarray:
-    """Float64 Euclidean distances between the rows of A and those of B, for a stack of pairs
-    (A: P×n×d, B: P×m×d; P×n×m)."""
-    return np.sqrt(((A[:, :, None, :] - B[:, None, :, :]) ** 2).sum(axis=3))
-
-
-def hausdorff_of(D) -> np.ndarray:
-    """Per pair, the Hausdorff distance of two sets from the distances D (P×n×m) between
-    their points: the larger of the two directed max-min distances."""
-    return np.maximum(D.min(axis=2).max(axis=1), D.min(axis=1).max(axis=1))
 
 
 def rank_one_radius(avg, q, q_rad, k, k_rad, C, C_rad, seg, starts) -> np.ndarray:

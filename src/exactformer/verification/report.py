@@ -14,92 +14,22 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 
-from . import enclosure
-from .causal_data import CausalDataset
-from .data import Dataset
-from .evaluate import (
+from ..data import CausalDataset, Dataset
+from ..distance import as_set, data_scale, hausdorff_sq, hausdorff_stack, per_pair, worst
+from ..evaluate import (
     Arithmetic,
     PassStats,
     dense_forward,
     distinct_rows,
     enclose,
+    enclosure,
     forward,
     forward_causal,
 )
-from .model import Transformer
-from .numbers import safe_float, safe_floats, to_fraction, to_fraction_array
-from .record import CausalConstruction
-from .tables import format_table
-
-
-def hausdorff(a: np.ndarray, b: np.ndarray) -> float:
-    """Hausdorff distance between two finite point sets (rows), returned as a float.
-
-    Differences are taken in the arrays' own arithmetic (object arrays of Fractions or mpmath
-    numbers keep their precision), so errors far below float64 resolution are measured, not
-    rounded away. Non-finite floats give nan or inf, never a finite distance.
-    """
-    a, b = np.asarray(a), np.asarray(b)
-    if a.dtype == object or b.dtype == object:
-        return float(np.sqrt(safe_float(hausdorff_sq(a, b))))
-    return float(_hausdorff_stack(a[None], b[None])[0])
-
-
-def _hausdorff_stack(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """:func:`hausdorff` of float64 pairs of one shape, stacked (A: P×n×d, B: P×m×d)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        D = enclosure.pair_distances(A, B)
-    h = enclosure.hausdorff_of(D)
-    finite, nan = np.isfinite(D).all(axis=(1, 2)), np.isnan(D).any(axis=(1, 2))
-    return np.where(finite, h, np.where(nan, math.nan, math.inf))
-
-
-STACK_CELLS = 2 ** 22  # distances computed at once by per_pair (about 32 MB of float64)
-
-
-def per_pair(fn, *columns: list[np.ndarray]) -> list[float]:
-    """``fn`` for every pair j of ``columns[0][j], columns[1][j], …``, pairs of equal shapes
-    stacked into one call (``fn`` takes P×n×d arrays and returns P values): verify judges up
-    to 10^5 pairs, and a NumPy call per pair costs more than its arithmetic. Slices hold
-    about STACK_CELLS distances (n·m·d per pair, n and m the first and last column's rows)."""
-    groups: dict = {}
-    for j, arrays in enumerate(zip(*columns, strict=True)):
-        groups.setdefault(tuple(a.shape for a in arrays), []).append(j)
-    out: list = [None] * len(columns[0])
-    for shapes, idx in groups.items():
-        step = max(1, STACK_CELLS // max(1, shapes[0][0] * shapes[-1][0] * shapes[0][-1]))
-        for s in range(0, len(idx), step):
-            part = idx[s:s + step]
-            values = fn(*(np.stack([col[j] for j in part]) for col in columns))
-            for j, v in zip(part, values.tolist(), strict=True):
-                out[j] = v
-    return out
-
-
-def hausdorff_sq(a: np.ndarray, b: np.ndarray):
-    """Squared Hausdorff distance of two object arrays of points, in their own arithmetic
-    (exact for Fractions): what a verdict compares with (tolerance × scale)²."""
-    D = [[sum(((u - v) * (u - v) for u, v in zip(ra, rb, strict=True)), 0 * ra[0])
-          for rb in b] for ra in a]
-    return max(max(min(row) for row in D), max(min(col) for col in zip(*D, strict=True)))
-
-
-def worst(values) -> float:
-    """The largest value, nan if any value is nan (``max`` would skip a nan after a number)."""
-    values = [float(v) for v in values]
-    return math.nan if any(math.isnan(v) for v in values) else max(values)
-
-
-def data_scale(xs: list[np.ndarray], ys: list[np.ndarray]) -> Fraction:
-    """The data's own coordinate scale: the largest |coordinate| of inputs and targets, exact.
-    Tolerances are relative to it; 0 (all-zero data) makes every tolerance exact equality."""
-    if all(a.dtype != object for a in xs + ys):
-        return Fraction(max(float(np.abs(a).max(initial=0.0)) for a in xs + ys))
-    return Fraction(max(abs(v) for a in xs + ys for v in a.flat))
-
-
-def as_set(a: np.ndarray) -> set:
-    return {tuple(r.tolist()) for r in a}
+from ..model import Transformer
+from ..numbers import safe_float, safe_floats, to_fraction, to_fraction_array
+from ..record import CausalConstruction
+from ..tables import format_table
 
 
 def paper_bound(attention: str, N: int, sum_m: int) -> int:
@@ -272,7 +202,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     snap = _snap_start(model)
     outs_f, snaps_f, enclosed = _first_pass(model, dataset, xs_f, stats, progress, tau, snap,
                                             safe_float(Fraction(tolerance) * scale))
-    hd = per_pair(_hausdorff_stack, outs_f, ys_f)
+    hd = per_pair(hausdorff_stack, outs_f, ys_f)
     extra: dict = {}
     if model.attention == "softmax" and model.exact:
         tolerance = 10.0 ** -(digits - 10)  # rational snaps are flat on the data
@@ -491,7 +421,7 @@ def _independent(model, xs, ys, tau, extra: dict) -> list[int]:
         return []
     m = model if tau is None else replace(model, tau=tau)
     try:
-        from .torch import apply, to_torch
+        from ..export import apply, to_torch
         module = to_torch(m, ff="dense")
     except ImportError:
         module = None
@@ -499,7 +429,7 @@ def _independent(model, xs, ys, tau, extra: dict) -> list[int]:
         outs, name = apply(module, xs), "torch"
     else:  # no torch, or no parameters at all (nothing for torch to run)
         outs, name = dense_forward(m, xs), "NumPy dense"
-    hd = per_pair(_hausdorff_stack, [np.asarray(o, dtype=float) for o in outs], ys)
+    hd = per_pair(hausdorff_stack, [np.asarray(o, dtype=float) for o in outs], ys)
     extra[f"float64 max Hausdorff error ({name})"] = _g(worst(hd))
     return [j for j, o in enumerate(outs) if not np.isfinite(o).all()]
 

@@ -34,11 +34,10 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .causal_data import CausalDataset
-from .data import Dataset
-from .evaluate import forward, forward_causal
-from .model import Block, Transformer
-from .modelio import atomic_path
+from ..data import CausalDataset, Dataset
+from ..evaluate import forward, forward_causal
+from ..model import Block, Transformer
+from ..modelio import atomic_path
 
 MAX_FRAMES = 80
 POSITION_CMAP = "viridis"

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..numbers import safe_floats, sparse_dot
 from . import enclosure
-from .numbers import safe_floats, sparse_dot
 
 
 @dataclass

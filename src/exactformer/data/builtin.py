@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .data import Dataset
+from .sets import Dataset
 
 
 def _frac(a) -> list:

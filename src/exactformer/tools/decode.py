@@ -15,16 +15,16 @@ from dataclasses import dataclass
 import mpmath
 import numpy as np
 
-from .evaluate import (
+from ..evaluate import (
     Arithmetic,
     CausalScan,
     PassStats,
-    _in,
-    _ridges_in,
     causal_row,
+    in_arithmetic,
     relu,
+    ridges_in,
 )
-from .model import FF, SA, Transformer
+from ..model import FF, SA, Transformer
 
 
 @dataclass
@@ -88,10 +88,10 @@ class Decoder:
         self.positions = None if model.positions is None else self.ar.array(model.positions)
         tau = self.ar.scalar(model.tau if model.tau is not None else 1)
         self.layers: list = []
-        for b, blk in zip(model.blocks, (_in(self.ar, b) for b in params.blocks),
+        for b, blk in zip(model.blocks, (in_arithmetic(self.ar, b) for b in params.blocks),
                           strict=True):
             if blk.ff is not None:
-                self._add_ff(blk.ff, _ridges_in(b.ff, blk.ff, self.ar),
+                self._add_ff(blk.ff, ridges_in(b.ff, blk.ff, self.ar),
                              alone=blk.sa is None or blk.sa.is_identity())
             if blk.sa is not None and not blk.sa.is_identity():
                 self.layers.append(_Attention(blk.sa, model.attention, tau, self.ar))

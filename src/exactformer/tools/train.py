@@ -48,9 +48,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .data import Dataset
-from .tables import format_table
-from .torch import RhoEtaTransformer, apply, pad_batch
+from ..data import Dataset
+from ..export import RhoEtaTransformer, apply, pad_batch
+from ..tables import format_table
 
 
 # ------------------------------------------------------------------------------ the loss

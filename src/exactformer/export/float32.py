@@ -1,0 +1,89 @@
+"""The float32 verdict: does an exported model still interpolate when torch runs it in float32?"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data import CausalDataset, Dataset
+from ..distance import hausdorff
+from ..evaluate import PassStats
+from ..evaluate import forward as np_forward
+from ..model import Transformer
+from ..tables import format_table
+from .layouts import apply, convert, round_model, to_torch
+
+UNIT_ROUNDOFF_32 = 2.0 ** -24
+
+
+@dataclass
+class Float32Verdict:
+    """Does the model still interpolate when run in float32?
+
+    ``interpolates`` is decided by an actual float32 run of the module (``convert(model,
+    layout, torch.float32)``; for the native layout the same as loading a float64 file with
+    ``dtype=torch.float32``): the largest Hausdorff distance between a pair's outputs and its
+    targets, over the coordinate scale, is at most ``tolerance``. ``error_float32_file`` is the
+    error of the module that a float32 *file* gives, whose parameters are rounded to float32
+    (for the native layout the profiles are then exact for the rounded parameters, which can be
+    much worse; for ρ/η it is ``error``). The margins (from a pass of the NumPy evaluator) say
+    how much room the discrete decisions have, in units of the float32 unit roundoff u = 2⁻²⁴.
+    """
+
+    layout: str
+    interpolates: bool
+    error: float  # float32 run: max Hausdorff error / coordinate scale
+    error_float64: float  # the same module in float64
+    error_float32_file: float  # the module loaded from a float32 file, in float32
+    tolerance: float
+    hardmax_margin: float | None  # smallest best-minus-second score gap / score scale
+    hat_clearance: float | None  # smallest distance of a token to a window / scale
+    unit_roundoff: float = UNIT_ROUNDOFF_32
+
+    def rows(self) -> list[tuple[str, str]]:
+        def margin(v):
+            return "n/a" if v is None else f"{v:.3g}  (= {v / self.unit_roundoff:.3g} u)"
+        return [("float32 verdict", "INTERPOLATES" if self.interpolates else "FAILS"),
+                ("layout", self.layout),
+                ("float32 max error / scale", f"{self.error:.3g}  (tolerance {self.tolerance:g})"),
+                ("float64 max error / scale", f"{self.error_float64:.3g}"),
+                ("float32 file max error / scale", f"{self.error_float32_file:.3g}"),
+                ("smallest hardmax score margin", margin(self.hardmax_margin)),
+                ("smallest hat clearance / scale", margin(self.hat_clearance))]
+
+    def table(self) -> str:
+        return format_table(self.rows())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def max_error(module: nn.Module, dataset: Dataset | CausalDataset) -> float:
+    """Largest Hausdorff distance between a pair's outputs and its targets, over the scale (for
+    causal data: the largest distance at a constrained position)."""
+    xs, ys = dataset.floats()
+    outs = apply(module, xs)
+    if isinstance(dataset, CausalDataset):
+        return max((float(np.linalg.norm(o[i] - y[i])) for o, y, k in
+                    zip(outs, ys, dataset.known, strict=True) for i in np.flatnonzero(k)),
+                   default=0.0) / dataset.coordinate_scale()
+    return max(hausdorff(o, y) for o, y in zip(outs, ys, strict=True)) / dataset.coordinate_scale()
+
+
+def float32_verdict(model: Transformer, dataset: Dataset, layout: str = "native",
+                    tolerance: float = 1e-3, device=None) -> Float32Verdict:
+    """Run ``model`` exported in ``layout`` in float32 and float64 on ``dataset``, and collect
+    the evaluator's margins (exact arithmetic for exact hardmax models, else float64)."""
+    stats = PassStats()
+    exact = model.exact and model.attention == "hardmax"
+    inputs = dataset.fractions()[0] if exact else dataset.floats()[0]
+    np_forward(model, inputs, "exact" if exact else "float", stats=stats)
+    err32 = max_error(convert(model, layout, torch.float32, device), dataset)
+    err64 = max_error(convert(model, layout, torch.float64, device), dataset)
+    err_file = err32 if layout != "native" else \
+        max_error(to_torch(round_model(model, torch.float32), torch.float32, device), dataset)
+    return Float32Verdict(layout, bool(err32 <= tolerance), err32, err64, err_file, tolerance,
+                          stats.hardmax_margin, stats.hat_clearance)
