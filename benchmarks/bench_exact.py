@@ -30,7 +30,7 @@ import numpy as np
 
 import exactformer as ef
 from exactformer.data import builtin
-from exactformer.evaluate.passes import default_workers
+from exactformer.evaluate.jobs import default_workers
 from exactformer.tables import markdown_table
 
 RESULTS = Path(__file__).parent / "results"

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 import exactformer as ef
 from exactformer.construct.gadgets import ff_from_units, hat_units, snap_units
-from exactformer.evaluate import passes as evaluate
-from exactformer.evaluate.passes import PassStats, _SortedProjection, ridge_window
+from exactformer.evaluate import PassStats, compaction, ridge_window
+from exactformer.evaluate.compaction import float_row_groups
+from exactformer.evaluate.state import SortedProjection
 from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 
 SETTINGS = settings(max_examples=60, deadline=None,
@@ -524,7 +525,7 @@ def test_sorted_projection_under_moves(t, moves, window, exact):
         t = [v for v in t if np.isfinite(v)] or [0.0]
         moves = [[(r, v) for r, v in m if np.isfinite(v)] for m in moves]
     arr = np.array([Fraction(v) for v in t], dtype=object) if exact else np.array(t)
-    sp = _SortedProjection(arr.copy())
+    sp = SortedProjection(arr.copy())
     for step in moves:
         rows = np.array(sorted({r % len(t) for r, _ in step}), dtype=np.int64)
         new = {r % len(t): v for r, v in step}
@@ -554,10 +555,10 @@ def test_float_compaction_groups(rows, collide):
     P = np.asfortranarray(np.array([p for _, p in rows], dtype=float))
     key = [(s, tuple((np.array(p) + 0.0).view(np.uint64).tolist())) for s, p in rows]
     if collide:
-        with patch.object(evaluate, "mix64", lambda z: z * np.uint64(0)):
-            first, inv = evaluate._float_row_groups(seq, [P])
+        with patch.object(compaction, "mix64", lambda z: z * np.uint64(0)):
+            first, inv = float_row_groups(seq, [P])
     else:
-        first, inv = evaluate._float_row_groups(seq, [P])
+        first, inv = float_row_groups(seq, [P])
     assert all(key[r] == key[first[inv[r]]] for r in range(len(rows)))
     assert (np.diff(seq[first]) >= 0).all()
     if not collide:

@@ -27,10 +27,13 @@ from test_evaluate import (
 )
 
 import exactformer as ef
-import exactformer.evaluate.passes as ev
+import exactformer.evaluate as ev
 from exactformer.data.builtin import shared_pool
 from exactformer.data.causal import CausalDataset
-from exactformer.evaluate.passes import Arithmetic, PassStats, _chunk_bounds, _stable_argsort
+from exactformer.evaluate import Arithmetic, PassStats, compaction, jobs, layers, windows
+from exactformer.evaluate.arithmetic import stable_argsort
+from exactformer.evaluate.jobs import chunk_bounds
+from exactformer.evaluate.state import RowState
 from exactformer.model import FF, Block
 from exactformer.tools.decode import Decoder, generate
 
@@ -87,10 +90,10 @@ def test_rational_hat_layers_cut_into_windows(data):
         ff = hat if ff is None else FF(ff.eta, np.vstack([ff.U, hat.U]),
                                        np.concatenate([ff.b, hat.b]),
                                        np.hstack([ff.W, hat.W]))
-    groups = ev._hat_groups(ff)
+    groups = windows._hat_groups(ff)
     if groups is not None:
         assert sorted(i for g in groups for i in g) == list(range(ff.width))
-        assert all(ev.ridge_window(ev._sub_ff(ff, g)) is not None for g in groups)
+        assert all(ev.ridge_window(windows._sub_ff(ff, g)) is not None for g in groups)
     model = model_of(d, Block(ff, None))
     X = data.draw(inputs_for(d, max_len=8))
     assert [rows(g) for g in ef.forward(model, X, "exact", workers=1)] == ref_forward(model, X)
@@ -118,7 +121,7 @@ def test_compaction_beyond_float_range():
     # 10^400 has no float image: the rows are then keyed by their exact values only
     big, tiny = Fraction(10) ** 400, Fraction(1, 2 ** 80)
     X = [F([[big, 1], [big, 1 + tiny], [big, 1], [1, 0]]), F([[big, 1]])]
-    state = ev._State(X, Arithmetic("exact"))
+    state = RowState(X, Arithmetic("exact"))
     state.compact()
     assert state.seq.tolist() == [0, 0, 0, 1] and state.cnt.tolist() == [2, 1, 1, 1]
     assert [rows(o) for o in state.outputs()] == [rows(x) for x in X]
@@ -139,7 +142,7 @@ def test_exact_dense_ff_equals_the_matrix_formula(data):
     zero = Fraction(0)
     want = X * ff.eta + np.maximum(X @ ff.U.T + ff.b, zero) @ ff.W.T
     ar = Arithmetic("exact")
-    got = ev._exact_dense_ff(ar.array(X), ff.converted(ar.scalar, ar.array))
+    got = layers.exact_dense_ff(ar.array(X), ff.converted(ar.scalar, ar.array))
     assert rows(ar.public(got)) == rows(want)
 
 
@@ -154,7 +157,7 @@ def test_compaction_groups_are_exact_points(rows_):
     # in sequence order, which keeps the rows of a sequence contiguous
     seq = np.array([q for q, _ in rows_])
     P = Arithmetic("exact").array(F([p for _, p in rows_]))
-    first, inv = ev._object_row_groups(seq, P)
+    first, inv = compaction.object_row_groups(seq, P)
     order = sorted(range(len(rows_)), key=lambda r: seq[r])
     keys = [(int(seq[r]), *rows_[r][1]) for r in order]
     want = {k: i for i, k in enumerate(dict.fromkeys(keys))}
@@ -166,10 +169,10 @@ def test_compaction_groups_are_exact_points(rows_):
 @given(st.lists(st.fractions(-2, 2, max_denominator=4) |
                 st.sampled_from([Fraction(1, 3) + Fraction(1, 2 ** 70), Fraction(10) ** 320]),
                 max_size=30))
-def test_stable_argsort_matches_numpy(values):
+def teststable_argsort_matches_numpy(values):
     t = Arithmetic("exact").array(np.array(values, dtype=object))
     want = np.argsort(np.array(values, dtype=object), kind="stable")
-    np.testing.assert_array_equal(_stable_argsort(t), want)
+    np.testing.assert_array_equal(stable_argsort(t), want)
 
 
 def test_backend_conversions():
@@ -205,21 +208,21 @@ def test_pass_stats_merge():
     assert a == PassStats(hardmax_margin=0.25, hardmax_ties=5, hat_clearance=0.1)
 
 
-def test_chunk_bounds(monkeypatch):
+def testchunk_bounds(monkeypatch):
     xs = [np.zeros((n, 2)) for n in (5, 1, 1, 9, 2, 2, 3)]
     exact = Arithmetic("exact")
-    monkeypatch.setattr(ev, "PARALLEL_MIN_WORK", 1)
+    monkeypatch.setattr(jobs, "PARALLEL_MIN_WORK", 1)
     for workers in (2, 3, 7, 50):
-        b = _chunk_bounds(xs, 10, exact, workers)
+        b = chunk_bounds(xs, 10, exact, workers)
         assert b[0][0] == 0 and b[-1][1] == len(xs) and 1 < len(b) <= workers
         assert all(s < e and e == s2 for (s, e), (s2, _) in zip(b, b[1:] + [(len(xs), 0)],
                                                                strict=True))
-    assert _chunk_bounds(xs, 10, exact, 1) == [(0, 7)]
-    assert _chunk_bounds(xs, 10, Arithmetic("float"), 4) == [(0, 7)]  # float stays serial
-    monkeypatch.setattr(ev, "PARALLEL_MIN_WORK", 10 ** 9)
-    assert _chunk_bounds(xs, 10, exact, 4) == [(0, 7)]  # too little work for a pool
+    assert chunk_bounds(xs, 10, exact, 1) == [(0, 7)]
+    assert chunk_bounds(xs, 10, Arithmetic("float"), 4) == [(0, 7)]  # float stays serial
+    monkeypatch.setattr(jobs, "PARALLEL_MIN_WORK", 10 ** 9)
+    assert chunk_bounds(xs, 10, exact, 4) == [(0, 7)]  # too little work for a pool
     with pytest.raises(ValueError, match="workers must be at least 1"):
-        _chunk_bounds(xs, 10, exact, 0)
+        chunk_bounds(xs, 10, exact, 0)
 
 
 def run(model, X, arithmetic, workers):
@@ -235,7 +238,7 @@ def run(model, X, arithmetic, workers):
                                  HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_parallel_equals_serial(data, monkeypatch):
-    monkeypatch.setattr(ev, "PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(jobs, "PARALLEL_MIN_WORK", 0)
     model = data.draw(models(max_blocks=4))
     X = [x for _ in range(3) for x in data.draw(inputs_for(model.d))]  # 3 to 9 sequences
     for arithmetic in ("exact", "mp"):
@@ -247,7 +250,7 @@ def test_parallel_equals_serial(data, monkeypatch):
 
 
 def test_verify_with_workers(monkeypatch):
-    monkeypatch.setattr(ev, "PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(jobs, "PARALLEL_MIN_WORK", 0)
     data = shared_pool(N=8, d=2, pool=5, n_max=4, m_max=2, seed=3)
     model = ef.compile(data)
     serial = ef.verify(model, data, workers=1).to_dict()

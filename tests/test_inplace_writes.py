@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer.evaluate import enclosure
-from exactformer.evaluate import passes as evaluate
+from exactformer import evaluate
+from exactformer.evaluate import enclosure, layers
 from exactformer.model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 
 F0 = Fraction(0)
@@ -170,7 +170,7 @@ def test_enclosure_holds_the_exact_evaluation(data, d, rows, give_up):
     if data.draw(st.booleans()):
         xs, radii = [np.array(x, dtype=object) for x in xf], None
     snap = snapshot(model, xf + (radii or []))
-    with patch.object(evaluate, "DENSE_ROWS", rows):
+    with patch.object(layers, "DENSE_ROWS", rows):
         mids, rads = evaluate.enclose(model, xf, radii, give_up=give_up)
         again = evaluate.enclose(model, xf, radii, give_up=give_up)
     assert_unchanged(model, snap)
@@ -270,7 +270,7 @@ def test_a_cached_head_result_after_a_rescaling_write():
     xf = floats(xs)
     radii = [enclosure.float_radius(x, f) for x, f in zip(xs, xf, strict=True)]
     for rows in (1, 2 ** 16):
-        with patch.object(evaluate, "DENSE_ROWS", rows):
+        with patch.object(layers, "DENSE_ROWS", rows):
             mids, rads = evaluate.enclose(model, xf, radii)
         for mid, rad, out in zip(mids, rads, ref, strict=True):
             assert np.isfinite(rad).all()

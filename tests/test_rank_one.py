@@ -27,8 +27,8 @@ from test_enclosure import (
 )
 
 import exactformer as ef
-from exactformer.evaluate import enclosure, rank_one
-from exactformer.evaluate.passes import PassStats, _float_hardmax_rows, enclose
+from exactformer.evaluate import PassStats, enclose, enclosure, rank_one
+from exactformer.evaluate.attention import float_hardmax_rows
 from exactformer.model import SA, Block
 
 
@@ -154,11 +154,11 @@ def test_batched_general_heads(B, n, d, data):
     q, k = X @ c, X @ a
     q_rad, k_rad = np.abs(r) @ np.abs(c), np.abs(r) @ np.abs(a)
     together = PassStats()
-    avg = _float_hardmax_rows(X, q, k, alpha, w, together, X)
+    avg = float_hardmax_rows(X, q, k, alpha, w, together, X)
     rad = enclosure.head_radius(X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
     alone = PassStats()
     for b in range(B):
-        one = _float_hardmax_rows(X[b], q[b], k[b], alpha, w[b], alone, X[b])
+        one = float_hardmax_rows(X[b], q[b], k[b], alpha, w[b], alone, X[b])
         assert np.array_equal(one, avg[b])
         args = (X[b], r[b], q[b], q_rad[b], k[b], k_rad[b], alpha, X[b], r[b], avg[b])
         assert np.array_equal(enclosure.head_radius(*args), rad[b])

@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
+import exactformer.evaluate.windows as ridge_windows
+from exactformer import evaluate
 from exactformer.construct.generic import ConstructionError
-from exactformer.evaluate import Arithmetic, Ridge, enclose, enclosure, runs
-from exactformer.evaluate import passes as evaluate
+from exactformer.evaluate import Arithmetic, Ridge, enclose, enclosure, jobs, runs
 from exactformer.model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 
 FLOAT = Arithmetic("float")
@@ -58,7 +59,7 @@ def ref_ridges(ff: FF | None, params: FF | None = None, ar: Arithmetic = FLOAT):
     params = ff if params is None else params
     groups = ref_hat_groups(ff)
     if groups is None:
-        return evaluate._ridge_cuts(ff, params, ar)
+        return ridge_windows._ridge_cuts(ff, params, ar)
     return [(Ridge(ar.array(ff.U[0]), ar.scalar(float(-ff.b[g].max())),
                    ar.scalar(float(-ff.b[g].min()))),
              FF(params.eta, params.U[g], params.b[g], params.W[:, g])) for g in groups]
@@ -189,7 +190,7 @@ def assert_same_enclosure(model, xs) -> None:
     """``enclose`` with the batch preparation and with the reference one: bitwise equal."""
     rad = [np.zeros_like(x) for x in xs]
     out, r = enclose(model, xs, rad)
-    with mock.patch.object(evaluate, "ridges_of", ref_ridges_of), \
+    with mock.patch.object(jobs, "ridges_of", ref_ridges_of), \
             mock.patch.object(runs, "plan_runs", ref_plan_runs):
         ref_out, ref_r = enclose(model, xs, rad)
     for a, b in zip(out + r, ref_out + ref_r, strict=True):

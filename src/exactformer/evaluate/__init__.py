@@ -1,32 +1,21 @@
 """The evaluation stage: forward passes of a model in exact, float64 or mpmath arithmetic.
 
-``forward`` (set data), ``forward_causal`` (decoder data), ``enclose`` (float64 with rigorous
-radii) and ``predict`` are the interface; ``dense_forward`` is the plain float64 reference pass.
+The interface is :func:`forward` (set or causal data), :func:`forward_causal`, :func:`enclose`
+(float64 with rigorous radii) and :func:`predict`; :func:`dense_forward` is the plain float64
+reference pass. The modules, in the order a pass uses them: ``arithmetic`` (the three
+arithmetics and the pass statistics), ``windows`` (which FF layers are ridge windows), ``jobs``
+(a model prepared for a pass, and the process pool), ``state``, ``rows`` and ``compaction``
+(the rows a pass carries), ``layers`` and ``attention`` (applying one layer), ``rank_one`` and
+``runs`` (the kernels that keep large constructed models near linear), ``enclosure`` (the
+rounding bounds of a tracking pass), ``causal`` (the decoder pass), ``dense`` (the reference).
 See docs/numerics.md.
 """
 
-from .passes import (
-    ARITHMETICS,
-    Arithmetic,
-    CausalScan,
-    PassStats,
-    Ridge,
-    causal_row,
-    dense_forward,
-    direction_scales,
-    distinct_rows,
-    enclose,
-    forward,
-    forward_causal,
-    in_arithmetic,
-    predict,
-    relu,
-    ridge_groups,
-    ridge_window,
-    ridges_in,
-    ridges_of,
-    with_positions,
-)
+from .arithmetic import ARITHMETICS, Arithmetic, PassStats, in_arithmetic, relu
+from .causal import CausalScan, causal_row, forward_causal, with_positions
+from .dense import dense_forward
+from .passes import distinct_rows, enclose, forward, predict
+from .windows import Ridge, direction_scales, ridge_groups, ridge_window, ridges_in, ridges_of
 
 __all__ = ["ARITHMETICS", "Arithmetic", "CausalScan", "PassStats", "Ridge", "causal_row",
            "dense_forward", "direction_scales", "distinct_rows", "enclose", "forward",

@@ -19,26 +19,7 @@ import numpy as np
 
 from ..numbers import safe_floats, sparse_dot
 from . import enclosure
-
-
-@dataclass
-class Segments:
-    """Rows contiguous by sequence: each row's segment number and each segment's first row."""
-
-    seg: np.ndarray
-    starts: np.ndarray
-
-    @property
-    def n(self) -> int:
-        return len(self.starts)
-
-    def subset(self, segs: np.ndarray) -> tuple[np.ndarray, Segments]:
-        """The rows of the segments ``segs`` (increasing), and their segments renumbered."""
-        ends = np.append(self.starts[1:], len(self.seg))
-        lengths = ends[segs] - self.starts[segs]
-        first = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        rows = np.arange(lengths.sum()) + np.repeat(self.starts[segs] - first, lengths)
-        return rows, Segments(np.repeat(np.arange(len(segs)), lengths), first)
+from .rows import Rows, Segments
 
 
 @dataclass
@@ -160,7 +141,7 @@ class HeadCache:
     def clear(self) -> None:
         self.entries.clear()
 
-    def result(self, st, c, a, q, stats: bool) -> Result:
+    def result(self, st: Rows, c, a, q, stats: bool) -> Result:
         """The head's result on the state's current rows; ``st`` is the pass's state (rows
         P, radii rad, weights(), segment_index(), epoch, row_epoch, col_epoch)."""
         key = (tuple(c.tolist()), tuple(a.tolist()), None if q is None else tuple(q.tolist()))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import enclosure
+from .rows import Rows
 
 
 @dataclass
@@ -120,7 +121,7 @@ def _forms(wins: list) -> tuple:
 
 
 # ------------------------------------------------------------------------------ applying
-def apply_run(st, run: Run, stats, scale: float) -> bool:
+def apply_run(st: Rows, run: Run, stats, scale: float) -> bool:
     """Apply the run to the state; False (nothing done) when it cannot be swept: windows of
     one layer that the rows' radii make overlap. ``st`` is the evaluator's state."""
     if run.f is None or not len(run.layer):
@@ -148,7 +149,7 @@ def apply_run(st, run: Run, stats, scale: float) -> bool:
     return True
 
 
-def _rewiden(st, run: Run, rows, stab, widening: float):
+def _rewiden(st: Rows, run: Run, rows, stab, widening: float):
     """The windows are widened by the rows' reach along f. When a row that just took a step
     now reaches further, widen them again (to twice that, so this happens rarely); if that
     would make two windows of one layer overlap, give those rows up (radius inf: their pairs
@@ -239,10 +240,10 @@ def _clearance(sp, run: Run, stats, scale: float) -> None:
     above = np.where(i1 < len(st_), st_[np.minimum(i1, len(st_) - 1)] - run.hi, np.inf)
     gap = float(np.minimum(below, above).min(initial=np.inf))
     if math.isfinite(gap):
-        stats._min("hat_clearance", gap / (scale * float(np.linalg.norm(run.f))))
+        stats.note_min("hat_clearance", gap / (scale * float(np.linalg.norm(run.f))))
 
 
-def _step(st, run: Run, rows, wins) -> np.ndarray:
+def _step(st: Rows, run: Run, rows, wins) -> np.ndarray:
     """Apply window wins[i] to row rows[i] (each row once); returns which rows moved."""
     X = st.P[rows]
     if st.rad is not None:
@@ -255,7 +256,7 @@ def _step(st, run: Run, rows, wins) -> np.ndarray:
     return inside
 
 
-def _tracked_step(st, run: Run, rows, wins, X) -> np.ndarray:
+def _tracked_step(st: Rows, run: Run, rows, wins, X) -> np.ndarray:
     """:func:`_step` with radii (``enclosure.gadget_rows``): rows inside their window move,
     rows only near it keep their value and add the bound on the change their box allows."""
     r = st.rad[rows]

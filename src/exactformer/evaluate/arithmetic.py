@@ -1,0 +1,161 @@
+"""The arithmetics a pass computes in: exact (rational), float64 and mpmath (any precision).
+
+The exact pass computes with gmpy2's ``mpq`` (GMP rationals, several times faster than
+``fractions.Fraction`` in the hot loops); its inputs and outputs are ``Fraction``s, converted at
+entry and exit, so users only ever see Fractions (docs/numerics.md). :class:`PassStats` holds the
+margins a pass records, whatever its arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+from gmpy2 import mpq
+
+from ..numbers import to_fraction
+
+ARITHMETICS = ("exact", "float", "mp")
+
+
+@dataclass
+class Arithmetic:
+    """How numbers are represented: 'exact' (gmpy2 mpq inside a pass, Fraction outside),
+    'float' (float64), 'mp' (mpmath)."""
+
+    kind: str = "float"
+    dps: int = 50
+
+    def __post_init__(self):
+        if self.kind not in ARITHMETICS:
+            raise ValueError(f"arithmetic must be one of {ARITHMETICS}, got {self.kind!r}")
+
+    @property
+    def is_object(self) -> bool:
+        return self.kind != "float"
+
+    def scalar(self, v):
+        if isinstance(v, np.integer):
+            v = int(v)
+        if self.kind == "float":
+            return float(v)
+        if self.kind == "exact":
+            if isinstance(v, mpq):
+                return v
+            if isinstance(v, (int, Fraction)) or (isinstance(v, float) and math.isfinite(v)):
+                return mpq(v)  # exact, also for a float
+            return mpq(to_fraction(v))
+        if isinstance(v, Fraction):
+            return mpmath.mpf(v.numerator) / v.denominator
+        return mpmath.mpf(v)
+
+    def array(self, a) -> np.ndarray:
+        a = np.asarray(a)
+        if self.kind == "float":
+            return a.astype(float)
+        out = np.empty(a.shape, dtype=object)
+        direct = self.kind == "exact" and (a.dtype.kind in "iu" or (
+            a.dtype.kind == "f" and bool(np.isfinite(a).all())))  # mpq(float) is exact
+        if direct:  # one mpq per distinct value (counts, pixel values), shared: mpq is immutable
+            distinct, inverse = np.unique(a, return_inverse=True)
+            table = np.empty(len(distinct), dtype=object)
+            table[:] = list(map(mpq, distinct.tolist()))  # Python scalars convert faster
+            out[...] = table[inverse.reshape(a.shape)]
+            return out
+        out.flat[:] = list(map(self.scalar, a.ravel().tolist()))
+        return out
+
+    def public(self, a: np.ndarray) -> np.ndarray:
+        """``a`` as users see it: the exact pass's mpq values become Fractions; float and mp
+        arrays are returned unchanged."""
+        if self.kind != "exact":
+            return a
+        out = np.empty(a.shape, dtype=object)
+        out.flat[:] = [Fraction(int(v.numerator), int(v.denominator))
+                       for v in a.ravel().tolist()]
+        return out
+
+    def exp(self, a: np.ndarray) -> np.ndarray:
+        if self.kind == "float":
+            return np.exp(a)
+        if self.kind == "exact":
+            raise ValueError("softmax attention cannot be evaluated in exact rational arithmetic; "
+                             "use arithmetic='mp' (high precision) or 'float'")
+        return np.frompyfunc(mpmath.exp, 1, 1)(a)
+
+
+EXACT = Arithmetic("exact")
+FLOAT = Arithmetic("float")
+
+
+def relu(z: np.ndarray) -> np.ndarray:
+    return np.where((z > 0).astype(bool), z, 0 * z)
+
+
+def in_arithmetic(ar: Arithmetic, layer):
+    """A layer (block, FF, SA or ridge part) in the pass's arithmetic. Passes convert each layer
+    when they apply it, and a ridge part only when some row is inside its window: an exact
+    pass over a few sequences of a float64 model with 10^5 hat layers converts the few that
+    reach its rows, not the millions of parameters of the others."""
+    return layer if ar.kind == "float" else layer.converted(ar.scalar, ar.array)
+
+
+def float_image(a: np.ndarray) -> np.ndarray | None:
+    """float64 values of ``a``; None for an object array with a value beyond float range.
+    Each exact value has a single image and the conversion is monotone (rounding or
+    truncation), so floats can pre-sort and pre-group exact values."""
+    try:
+        return a.astype(float)
+    except OverflowError:
+        return None
+
+
+def max_abs(x: np.ndarray) -> float:
+    """The largest |coordinate| of ``x`` as a float (inf beyond float range)."""
+    f = float_image(x)
+    return float(np.abs(f).max(initial=0.0)) if f is not None else math.inf
+
+
+def stable_argsort(t: np.ndarray) -> np.ndarray:
+    """``np.argsort(t, kind="stable")`` for exact or mpmath values, sorting by the values' float
+    images first and comparing exactly only within runs of equal floats."""
+    tf = float_image(t) if t.dtype == object else t
+    if tf is None or t.dtype != object:
+        return np.argsort(t, kind="stable")
+    order = np.argsort(tf, kind="stable")
+    sf = tf[order]
+    starts = np.flatnonzero(np.concatenate([[True], sf[1:] != sf[:-1], [True]]))
+    for s, e in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
+        if e - s > 1:
+            order[s:e] = sorted(order[s:e].tolist(), key=t.__getitem__)
+    return order
+
+
+@dataclass
+class PassStats:
+    """Margins seen during a pass (None where the model has no such layer)."""
+
+    hardmax_margin: float | None = None  # smallest best-minus-second score gap / score scale
+    hardmax_ties: int = 0  # queries whose best score is shared by two distinct points
+    hat_clearance: float | None = None  # smallest distance of an untouched token to a window
+    enabled: bool = field(default=True, repr=False, compare=False)  # False: record nothing
+
+    def note_min(self, name: str, v) -> None:
+        v = float(v)
+        cur = getattr(self, name)
+        setattr(self, name, v if cur is None else min(cur, v))
+
+    def merge(self, other: PassStats) -> None:
+        """Fold in the statistics of a pass over other sequences (a chunk of a parallel pass):
+        counts add up, margins take the smaller value, so the result equals one serial pass."""
+        for f in fields(self):
+            if f.name == "enabled":
+                continue
+            v = getattr(other, f.name)
+            if isinstance(v, int):
+                setattr(self, f.name, getattr(self, f.name) + v)
+            elif v is not None:
+                self.note_min(f.name, v)

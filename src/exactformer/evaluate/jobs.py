@@ -1,0 +1,146 @@
+"""A model prepared for a pass (:class:`Job`), and the process pool that splits a pass.
+
+Sequences never interact, so an exact or mpmath pass over many tokens is split into contiguous
+chunks of sequences run in forked worker processes; outputs, snapshots and statistics equal a
+serial pass (docs/verification.md). Workers die with their parent.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import mpmath
+import numpy as np
+from tqdm import tqdm
+
+from ..model import Transformer
+from . import runs
+from .arithmetic import Arithmetic, PassStats, in_arithmetic
+from .layers import apply_ff, apply_sa
+from .state import RowState
+from .windows import paused_gc, ridges_of
+
+
+@dataclass
+class Job:
+    """A model ready to run in one arithmetic: converted blocks, their ridge windows, τ."""
+
+    ar: Arithmetic
+    attention: str
+    blocks: list
+    ridges: list
+    tau: object
+    runs: dict  # first block -> runs.Run (float64 passes; docs/numerics.md)
+
+    @classmethod
+    def of(cls, model: Transformer, ar: Arithmetic, tau) -> Job:
+        params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
+        blocks = params.blocks  # converted to the pass's arithmetic where used (in_arithmetic)
+        with paused_gc():
+            ridges = ridges_of([b.ff for b in model.blocks], [c.ff for c in blocks], ar)
+            plan = runs.plan_runs(blocks, ridges) if ar.kind == "float" else {}
+        tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
+        return cls(ar, model.attention, blocks, ridges, tau, plan)
+
+    def run(self, xs: list[np.ndarray], snapshots, stats: PassStats, scale: float,
+            progress: bool) -> tuple[list, dict]:
+        """The pass over ``xs``; ``scale`` (≥ 1, the largest input coordinate of the whole
+        pass) normalises the ridge clearances so that chunks report like one pass."""
+        st = RowState(xs, self.ar)
+        snaps = self.walk(st, snapshots, stats, scale, progress)
+        return st.outputs(), snaps
+
+    def walk(self, st: RowState, snapshots, stats: PassStats, scale: float,
+             progress: bool) -> dict:
+        """Every block on the state ``st``; returns the snapshots asked for."""
+        st.compact()
+        snaps = {}
+        if snapshots and 0 in snapshots:
+            snaps[0] = st.outputs()
+        bar = tqdm(total=len(self.blocks), desc=f"forward ({self.ar.kind})", unit="block",
+                   disable=not progress, leave=False, delay=1)
+        i = 0
+        while i < len(self.blocks):
+            run = self.runs.get(i)
+            if run is not None and not any(run.start < k <= run.end for k in snapshots or ()) \
+                    and runs.apply_run(st, run, stats, scale):
+                bar.update(run.end - i)
+                i = run.end
+                continue
+            blk = self.blocks[i]
+            if blk.ff is not None:
+                apply_ff(st, blk.ff, self.ridges[i], stats, scale)
+            if blk.sa is not None and not blk.sa.is_identity():
+                apply_sa(st, in_arithmetic(st.ar, blk.sa), self.attention, self.tau, stats)
+            i += 1
+            bar.update(1)
+            if snapshots and i in snapshots:
+                snaps[i] = st.outputs()
+        bar.close()
+        return snaps
+
+
+PARALLEL_MIN_WORK = 10**6  # tokens × blocks below which a pool costs more than it saves
+
+
+def default_workers() -> int:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def chunk_bounds(xs: list[np.ndarray], n_blocks: int, ar: Arithmetic,
+                  workers: int | None) -> list[tuple[int, int]]:
+    """Contiguous ranges of sequences with about equal token counts, one per worker; a single
+    range when the pass should stay serial (float, little work, one worker, or inside a
+    daemonic process, which may not start children)."""
+    workers = default_workers() if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    lengths = np.array([len(x) for x in xs])
+    k = min(workers, len(xs))
+    if (ar.kind == "float" or k < 2 or int(lengths.sum()) * n_blocks < PARALLEL_MIN_WORK
+            or multiprocessing.current_process().daemon):
+        return [(0, len(xs))]
+    cuts = np.searchsorted(np.cumsum(lengths), lengths.sum() * np.arange(1, k) / k)
+    edges = sorted({0, len(xs), *(int(c) + 1 for c in cuts)})
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+_WORKER: dict = {}  # the job and inputs of a pool worker, set once by its initializer
+
+
+def _init_worker(job: Job, xs: list[np.ndarray], snapshots, scale: float) -> None:
+    _WORKER.update(job=job, xs=xs, snapshots=snapshots, scale=scale)
+
+
+def _run_chunk(bounds: tuple[int, int]) -> tuple[list, dict, PassStats]:
+    w, (s, e), stats = _WORKER, bounds, PassStats()
+    with mpmath.workdps(w["job"].ar.dps):
+        outs, snaps = w["job"].run(w["xs"][s:e], w["snapshots"], stats, w["scale"], False)
+    return outs, snaps, stats
+
+
+def run_parallel(job: Job, xs, bounds, snapshots, stats: PassStats, scale: float,
+                  progress: bool) -> tuple[list, dict]:
+    """Run the chunks in a process pool and join their results in sequence order. On Linux
+    the workers are forked, so they inherit the prepared job instead of unpickling it."""
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
+    outs: list = []
+    snaps: dict = {}
+    with ProcessPoolExecutor(len(bounds), mp_context=ctx, initializer=_init_worker,
+                             initargs=(job, xs, snapshots, scale)) as pool:
+        results = tqdm(pool.map(_run_chunk, bounds), total=len(bounds), unit="chunk",
+                       desc=f"forward ({job.ar.kind}, {len(bounds)} processes)",
+                       disable=not progress, leave=False, delay=1)
+        for chunk_outs, chunk_snaps, chunk_stats in results:
+            outs += chunk_outs
+            for i, v in chunk_snaps.items():
+                snaps.setdefault(i, []).extend(v)
+            stats.merge(chunk_stats)
+    return outs, snaps

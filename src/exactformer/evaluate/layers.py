@@ -1,0 +1,208 @@
+"""Applying one FF or SA layer to a pass's rows, in any arithmetic, with or without radii.
+
+An FF is applied window by window to the rows inside each ridge window, or densely; an SA layer
+writes ρ·x plus every head's term column by column, in place (docs/numerics.md, docs/heads.md).
+In a tracking pass (``st.rad`` set) every write also grows the rows' radii
+(docs/numerics.md#enclosures).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import FF, SA, ValueMatrix
+from ..numbers import safe_float, sparse_dot
+from . import enclosure
+from .arithmetic import PassStats, in_arithmetic, relu
+from .attention import head_average
+from .state import RowState, SortedProjection
+from .windows import Ridge
+
+DENSE_ROWS = 2 ** 16  # rows per slice of a dense FF in an enclosure pass
+
+
+def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: PassStats,
+              scale: float):
+    """Apply an FF: each ridge window only to the rows inside it (every window's change is
+    computed from the layer's input, then the changes are added), anything else densely."""
+    if ridges is not None:
+        moves, spread = [], []
+        for ridge, part in ridges:
+            sp = st.projection(ridge.f)
+            if st.rad is not None:
+                change, terms, gap = _ridge_spread(st, sp, ridge, part)
+                if gap is not None and stats.enabled:
+                    stats.note_min("hat_clearance", gap / (scale * ridge.norm))
+                rows = terms[0]
+                spread.append(terms)
+                moves.append((rows, change))
+                continue
+            rows, gap = sp.rows_in(ridge.lo, ridge.hi)
+            if gap is not None and stats.enabled:
+                stats.note_min("hat_clearance", safe_float(gap) / (scale * ridge.norm))
+            if len(rows):
+                X, part = st.P[rows], in_arithmetic(st.ar, part)
+                moves.append((rows, relu(X @ part.U.T + part.b) @ part.W.T))
+        if spread:
+            st.rad = enclosure.ridge_radius(st.rad, spread)
+            st.grew(np.concatenate([np.concatenate([s[0], s[3]]) for s in spread]))
+        for rows, change in moves:
+            st.P[rows] = st.P[rows] + change
+            st.moved(rows)
+        return
+    if st.rad is not None:  # each row alone: slices written back in place stay small
+        for s in range(0, len(st.P), DENSE_ROWS):
+            rows = slice(s, s + DENSE_ROWS)
+            st.P[rows], st.rad[rows] = enclosure.ff_dense(st.P[rows], st.rad[rows], ff.eta,
+                                                          ff.U, ff.b, ff.W)
+    elif st.ar.kind == "exact":
+        st.P = exact_dense_ff(st.P, in_arithmetic(st.ar, ff))
+    else:
+        ff = in_arithmetic(st.ar, ff)
+        st.P = st.P * ff.eta + relu(st.P @ ff.U.T + ff.b) @ ff.W.T
+    st.changed_everything()
+    if ff.eta == 0:
+        st.compact()
+
+
+def exact_dense_ff(P: np.ndarray, ff: FF) -> np.ndarray:
+    """η·x + W·relu(U·x + b) on every row of an exact pass, with far fewer rational operations
+    than the matrix products: each distinct row of U is dotted once and over its nonzero
+    entries only (the first leader layer's units all read one row), each output coordinate
+    sums only the units with a nonzero weight, and η·x is left out when η = 0."""
+    dots: dict = {}
+    H = np.empty((len(P), ff.U.shape[0]), dtype=object)
+    for i, u in enumerate(ff.U):
+        key = tuple(u.tolist())
+        if key not in dots:
+            dots[key] = sparse_dot(P, u)
+        H[:, i] = relu(dots[key] + ff.b[i])
+    out = np.empty_like(P)
+    for k in range(P.shape[1]):
+        move = sparse_dot(H, ff.W[k])
+        out[:, k] = move if ff.eta == 0 else P[:, k] * ff.eta + move
+    return out
+
+
+def _ridge_spread(st: RowState, sp: SortedProjection, ridge: Ridge, part: FF):
+    """For a tracking pass: the change of the rows inside the window by their float f·x,
+    the radius terms of every row whose box may reach the window (also those within the
+    rows' reach of its ends; see :func:`enclosure.ridge_radius`), and the distance from the
+    window to the nearest row outside it (the hat clearance)."""
+    w = float(enclosure.window_pad(st.reach(ridge.f), ridge.lo, ridge.hi))
+    near, gap = sp.rows_in(enclosure.lower(ridge.lo, w), enclosure.upper(ridge.hi, w))
+    t = sp.t[near]
+    gaps = np.concatenate([[] if gap is None else [gap + w], ridge.lo - t[t <= ridge.lo],
+                           t[t >= ridge.hi] - ridge.hi])
+    gap = float(gaps.min()) if len(gaps) else None
+    if id(part) not in st.forms:  # the job holds its parts for the whole pass
+        st.forms[id(part)] = enclosure.gadget_form(part.U, part.b, part.W)
+    form = st.forms[id(part)]
+    X, r = st.P[near], st.rad[near]
+    if form is not None and np.array_equal(form[0], ridge.f):  # lo, hi are along ridge.f
+        f, sig, w_, om = form
+        n = len(near)
+        g = enclosure.gadget_rows(X, r, f, np.tile(sig, (n, 1)), np.tile(part.b, (n, 1)),
+                                  np.tile(om, (n, 1)), np.tile(w_, (n, 1)),
+                                  np.full(n, ridge.lo), np.full(n, ridge.hi))
+        inside = g.inside
+        return g.change[inside], (near[inside], g.whole[inside], g.alone[inside],
+                                  near[~inside], g.alone[~inside]), gap
+    inside = (t > ridge.lo) & (t < ridge.hi)
+    rows, out = near[inside], near[~inside]
+    change, whole, alone = enclosure.ff_change(X[inside], r[inside], part.U, part.b, part.W)
+    zone = enclosure.zone_change(X[~inside], r[~inside], part.U, part.b, part.W, ridge.f,
+                                 ridge.lo, ridge.hi)
+    return change, (rows, whole, alone, out, zone), gap
+
+
+def apply_sa(st: RowState, sa: SA, attention: str, tau, stats: PassStats):
+    """ρ·x_i plus, for every head, V_h applied to the head's own average (docs/heads.md).
+    Every head reads the layer's input. A head with V = p·qᵀ (β = 0) averages only the scalar
+    x·q and changes only the columns where p ≠ 0, so sorted indices along other directions
+    survive the layer.
+
+    Equal points are merged only when ρ = 0 (each token replaced by averages, as in the
+    collapse): with ρ ≠ 0 distinct points almost never meet, and an unmerged pair of equal
+    rows only costs time, never changes a result (they carry their multiplicities)."""
+    dots: dict = {}
+    terms = [t for head in sa.heads
+             if (t := _head_term(st, head, attention, tau, stats, dots)) is not None]
+    _write_terms(st, sa.rho, terms)
+    if sa.rho == 0:
+        st.compact()
+
+
+def _write_terms(st: RowState, rho, terms: list[_Term]) -> None:
+    """The rows become ρ·x plus the heads' terms, one column at a time and in place (a column
+    of the column-major rows is one contiguous array, and no row-sized temporary is made).
+    A tracking pass grows each radius by |ρ|·r, the terms' radii and the rounding of the
+    product and the sums. With ρ = 1 the product is exact and only the written columns
+    change."""
+    k = len(terms) + 2
+    written = sorted({c for t in terms for c in t.cols})
+    cols = written if rho == 1 else list(range(st.P.shape[1]))
+    for c in cols:
+        parts = [t.column(c) for t in terms if c in t.cols]
+        x = st.P[:, c]
+        new = x if rho == 1 else x * rho
+        if st.rad is not None:
+            size = np.abs(new)
+            r = st.rad[:, c]
+            if rho != 1:
+                r = abs(rho) * r + enclosure.rounding(size, 1)
+            for v, vr in parts:
+                size += np.abs(v)
+                r += vr
+            st.rad[:, c] = enclosure.up(r + enclosure.rounding(size, k), 4 * k)
+        for v, _ in parts:
+            new += v
+        if rho != 1:
+            x[:] = new
+    if cols:
+        st.changed_columns(np.asarray(cols))
+
+
+@dataclass(frozen=True)
+class _Term:
+    """What one head adds to the rows, kept as the head's average so that the values are
+    formed column by column: column c gains p_c·avg (β = 0: avg is the average of x·q), or
+    β·avg_c + p_c·(q·avg) (avg is the average point). ``avg_rad``, ``s_rad``: radii of avg
+    and q·avg in a tracking pass, else None."""
+
+    V: ValueMatrix
+    cols: frozenset
+    avg: np.ndarray
+    avg_rad: np.ndarray | None
+    s: np.ndarray | None = None
+    s_rad: np.ndarray | None = None
+
+    def column(self, c: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The term's values in column c and, in a tracking pass, their radii."""
+        p, beta = self.V.p[c], self.V.beta
+        if beta == 0:
+            val = self.avg[:, 0] * p
+            return val, None if self.avg_rad is None else self.avg_rad[:, 0] * float(abs(p))
+        val = self.avg[:, c] * beta + self.s * p
+        if self.avg_rad is None:
+            return val, None
+        return val, abs(beta) * self.avg_rad[:, c] + self.s_rad * abs(p)
+
+
+def _head_term(st: RowState, head, attention: str, tau, stats: PassStats, dots: dict
+               ) -> _Term | None:
+    """What one head adds (its average, computed from the layer's input); None when V = 0.
+    ``dots`` holds the layer's products x·v already computed (heads often read the same
+    vector)."""
+    V = head.V
+    if V.beta == 0:
+        cols = frozenset(k for k, v in enumerate(V.p) if v != 0)
+        if not cols:
+            return None
+        return _Term(V, cols, *head_average(st, head.A, V.q, attention, tau, stats, dots))
+    avg, avg_rad = head_average(st, head.A, None, attention, tau, stats, dots)
+    s_rad = None if avg_rad is None else enclosure.dot_radius(avg, avg_rad, V.q)
+    return _Term(V, frozenset(range(st.P.shape[1])), avg, avg_rad, sparse_dot(avg, V.q),
+                 s_rad)
