@@ -11,7 +11,7 @@ rounding bounds of a tracking pass), ``causal`` (the decoder pass), ``dense`` (t
 See docs/numerics.md.
 """
 
-from .arithmetic import ARITHMETICS, Arithmetic, PassStats, in_arithmetic, relu
+from .arithmetic import ARITHMETICS, Arithmetic, PassStats, relu
 from .causal import CausalScan, causal_row, forward_causal, with_positions
 from .dense import dense_forward
 from .passes import distinct_rows, enclose, forward, predict
@@ -19,5 +19,5 @@ from .windows import Ridge, direction_scales, ridge_groups, ridge_window, ridges
 
 __all__ = ["ARITHMETICS", "Arithmetic", "CausalScan", "PassStats", "Ridge", "causal_row",
            "dense_forward", "direction_scales", "distinct_rows", "enclose", "forward",
-           "forward_causal", "in_arithmetic", "predict", "relu", "ridge_groups", "ridge_window",
+           "forward_causal", "predict", "relu", "ridge_groups", "ridge_window",
            "ridges_in", "ridges_of", "with_positions"]

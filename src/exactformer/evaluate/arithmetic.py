@@ -21,86 +21,135 @@ from ..numbers import to_fraction
 ARITHMETICS = ("exact", "float", "mp")
 
 
-@dataclass
 class Arithmetic:
-    """How numbers are represented: 'exact' (gmpy2 mpq inside a pass, Fraction outside),
-    'float' (float64), 'mp' (mpmath)."""
+    """The numbers of a pass, as one context per arithmetic (the algorithms of a pass are
+    written once, against these methods): ``Arithmetic("exact")`` (gmpy2 mpq inside a pass,
+    Fraction outside), ``Arithmetic("float")`` (float64) or ``Arithmetic("mp", dps)``
+    (mpmath at ``dps`` digits). Like ``pathlib.Path``, the base class hands out the context of
+    the kind asked for."""
 
-    kind: str = "float"
-    dps: int = 50
+    kind = ""
+    is_object = True  # values are Python objects in object arrays (exact, mp)
 
-    def __post_init__(self):
-        if self.kind not in ARITHMETICS:
-            raise ValueError(f"arithmetic must be one of {ARITHMETICS}, got {self.kind!r}")
+    def __new__(cls, kind: str = "float", dps: int = 50):
+        if cls is Arithmetic:
+            if kind not in _CONTEXTS:
+                raise ValueError(f"arithmetic must be one of {ARITHMETICS}, got {kind!r}")
+            cls = _CONTEXTS[kind]
+        return super().__new__(cls)
 
-    @property
-    def is_object(self) -> bool:
-        return self.kind != "float"
+    def __init__(self, kind: str | None = None, dps: int = 50):
+        self.dps = dps
+
+    def __repr__(self) -> str:
+        return f"Arithmetic({self.kind!r}, {self.dps})"
 
     def scalar(self, v):
-        if isinstance(v, np.integer):
-            v = int(v)
-        if self.kind == "float":
-            return float(v)
-        if self.kind == "exact":
-            if isinstance(v, mpq):
-                return v
-            if isinstance(v, (int, Fraction)) or (isinstance(v, float) and math.isfinite(v)):
-                return mpq(v)  # exact, also for a float
-            return mpq(to_fraction(v))
-        if isinstance(v, Fraction):
-            return mpmath.mpf(v.numerator) / v.denominator
-        return mpmath.mpf(v)
+        """One number in this arithmetic."""
+        raise NotImplementedError
 
     def array(self, a) -> np.ndarray:
+        """An array of numbers in this arithmetic (an object array unless float64)."""
         a = np.asarray(a)
-        if self.kind == "float":
-            return a.astype(float)
         out = np.empty(a.shape, dtype=object)
-        direct = self.kind == "exact" and (a.dtype.kind in "iu" or (
-            a.dtype.kind == "f" and bool(np.isfinite(a).all())))  # mpq(float) is exact
-        if direct:  # one mpq per distinct value (counts, pixel values), shared: mpq is immutable
-            distinct, inverse = np.unique(a, return_inverse=True)
-            table = np.empty(len(distinct), dtype=object)
-            table[:] = list(map(mpq, distinct.tolist()))  # Python scalars convert faster
-            out[...] = table[inverse.reshape(a.shape)]
-            return out
         out.flat[:] = list(map(self.scalar, a.ravel().tolist()))
         return out
 
     def public(self, a: np.ndarray) -> np.ndarray:
-        """``a`` as users see it: the exact pass's mpq values become Fractions; float and mp
-        arrays are returned unchanged."""
-        if self.kind != "exact":
-            return a
+        """``a`` as users see it (the exact pass's mpq values become Fractions)."""
+        return a
+
+    def exp(self, a: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def convert(self, layer):
+        """A layer (block, FF, SA or ridge part) in this arithmetic. Passes convert each layer
+        when they apply it, and a ridge part only when some row is inside its window: an
+        exact pass over a few sequences of a float64 model with 10^5 hat layers converts the
+        few that reach its rows, not the millions of parameters of the others."""
+        return layer.converted(self.scalar, self.array)
+
+    def numbers(self, model):
+        """The model whose numbers a pass reads (converted layer by layer where used)."""
+        return model
+
+
+class FloatArithmetic(Arithmetic):
+    kind, is_object = "float", False
+
+    def scalar(self, v):
+        return float(v)
+
+    def array(self, a) -> np.ndarray:
+        return np.asarray(a).astype(float)
+
+    def exp(self, a: np.ndarray) -> np.ndarray:
+        return np.exp(a)
+
+    def convert(self, layer):
+        return layer
+
+    def numbers(self, model):
+        return model.to_float() if model.exact else model
+
+
+class ExactArithmetic(Arithmetic):
+    kind = "exact"
+
+    def scalar(self, v):
+        if isinstance(v, mpq):
+            return v
+        if isinstance(v, np.integer):
+            v = int(v)
+        if isinstance(v, (int, Fraction)) or (isinstance(v, float) and math.isfinite(v)):
+            return mpq(v)  # exact, also for a float
+        return mpq(to_fraction(v))
+
+    def array(self, a) -> np.ndarray:
+        a = np.asarray(a)
+        if not (a.dtype.kind in "iu" or (a.dtype.kind == "f" and bool(np.isfinite(a).all()))):
+            return super().array(a)
+        # one mpq per distinct value (counts, pixel values), shared: mpq is immutable, and
+        # mpq(float) is exact
+        distinct, inverse = np.unique(a, return_inverse=True)
+        table = np.empty(len(distinct), dtype=object)
+        table[:] = list(map(mpq, distinct.tolist()))  # Python scalars convert faster
+        out = np.empty(a.shape, dtype=object)
+        out[...] = table[inverse.reshape(a.shape)]
+        return out
+
+    def public(self, a: np.ndarray) -> np.ndarray:
         out = np.empty(a.shape, dtype=object)
         out.flat[:] = [Fraction(int(v.numerator), int(v.denominator))
                        for v in a.ravel().tolist()]
         return out
 
     def exp(self, a: np.ndarray) -> np.ndarray:
-        if self.kind == "float":
-            return np.exp(a)
-        if self.kind == "exact":
-            raise ValueError("softmax attention cannot be evaluated in exact rational arithmetic; "
-                             "use arithmetic='mp' (high precision) or 'float'")
+        raise ValueError("softmax attention cannot be evaluated in exact rational arithmetic; "
+                         "use arithmetic='mp' (high precision) or 'float'")
+
+
+class MpArithmetic(Arithmetic):
+    kind = "mp"
+
+    def scalar(self, v):
+        if isinstance(v, np.integer):
+            v = int(v)
+        if isinstance(v, Fraction):
+            return mpmath.mpf(v.numerator) / v.denominator
+        return mpmath.mpf(v)
+
+    def exp(self, a: np.ndarray) -> np.ndarray:
         return np.frompyfunc(mpmath.exp, 1, 1)(a)
 
 
+_CONTEXTS = {"exact": ExactArithmetic, "float": FloatArithmetic, "mp": MpArithmetic}
 EXACT = Arithmetic("exact")
 FLOAT = Arithmetic("float")
 
 
 def relu(z: np.ndarray) -> np.ndarray:
     return np.where((z > 0).astype(bool), z, 0 * z)
-
-
-def in_arithmetic(ar: Arithmetic, layer):
-    """A layer (block, FF, SA or ridge part) in the pass's arithmetic. Passes convert each layer
-    when they apply it, and a ridge part only when some row is inside its window: an exact
-    pass over a few sequences of a float64 model with 10^5 hat layers converts the few that
-    reach its rows, not the millions of parameters of the others."""
-    return layer if ar.kind == "float" else layer.converted(ar.scalar, ar.array)
 
 
 def float_image(a: np.ndarray) -> np.ndarray | None:

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from ..model import SA, Transformer
 from ..numbers import safe_float, safe_floats, sparse_dot
-from .arithmetic import FLOAT, Arithmetic, PassStats, in_arithmetic
+from .arithmetic import FLOAT, Arithmetic, PassStats
 from .attention import float_scores, softmax_average
 from .layers import apply_ff
 from .state import CausalState, RowState
@@ -42,10 +42,10 @@ def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str
     ar = Arithmetic(arithmetic, dps)
     stats = stats or PassStats()
     with mpmath.workdps(dps):
-        params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
+        params = ar.numbers(model)
         pos = None if model.positions is None else ar.array(model.positions)
         xs = with_positions(pos, [ar.array(np.asarray(x)) for x in inputs])
-        blocks = params.blocks  # converted to the pass's arithmetic where used (in_arithmetic)
+        blocks = params.blocks  # converted to the pass's arithmetic where used (Arithmetic.convert)
         ridges = ridges_of([b.ff for b in model.blocks], [c.ff for c in blocks], ar)
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         st = CausalState(xs, ar)
@@ -56,7 +56,7 @@ def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str
             if blk.ff is not None:
                 apply_ff(st, blk.ff, ridge, stats, scale)
             if blk.sa is not None and not blk.sa.is_identity():
-                _apply_causal_sa(st, in_arithmetic(ar, blk.sa), model.attention, tau, stats)
+                _apply_causal_sa(st, ar.convert(blk.sa), model.attention, tau, stats)
         return st.outputs()
 
 

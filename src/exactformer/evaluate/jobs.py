@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from ..model import Transformer
 from . import runs
-from .arithmetic import Arithmetic, PassStats, in_arithmetic
+from .arithmetic import Arithmetic, PassStats
 from .layers import apply_ff, apply_sa
 from .state import RowState
 from .windows import paused_gc, ridges_of
@@ -38,11 +38,11 @@ class Job:
 
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau) -> Job:
-        params = model if ar.kind != "float" else (model.to_float() if model.exact else model)
-        blocks = params.blocks  # converted to the pass's arithmetic where used (in_arithmetic)
+        params = ar.numbers(model)
+        blocks = params.blocks  # converted to the pass's arithmetic where used (Arithmetic.convert)
         with paused_gc():
             ridges = ridges_of([b.ff for b in model.blocks], [c.ff for c in blocks], ar)
-            plan = runs.plan_runs(blocks, ridges) if ar.kind == "float" else {}
+            plan = {} if ar.is_object else runs.plan_runs(blocks, ridges)
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         return cls(ar, model.attention, blocks, ridges, tau, plan)
 
@@ -75,7 +75,7 @@ class Job:
             if blk.ff is not None:
                 apply_ff(st, blk.ff, self.ridges[i], stats, scale)
             if blk.sa is not None and not blk.sa.is_identity():
-                apply_sa(st, in_arithmetic(st.ar, blk.sa), self.attention, self.tau, stats)
+                apply_sa(st, st.ar.convert(blk.sa), self.attention, self.tau, stats)
             i += 1
             bar.update(1)
             if snapshots and i in snapshots:
@@ -104,7 +104,7 @@ def chunk_bounds(xs: list[np.ndarray], n_blocks: int, ar: Arithmetic,
         raise ValueError(f"workers must be at least 1, got {workers}")
     lengths = np.array([len(x) for x in xs])
     k = min(workers, len(xs))
-    if (ar.kind == "float" or k < 2 or int(lengths.sum()) * n_blocks < PARALLEL_MIN_WORK
+    if (not ar.is_object or k < 2 or int(lengths.sum()) * n_blocks < PARALLEL_MIN_WORK
             or multiprocessing.current_process().daemon):
         return [(0, len(xs))]
     cuts = np.searchsorted(np.cumsum(lengths), lengths.sum() * np.arange(1, k) / k)

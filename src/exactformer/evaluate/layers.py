@@ -15,7 +15,7 @@ import numpy as np
 from ..model import FF, SA, ValueMatrix
 from ..numbers import safe_float, sparse_dot
 from . import enclosure
-from .arithmetic import PassStats, in_arithmetic, relu
+from .arithmetic import PassStats, relu
 from .attention import head_average
 from .state import RowState, SortedProjection
 from .windows import Ridge
@@ -43,7 +43,7 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
             if gap is not None and stats.enabled:
                 stats.note_min("hat_clearance", safe_float(gap) / (scale * ridge.norm))
             if len(rows):
-                X, part = st.P[rows], in_arithmetic(st.ar, part)
+                X, part = st.P[rows], st.ar.convert(part)
                 moves.append((rows, relu(X @ part.U.T + part.b) @ part.W.T))
         if spread:
             st.rad = enclosure.ridge_radius(st.rad, spread)
@@ -58,9 +58,9 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
             st.P[rows], st.rad[rows] = enclosure.ff_dense(st.P[rows], st.rad[rows], ff.eta,
                                                           ff.U, ff.b, ff.W)
     elif st.ar.kind == "exact":
-        st.P = exact_dense_ff(st.P, in_arithmetic(st.ar, ff))
+        st.P = exact_dense_ff(st.P, st.ar.convert(ff))
     else:
-        ff = in_arithmetic(st.ar, ff)
+        ff = st.ar.convert(ff)
         st.P = st.P * ff.eta + relu(st.P @ ff.U.T + ff.b) @ ff.W.T
     st.changed_everything()
     if ff.eta == 0:

@@ -105,7 +105,7 @@ class RowState:
         self.N = len(inputs)
         self.lengths = [x.shape[0] for x in inputs]
         P = np.concatenate(inputs, axis=0)
-        self.P = P if P.dtype == float and ar.kind == "float" else ar.array(P)
+        self.P = P if P.dtype == float and not ar.is_object else ar.array(P)
         self.rad = None if rad is None else \
             np.zeros(P.shape) if not len(rad) else np.concatenate(rad, axis=0).astype(float)
         self.seq = np.repeat(np.arange(self.N), self.lengths)
@@ -210,7 +210,7 @@ class RowState:
 
     def compact(self):
         """Merge equal points of the same sequence; rows end up grouped by sequence."""
-        if self.ar.kind == "float":
+        if not self.ar.is_object:
             first, inv = float_row_groups(
                 self.seq, [self.P] if self.rad is None else [self.P, self.rad])
         else:

@@ -139,7 +139,7 @@ def ridges_of(ffs: list, params: list, ar: Arithmetic) -> list:
     """Every layer of ``ffs`` (None for a block without FF) cut into ridge windows, each with
     its units taken from the same layer of ``params`` (the layer's numbers for the pass:
     float64 in a float64 pass; exact and mp passes convert a part when they apply it, see
-    :func:`in_arithmetic`), and the window's direction and ends in the pass's arithmetic: a
+    :meth:`Arithmetic.convert`), and the window's direction and ends in the pass's arithmetic: a
     wide layer of k hats on one direction is k windows, so a token outside every window is never
     touched (docs/heads.md). None: apply the layer densely.
 
@@ -284,7 +284,7 @@ def _ridge_cuts(ff: FF, params: FF, ar: Arithmetic) -> list[tuple[Ridge, FF]] | 
         else:
             r = ridge_window(_sub_ff(ff, idx))
         lo, hi = ar.scalar(r.lo), ar.scalar(r.hi)
-        if ar.kind == "float":  # rounded outward: the float window holds the exact one
+        if not ar.is_object:  # rounded outward: the float window holds the exact one
             lo = lo if Fraction(lo) <= to_fraction(r.lo) else float(np.nextafter(lo, -np.inf))
             hi = hi if Fraction(hi) >= to_fraction(r.hi) else float(np.nextafter(hi, np.inf))
         out.append((Ridge(ar.array(r.f), lo, hi), _sub_ff(params, idx)))

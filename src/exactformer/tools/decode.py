@@ -20,7 +20,6 @@ from ..evaluate import (
     CausalScan,
     PassStats,
     causal_row,
-    in_arithmetic,
     relu,
     ridges_in,
 )
@@ -84,11 +83,11 @@ class Decoder:
             arithmetic = "exact" if model.exact and model.attention == "hardmax" else "float"
         self.ar = Arithmetic(arithmetic, dps)
         self.dps = dps
-        params = model if self.ar.kind != "float" else (model.to_float() if model.exact else model)
+        params = self.ar.numbers(model)
         self.positions = None if model.positions is None else self.ar.array(model.positions)
         tau = self.ar.scalar(model.tau if model.tau is not None else 1)
         self.layers: list = []
-        for b, blk in zip(model.blocks, (in_arithmetic(self.ar, b) for b in params.blocks),
+        for b, blk in zip(model.blocks, (self.ar.convert(b) for b in params.blocks),
                           strict=True):
             if blk.ff is not None:
                 self._add_ff(blk.ff, ridges_in(b.ff, blk.ff, self.ar),
