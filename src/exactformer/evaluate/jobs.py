@@ -7,10 +7,11 @@ serial pass (docs/verification.md). Workers die with their parent.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import mpmath
@@ -113,10 +114,24 @@ def chunk_bounds(xs: list[np.ndarray], n_blocks: int, ar: Arithmetic,
 
 
 _WORKER: dict = {}  # the job and inputs of a pool worker, set once by its initializer
+PR_SET_PDEATHSIG = 1  # prctl option (Linux): the signal a process gets when its parent dies
 
 
-def _init_worker(job: Job, xs: list[np.ndarray], snapshots, scale: float) -> None:
+def _init_worker(parent: int, job: Job, xs: list[np.ndarray], snapshots, scale: float) -> None:
+    _die_with_parent(parent)
     _WORKER.update(job=job, xs=xs, snapshots=snapshots, scale=scale)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Make this worker end with the process that started it, however that one ends: SIGTERM
+    back to its default (a forked worker inherits the CLI's handler, which would run the
+    parent's cleanup here), and on Linux SIGKILL from the kernel once the parent is gone. A
+    parent that died before this line ran is caught by comparing parent ids."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _run_chunk(bounds: tuple[int, int]) -> tuple[list, dict, PassStats]:
@@ -127,15 +142,17 @@ def _run_chunk(bounds: tuple[int, int]) -> tuple[list, dict, PassStats]:
 
 
 def run_parallel(job: Job, xs, bounds, snapshots, stats: PassStats, scale: float,
-                  progress: bool) -> tuple[list, dict]:
+                 progress: bool) -> tuple[list, dict]:
     """Run the chunks in a process pool and join their results in sequence order. On Linux
-    the workers are forked, so they inherit the prepared job instead of unpickling it."""
+    the workers are forked, so they inherit the prepared job instead of unpickling it. Leaving
+    the pool terminates its workers, also on an exception (SIGTERM in the CLI raises
+    SystemExit), and each worker dies with this process (:func:`_die_with_parent`)."""
     ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
     outs: list = []
     snaps: dict = {}
-    with ProcessPoolExecutor(len(bounds), mp_context=ctx, initializer=_init_worker,
-                             initargs=(job, xs, snapshots, scale)) as pool:
-        results = tqdm(pool.map(_run_chunk, bounds), total=len(bounds), unit="chunk",
+    with ctx.Pool(len(bounds), initializer=_init_worker,
+                  initargs=(os.getpid(), job, xs, snapshots, scale)) as pool:
+        results = tqdm(pool.imap(_run_chunk, bounds), total=len(bounds), unit="chunk",
                        desc=f"forward ({job.ar.kind}, {len(bounds)} processes)",
                        disable=not progress, leave=False, delay=1)
         for chunk_outs, chunk_snaps, chunk_stats in results:
