@@ -12,9 +12,9 @@ See docs/numerics.md.
 """
 
 from .arithmetic import ARITHMETICS, Arithmetic, PassStats, relu
-from .causal import CausalScan, causal_row, forward_causal, with_positions
+from .causal import CausalScan, causal_row, with_positions
 from .dense import dense_forward
-from .passes import distinct_rows, enclose, forward, predict
+from .passes import distinct_rows, enclose, forward, forward_causal, predict
 from .windows import Ridge, direction_scales, ridge_groups, ridge_window, ridges_in, ridges_of
 
 __all__ = ["ARITHMETICS", "Arithmetic", "CausalScan", "PassStats", "Ridge", "causal_row",

@@ -1,23 +1,20 @@
-"""The causal (decoder) pass: token i attends to l ≤ i, positions added first (docs/causal.md).
+"""Causal attention: token i attends to l ≤ i, and the positions added first (docs/causal.md).
 
-Rows stay in input order and are never merged (:class:`.state.CausalState`); FF layers use the
-same ridge windows as a set pass, attention the causal kernels here, which the autoregressive
-decoder (:mod:`exactformer.tools.decode`) shares.
+A causal pass is a set pass whose rows stay in input order and are never merged
+(:class:`.state.CausalState`) and whose attention layers are applied by :func:`apply_causal_sa`;
+the autoregressive decoder (:mod:`exactformer.tools.decode`) shares these kernels.
 """
 
 from __future__ import annotations
 
 import mpmath
 import numpy as np
-from tqdm import tqdm
 
-from ..model import SA, Transformer
+from ..model import SA
 from ..numbers import safe_float, safe_floats, sparse_dot
 from .arithmetic import FLOAT, Arithmetic, PassStats
 from .attention import float_scores, softmax_average
-from .layers import apply_ff
-from .state import CausalState, RowState
-from .windows import ridges_of
+from .state import RowState
 
 
 def with_positions(positions, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -34,33 +31,7 @@ def with_positions(positions, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
-def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "float",
-                   dps: int = 50, stats: PassStats | None = None, tau=None,
-                   progress: bool = False) -> list[np.ndarray]:
-    """Run a causal model (token i attends to l ≤ i) on every sequence; positions are added
-    first. The outputs are ordered: row i is the prediction after x_1..x_i (docs/causal.md)."""
-    ar = Arithmetic(arithmetic, dps)
-    stats = stats or PassStats()
-    with mpmath.workdps(dps):
-        params = ar.numbers(model)
-        pos = None if model.positions is None else ar.array(model.positions)
-        xs = with_positions(pos, [ar.array(np.asarray(x)) for x in inputs])
-        blocks = params.blocks  # converted to the pass's arithmetic where used (Arithmetic.convert)
-        ridges = ridges_of([b.ff for b in model.blocks], [c.ff for c in blocks], ar)
-        tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
-        st = CausalState(xs, ar)
-        scale = max(1.0, float(np.abs(safe_floats(st.P)).max()))
-        bar = tqdm(blocks, desc=f"causal forward ({ar.kind})", unit="block",
-                   disable=not progress, leave=False, delay=1)
-        for blk, ridge in zip(bar, ridges, strict=True):
-            if blk.ff is not None:
-                apply_ff(st, blk.ff, ridge, stats, scale)
-            if blk.sa is not None and not blk.sa.is_identity():
-                _apply_causal_sa(st, ar.convert(blk.sa), model.attention, tau, stats)
-        return st.outputs()
-
-
-def _apply_causal_sa(st: RowState, sa: SA, attention: str, tau, stats: PassStats) -> None:
+def apply_causal_sa(st: RowState, sa: SA, attention: str, tau, stats: PassStats) -> None:
     """ρ·x_i plus every head's V_h applied to its causal average (docs/heads.md)."""
     P = st.P
     new = P if sa.rho == 1 else P * sa.rho

@@ -21,14 +21,16 @@ from tqdm import tqdm
 from ..model import Transformer
 from . import runs
 from .arithmetic import Arithmetic, PassStats
+from .causal import apply_causal_sa
 from .layers import apply_ff, apply_sa
-from .state import RowState
+from .state import CausalState, RowState
 from .windows import paused_gc, ridges_of
 
 
 @dataclass
 class Job:
-    """A model ready to run in one arithmetic: converted blocks, their ridge windows, τ."""
+    """A model ready to run in one arithmetic: converted blocks, their ridge windows, τ, and
+    whether its attention is causal (rows in input order, never merged)."""
 
     ar: Arithmetic
     attention: str
@@ -36,38 +38,49 @@ class Job:
     ridges: list
     tau: object
     runs: dict  # first block -> runs.Run (float64 passes; docs/numerics.md)
+    causal: bool
 
     @classmethod
-    def of(cls, model: Transformer, ar: Arithmetic, tau) -> Job:
+    def of(cls, model: Transformer, ar: Arithmetic, tau, causal: bool | None = None) -> Job:
+        """``causal`` None: as the model says."""
         params = ar.numbers(model)
         blocks = params.blocks  # converted to the pass's arithmetic where used (Arithmetic.convert)
         with paused_gc():
             ridges = ridges_of([b.ff for b in model.blocks], [c.ff for c in blocks], ar)
             plan = {} if ar.is_object else runs.plan_runs(blocks, ridges)
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
-        return cls(ar, model.attention, blocks, ridges, tau, plan)
+        return cls(ar, model.attention, blocks, ridges, tau, plan,
+                   model.causal if causal is None else causal)
 
     def run(self, xs: list[np.ndarray], snapshots, stats: PassStats, scale: float,
             progress: bool) -> tuple[list, dict]:
         """The pass over ``xs``; ``scale`` (≥ 1, the largest input coordinate of the whole
         pass) normalises the ridge clearances so that chunks report like one pass."""
-        st = RowState(xs, self.ar)
+        st = self.state(xs)
         snaps = self.walk(st, snapshots, stats, scale, progress)
         return st.outputs(), snaps
 
+    def state(self, xs: list[np.ndarray], rad: list | None = None) -> RowState:
+        """The rows of a pass over ``xs`` (with radii ``rad`` in a tracking pass)."""
+        return (CausalState if self.causal else RowState)(xs, self.ar, rad)
+
     def walk(self, st: RowState, snapshots, stats: PassStats, scale: float,
-             progress: bool) -> dict:
-        """Every block on the state ``st``; returns the snapshots asked for."""
+             progress: bool, start: int = 0, stop: int | None = None) -> dict:
+        """Blocks ``start`` to ``stop`` (default: every block) on the state ``st``; returns
+        the snapshots asked for."""
         st.compact()
         snaps = {}
         if snapshots and 0 in snapshots:
             snaps[0] = st.outputs()
-        bar = tqdm(total=len(self.blocks), desc=f"forward ({self.ar.kind})", unit="block",
+        stop = len(self.blocks) if stop is None else stop
+        attend = apply_causal_sa if self.causal else apply_sa
+        bar = tqdm(total=stop - start, desc=f"forward ({self.ar.kind})", unit="block",
                    disable=not progress, leave=False, delay=1)
-        i = 0
-        while i < len(self.blocks):
+        i = start
+        while i < stop:
             run = self.runs.get(i)
-            if run is not None and not any(run.start < k <= run.end for k in snapshots or ()) \
+            if run is not None and run.end <= stop and \
+                    not any(run.start < k <= run.end for k in snapshots or ()) \
                     and runs.apply_run(st, run, stats, scale):
                 bar.update(run.end - i)
                 i = run.end
@@ -76,7 +89,7 @@ class Job:
             if blk.ff is not None:
                 apply_ff(st, blk.ff, self.ridges[i], stats, scale)
             if blk.sa is not None and not blk.sa.is_identity():
-                apply_sa(st, st.ar.convert(blk.sa), self.attention, self.tau, stats)
+                attend(st, st.ar.convert(blk.sa), self.attention, self.tau, stats)
             i += 1
             bar.update(1)
             if snapshots and i in snapshots:

@@ -9,15 +9,17 @@ in a process pool when large (:mod:`.jobs`); causal models go to :mod:`.causal`.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import mpmath
 import numpy as np
 
 from ..model import Transformer
+from ..numbers import safe_floats
 from .arithmetic import Arithmetic, PassStats, max_abs
-from .causal import forward_causal, with_positions
+from .causal import with_positions
+from .enclosure import float_radius, rounding
 from .jobs import Job, chunk_bounds, run_parallel
-from .state import RowState
 
 
 def forward(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "float",
@@ -31,20 +33,32 @@ def forward(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "flo
     ``workers``: processes for exact and mp passes (default: the CPUs this process may use).
     Sequences never interact, so a large pass is split into that many chunks of sequences run
     in a process pool; outputs, snapshots and ``stats`` equal those of a serial pass. Float
-    passes and small inputs stay serial (see docs/verification.md).
+    passes and small inputs stay serial (see docs/verification.md). A causal model gives its
+    ordered outputs under the causal mask (:func:`forward_causal`).
     """
-    if model.causal:  # ordered outputs under the causal mask (docs/causal.md)
-        if snapshots is not None:
-            raise ValueError("snapshots are not available for causal models")
-        return forward_causal(model, inputs, arithmetic, dps, stats, tau, progress)
-    ar = Arithmetic(arithmetic, dps)
+    if model.causal and snapshots is not None:
+        raise ValueError("snapshots are not available for causal models")
+    return _run(model, inputs, Arithmetic(arithmetic, dps), snapshots, stats, tau, progress,
+                workers, model.causal)
+
+
+def forward_causal(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "float",
+                   dps: int = 50, stats: PassStats | None = None, tau=None,
+                   progress: bool = False, workers: int | None = None) -> list[np.ndarray]:
+    """Run the model under the causal mask (token i attends to l ≤ i) on every sequence;
+    positions are added first. The outputs are ordered: row i is the prediction after
+    x_1..x_i (docs/causal.md)."""
+    return _run(model, inputs, Arithmetic(arithmetic, dps), None, stats, tau, progress,
+                workers, True)
+
+
+def _run(model, inputs, ar: Arithmetic, snapshots, stats, tau, progress, workers,
+         causal: bool):
     stats = PassStats() if stats is None else stats
-    xs = [np.asarray(x) for x in inputs]
-    with mpmath.workdps(dps):
-        if model.positions is not None:  # added in the pass's arithmetic (exactly when exact)
-            xs = with_positions(ar.array(model.positions), [ar.array(x) for x in xs])
+    with mpmath.workdps(ar.dps):
+        xs = _with_positions(model, inputs, ar)
         scale = max(1.0, max(max_abs(x) for x in xs))
-        job = Job.of(model, ar, tau)
+        job = Job.of(model, ar, tau, causal)
         bounds = chunk_bounds(xs, model.n_blocks, ar, workers)
         if len(bounds) == 1:
             outs, snaps = job.run(xs, snapshots, stats, scale, progress)
@@ -53,31 +67,65 @@ def forward(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "flo
     return (outs, snaps) if snapshots is not None else outs
 
 
+def _with_positions(model: Transformer, inputs, ar: Arithmetic) -> list[np.ndarray]:
+    """The inputs with the model's positions added in the pass's arithmetic (exactly when
+    exact)."""
+    xs = [np.asarray(x) for x in inputs]
+    if model.positions is None:
+        return xs
+    return with_positions(ar.array(model.positions), [ar.array(x) for x in xs])
+
+
 def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray] | None,
             stats: PassStats | None = None, progress: bool = False, give_up: float = math.inf):
     """The float64 pass of a float64 hardmax model with a radius on every coordinate: returns
     the float64 outputs and per token a bound on the distance of the *exact* evaluation of
     the stored numbers on the exact inputs from them, given the inputs' own radii
     (docs/numerics.md#enclosures); ``radii`` None: exact inputs (radius 0). Radii are inf
-    where nothing is known. The outputs are a
-    float64 evaluation in which gadget layers act as their affine pieces (a flat top adds its
-    move exactly), so they can differ from :func:`forward`'s in the last bits. ``stats``
-    records the pass's margins. A row whose radius exceeds ``give_up`` where a layer changes
-    it gets radius inf (verify passes its tolerance limit: such a row could not be certified
-    anyway); radii no layer touches are returned as they are."""
-    if model.exact or model.attention != "hardmax" or model.causal or \
-            model.positions is not None:
-        raise ValueError("enclosures are made for float64 hardmax set-to-set models without "
-                         "stored positions")
+    where nothing is known. The outputs are a float64 evaluation in which gadget layers act
+    as their affine pieces (a flat top adds its move exactly), so they can differ from
+    :func:`forward`'s in the last bits. ``stats`` records the pass's margins. A row whose
+    radius exceeds ``give_up`` where a layer changes it gets radius inf (verify passes its
+    tolerance limit: such a row could not be certified anyway); radii no layer touches are
+    returned as they are.
+
+    Causal models (outputs in input order): the blocks up to the last attention layer run as
+    an exact pass (causal attention has no radius rule), whose outputs enter the tracking pass
+    rounded to floats with their rounding as radius; without attention the positions are
+    added in float64, their rounding bounded. Their inputs must be exact (``radii`` None).
+    """
+    if model.exact or model.attention != "hardmax" or (model.positions is not None and
+                                                       not model.causal):
+        raise ValueError("enclosures are made for float64 hardmax models (set models without "
+                         "stored positions)")
     stats = PassStats() if stats is None else stats
     xs = [np.asarray(x, dtype=float) for x in inputs]
-    ar = Arithmetic("float")
-    st = RowState(xs, ar, [] if radii is None else [np.asarray(r, dtype=float) for r in radii])
+    job = Job.of(model, Arithmetic("float"), None)
+    start = 0
+    if model.causal:
+        if radii is not None:
+            raise ValueError("a causal enclosure takes exact inputs (radii None)")
+        start, xs, radii = _causal_start(model, xs, stats)
+    st = job.state(xs, [] if radii is None else [np.asarray(r, dtype=float) for r in radii])
     st.give_up = give_up
     with np.errstate(all="ignore"):  # overflow shows as inf or nan, and radii become inf
-        Job.of(model, ar, None).walk(st, None, stats, max(1.0, max(max_abs(x) for x in xs)),
-                                      progress)
+        job.walk(st, None, stats, max(1.0, max(max_abs(x) for x in xs)), progress, start)
     return st.outputs(), [np.where(np.isfinite(r), r, np.inf) for r in st.radii()]
+
+
+def _causal_start(model: Transformer, xs: list[np.ndarray], stats: PassStats):
+    """Where a causal enclosure starts tracking (after the last attention layer), and the
+    rows there as floats with radii: from an exact pass over the blocks before, or the float
+    sums of tokens and positions when there are none."""
+    attends = [i for i, b in enumerate(model.blocks) if b.sa is not None and not b.sa.is_identity()]
+    start = attends[-1] + 1 if attends else 0
+    if start:
+        head = replace(model, blocks=model.blocks[:start])
+        exact = forward_causal(head, xs, "exact", stats=stats)
+        floats = [safe_floats(x) for x in exact]
+        return start, floats, [float_radius(x, f) for x, f in zip(exact, floats, strict=True)]
+    sums = _with_positions(model, xs, Arithmetic("float"))
+    return 0, sums, [rounding(np.abs(s), 1) for s in sums]
 
 
 def distinct_rows(a: np.ndarray) -> np.ndarray:
