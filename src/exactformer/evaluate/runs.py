@@ -123,7 +123,7 @@ def _forms(wins: list) -> tuple:
 # ------------------------------------------------------------------------------ applying
 def apply_run(st: Rows, run: Run, stats, scale: float) -> bool:
     """Apply the run to the state; False (nothing done) when it cannot be swept: windows of
-    one layer that the rows' radii make overlap. ``st`` is the evaluator's state."""
+    one layer that overlap. ``st`` is the evaluator's state."""
     if run.f is None or not len(run.layer):
         return False
     sp = st.projection(run.f)
@@ -134,6 +134,7 @@ def apply_run(st: Rows, run: Run, stats, scale: float) -> bool:
     if stab is None:
         return False
     rows, wins = _first_windows(sp, stab.lo_w, stab.hi_w)
+    rows, wins = _give_up_shared(st, stab, rows, wins, sp.t[rows])
     if stats.enabled:
         _clearance(sp, run, stats, scale)
     while len(rows):
@@ -145,24 +146,32 @@ def apply_run(st: Rows, run: Run, stats, scale: float) -> bool:
         st.grew(rows[~moved])  # rows near a window: their radius grew
         nxt = stab.next(t, run.layer[wins])
         keep = nxt >= 0
-        rows, wins = rows[keep], nxt[keep]
+        rows, wins = _give_up_shared(st, stab, rows[keep], nxt[keep], t[keep])
     return True
+
+
+def _give_up_shared(st: Rows, stab, rows, wins, t):
+    """Rows whose box reaches a second window of their window's layer (widened windows of
+    one layer can overlap where hats touch) are given up: radius inf, no further steps, their
+    sequences go to the exact pass. The others go on."""
+    shared = stab.shared(t, wins)
+    if not shared.any():
+        return rows, wins
+    st.rad[rows[shared]] = np.inf
+    st.grew(rows[shared])
+    return rows[~shared], wins[~shared]
 
 
 def _rewiden(st: Rows, run: Run, rows, stab, widening: float):
     """The windows are widened by the rows' reach along f. When a row that just took a step
-    now reaches further, widen them again (to twice that, so this happens rarely); if that
-    would make two windows of one layer overlap, give those rows up (radius inf: their pairs
-    go to the exact pass) and keep the windows."""
+    now reaches further, widen them again (to twice that, so this happens rarely); rows that
+    the wider windows let reach two windows of one layer are given up as they come
+    (:func:`_give_up_shared`)."""
     own = enclosure.dot_radius(st.P[rows], st.rad[rows], run.f)
     grown = np.isfinite(own) & (own > widening)
     if not grown.any():
         return stab, widening
-    wider = _Stabber.widened(run, 2 * float(own[grown].max()), True)
-    if wider is not None:
-        return wider, 2 * float(own[grown].max())
-    st.rad[rows[grown]] = np.inf
-    return stab, widening
+    return _Stabber.widened(run, 2 * float(own[grown].max()), True), 2 * float(own[grown].max())
 
 
 def _overlap_in_a_layer(layer, lo, hi) -> bool:
@@ -170,6 +179,19 @@ def _overlap_in_a_layer(layer, lo, hi) -> bool:
     order = np.lexsort((lo, layer))
     same = layer[order][1:] == layer[order][:-1]
     return bool((same & (hi[order][:-1] > lo[order][1:])).any())
+
+
+def _layer_neighbours(layer, lo, hi) -> tuple[np.ndarray, np.ndarray]:
+    """Per window, the largest hi among the windows of its layer that start before it and the
+    smallest lo among those that start after it (−inf, inf where there are none)."""
+    left, right = np.full(len(lo), -np.inf), np.full(len(lo), np.inf)
+    order = np.lexsort((lo, layer))
+    ends = np.flatnonzero(np.diff(layer[order])) + 1
+    for seg in np.split(order, ends):
+        if len(seg) > 1:
+            left[seg[1:]] = np.maximum.accumulate(hi[seg[:-1]])
+            right[seg[:-1]] = np.minimum.accumulate(lo[seg[1:]][::-1])[::-1]
+    return left, right
 
 
 def _first_windows(sp, lo, hi) -> tuple[np.ndarray, np.ndarray]:
@@ -194,12 +216,13 @@ class _Stabber:
     @classmethod
     def widened(cls, run: Run, widening: float, tracked: bool):
         """The run's windows widened by ``widening`` plus the rounding of their ends (none
-        for a plain float pass), or None when two windows of one layer would overlap."""
+        for a plain float pass), or None when two windows of one layer overlap unwidened."""
+        if _overlap_in_a_layer(run.layer, run.lo, run.hi):
+            return None
         if not tracked:
             return cls(run.layer, run.lo, run.hi)
         pad = enclosure.window_pad(widening, run.lo, run.hi)
-        lo, hi = enclosure.lower(run.lo, pad), enclosure.upper(run.hi, pad)
-        return None if _overlap_in_a_layer(run.layer, lo, hi) else cls(run.layer, lo, hi)
+        return cls(run.layer, enclosure.lower(run.lo, pad), enclosure.upper(run.hi, pad))
 
     def __init__(self, layer, lo, hi):
         self.lo_w, self.hi_w = lo, hi
@@ -207,6 +230,13 @@ class _Stabber:
         self.lo, self.hi = lo[self.order], hi[self.order]
         self.layer = layer[self.order]
         self.hi_max = np.maximum.accumulate(self.hi)  # largest hi among windows up to here
+        self.left_hi, self.right_lo = _layer_neighbours(layer, lo, hi)
+
+    def shared(self, t, wins) -> np.ndarray:
+        """Which values t, each inside window wins[i], are inside another window of that
+        window's layer too (windows of a layer do not overlap unwidened, so those before it
+        end below it and those after it start above it)."""
+        return (t < self.left_hi[wins]) | (t > self.right_lo[wins])
 
     def next(self, t, after) -> np.ndarray:
         k = np.searchsorted(self.lo, t, side="left") - 1  # windows 0..k have lo < t

@@ -223,20 +223,43 @@ def _units_in(ff: FF, order: np.ndarray) -> FF:
 
 def _hat_cuts(U, b, W, eta):
     """The hats of float64 layers of one shape (U n×h×d, b n×h, W n×d×h, η = 1 where ``eta``):
-    ok (n,), the units in breakpoint order (n×h), where a hat opens in that order (n×h), and
-    every hat's window ends lo, hi (in layer and breakpoint order).
+    ok (n,), the units in window order (n×h), where a hat opens in that order (n×h), and
+    every hat's window ends lo, hi (in layer and window order).
 
-    A layer is ok when every unit reads its first row f (nonzero) and its units, sorted by −b
-    (stable), form consecutive hats: columns ±w, signs summing to 0 and Σ ±b_i exactly 0
-    (math.fsum is exact). Each unit's sign is taken relative to its predecessor's column (a
-    column that is not ± its predecessor must open a hat, and the sign a hat starts with does
-    not matter); every earlier hat sums to exactly 0, so a hat closes exactly where the
-    layer's prefix sums of signs and of ±b are both 0. A hat's window is (−max b, −min b):
-    floats, exact, no outward rounding needed."""
-    n, h = b.shape
+    A layer is ok when every unit reads its first row f (nonzero) and its units, in some order,
+    form consecutive hats: columns ±w, signs summing to 0 and Σ ±b_i exactly 0 (math.fsum is
+    exact), which makes each hat add exactly zero outside (−max b, −min b): floats, exact, no
+    outward rounding needed. The order tried first is breakpoint order (units sorted by −b,
+    stable); a layer whose hats touch at a shared breakpoint can tie there in the wrong order,
+    so a layer that fails is tried again with its units grouped into hats in their own order
+    (:func:`_grouped_order`)."""
     ok = (eta.astype(bool) & U[:, 0].any(axis=1) & (U == U[:, :1]).all(axis=(1, 2))
           & np.isfinite(b).all(axis=1))
     order = np.argsort(-b, axis=1, kind="stable")
+    hats, opens = _hats_in(b, W, ok, order)
+    retry = np.flatnonzero(ok & ~hats)
+    if len(retry):
+        mine, _ = _hats_in(b[retry], W[retry], ok[retry], np.tile(np.arange(b.shape[1]),
+                                                                  (len(retry), 1)))
+        again = retry[mine]
+        if len(again):
+            order[again] = _grouped_order(b[again], W[again])
+            hats[again], opens[again] = _hats_in(b[again], W[again], ok[again], order[again])
+    ok &= hats
+    bs = np.take_along_axis(b, order, axis=1)
+    starts = np.flatnonzero(opens[ok])
+    sorted_b = bs[ok].ravel()
+    return (ok, order, opens, -np.maximum.reduceat(sorted_b, starts),
+            -np.minimum.reduceat(sorted_b, starts))
+
+
+def _hats_in(b, W, ok, order) -> tuple[np.ndarray, np.ndarray]:
+    """Do the units of each layer, in ``order``, form consecutive hats, and where does each
+    hat open? Each unit's sign is taken relative to its predecessor's column (a column that
+    is not ± its predecessor must open a hat, and the sign a hat starts with does not
+    matter); every earlier hat sums to exactly 0, so a hat closes exactly where the layer's
+    prefix sums of signs and of ±b are both 0."""
+    n, h = b.shape
     bs = np.take_along_axis(b, order, axis=1)
     cols = np.take_along_axis(np.swapaxes(W, 1, 2), order[:, :, None], axis=1)  # n×h×d
     step = np.where((cols[:, 1:] == cols[:, :-1]).all(axis=2), 1,
@@ -247,12 +270,19 @@ def _hat_cuts(U, b, W, eta):
     terms = (sign * bs).tolist()
     for layer, k in np.argwhere(closes).tolist():
         closes[layer, k] = _sums_to_zero(terms[layer][:k + 1])
-    ok &= closes[:, -1] & ~((step == 0) & ~closes[:, :-1]).any(axis=1)
-    opens = np.concatenate([np.ones((n, 1), dtype=bool), closes[:, :-1]], axis=1)
-    starts = np.flatnonzero(opens[ok])
-    sorted_b = bs[ok].ravel()
-    return (ok, order, opens, -np.maximum.reduceat(sorted_b, starts),
-            -np.minimum.reduceat(sorted_b, starts))
+    hats = closes[:, -1] & ~((step == 0) & ~closes[:, :-1]).any(axis=1)
+    return hats, np.concatenate([np.ones((n, 1), dtype=bool), closes[:, :-1]], axis=1)
+
+
+def _grouped_order(b, W) -> np.ndarray:
+    """For layers whose units form consecutive hats in their own order: the units sorted by
+    their hat's window (its smallest breakpoint −max b), then by −b within the hat."""
+    _, opens = _hats_in(b, W, np.ones(len(b), dtype=bool),
+                        np.tile(np.arange(b.shape[1]), (len(b), 1)))
+    hat = np.cumsum(opens, axis=1) - 1
+    first = np.array([np.maximum.reduceat(row, np.flatnonzero(o))[g]
+                      for row, o, g in zip(b, opens, hat, strict=True)])
+    return np.array([np.lexsort((-row, -top)) for row, top in zip(b, first, strict=True)])
 
 
 def _sums_to_zero(terms: list) -> bool:
