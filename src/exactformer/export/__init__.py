@@ -1,8 +1,10 @@
 """The export stage: a model as torch modules and weight files (needs the ``torch`` extra).
 
 ``modules`` holds the ``nn.Module`` classes of both layouts, ``layouts`` the conversion of a
-model into them and their safetensors files, ``float32`` the float32 verdict. See
-docs/architecture.md and docs/numerics.md#the-torch-export.
+model into them and their safetensors files, ``float32`` the float32 verdict;
+``transformer_lens`` converts a model into a TransformerLens ``TransformerBridge`` config and
+state dict, ``lens_files`` writes, loads, runs and judges that layout (running it needs the
+``lens`` extra). See docs/architecture.md and docs/numerics.md#the-torch-export.
 """
 
 from .float32 import UNIT_ROUNDOFF_32, Float32Verdict, float32_verdict, max_error
@@ -22,6 +24,16 @@ from .layouts import (
     to_rho_eta,
     to_torch,
 )
+from .lens_files import (
+    LENS_TOLERANCE,
+    LensVerdict,
+    lens_apply,
+    lens_batch,
+    lens_verdict,
+    load_lens,
+    save_lens,
+    verdict_table,
+)
 from .modules import (
     FF_FORMS,
     NATIVE_FF_KEYS,
@@ -32,9 +44,20 @@ from .modules import (
     ff_profile,
     native_config,
 )
+from .transformer_lens import (
+    LENS_DTYPES,
+    build_bridge,
+    hardmax_exponent,
+    lens_config,
+    lens_state_dict,
+    to_lens,
+)
 
-__all__ = ["FF_FORMS", "FORMAT", "LAYOUTS", "NATIVE_FF_KEYS", "NATIVE_SA_KEYS", "Float32Verdict",
-           "NativeTransformer", "RhoEtaTransformer", "apply", "attention_weights", "config_path",
-           "convert", "export", "ff_profile", "float32_verdict", "load_torch", "max_error",
-           "native_config", "native_model", "native_tensors", "pad_batch", "round_model",
-           "save_torch", "to_rho_eta", "to_torch", "UNIT_ROUNDOFF_32"]
+__all__ = ["FF_FORMS", "FORMAT", "LAYOUTS", "LENS_DTYPES", "LENS_TOLERANCE", "NATIVE_FF_KEYS",
+           "NATIVE_SA_KEYS", "Float32Verdict", "LensVerdict", "NativeTransformer",
+           "RhoEtaTransformer", "apply", "attention_weights", "build_bridge", "config_path",
+           "convert", "export", "ff_profile", "float32_verdict", "hardmax_exponent",
+           "lens_apply", "lens_batch", "lens_config", "lens_state_dict", "lens_verdict",
+           "load_lens", "load_torch", "max_error", "native_config", "native_model",
+           "native_tensors", "pad_batch", "round_model", "save_lens", "save_torch",
+           "to_lens", "to_rho_eta", "to_torch", "verdict_table", "UNIT_ROUNDOFF_32"]

@@ -1,10 +1,11 @@
 """The TransformerLens layout: a model as a ``TransformerBridge`` config and state dict.
 
 A pure converter (:func:`lens_config`, :func:`lens_state_dict`: model in, plain dict and
-tensors out) and the few lines that build the bridge from them (:func:`build_bridge`) or write
-them to a folder (:func:`save_lens`). Only :func:`build_bridge` imports ``transformer_lens``
-(the ``lens`` extra). How our blocks become TransformerLens blocks, and why each step is exact
-in floating point, is docs/numerics.md#the-transformerlens-export.
+tensors out) and the few lines that build the bridge from them (:func:`build_bridge`); files,
+runs and the verdict are :mod:`exactformer.export.lens_files`. Only :func:`build_bridge`
+imports ``transformer_lens`` (the ``lens`` extra). How our blocks become TransformerLens
+blocks, and why each step is exact in floating point, is
+docs/numerics.md#the-transformerlens-export.
 
 In short: TL blocks are x ← x + attn(x); x ← x + mlp(x) with no normalisation and ReLU MLPs.
 Our FF→SA blocks are laid out as the ρ/η layout pairs them, (–, FF_1), (SA_1, FF_2), …; a
@@ -16,16 +17,13 @@ by ``attn_scale`` = 2⁻ᵏ (:func:`hardmax_exponent`).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..model import FF, SA, Transformer
-from ..modelio import atomic_path
 from .modules import floats, is_identity_sa
 
 LENS_DTYPES = ("float64", "float32")
@@ -181,8 +179,8 @@ def _half(h: int, d: int) -> slice:
 
 
 def _attention(w: dict, sa: SA, d: int, dh: int, read: slice, write: slice, q_scale) -> None:
-    """Head h: q = [α·x; c·x], k = [x; a·x] (so q·k = xᵀ(α·I + a·cᵀ)ᵀ… = the score), v = x,
-    o = V_h, all reading the half ``read`` and writing the half ``write``."""
+    """Head h: q = [α·x_i; c·x_i], k = [x_l; a·x_l], so q·k = α⟨x_i, x_l⟩ + (c·x_i)(a·x_l) is
+    the score (times ``q_scale``); v = x, o = V_h. Reads the half ``read``, writes ``write``."""
     eye = np.eye(d, dtype=int)
     for h, head in enumerate(sa.heads):
         rows = slice(h * dh, h * dh + d)
@@ -223,7 +221,7 @@ def _mlp(part, w_in, b_in, w_out, d: int, half: int) -> int:
     return 1 - half
 
 
-# ------------------------------------------------------------------------------ bridge, files
+# ------------------------------------------------------------------------------ bridge
 def build_bridge(config: dict, state: dict[str, torch.Tensor], device=None):
     """``TransformerBridge.boot_native`` of ``config`` in its dtype, loaded strictly with
     ``state``: what a user does with the two files (needs the ``lens`` extra)."""
@@ -241,44 +239,3 @@ def to_lens(model: Transformer, dtype: str = "float64", device=None, n_ctx: int 
     """``model`` as a TransformerLens ``TransformerBridge`` (docs/numerics.md)."""
     return build_bridge(lens_config(model, dtype, n_ctx), lens_state_dict(model, dtype, n_ctx),
                         device)
-
-
-def save_lens(model: Transformer, folder: str | Path, dtype: str = "float64",
-              n_ctx: int | None = None) -> dict:
-    """Write ``folder``/config.json and ``folder``/model.safetensors (both or neither); the
-    config returned."""
-    from safetensors.torch import save_file
-
-    config = lens_config(model, dtype, n_ctx)
-    state = lens_state_dict(model, dtype, n_ctx)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    with atomic_path(folder / "model.safetensors") as tmp, \
-            atomic_path(folder / "config.json") as tmp_config:
-        save_file(state, str(tmp))
-        tmp_config.write_text(json.dumps(config, indent=1))
-    return config
-
-
-def load_lens(folder: str | Path, device=None):
-    """The bridge that :func:`save_lens` wrote, rebuilt from the two files alone."""
-    from safetensors.torch import load_file
-
-    folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text())
-    return build_bridge(config, load_file(str(folder / "model.safetensors")), device)
-
-
-@torch.no_grad()
-def lens_apply(bridge, inputs, d: int) -> list[np.ndarray]:
-    """Run a bridge on sequences (n_j × d): the residual stream padded to d_model with zeros,
-    padding masked by ``attention_mask``; the logits (width d) as float64 arrays."""
-    p = next(bridge.parameters())
-    n, D = max(len(x) for x in inputs), bridge.cfg.d_model
-    x = torch.zeros(len(inputs), n, D, dtype=p.dtype, device=p.device)
-    mask = torch.zeros(len(inputs), n, dtype=torch.long, device=p.device)
-    for j, seq in enumerate(inputs):
-        x[j, : len(seq), :d] = torch.as_tensor(floats(seq), dtype=p.dtype)
-        mask[j, : len(seq)] = 1
-    y = bridge(x, return_type="logits", attention_mask=mask).double().cpu().numpy()
-    return [y[j, : len(seq)] for j, seq in enumerate(inputs)]
