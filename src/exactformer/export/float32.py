@@ -14,7 +14,9 @@ from ..evaluate import PassStats
 from ..evaluate import forward as np_forward
 from ..model import Transformer
 from ..tables import format_table
-from .layouts import apply, convert, round_model, to_torch
+from .layouts import convert, to_torch
+from .native import round_model
+from .run import apply
 
 UNIT_ROUNDOFF_32 = 2.0 ** -24
 

@@ -21,7 +21,7 @@ from ..model import Transformer
 from ..modelio import atomic_path
 from ..tables import format_table
 from .float32 import output_error
-from .modules import floats
+from .native import floats
 from .transformer_lens import EXP_UNDERFLOW, build_bridge, lens_config, lens_state_dict
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..model import FF, SA, Transformer
-from .modules import floats, is_identity_sa
+from .native import floats, is_identity_sa
 
 LENS_DTYPES = ("float64", "float32")
 # Scaled hardmax scores are kept below g·‖x‖²·2^HALF_RANGE (g: the largest score coefficient),
