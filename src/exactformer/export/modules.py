@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..model import Transformer
+from .hub import read_pretrained, write_pretrained
 from .native import ff_profile, floats, head_values, is_identity_sa, native_config
 
 FF_FORMS = ("profile", "dense")
@@ -187,6 +188,17 @@ class NativeTransformer(nn.Module):
         """What the config file says about the native weights: ``native_config`` plus the FF
         evaluation form that loading rebuilds by default."""
         return {**native_config(self.model), "ff": self.ff}
+
+    def save_pretrained(self, folder, data=None, report=None) -> None:
+        """Write a Hub-style folder: config.json, model.safetensors and a model card README.md
+        describing ``data`` and showing ``report`` if given (:mod:`exactformer.export.hub`)."""
+        write_pretrained(self, folder, data, report)
+
+    @classmethod
+    def from_pretrained(cls, folder, device=None, dtype=None, ff: str | None = None):
+        """The module :meth:`save_pretrained` wrote, with identical outputs (``dtype`` or
+        ``ff`` given: rebuilt from the stored parameters in that form instead)."""
+        return read_pretrained(cls, folder, device, dtype, ff)
 
 
 # ------------------------------------------------------------------------------ ρ/η layout
