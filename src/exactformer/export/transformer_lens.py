@@ -107,6 +107,16 @@ def hardmax_exponent(model: Transformer, dtype: str = "float64") -> int:
     return k
 
 
+def query_scale(model: Transformer) -> int:
+    """The power of two the queries are multiplied by: 1 for hardmax (the scale is all in
+    attn_scale), else 2 or 4, whichever keeps attn_scale = that·τ away from 1 (which TL
+    refuses for d_head > 1, reading it as a forgotten scale)."""
+    if model.attention == "hardmax":
+        return 1
+    tau = 1.0 if model.tau is None else float(model.tau)
+    return 2 if not math.isclose(2 * tau, 1.0, abs_tol=1e-9) else 4
+
+
 # ------------------------------------------------------------------------------ converter
 def lens_config(model: Transformer, dtype: str = "float64", n_ctx: int | None = None) -> dict:
     """The ``TransformerBridgeConfig`` fields of ``model``'s TL form: no normalisation, ReLU,
@@ -119,17 +129,17 @@ def lens_config(model: Transformer, dtype: str = "float64", n_ctx: int | None = 
     d_mlp = max((_units(p, d) for layer in layers for p in layer.mlp), default=0)
     if model.positions is not None:
         n_ctx = len(model.positions)
-    hardmax = model.attention == "hardmax"
     tau = 1.0 if model.tau is None else float(model.tau)
+    scale = query_scale(model)
     return {"n_layers": len(layers), "d_model": 2 * d if wide else d, "d_head": d + 1,
             "n_heads": max(1, model.max_heads()), "d_mlp": max(1, d_mlp),
             "n_ctx": n_ctx or DEFAULT_N_CTX, "d_vocab": 1, "d_vocab_out": d,
             "act_fn": "relu", "normalization_type": None,
             "attention_dir": "causal" if model.causal else "bidirectional",
             "positional_embedding_type": "standard", "use_attn_scale": True,
-            # TL divides the scores by attn_scale: 2^−k (hardmax) or 2τ with the query doubled
-            # (softmax: TL refuses attn_scale = 1 for d_head > 1; both are exact rescalings)
-            "attn_scale": 2.0 ** -hardmax_exponent(model, dtype) if hardmax else 2 * tau,
+            # TL divides the scores by attn_scale: 2^−k (hardmax), or s·τ with the queries
+            # multiplied by s = query_scale (softmax); both are exact rescalings
+            "attn_scale": 2.0 ** -hardmax_exponent(model, dtype) if scale == 1 else scale * tau,
             "init_weights": False, "dtype": dtype}
 
 
@@ -141,7 +151,7 @@ def lens_state_dict(model: Transformer, dtype: str = "float64",
     cfg = lens_config(model, dtype, n_ctx)
     d, D = model.d, cfg["d_model"]
     H, dh, w = cfg["n_heads"], cfg["d_head"], cfg["d_mlp"]
-    q_scale = 1 if model.attention == "hardmax" else 2
+    q_scale = query_scale(model)
     out: dict[str, np.ndarray] = {"embed.weight": _zeros(1, D),
                                   "pos_embed.weight": _zeros(cfg["n_ctx"], D)}
     if model.positions is not None:
