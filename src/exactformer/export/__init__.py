@@ -36,18 +36,20 @@ from .rho_eta import to_rho_eta
 from .run import apply, pad_batch
 from .transformer_lens import (
     LENS_DTYPES,
+    block_layers,
     build_bridge,
     hardmax_exponent,
     lens_config,
     lens_state_dict,
+    stream_halves,
     to_lens,
 )
 
-__all__ = ["FF_FORMS", "FORMAT", "LAYOUTS", "LENS_DTYPES", "LENS_TOLERANCE", "NATIVE_FF_KEYS",
-           "NATIVE_SA_KEYS", "Float32Verdict", "LensVerdict", "NativeTransformer",
-           "RhoEtaTransformer", "apply", "attention_weights", "build_bridge", "config_path",
-           "convert", "export", "ff_profile", "float32_verdict", "hardmax_exponent",
-           "lens_apply", "lens_batch", "lens_config", "lens_state_dict", "lens_verdict",
-           "load_lens", "load_torch", "max_error", "native_config", "native_model",
+__all__ = ["FF_FORMS", "FORMAT", "Float32Verdict", "LAYOUTS", "LENS_DTYPES", "LENS_TOLERANCE",
+           "LensVerdict", "NATIVE_FF_KEYS", "NATIVE_SA_KEYS", "NativeTransformer",
+           "RhoEtaTransformer", "UNIT_ROUNDOFF_32", "apply", "attention_weights", "block_layers",
+           "build_bridge", "config_path", "convert", "export", "ff_profile", "float32_verdict",
+           "hardmax_exponent", "lens_apply", "lens_batch", "lens_config", "lens_state_dict",
+           "lens_verdict", "load_lens", "load_torch", "max_error", "native_config", "native_model",
            "native_tensors", "pad_batch", "round_model", "save_lens", "save_torch",
-           "to_lens", "to_rho_eta", "to_torch", "verdict_table", "UNIT_ROUNDOFF_32"]
+           "stream_halves", "to_lens", "to_rho_eta", "to_torch", "verdict_table"]

@@ -63,6 +63,33 @@ def plan(model: Transformer) -> list[LensLayer]:
     return layers or [LensLayer()]
 
 
+def block_layers(model: Transformer) -> list[int]:
+    """For each of our blocks, the TL block that ends it (holds its SA, else its FF; −1 for a
+    block of two identities before any TL block): where to read a phase's output."""
+    where, at = {}, -1
+    for i, layer in enumerate(plan(model)):
+        for part in [layer.attn, *(v for kind, v in layer.mlp if kind == "ff")]:
+            if part is not None:
+                where[id(part)] = i
+    out = []
+    for blk in model.blocks:
+        at = max([at] + [where[id(p)] for p in (blk.ff, blk.sa) if id(p) in where])
+        out.append(at)
+    return out
+
+
+def stream_halves(model: Transformer) -> list[int]:
+    """For each TL block, the half of the stream (0: coordinates 0..d−1, 1: d..2d−1) that
+    holds the tokens after it."""
+    half, out = 0, []
+    for layer in plan(model):
+        for kind, value in layer.mlp:
+            if kind == "mix" or value.eta != 1:
+                half = 1 - half
+        out.append(half)
+    return out
+
+
 def _turns(model: Transformer) -> bool:
     """Whether some layer is not residual, so the stream needs two halves."""
     return any((b.ff is not None and b.ff.eta != 1) or
