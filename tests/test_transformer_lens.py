@@ -58,10 +58,6 @@ def causal_data(draw) -> CausalDataset:
     return CausalDataset.from_arrays([[list(pool[t]) for t in s] for s in seqs], ys)
 
 
-def lens_error(model, data, dtype="float64") -> float:
-    return et.lens_verdict(et.to_lens(model, dtype), data).error
-
-
 @settings(max_examples=10, deadline=None)
 @given(st.data(), st.sampled_from(["hardmax", "softmax"]), st.sampled_from(SHAPES))
 def test_set_models_reproduce_their_targets_through_transformer_lens(data, attention, shape):
@@ -81,7 +77,9 @@ def test_causal_models_reproduce_their_targets_through_transformer_lens(data, at
     bridge = et.to_lens(model)
     assert bridge.cfg.attention_dir == "causal"
     assert bridge.cfg.n_ctx == len(model.positions)
-    assert lens_error(model, dataset) <= 1e-9
+    verdict = et.lens_verdict(bridge, dataset)
+    assert verdict.error <= 1e-9 and verdict.interpolates
+    assert verdict.hardmax_exact is (True if attention == "hardmax" else None)
 
 
 def boot_from_files(folder):
