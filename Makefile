@@ -1,6 +1,6 @@
 # Two entry points that work on a fresh machine with only python3:
 #   make demo   build and verify a model for built-in data (core install only)
-#   make test   the whole test suite (installs the test, torch and plotting extras)
+#   make test   the whole test suite (installs the test, torch, plotting and lens extras)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,7 +16,7 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.full: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[dev,torch,plot,examples]"
+	$(BIN)/python -m pip install -q -e ".[dev,torch,plot,examples,lens]"
 	touch $@ $(VENV)/.core
 
 demo: $(VENV)/.core

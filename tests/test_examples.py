@@ -41,3 +41,13 @@ def test_text_keywords_small():
     assert all(r["ok"] and 0 <= r["R"] <= r["N"] - 1 for r in rows)
     data = ex.sentences(ex.vocabulary_table(20, synthetic=True)[0], 5)
     assert all(y.shape[0] == 2 for y in data.targets)
+
+
+def test_interpret_draws_patterns_and_interpolates(tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("transformer_lens")
+    out = tmp_path / "fig.png"
+    result = load("interpret").main(str(out))
+    assert out.stat().st_size > 0 and result["interpolates"] and result["error"] <= 1e-9
+    for pattern in result["patterns"].values():  # hardmax: one key per query, weight exactly 1
+        assert ((pattern == 0) | (pattern == 1)).all() and (pattern.sum(axis=1) == 1).all()

@@ -10,7 +10,7 @@ from .data import CausalDataset, Dataset
 
 def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact: bool = True,
             seed: int = 0, tau=None, progress: bool = False, causal: bool = False,
-            width: int = 4, heads: int = 1):
+            width: int = 4, heads: int = 1, n_layers: int | None = None):
     """Construct a transformer that interpolates ``dataset`` exactly.
 
     attention: "hardmax" (docs/hardmax.md) or "softmax" (docs/softmax.md). exact: rational
@@ -22,7 +22,14 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     width/4 hats (or snaps, or separation tests) share a layer, for about 4/width as many
     blocks (docs/heads.md; causal models: docs/causal.md#width-and-heads). heads: attention
     heads a separation round may use (at most d − 1 are used).
+    n_layers: at most this many blocks; the width (and, if ``heads`` is left at 1, the heads)
+    are then chosen (:func:`fit_layers`) and ``width`` must be left at 4.
     """
+    if n_layers is not None:
+        if width != 4:
+            raise ValueError("give n_layers or width, not both: n_layers chooses the width")
+        return fit_layers(lambda w, h: compile(dataset, attention, exact, seed, tau, progress,
+                                               causal, w, h), dataset, n_layers, heads)
     if causal or isinstance(dataset, CausalDataset):
         if not isinstance(dataset, CausalDataset):
             raise TypeError("causal=True expects an exactformer.CausalDataset (see "
@@ -46,3 +53,36 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
         return compile_softmax(dataset, exact=exact, seed=seed, tau=tau, progress=progress,
                                width=width, heads=heads)
     raise ValueError(f"attention must be 'hardmax' or 'softmax', got {attention!r}")
+
+
+def fit_layers(build, dataset: Dataset | CausalDataset, n_layers: int, heads: int = 1):
+    """The narrowest model of ``build(width, heads)`` with at most ``n_layers`` blocks.
+
+    Block counts fall as the width 4k grows (k hats, snaps or tests per layer, docs/heads.md)
+    until k covers the largest phase, k_max = every target or input token; at k_max the
+    construction takes its fewest blocks. The smallest k that fits is found by bisection
+    (every model tried at k_max first). ``heads`` = 1 also tries d − 1 heads, which shorten the
+    separation, when one head cannot fit. Raises ValueError naming the fewest blocks possible.
+    """
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+        raise ValueError(f"n_layers must be a positive integer, got {n_layers!r}")
+    k_max = max(1, sum(len(x) for x in dataset.inputs))
+    options = [heads] if heads != 1 or dataset.d < 3 else [1, dataset.d - 1]
+    fewest = None
+    for h in options:
+        best = build(4 * k_max, h)
+        fewest = best.n_blocks if fewest is None else min(fewest, best.n_blocks)
+        if best.n_blocks > n_layers:
+            continue
+        lo, hi = 1, k_max
+        while lo < hi:  # the smallest k (so far) whose model fits: hi
+            mid = (lo + hi) // 2
+            model = build(4 * mid, h)
+            if model.n_blocks <= n_layers:
+                hi, best = mid, model
+            else:
+                lo = mid + 1
+        return best
+    raise ValueError(f"n_layers = {n_layers} is too few for this data: the construction needs "
+                     f"at least {fewest} blocks (widest layers, "
+                     f"{' or '.join(map(str, options))} head{'s' if options != [1] else ''})")

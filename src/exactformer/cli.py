@@ -90,7 +90,8 @@ def _progress(args) -> bool:
 def _compiled(args, data):
     """The model that ``build`` and ``plot`` construct from their shared options."""
     return compile(data, attention=args.attention, exact=not args.float, seed=args.seed,
-                   tau=args.tau, progress=_progress(args), width=args.width, heads=args.heads)
+                   tau=args.tau, progress=_progress(args), width=args.width, heads=args.heads,
+                   n_layers=args.layers)
 
 
 def _build(args) -> int:
@@ -121,6 +122,8 @@ def _info(args) -> int:
     rows = [("attention", model.attention), ("d", model.d),
             ("parameters", "rational" if model.exact else "float64"),
             ("blocks", model.n_blocks), ("max FF width", model.max_width()),
+            ("n_layers × d_model × d_mlp × n_heads",
+             f"{model.n_blocks} × {model.d} × {model.max_width()} × {model.max_heads()}"),
             ("max attention heads", model.max_heads()),
             ("parameters (structured / dense)", f"{model.n_params()} / {model.n_params_dense()}")]
     if model.tau is not None:
@@ -201,10 +204,35 @@ def _torch_module(name: str, command: str):
 def _export(args) -> int:
     ef_torch = _torch_module("export", "export")
     model = load_model(args.model)
+    if args.layout == "transformer-lens":
+        return _export_lens(ef_torch, model, args)
+    if args.data:
+        raise UsageError("--data (a verdict through the exported model) is for "
+                         "--layout transformer-lens")
     module = ef_torch.export(model, args.output, layout=args.layout, dtype=args.dtype)
     print(f"exported {model.n_blocks} blocks as {len(module.blocks)} {args.layout} blocks "
           f"({args.dtype}) -> {args.output} + {ef_torch.config_path(args.output)}")
     return 0
+
+
+def _export_lens(ef_torch, model, args) -> int:
+    """``export --layout transformer-lens``: the folder, then with ``--data`` the verdict of
+    the bridge rebuilt from it (exit 1 if it fails)."""
+    config = ef_torch.save_lens(model, args.output, args.dtype)
+    print(f"exported {model.n_blocks} blocks as {config['n_layers']} TransformerLens blocks "
+          f"(d_model {config['d_model']}, d_mlp {config['d_mlp']}, {config['n_heads']} "
+          f"head{'s' if config['n_heads'] != 1 else ''}, {args.dtype}) -> {args.output}/"
+          f"config.json + model.safetensors")
+    if not args.data:
+        return 0
+    try:
+        bridge = ef_torch.load_lens(args.output)
+    except ImportError as e:
+        raise UsageError(f"--data needs transformer-lens (pip install 'exactformer[lens]'): "
+                         f"{e}") from None
+    verdict = ef_torch.lens_verdict(bridge, load_dataset(args.data, causal=model.causal))
+    print(ef_torch.verdict_table([verdict]))
+    return 0 if verdict.interpolates else 1
 
 
 def _train(args) -> int:
@@ -279,6 +307,8 @@ class _Parser(argparse.ArgumentParser):
 def _width_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=4, help="widest FF layer, a multiple of 4: "
                    "width/4 hats per layer, fewer blocks (docs/heads.md)")
+    p.add_argument("--layers", type=_positive_int, default=None, help="at most this many "
+                   "blocks: the width (and heads, if --heads is 1) are chosen to fit")
     p.add_argument("--heads", type=int, default=1, help="attention heads a separation round "
                    "may use (at most d - 1)")
 
@@ -321,11 +351,16 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("model")
     i.set_defaults(run=_info)
 
-    e = sub.add_parser("export", help="write a model as safetensors for PyTorch")
+    e = sub.add_parser("export", help="write a model as safetensors for PyTorch, or as a "
+                                      "TransformerLens folder")
     e.add_argument("model")
-    e.add_argument("-o", "--output", required=True, help="safetensors file to write")
-    e.add_argument("--layout", choices=["native", "rho-eta"], default="native")
+    e.add_argument("-o", "--output", required=True, help="safetensors file to write "
+                   "(transformer-lens: the folder for config.json and model.safetensors)")
+    e.add_argument("--layout", choices=["native", "rho-eta", "transformer-lens"],
+                   default="native")
     e.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    e.add_argument("--data", help="transformer-lens: also run the rebuilt bridge on this "
+                   "dataset and print its verdict (exit 1 if it fails)")
     e.set_defaults(run=_export)
 
     _add_train(sub)

@@ -14,7 +14,9 @@ from ..evaluate import PassStats
 from ..evaluate import forward as np_forward
 from ..model import Transformer
 from ..tables import format_table
-from .layouts import apply, convert, round_model, to_torch
+from .layouts import convert, to_torch
+from .native import round_model
+from .run import apply
 
 UNIT_ROUNDOFF_32 = 2.0 ** -24
 
@@ -64,8 +66,12 @@ class Float32Verdict:
 def max_error(module: nn.Module, dataset: Dataset | CausalDataset) -> float:
     """Largest Hausdorff distance between a pair's outputs and its targets, over the scale (for
     causal data: the largest distance at a constrained position)."""
-    xs, ys = dataset.floats()
-    outs = apply(module, xs)
+    return output_error(apply(module, dataset.floats()[0]), dataset)
+
+
+def output_error(outs: list[np.ndarray], dataset: Dataset | CausalDataset) -> float:
+    """:func:`max_error` of outputs already computed (one float64 array per sequence)."""
+    ys = dataset.floats()[1]
     if isinstance(dataset, CausalDataset):
         return max((float(np.linalg.norm(o[i] - y[i])) for o, y, k in
                     zip(outs, ys, dataset.known, strict=True) for i in np.flatnonzero(k)),

@@ -2,8 +2,8 @@
 
 Both take a padded batch ``x`` (B, n, d) and a padding mask (B, n) (True at real tokens), on any
 device. What the two layouts hold and why the native one evaluates FFs by their profile is
-written in docs/numerics.md#the-torch-export; building modules from a model and reading and
-writing their files is :mod:`exactformer.export.layouts`.
+written in docs/numerics.md#the-torch-export; the numbers they are built from come from
+:mod:`exactformer.export.native`, their files are :mod:`exactformer.export.files`.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..evaluate import direction_scales
-from ..model import FF, SA, Transformer
-from ..numbers import to_fraction_array
+from ..model import Transformer
+from .hub import read_pretrained, write_pretrained
+from .native import ff_profile, floats, head_values, is_identity_sa, native_config
 
-NATIVE_FF_KEYS = ("eta", "U", "b", "W")  # blocks.{i}.ff.{key}: (), (w, d), (w,), (d, w)
-NATIVE_SA_KEYS = ("rho", "alpha", "a", "c", "beta", "p", "q")  # blocks.{i}.sa.{key}
 FF_FORMS = ("profile", "dense")
 
 
@@ -191,6 +189,17 @@ class NativeTransformer(nn.Module):
         evaluation form that loading rebuilds by default."""
         return {**native_config(self.model), "ff": self.ff}
 
+    def save_pretrained(self, folder, data=None, report=None) -> None:
+        """Write a Hub-style folder: config.json, model.safetensors and a model card README.md
+        describing ``data`` and showing ``report`` if given (:mod:`exactformer.export.hub`)."""
+        write_pretrained(self, folder, data, report)
+
+    @classmethod
+    def from_pretrained(cls, folder, device=None, dtype=None, ff: str | None = None):
+        """The module :meth:`save_pretrained` wrote, with identical outputs (``dtype`` or
+        ``ff`` given: rebuilt from the stored parameters in that form instead)."""
+        return read_pretrained(cls, folder, device, dtype, ff)
+
 
 # ------------------------------------------------------------------------------ ρ/η layout
 class RhoEtaAttention(nn.Module):
@@ -261,64 +270,9 @@ class RhoEtaTransformer(nn.Module):
                 "positions": None if self.positions is None else self.positions.shape[0]}
 
 
-# ------------------------------------------------------------------------------ export
-def floats(values) -> np.ndarray:
-    """Float64 array of exact values (each Fraction rounded once, correctly)."""
-    a = np.asarray(values, dtype=object)
-    return np.array([float(v) for v in a.flat], dtype=float).reshape(a.shape)
-
-
+# ------------------------------------------------------------------------------ filling
 def fill(module: nn.Module, **values) -> None:
     with torch.no_grad():
         for name, v in values.items():
             p = getattr(module, name)
             p.copy_(torch.as_tensor(floats(v), dtype=p.dtype))
-
-
-def is_identity_sa(sa: SA | None) -> bool:
-    """No layer, or ρ = 1 and V = 0: the attention changes nothing."""
-    return sa is None or sa.is_identity()
-
-
-def ff_profile(ff: FF):
-    """(f, breakpoints, values, (left slope, right slope)) in exact numbers when every hidden
-    unit of ``ff`` reads one direction f (U_i = k_i·f), else None."""
-    U, b, W = (to_fraction_array(a) for a in (ff.U, ff.b, ff.W))
-    found = direction_scales(U)
-    if found is None:
-        return None
-    f, k = found
-    t = sorted({-b[i] / k[i] for i in range(len(k)) if k[i] != 0})
-    zero = W[:, 0] * 0
-
-    def phi(s):
-        return sum((W[:, i] * max(k[i] * s + b[i], 0) for i in range(len(k))), zero)
-
-    left = sum((W[:, i] * k[i] for i in range(len(k)) if k[i] < 0), zero)
-    right = sum((W[:, i] * k[i] for i in range(len(k)) if k[i] > 0), zero)
-    return f, t, [phi(s) for s in t], (left, right)
-
-
-def head_values(sa: SA) -> dict:
-    """α, a, c, β, p, q of a one-head layer, or each stacked over the heads."""
-    def field(get):
-        vals = [get(h) for h in sa.heads]
-        return vals[0] if len(vals) == 1 else np.array(vals, dtype=object)
-
-    return {"alpha": field(lambda h: h.A.alpha), "a": field(lambda h: h.A.a),
-            "c": field(lambda h: h.A.c), "beta": field(lambda h: h.V.beta),
-            "p": field(lambda h: h.V.p), "q": field(lambda h: h.V.q)}
-
-
-def native_config(model: Transformer) -> dict:
-    """The config of ``model``'s native file: d, attention, τ and per block
-    {"ff": null | {"width": w}, "sa": bool | {"heads": H}} (null / false: the identity layer,
-    no keys; {"heads": H}: H ≥ 2 heads stacked along a first dimension)."""
-    return {"layout": "native", "d": model.d, "attention": model.attention,
-            "tau": None if model.tau is None else float(model.tau), "causal": model.causal,
-            "positions": None if model.positions is None else len(model.positions),
-            "blocks": [{"ff": None if b.ff is None else {"width": b.ff.width},
-                        "sa": b.sa is not None if b.sa is None or len(b.sa.heads) == 1
-                        else {"heads": len(b.sa.heads)}} for b in model.blocks]}
-
-

@@ -1,0 +1,163 @@
+"""The TransformerLens layout's folder, runs and verdict (needs the ``lens`` extra to run).
+
+A folder holds ``config.json`` (``TransformerBridgeConfig`` fields) and ``model.safetensors``
+(the bridge's state-dict keys), written by :func:`save_lens` from the pure converter of
+:mod:`exactformer.export.transformer_lens`; :func:`load_lens` rebuilds the bridge from the two
+files alone. :func:`lens_verdict` runs the bridge's own forward pass on a dataset.
+See docs/numerics.md#the-transformerlens-export.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data import CausalDataset, Dataset
+from ..model import Transformer
+from ..modelio import atomic_path
+from ..tables import format_table
+from .float32 import output_error
+from .native import floats
+from .transformer_lens import EXP_UNDERFLOW, build_bridge, lens_config, lens_state_dict
+
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+# The verdict's default tolerances (error / coordinate scale): verify's for float64, and the
+# float32 verdict's (exactformer.export.float32_verdict) for float32.
+LENS_TOLERANCE = {"float64": 1e-9, "float32": 1e-3}
+
+
+def save_lens(model: Transformer, folder: str | Path, dtype: str = "float64",
+              n_ctx: int | None = None) -> dict:
+    """Write ``folder``/config.json and ``folder``/model.safetensors (both or neither, the
+    folder made if missing); the config returned."""
+    from safetensors.torch import save_file
+
+    config = lens_config(model, dtype, n_ctx)
+    state = lens_state_dict(model, dtype, n_ctx)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_path(folder / WEIGHTS) as tmp, atomic_path(folder / CONFIG) as tmp_config:
+        save_file(state, str(tmp))
+        tmp_config.write_text(json.dumps(config, indent=1))
+    return config
+
+
+def load_lens(folder: str | Path, device=None):
+    """The bridge that :func:`save_lens` wrote, rebuilt from its two files alone."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    for name in (CONFIG, WEIGHTS):
+        if not (folder / name).is_file():
+            raise ValueError(f"{folder}: no {name} (not a transformer-lens export folder)")
+    config = json.loads((folder / CONFIG).read_text())
+    return build_bridge(config, load_file(str(folder / WEIGHTS)), device)
+
+
+def lens_batch(bridge, inputs, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences (n_j × d) as the bridge's input: a residual stream (B, n, d_model), tokens in
+    its first d coordinates and zeros elsewhere, and the attention mask (B, n), 1 at tokens."""
+    p = next(bridge.parameters())
+    n = max(len(x) for x in inputs)
+    x = torch.zeros(len(inputs), n, bridge.cfg.d_model, dtype=p.dtype, device=p.device)
+    mask = torch.zeros(len(inputs), n, dtype=torch.long, device=p.device)
+    for j, seq in enumerate(inputs):
+        x[j, : len(seq), :d] = torch.as_tensor(floats(seq), dtype=p.dtype)
+        mask[j, : len(seq)] = 1
+    return x, mask
+
+
+@torch.no_grad()
+def lens_apply(bridge, inputs, d: int) -> list[np.ndarray]:
+    """The bridge's logits (width d) on sequences (n_j × d), as float64 arrays."""
+    x, mask = lens_batch(bridge, inputs, d)
+    y = bridge(x, return_type="logits", attention_mask=mask).double().cpu().numpy()
+    return [y[j, : len(seq)] for j, seq in enumerate(inputs)]
+
+
+@torch.no_grad()
+def score_margin(bridge, inputs, d: int) -> float | None:
+    """The smallest gap between a query's best and second-best scaled score (q·k/attn_scale,
+    from the bridge's own cached q and k) over every attention layer and real query; None
+    where no query has two distinct scores."""
+    x, mask = lens_batch(bridge, inputs, d)
+    _, cache = bridge.run_with_cache(x, attention_mask=mask)
+    n, keep = x.shape[1], mask.bool()
+    allowed = keep[:, None, None, :]
+    if bridge.cfg.attention_dir == "causal":
+        allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+    gaps = []
+    for i in range(bridge.cfg.n_layers):
+        q, k = cache[f"blocks.{i}.attn.hook_q"], cache[f"blocks.{i}.attn.hook_k"]
+        S = torch.einsum("bqhe,bkhe->bhqk", q, k) / bridge.cfg.attn_scale
+        S = S.masked_fill(~allowed, float("-inf"))
+        best = S.amax(dim=-1, keepdim=True)
+        second = S.masked_fill(S == best, float("-inf")).amax(dim=-1)
+        gap = (best[..., 0] - second)[keep[:, None, :].expand_as(second)]
+        gaps.append(gap[torch.isfinite(gap)])
+    found = torch.cat(gaps)
+    return float(found.min()) if found.numel() else None
+
+
+@dataclass
+class LensVerdict:
+    """Does the TransformerLens bridge's own forward pass interpolate the data?
+
+    ``error``: max Hausdorff error / coordinate scale (causal: at constrained positions) of
+    the bridge's logits, ``interpolates`` if it is at most ``tolerance``. For hardmax models
+    ``score_margin`` is the smallest best-minus-second scaled score, and ``hardmax_exact``
+    whether it exceeds ``underflow`` (the exp argument below which the dtype's exp is exactly
+    0), i.e. whether every softmax weight off the argmax is exactly 0 on this data."""
+
+    dtype: str
+    interpolates: bool
+    error: float
+    tolerance: float
+    score_margin: float | None = None
+    underflow: float | None = None
+
+    @property
+    def hardmax_exact(self) -> bool | None:
+        if self.underflow is None:
+            return None
+        return self.score_margin is None or self.score_margin >= self.underflow
+
+    def rows(self) -> list[tuple[str, str]]:
+        rows = [(f"transformer-lens {self.dtype}", "INTERPOLATES" if self.interpolates
+                 else "FAILS"),
+                (f"{self.dtype} max error / scale", f"{self.error:.3g}  (tolerance "
+                                                    f"{self.tolerance:g})")]
+        if self.underflow is not None:
+            margin = "n/a" if self.score_margin is None else f"{self.score_margin:.3g}"
+            rows.append((f"{self.dtype} smallest scaled score gap",
+                         f"{margin}  (hardmax needs >= {self.underflow:g}: "
+                         f"{'yes' if self.hardmax_exact else 'NO'})"))
+        return rows
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"hardmax_exact": self.hardmax_exact}
+
+
+def lens_verdict(bridge, dataset: Dataset | CausalDataset, tolerance: float | None = None
+                 ) -> LensVerdict:
+    """Run ``bridge`` (say from :func:`load_lens`) on ``dataset`` and judge its outputs
+    (``tolerance`` None: :data:`LENS_TOLERANCE` of its dtype); for a hardmax export
+    (attn_scale < 1) also measure the score margin."""
+    xs = dataset.floats()[0]
+    err = output_error(lens_apply(bridge, xs, dataset.d), dataset)
+    dtype = str(next(bridge.parameters()).dtype).removeprefix("torch.")
+    tolerance = LENS_TOLERANCE[dtype] if tolerance is None else tolerance
+    verdict = LensVerdict(dtype, bool(err <= tolerance), err, tolerance)
+    if bridge.cfg.attn_scale < 1:  # hardmax: scores divided by 2^-k
+        verdict.score_margin = score_margin(bridge, xs, dataset.d)
+        verdict.underflow = EXP_UNDERFLOW[dtype]
+        verdict.interpolates = verdict.interpolates and bool(verdict.hardmax_exact)
+    return verdict
+
+
+def verdict_table(verdicts: list[LensVerdict]) -> str:
+    return format_table([row for v in verdicts for row in v.rows()])

@@ -1,0 +1,81 @@
+"""Shapes users choose: compile(data, n_layers=K) and build --layers K (README), and info's
+n_layers × d_model × d_mlp × n_heads."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from conftest import assert_interpolates_exactly
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import exactformer as ef
+from exactformer import cli
+from exactformer.data import CausalDataset, builtin
+
+
+def fewest(dataset, **kw) -> int:
+    """The fewest blocks the construction allows, read from the refusal of n_layers = 1."""
+    with pytest.raises(ValueError, match="too few") as e:
+        ef.compile(dataset, n_layers=1, **kw)
+    return int(re.search(r"at least (\d+) blocks", str(e.value)).group(1))
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 10 ** 6), N=st.integers(2, 6), d=st.integers(2, 4),
+       attention=st.sampled_from(["hardmax", "softmax"]), slack=st.integers(0, 20))
+def test_n_layers_gives_at_most_k_blocks_or_names_the_fewest(seed, N, d, attention, slack):
+    data = builtin.shared_pool(N=N, d=d, pool=N + 2, n_max=4, m_max=3, seed=seed)
+    low = fewest(data, attention=attention)
+    with pytest.raises(ValueError, match=f"at least {low} blocks"):
+        ef.compile(data, attention=attention, n_layers=low - 1) if low > 1 else \
+            ef.compile(data, attention=attention, n_layers=0)
+    model = ef.compile(data, attention=attention, n_layers=low + slack)
+    assert model.n_blocks <= low + slack
+    if attention == "hardmax":
+        assert_interpolates_exactly(model, data)
+    # the width chosen is the narrowest that fits: one hat fewer per layer does not
+    narrower = model.max_width() - 4
+    if narrower >= 4 and model.max_heads() <= 1:
+        tighter = ef.compile(data, attention=attention, width=narrower)
+        assert tighter.n_blocks > low + slack or tighter.max_width() < narrower
+
+
+def test_the_default_shape_is_kept_when_it_fits():
+    data = builtin.demo()
+    plain = ef.compile(data)
+    chosen = ef.compile(data, n_layers=plain.n_blocks + 100)
+    assert (chosen.n_blocks, chosen.max_width(), chosen.max_heads()) == \
+        (plain.n_blocks, plain.max_width(), plain.max_heads())
+
+
+def test_causal_models_fit_too():
+    data = CausalDataset.from_arrays(
+        [[[1, 0], [0, 1], [1, 1]], [[0, 1], [0, 1], [1, 0]], [[1, 1], [1, 0], [0, 1]]],
+        [[[2, 0], [0, 2], [1, 2]], [[0, 3], [3, 3], None], [[1, 0], [2, 1], [0, 0]]])
+    low = fewest(data)
+    assert ef.compile(data, n_layers=low).n_blocks <= low
+
+
+def test_n_layers_and_width_are_not_both_given():
+    with pytest.raises(ValueError, match="not both"):
+        ef.compile(builtin.demo(), n_layers=10, width=8)
+
+
+def test_cli_build_layers_and_info_shape(tmp_path, capsys):
+    data = builtin.demo()
+    (tmp_path / "d.json").write_text(json.dumps(data.to_json_dict()))
+    out = tmp_path / "m.json"
+    assert cli.main(["build", str(tmp_path / "d.json"), "-o", str(out), "--layers", "12"]) == 0
+    model = ef.load_model(out)
+    assert model.n_blocks <= 12
+    capsys.readouterr()
+    assert cli.main(["info", str(out)]) == 0
+    shape = f"{model.n_blocks} × {model.d} × {model.max_width()} × {model.max_heads()}"
+    assert re.search(r"n_layers × d_model × d_mlp × n_heads +" + shape, capsys.readouterr().out)
+    assert cli.main(["build", str(tmp_path / "d.json"), "-o", str(tmp_path / "x.json"),
+                     "--layers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "too few" in err and "at least" in err and not (tmp_path / "x.json").exists()

@@ -1,0 +1,189 @@
+"""The TransformerLens export (README, docs/numerics.md#the-transformerlens-export).
+
+References: the targets (float64 TL forward within 1e-9 of the coordinate scale), the exact
+evaluator for hand-made non-residual layers, and TransformerLens's own loading path
+(``TransformerBridgeConfig(**config)`` → ``boot_native`` → ``load_state_dict(strict=True)``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformer_lens")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from transformer_lens.config import TransformerBridgeConfig  # noqa: E402
+from transformer_lens.model_bridge import TransformerBridge  # noqa: E402
+
+import exactformer as ef  # noqa: E402
+from exactformer import cli  # noqa: E402
+from exactformer import export as et  # noqa: E402
+from exactformer.data import CausalDataset, builtin  # noqa: E402
+from exactformer.model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix  # noqa: E402
+
+SHAPES = [(4, 1), (8, 2), (12, 3)]  # (width, heads): narrow, wide and multi-head
+
+
+def set_data(draw) -> ef.Dataset:
+    kind = draw(st.sampled_from(["pool", "uniform", "nested"]))
+    seed, N, d = draw(st.integers(0, 10 ** 6)), draw(st.integers(1, 7)), draw(st.integers(2, 4))
+    if kind == "pool":
+        return builtin.shared_pool(N=N, d=d, pool=N + 2, n_max=4, m_max=2, seed=seed)
+    if kind == "uniform":
+        return builtin.uniform(N=N, n=3, m=2, d=d, seed=seed)
+    return builtin.nested(N=max(N, 2), d=d, seed=seed)
+
+
+def causal_data(draw) -> CausalDataset:
+    """Sequences over a small pool with a target (or null) per position, equal prefixes
+    given equal targets."""
+    d = draw(st.integers(2, 3))
+    coord = st.integers(-3, 3)
+    pool = draw(st.lists(st.tuples(*[coord] * d), min_size=2, max_size=4, unique=True))
+    seqs = draw(st.lists(st.lists(st.integers(0, len(pool) - 1), min_size=1, max_size=5),
+                         min_size=1, max_size=8))
+    by_prefix: dict[tuple, object] = {}
+    ys = [[by_prefix.setdefault(tuple(s[: i + 1]),
+                                None if draw(st.booleans()) and i else
+                                list(draw(st.sampled_from(pool)))) for i in range(len(s))]
+          for s in seqs]
+    return CausalDataset.from_arrays([[list(pool[t]) for t in s] for s in seqs], ys)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.data(), st.sampled_from(["hardmax", "softmax"]), st.sampled_from(SHAPES))
+def test_set_models_reproduce_their_targets_through_transformer_lens(data, attention, shape):
+    dataset = set_data(data.draw)
+    model = ef.compile(dataset, attention=attention, width=shape[0], heads=shape[1])
+    verdict = et.lens_verdict(et.to_lens(model), dataset)
+    assert verdict.error <= 1e-9 and verdict.interpolates
+    if attention == "hardmax":
+        assert verdict.hardmax_exact
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.data(), st.sampled_from(["hardmax", "softmax"]), st.sampled_from(SHAPES[:2]))
+def test_causal_models_reproduce_their_targets_through_transformer_lens(data, attention, shape):
+    dataset = causal_data(data.draw)
+    model = ef.compile(dataset, attention=attention, width=shape[0], heads=shape[1])
+    bridge = et.to_lens(model)
+    assert bridge.cfg.attention_dir == "causal"
+    assert bridge.cfg.n_ctx == len(model.positions)
+    verdict = et.lens_verdict(bridge, dataset)
+    assert verdict.error <= 1e-9 and verdict.interpolates
+    assert verdict.hardmax_exact is (True if attention == "hardmax" else None)
+
+
+def boot_from_files(folder):
+    """What a user without exactformer does with the folder."""
+    config = json.loads((folder / "config.json").read_text())
+    bridge = TransformerBridge.boot_native(TransformerBridgeConfig(**config),
+                                           dtype=getattr(torch, config["dtype"]))
+    bridge.load_state_dict(load_file(str(folder / "model.safetensors")), strict=True)
+    return bridge
+
+
+@pytest.mark.parametrize("dtype", et.LENS_DTYPES)
+def test_the_folder_rebuilds_with_transformer_lens_alone(tmp_path, dtype):
+    data = builtin.demo()
+    model = ef.compile(data, width=8, heads=2)
+    config = et.save_lens(model, tmp_path, dtype)
+    assert json.loads((tmp_path / "config.json").read_text()) == config
+    bridge = boot_from_files(tmp_path)
+    assert next(bridge.parameters()).dtype == getattr(torch, dtype)
+    assert set(load_file(str(tmp_path / "model.safetensors"))) == set(bridge.state_dict())
+    xs = data.floats()[0]
+    same = et.lens_apply(et.to_lens(model, dtype), xs, data.d)
+    assert all(np.array_equal(a, b) for a, b in
+               zip(et.lens_apply(bridge, xs, data.d), same, strict=True))
+
+
+def test_input_is_the_residual_stream_and_padding_is_masked():
+    data = builtin.shared_pool(N=6, d=3, pool=7, n_max=5, m_max=2, seed=4)
+    bridge = et.to_lens(ef.compile(data, attention="softmax"))
+    xs = data.floats()[0]
+    assert {len(x) for x in xs} != {len(xs[0])}  # the batch is padded
+    batched = et.lens_apply(bridge, xs, data.d)
+    x, mask = et.lens_batch(bridge, xs[:1], data.d)
+    assert x.shape == (1, len(xs[0]), bridge.cfg.d_model) and bool(mask.all())
+    with torch.no_grad():
+        alone = bridge(x, return_type="logits")
+    assert alone.shape[-1] == data.d
+    assert np.allclose(alone[0].double().numpy(), batched[0], rtol=0, atol=1e-12)
+
+
+def test_hardmax_patterns_are_exactly_zero_or_one_over_the_tie_count():
+    data = builtin.demo()
+    model = ef.compile(data, width=8, heads=2)
+    bridge = et.to_lens(model)
+    x, mask = et.lens_batch(bridge, data.floats()[0], data.d)
+    _, cache = bridge.run_with_cache(x, attention_mask=mask)
+    for i in range(bridge.cfg.n_layers):
+        pattern = cache[f"blocks.{i}.attn.hook_pattern"][mask.bool()[:, None, :, None]
+                                                         .expand(-1, bridge.cfg.n_heads, -1,
+                                                                 x.shape[1])]
+        rows = pattern.reshape(-1, x.shape[1])
+        count = (rows > 0).sum(dim=-1, keepdim=True)
+        assert torch.all((rows == 0) | (rows == 1 / count.double()))
+
+
+def rational_layer(rng, d: int) -> tuple[FF, SA]:
+    """A non-residual FF (η = 0) and a non-residual two-head SA (ρ = 1/2) of small rationals."""
+    def r(*shape):
+        return np.array([Fraction(int(v), 4) for v in rng.integers(-4, 5, size=shape).flat],
+                        dtype=object).reshape(shape)
+    ff = FF(Fraction(0), r(3, d), r(3), r(d, 3))
+    heads = [Head(ScoreMatrix(Fraction(1, 2), r(d), r(d)),
+                           ValueMatrix(Fraction(1), r(d), r(d))) for _ in range(2)]
+    return ff, SA(Fraction(1, 2), heads=heads)
+
+
+@pytest.mark.parametrize("attention", ["hardmax", "softmax"])
+def test_non_residual_layers_take_turns_in_a_stream_of_width_2d(attention):
+    rng = np.random.default_rng(5)
+    d = 3
+    blocks = [Block(*rational_layer(rng, d)) for _ in range(3)]
+    model = Transformer(d=d, attention=attention, blocks=blocks,
+                        tau=Fraction(1, 2) if attention == "softmax" else None)
+    config = et.lens_config(model)
+    assert config["d_model"] == 2 * d and config["n_heads"] == 2
+    xs = [np.array([[Fraction(int(v), 2) for v in row] for row in rng.integers(-3, 4, (n, d))],
+                   dtype=object) for n in (2, 4, 3)]
+    ref = ef.forward(model, xs, "exact" if attention == "hardmax" else "mp")
+    out = et.lens_apply(et.to_lens(model), xs, d)
+    scale = max(1.0, max(float(np.abs(np.asarray(r, float)).max()) for r in ref))
+    assert max(float(np.abs(o - np.asarray(r, float)).max())
+               for o, r in zip(out, ref, strict=True)) <= 1e-12 * scale
+
+
+def test_a_score_scale_outside_the_dtype_is_refused():
+    head = SA(Fraction(1), ScoreMatrix(Fraction(10) ** 200, np.array([0, 0], dtype=object),
+                                       np.array([0, 0], dtype=object)),
+              ValueMatrix(Fraction(1), np.array([0, 0], dtype=object),
+                          np.array([0, 0], dtype=object)))
+    model = Transformer(d=2, attention="hardmax", blocks=[Block(None, head)])
+    assert et.hardmax_exponent(model, "float64") < 0
+    with pytest.raises(ValueError, match="cannot be scaled to softmax in float32"):
+        et.lens_config(model, "float32")
+
+
+def test_cli_exports_a_folder_and_judges_it(tmp_path, capsys):
+    data = builtin.shared_pool(N=5, d=3, pool=6, n_max=4, m_max=2, seed=2)
+    (tmp_path / "d.json").write_text(json.dumps(data.to_json_dict()))
+    ef.save_model(ef.compile(data, attention="softmax", width=8), tmp_path / "m.json")
+    out = tmp_path / "tl"
+    assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(out), "--layout",
+                     "transformer-lens", "--data", str(tmp_path / "d.json")]) == 0
+    assert re.search(r"transformer-lens float64 +INTERPOLATES", capsys.readouterr().out)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(tmp_path / "x"),
+                     "--data", str(tmp_path / "d.json")]) == 2
+    assert "--layout transformer-lens" in capsys.readouterr().err
