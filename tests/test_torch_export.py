@@ -214,7 +214,8 @@ def test_rho_eta_state_dict_loads_into_the_paper_class_layout(name):
     # and back: their state dict loads into ours with strict=True
     back = et.RhoEtaTransformer(model.d, len(ours.blocks), model.d + 1, "softmax", ours.tau)
     back.load_state_dict(theirs.state_dict(), strict=True)
-    assert max_diff(et.apply(back, xs), outs, data.coordinate_scale()) == 0
+    # the same float64 function; a padded batch may run its products in other BLAS kernels
+    assert max_diff(et.apply(back, xs), outs, data.coordinate_scale()) <= 1e-12
 
 
 def test_rho_eta_file_with_scalar_rho_eta_still_loads(tmp_path):
@@ -273,8 +274,13 @@ def test_padding_does_not_change_results(layout, tau, data_st):
         y = module(x, mask)
     assert not y[~mask].any()
     scale = data.coordinate_scale()
+    # The native hardmax layout computes the same numbers whatever the batch. Softmax in the
+    # dense ρ/η layout does not: the BLAS kernel a product runs in depends on the batch's
+    # shape, and its last-bit differences are amplified by the hats' slopes (about 1e4 here;
+    # docs/numerics.md#conditioning), so there the bound is the layout's float64 accuracy.
+    bound = 1e-14 if layout == "native" or tau is None else 1e-9
     for i, j in enumerate(pick):
-        assert np.abs(y[i, : len(xs[j])].numpy() - ref[j]).max() <= 1e-14 * scale
+        assert np.abs(y[i, : len(xs[j])].numpy() - ref[j]).max() <= bound * scale
 
 
 # ------------------------------------------------------------------------------ files
