@@ -94,5 +94,20 @@ def data_scale(xs: list[np.ndarray], ys: list[np.ndarray]) -> Fraction:
     return Fraction(max(abs(v) for a in xs + ys for v in a.flat))
 
 
+def relative(value: float, scale) -> float:
+    """``value`` over the data's scale (:func:`data_scale`): 0 stays 0 and anything else is inf
+    on all-zero data, where every tolerance is exact equality."""
+    scale = float(scale)
+    if scale > 0:
+        return value / scale
+    return 0.0 if value == 0 else math.inf
+
+
+def clearance(stats, scale) -> float | None:
+    """A pass's smallest hat clearance (``stats.hat_clearance``, in the tokens' units) over the
+    data's scale; None when the pass met no window."""
+    return None if stats.hat_clearance is None else relative(stats.hat_clearance, scale)
+
+
 def as_set(a: np.ndarray) -> set:
     return {tuple(r.tolist()) for r in a}

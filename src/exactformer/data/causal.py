@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..distance import data_scale
 from ..numbers import to_fraction
 from .sets import (
     Dataset,
@@ -49,11 +50,10 @@ class CausalDataset(SequenceData):
         return int(sum(k.sum() for k in self.known))
 
     def coordinate_scale(self) -> float:
-        """Largest absolute coordinate over inputs and constrained targets (at least 1)."""
+        """The data's scale over inputs and constrained targets
+        (:func:`exactformer.distance.data_scale`), as a float."""
         xs, ys = self.floats()
-        vals = [float(np.abs(x).max()) for x in xs]
-        vals += [float(np.abs(y[k]).max()) for y, k in zip(ys, self.known, strict=True) if k.any()]
-        return max([1.0, *vals])
+        return float(data_scale(xs, [y[k] for y, k in zip(ys, self.known, strict=True)]))
 
     def check_float64(self) -> None:
         """Raise DatasetError if rounding to float64 makes the data contradictory."""

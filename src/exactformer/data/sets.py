@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..distance import data_scale
 from ..numbers import (
     NumberError,
     fmt_array,
@@ -112,9 +113,9 @@ class Dataset(SequenceData):
                                "arithmetic instead") from None
 
     def coordinate_scale(self) -> float:
-        """Largest absolute coordinate over inputs and targets (at least 1)."""
-        xs, ys = self.floats()
-        return max(1.0, max(float(np.abs(a).max()) for a in xs + ys))
+        """The data's scale (:func:`exactformer.distance.data_scale`, the largest |coordinate|
+        of inputs and targets), as a float: what every tolerance and margin is relative to."""
+        return float(data_scale(*self.floats()))
 
     # ----------------------------------------------------------------------------- builders
     @classmethod

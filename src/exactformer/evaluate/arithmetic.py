@@ -189,7 +189,9 @@ class PassStats:
 
     hardmax_margin: float | None = None  # smallest best-minus-second score gap / score scale
     hardmax_ties: int = 0  # queries whose best score is shared by two distinct points
-    hat_clearance: float | None = None  # smallest distance of an untouched token to a window
+    # smallest distance of an untouched token to a window (in the tokens' units: reports divide
+    # it by the data's scale, distance.data_scale)
+    hat_clearance: float | None = None
     enabled: bool = field(default=True, repr=False, compare=False)  # False: record nothing
 
     def note_min(self, name: str, v) -> None:

@@ -52,20 +52,19 @@ class Job:
         return cls(ar, model.attention, blocks, ridges, tau, plan,
                    model.causal if causal is None else causal)
 
-    def run(self, xs: list[np.ndarray], snapshots, stats: PassStats, scale: float,
+    def run(self, xs: list[np.ndarray], snapshots, stats: PassStats,
             progress: bool) -> tuple[list, dict]:
-        """The pass over ``xs``; ``scale`` (≥ 1, the largest input coordinate of the whole
-        pass) normalises the ridge clearances so that chunks report like one pass."""
+        """The pass over ``xs``."""
         st = self.state(xs)
-        snaps = self.walk(st, snapshots, stats, scale, progress)
+        snaps = self.walk(st, snapshots, stats, progress)
         return st.outputs(), snaps
 
     def state(self, xs: list[np.ndarray], rad: list | None = None) -> RowState:
         """The rows of a pass over ``xs`` (with radii ``rad`` in a tracking pass)."""
         return (CausalState if self.causal else RowState)(xs, self.ar, rad)
 
-    def walk(self, st: RowState, snapshots, stats: PassStats, scale: float,
-             progress: bool, start: int = 0, stop: int | None = None) -> dict:
+    def walk(self, st: RowState, snapshots, stats: PassStats, progress: bool,
+             start: int = 0, stop: int | None = None) -> dict:
         """Blocks ``start`` to ``stop`` (default: every block) on the state ``st``; returns
         the snapshots asked for."""
         st.compact()
@@ -81,13 +80,13 @@ class Job:
             run = self.runs.get(i)
             if run is not None and run.end <= stop and \
                     not any(run.start < k <= run.end for k in snapshots or ()) \
-                    and runs.apply_run(st, run, stats, scale):
+                    and runs.apply_run(st, run, stats):
                 bar.update(run.end - i)
                 i = run.end
                 continue
             blk = self.blocks[i]
             if blk.ff is not None:
-                apply_ff(st, blk.ff, self.ridges[i], stats, scale)
+                apply_ff(st, blk.ff, self.ridges[i], stats)
             if blk.sa is not None and not blk.sa.is_identity():
                 attend(st, st.ar.convert(blk.sa), self.attention, self.tau, stats)
             i += 1
@@ -130,9 +129,9 @@ _WORKER: dict = {}  # the job and inputs of a pool worker, set once by its initi
 PR_SET_PDEATHSIG = 1  # prctl option (Linux): the signal a process gets when its parent dies
 
 
-def _init_worker(parent: int, job: Job, xs: list[np.ndarray], snapshots, scale: float) -> None:
+def _init_worker(parent: int, job: Job, xs: list[np.ndarray], snapshots) -> None:
     _die_with_parent(parent)
-    _WORKER.update(job=job, xs=xs, snapshots=snapshots, scale=scale)
+    _WORKER.update(job=job, xs=xs, snapshots=snapshots)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -150,11 +149,11 @@ def _die_with_parent(parent: int) -> None:
 def _run_chunk(bounds: tuple[int, int]) -> tuple[list, dict, PassStats]:
     w, (s, e), stats = _WORKER, bounds, PassStats()
     with mpmath.workdps(w["job"].ar.dps):
-        outs, snaps = w["job"].run(w["xs"][s:e], w["snapshots"], stats, w["scale"], False)
+        outs, snaps = w["job"].run(w["xs"][s:e], w["snapshots"], stats, False)
     return outs, snaps, stats
 
 
-def run_parallel(job: Job, xs, bounds, snapshots, stats: PassStats, scale: float,
+def run_parallel(job: Job, xs, bounds, snapshots, stats: PassStats,
                  progress: bool) -> tuple[list, dict]:
     """Run the chunks in a process pool and join their results in sequence order. On Linux
     the workers are forked, so they inherit the prepared job instead of unpickling it. Leaving
@@ -164,7 +163,7 @@ def run_parallel(job: Job, xs, bounds, snapshots, stats: PassStats, scale: float
     outs: list = []
     snaps: dict = {}
     with ctx.Pool(len(bounds), initializer=_init_worker,
-                  initargs=(os.getpid(), job, xs, snapshots, scale)) as pool:
+                  initargs=(os.getpid(), job, xs, snapshots)) as pool:
         results = tqdm(pool.imap(_run_chunk, bounds), total=len(bounds), unit="chunk",
                        desc=f"forward ({job.ar.kind}, {len(bounds)} processes)",
                        disable=not progress, leave=False, delay=1)

@@ -23,8 +23,7 @@ from .windows import Ridge
 DENSE_ROWS = 2 ** 16  # rows per slice of a dense FF in an enclosure pass
 
 
-def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: PassStats,
-              scale: float):
+def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: PassStats):
     """Apply an FF: each ridge window only to the rows inside it (every window's change is
     computed from the layer's input, then the changes are added), anything else densely."""
     if ridges is not None:
@@ -34,14 +33,14 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
             if st.rad is not None:
                 change, terms, gap = _ridge_spread(st, sp, ridge, part)
                 if gap is not None and stats.enabled:
-                    stats.note_min("hat_clearance", gap / (scale * ridge.norm))
+                    stats.note_min("hat_clearance", gap / ridge.norm)
                 rows = terms[0]
                 spread.append(terms)
                 moves.append((rows, change))
                 continue
             rows, gap = sp.rows_in(ridge.lo, ridge.hi)
             if gap is not None and stats.enabled:
-                stats.note_min("hat_clearance", safe_float(gap) / (scale * ridge.norm))
+                stats.note_min("hat_clearance", safe_float(gap) / ridge.norm)
             if len(rows):
                 X, part = st.P[rows], st.ar.convert(part)
                 moves.append((rows, relu(X @ part.U.T + part.b) @ part.W.T))

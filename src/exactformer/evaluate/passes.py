@@ -16,7 +16,7 @@ import numpy as np
 
 from ..model import Transformer
 from ..numbers import safe_floats
-from .arithmetic import Arithmetic, PassStats, max_abs
+from .arithmetic import Arithmetic, PassStats
 from .causal import with_positions
 from .enclosure import float_radius, rounding
 from .jobs import Job, chunk_bounds, run_parallel
@@ -57,13 +57,12 @@ def _run(model, inputs, ar: Arithmetic, snapshots, stats, tau, progress, workers
     stats = PassStats() if stats is None else stats
     with mpmath.workdps(ar.dps):
         xs = _with_positions(model, inputs, ar)
-        scale = max(1.0, max(max_abs(x) for x in xs))
         job = Job.of(model, ar, tau, causal)
         bounds = chunk_bounds(xs, model.n_blocks, ar, workers)
         if len(bounds) == 1:
-            outs, snaps = job.run(xs, snapshots, stats, scale, progress)
+            outs, snaps = job.run(xs, snapshots, stats, progress)
         else:
-            outs, snaps = run_parallel(job, xs, bounds, snapshots, stats, scale, progress)
+            outs, snaps = run_parallel(job, xs, bounds, snapshots, stats, progress)
     return (outs, snaps) if snapshots is not None else outs
 
 
@@ -109,7 +108,7 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
     st = job.state(xs, [] if radii is None else [np.asarray(r, dtype=float) for r in radii])
     st.give_up = give_up
     with np.errstate(all="ignore"):  # overflow shows as inf or nan, and radii become inf
-        job.walk(st, None, stats, max(1.0, max(max_abs(x) for x in xs)), progress, start)
+        job.walk(st, None, stats, progress, start)
     return st.outputs(), [np.where(np.isfinite(r), r, np.inf) for r in st.radii()]
 
 

@@ -121,7 +121,7 @@ def _forms(wins: list) -> tuple:
 
 
 # ------------------------------------------------------------------------------ applying
-def apply_run(st: Rows, run: Run, stats, scale: float) -> bool:
+def apply_run(st: Rows, run: Run, stats) -> bool:
     """Apply the run to the state; False (nothing done) when it cannot be swept: windows of
     one layer that overlap. ``st`` is the evaluator's state."""
     if run.f is None or not len(run.layer):
@@ -136,7 +136,7 @@ def apply_run(st: Rows, run: Run, stats, scale: float) -> bool:
     rows, wins = _first_windows(sp, stab.lo_w, stab.hi_w)
     rows, wins = _give_up_shared(st, stab, rows, wins, sp.t[rows])
     if stats.enabled:
-        _clearance(sp, run, stats, scale)
+        _clearance(sp, run, stats)
     while len(rows):
         moved = _step(st, run, rows, wins)
         if tracked:
@@ -260,9 +260,9 @@ class _Stabber:
         return best
 
 
-def _clearance(sp, run: Run, stats, scale: float) -> None:
+def _clearance(sp, run: Run, stats) -> None:
     """The hat clearance at the start of the run: each window's distance to the nearest row
-    outside it, over the coordinate scale times |f|."""
+    outside it, over |f| (a distance in the tokens' space)."""
     st_ = sp.sorted_t
     i0 = np.searchsorted(st_, run.lo, side="right")
     i1 = np.searchsorted(st_, run.hi, side="left")
@@ -270,7 +270,7 @@ def _clearance(sp, run: Run, stats, scale: float) -> None:
     above = np.where(i1 < len(st_), st_[np.minimum(i1, len(st_) - 1)] - run.hi, np.inf)
     gap = float(np.minimum(below, above).min(initial=np.inf))
     if math.isfinite(gap):
-        stats.note_min("hat_clearance", gap / (scale * float(np.linalg.norm(run.f))))
+        stats.note_min("hat_clearance", gap / float(np.linalg.norm(run.f)))
 
 
 def _step(st: Rows, run: Run, rows, wins) -> np.ndarray:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..data import CausalDataset, Dataset
-from ..distance import hausdorff
+from ..distance import clearance, hausdorff, relative
 from ..evaluate import PassStats
 from ..evaluate import forward as np_forward
 from ..model import Transformer
@@ -73,10 +73,12 @@ def output_error(outs: list[np.ndarray], dataset: Dataset | CausalDataset) -> fl
     """:func:`max_error` of outputs already computed (one float64 array per sequence)."""
     ys = dataset.floats()[1]
     if isinstance(dataset, CausalDataset):
-        return max((float(np.linalg.norm(o[i] - y[i])) for o, y, k in
-                    zip(outs, ys, dataset.known, strict=True) for i in np.flatnonzero(k)),
-                   default=0.0) / dataset.coordinate_scale()
-    return max(hausdorff(o, y) for o, y in zip(outs, ys, strict=True)) / dataset.coordinate_scale()
+        worst = max((float(np.linalg.norm(o[i] - y[i])) for o, y, k in
+                     zip(outs, ys, dataset.known, strict=True) for i in np.flatnonzero(k)),
+                    default=0.0)
+        return relative(worst, dataset.coordinate_scale())
+    return relative(max(hausdorff(o, y) for o, y in zip(outs, ys, strict=True)),
+                    dataset.coordinate_scale())
 
 
 def float32_verdict(model: Transformer, dataset: Dataset, layout: str = "native",
@@ -92,4 +94,4 @@ def float32_verdict(model: Transformer, dataset: Dataset, layout: str = "native"
     err_file = err32 if layout != "native" else \
         max_error(to_torch(round_model(model, torch.float32), torch.float32, device), dataset)
     return Float32Verdict(layout, bool(err32 <= tolerance), err32, err64, err_file, tolerance,
-                          stats.hardmax_margin, stats.hat_clearance)
+                          stats.hardmax_margin, clearance(stats, dataset.coordinate_scale()))

@@ -15,7 +15,7 @@ import mpmath
 import numpy as np
 
 from ..data import CausalDataset, Dataset
-from ..distance import as_set, data_scale, hausdorff_sq, hausdorff_stack, per_pair, worst
+from ..distance import as_set, clearance, data_scale, hausdorff_sq, hausdorff_stack, per_pair, worst
 from ..evaluate import (
     Arithmetic,
     PassStats,
@@ -232,7 +232,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         hausdorff_float64=hd,
         max_hausdorff_float64=worst(hd), relative_error_float64=_relative(worst(hd), scale_f),
         coordinate_scale=scale_f, hardmax_margin=stats.hardmax_margin,
-        hardmax_ties=stats.hardmax_ties, hat_clearance=stats.hat_clearance,
+        hardmax_ties=stats.hardmax_ties, hat_clearance=clearance(stats, scale_f),
         tolerance=tolerance, extra=extra, within_tolerance=within, nonfinite_pairs=nonfinite,
         proved=proved, proof=proof)
     report.proved = report.proved and report.ok  # a proof never outranks a failed check
@@ -635,7 +635,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         errors_float64=[worst([0.0, *e]) for e in err_f], position_errors=errs,
         first_failure=first,
         coordinate_scale=scale, hardmax_margin=stats.hardmax_margin,
-        hat_clearance=stats.hat_clearance, tolerance=tolerance)
+        hat_clearance=clearance(stats, scale), tolerance=tolerance)
 
 
 def _position_errors(outs, ys, known) -> list[list[float]]:
