@@ -65,8 +65,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     """
     if model.causal or isinstance(dataset, CausalDataset):
         return verify_causal(model, dataset, tolerance, progress, digits, tau)
-    if model.d != dataset.d:
-        raise ValueError(f"the model is for d = {model.d} but the data have d = {dataset.d}")
+    check_layers(model, dataset)
     xs_f, ys_f = dataset.floats() if not dataset.exact else \
         [[safe_floats(a) for a in part] for part in dataset.fractions()]
     scale = data_scale(*((xs_f, ys_f) if not dataset.exact else dataset.fractions()))
@@ -109,6 +108,17 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         undecided_pairs=undecided, proved=proved, proof=proof)
     report.proved = report.proved and report.ok  # a proof never outranks a failed check
     return report
+
+
+def check_layers(model: Transformer, dataset) -> None:
+    """The model fits the data's dimension and has no FF layer without units (the file
+    formats refuse one; a model built in memory is checked here)."""
+    if model.d != dataset.d:
+        raise ValueError(f"the model is for d = {model.d} but the data have d = {dataset.d}")
+    empty = next((i for i, b in enumerate(model.blocks) if b.ff is not None and b.ff.width == 0),
+                 None)
+    if empty is not None:
+        raise ValueError(f"block {empty}: an FF layer needs at least one unit (use ff=None)")
 
 
 def softmax_tolerance(model: Transformer, digits: int, tolerance: float) -> float:
@@ -289,8 +299,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     """
     if not model.causal or not isinstance(dataset, CausalDataset):
         raise ValueError("a causal model is verified on a causal dataset (and only there)")
-    if model.d != dataset.d:
-        raise ValueError(f"the model is for d = {model.d} but the data have d = {dataset.d}")
+    check_layers(model, dataset)
     stats = PassStats()
     xs, ys = dataset.fractions()
     exact_scale = data_scale(xs, [y[k] for y, k in zip(ys, dataset.known, strict=True)])
