@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import mpmath
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
@@ -245,9 +245,12 @@ def adversarial(draw):
         blocks = [{"ff": None, "sa": sa([1, draw(huge)], [1, 0], rho=draw(st.sampled_from(
             ["0", "1"])))}]
     elif kind == "heavy":
-        k = draw(st.sampled_from([10 ** 100, 10 ** 866]))
+        k = 10 ** 866  # the heavy token (k, 0) gets weight e^-s from the query (0, 1), and
+        # e^-2100 from itself: contributions from 2.6e-3 (s = 2000) down to 1e-220
         blocks = [{"ff": ff(1, [[1, 0]], [0], [[k - 1], [0]]),
-                   "sa": sa([0, 1], [0, draw(st.sampled_from([500, 2000]))])}]
+                   "sa": sa([0, 1], [Fraction(2100, k),
+                                     draw(st.sampled_from([1995, 2000, 2100, 2500]))])}]
+        xs = [[[1, 0], [0, 1]]]
     else:
         s = draw(small)
         xs = [[[v * s for v in r] for r in x] for x in xs]
@@ -259,8 +262,9 @@ def adversarial(draw):
     return model, (causal_data(xs, ys) if causal else set_data(xs, ys))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(adversarial())
 def test_no_ok_that_the_reference_contradicts(case):
     model, data = case
-    check(model, data)  # asserts inside: every OK is within the limit at 600 digits
+    report = check(model, data)  # asserts inside: every OK is within the limit at 600 digits
+    event(f"{'causal' if model.causal else 'set'}: {report.verdict()}")

@@ -303,9 +303,13 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     stats = PassStats()
     xs, ys = dataset.fractions()
     exact_scale = data_scale(xs, [y[k] for y, k in zip(ys, dataset.known, strict=True)])
-    xs_f, ys_f = dataset.floats()
-    with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
-        outs_f = forward_causal(model, xs_f, "float", stats=stats, tau=tau, progress=progress)
+    xs_f, ys_f = [[safe_floats(a) for a in part] for part in (xs, ys)]  # inf beyond float64
+    try:
+        with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
+            outs_f = forward_causal(model, xs_f, "float", stats=stats, tau=tau,
+                                    progress=progress)
+    except OverflowError:  # a rational parameter beyond float64: no float64 form
+        outs_f = [np.full(x.shape, math.inf) for x in xs_f]
     err_f = _position_errors(outs_f, ys_f, dataset.known)
     tolerance = softmax_tolerance(model, digits, tolerance)
     limit = Fraction(tolerance) * exact_scale
@@ -374,9 +378,10 @@ def _position_errors(outs, ys, known) -> list[list[float]]:
     position is unconstrained), differences taken in the outputs' own arithmetic."""
     out = []
     for o, y, k in zip(outs, ys, known, strict=True):
-        diff = np.asarray(o)[k] - np.asarray(y)[k]
-        e = np.zeros(len(k))
-        e[k] = [safe_float(sum(v * v for v in row)) ** 0.5 for row in diff]
+        with np.errstate(all="ignore"):  # inf − inf: a nan error, which fails
+            diff = np.asarray(o)[k] - np.asarray(y)[k]
+            e = np.zeros(len(k))
+            e[k] = [safe_float(sum(v * v for v in row)) ** 0.5 for row in diff]
         out.append(list(e))
     return out
 
