@@ -6,8 +6,6 @@ and random adversarial model files at every scale checked against an evaluation 
 from __future__ import annotations
 
 import math
-import sys
-import types
 from fractions import Fraction
 
 import mpmath
@@ -227,13 +225,6 @@ def test_float_tolerance_is_compared_exactly():
 
 
 # ------------------------------------------------------------------------------ proof plumbing
-def fake_certify(monkeypatch, proved: bool):
-    mod = types.ModuleType("exactformer.verification.certify")
-    mod.prove = lambda model, data: types.SimpleNamespace(
-        proved=proved, bits=212 if proved else None, reason="" if proved else "ball too wide")
-    monkeypatch.setitem(sys.modules, "exactformer.verification.certify", mod)
-
-
 @pytest.fixture(scope="module")
 def softmax_case():
     from exactformer.data import builtin
@@ -241,18 +232,23 @@ def softmax_case():
     return ef.compile(data, attention="softmax", exact=True, seed=0), data
 
 
-def test_softmax_proved_only_through_certify(monkeypatch, softmax_case):
+def nudged(data, by: Fraction):
+    """The data with the first coordinate of pair 0's first target moved by ``by``."""
+    xs, ys = data.fractions()
+    ys = [y.copy() for y in ys]
+    ys[0][0, 0] += by
+    return ef.Dataset.from_arrays([x.tolist() for x in xs], [y.tolist() for y in ys])
+
+
+def test_softmax_verdict_follows_the_ball_bound(softmax_case):
     model, data = softmax_case
-    monkeypatch.setitem(sys.modules, "exactformer.verification.certify", None)  # import fails
-    plain = ef.verify(model, data)
-    assert plain.ok and not plain.proved and plain.verdict() == "OK"
-    fake_certify(monkeypatch, True)
-    proved = ef.verify(model, data)
-    assert proved.proved and proved.to_dict()["proved"] is True
-    assert "PROVED EXACT" in proved.table() and "212 bits" in proved.table()
-    fake_certify(monkeypatch, False)
-    refused = ef.verify(model, data)
-    assert refused.ok and not refused.proved and "ball too wide" in refused.table()
+    exact = ef.verify(model, data)
+    assert exact.proved and exact.verdict() == "PROVED EXACT" and "ball arithmetic" in exact.proof
+    close = ef.verify(model, nudged(data, Fraction(1, 10 ** 45)))  # limit: 1e-40 × scale
+    assert close.ok and not close.proved and close.verdict() == "OK"
+    assert "not proved" in close.proof and close.extra["hausdorff_bound"][0] < 1e-40
+    far = ef.verify(model, nudged(data, Fraction(1, 10 ** 30)))
+    assert not far.ok and far.verdict() == "FAILED" and far.undecided_pairs == []
 
 
 def test_hardmax_verdicts_per_model_kind():

@@ -16,6 +16,7 @@ import sys
 import time
 import warnings
 from contextlib import nullcontext
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -167,7 +168,20 @@ def _read_vocabulary(path: str):
         symbols, doc = list(doc), list(doc.values())
     if not isinstance(doc, list) or not doc or not all(isinstance(r, list) for r in doc):
         raise UsageError(f"{path}: expected a list of vectors or an object symbol -> vector")
-    return symbols, as_number_array(np.array(doc, dtype=object), True)
+    names = symbols or range(len(doc))
+    return symbols, _vectors(doc, [f"{path}: vector {k!r}"[:80] for k in names])
+
+
+def _vectors(rows: list, where: list[str]):
+    """Rows of numbers (parsed by ``parse_exact``) of one length as an exact array; a
+    UsageError names the first row (``where``) that is not a list of numbers or is ragged."""
+    for row, at in zip(rows, where, strict=True):
+        if not row or not all(isinstance(v, Fraction) for v in row):
+            shown = json.dumps(row, default=str)
+            raise UsageError(f"{at} must be a non-empty list of numbers, got {shown}"[:200])
+        if len(row) != len(rows[0]):
+            raise UsageError(f"{at} has {len(row)} coordinates, the first has {len(rows[0])}")
+    return as_number_array(np.array(rows, dtype=object), True)
 
 
 def _read_prompt(text: str, symbols, vocab):
@@ -182,14 +196,14 @@ def _read_prompt(text: str, symbols, vocab):
     for k, item in enumerate(items):
         if isinstance(item, list):
             rows.append(item)
-        elif symbols is not None and item in symbols:
+        elif isinstance(item, str) and symbols is not None and item in symbols:
             rows.append(list(vocab[symbols.index(item)]))
         else:
             raise UsageError(f"prompt item {k} ({item!r}) is neither a vector nor a symbol of "
-                             "the vocabulary")
+                             "the vocabulary"[:200])
     if not rows:
         raise UsageError("the prompt is empty")
-    return as_number_array(np.array(rows, dtype=object), True)
+    return _vectors(rows, [f"--prompt: item {k}" for k in range(len(rows))])
 
 
 def _torch_module(name: str, command: str):
@@ -244,6 +258,9 @@ def _train(args) -> int:
             raise UsageError(f"--from {args.start}: the model is for d = {model.d} but the data "
                              f"have d = {data.d}")
         start = ef_torch.to_rho_eta(model)
+        if not any(p.requires_grad for p in start.parameters()):
+            raise UsageError(f"--from {args.start}: the model has no parameters to train (its "
+                             "blocks export to identity layers)")
     else:
         start = ef_train.random_rho_eta(data.d, args.blocks, args.h, tau=args.tau,
                                         seed=args.seed)

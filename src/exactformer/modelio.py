@@ -138,7 +138,17 @@ def save_model(model: Transformer, path: str | Path) -> None:
 
 # ------------------------------------------------------------------------------ loading
 def load_model(path: str | Path) -> Transformer:
-    """Read a model saved by :func:`save_model` (.npz by its suffix, JSON otherwise)."""
+    """Read a model saved by :func:`save_model` (.npz by its suffix, JSON otherwise); every
+    error names the file."""
+    try:
+        return _load_model(path)
+    except ModelFormatError as e:
+        if str(e).startswith(f"{path}:"):
+            raise
+        raise ModelFormatError(f"{path}: {e}") from None
+
+
+def _load_model(path: str | Path) -> Transformer:
     if _is_npz(path):
         return _load_npz(path)
     try:
@@ -267,6 +277,9 @@ def _read_block(b, d: int, numbers: _Numbers, where: str, fmt_name: str) -> Bloc
     if f is not None:
         U = numbers.array(f.get("U"), (None, d), f"{where}.ff.U")
         w = U.shape[0]
+        if w == 0:
+            raise ModelFormatError(f"{where}.ff.U: an FF layer needs at least one unit (write "
+                                   "\"ff\": null for a block without one)")
         ff = FF(numbers.scalar(f.get("eta"), f"{where}.ff.eta"), U,
                 numbers.array(f.get("b"), (w,), f"{where}.ff.b"),
                 numbers.array(f.get("W"), (d, w), f"{where}.ff.W"))
@@ -402,11 +415,15 @@ def _read_npz_arrays(path) -> dict[str, np.ndarray]:
 
 def _check_npz_shapes(z: dict, d: int) -> None:
     widths, has_sa = z["ff_width"], z["has_sa"]
-    if widths.dtype.kind not in "iu" or widths.ndim != 1 or (widths < -1).any():
-        raise ModelFormatError("\"ff_width\" must be L integers >= -1")
+    if widths.dtype.kind not in "iu" or widths.ndim != 1:
+        raise ModelFormatError("\"ff_width\" must be L integers (-1 or >= 1)")
+    listed = widths.tolist()  # Python ints: a uint64 sum could wrap around to a small width
+    if any(w < -1 or w == 0 for w in listed):
+        raise ModelFormatError("\"ff_width\" must be L integers, -1 (no FF) or >= 1 (an FF "
+                               "layer needs at least one unit)")
     if has_sa.dtype != bool or has_sa.shape != widths.shape:
         raise ModelFormatError(f"\"has_sa\" must be {len(widths)} booleans (one per block)")
-    F, K, S = int((widths >= 0).sum()), int(widths[widths > 0].sum()), int(has_sa.sum())
+    F, K, S = sum(w >= 0 for w in listed), sum(w for w in listed if w > 0), int(has_sa.sum())
     expect = {"ff_eta": (F,), "ff_U": (K, d), "ff_b": (K,), "ff_W": (d, K), "sa_rho": (S,),
               "sa_alpha": (S,), "sa_a": (S, d), "sa_c": (S, d), "sa_beta": (S,),
               "sa_p": (S, d), "sa_q": (S, d)}

@@ -28,11 +28,14 @@ def parse_exact(s: str) -> Fraction:
     """The exact value of a number string ("3/7", "-0.125", "2.5e-3"); the one parser of
     every number read from a file or the command line (datasets, models, ``--tau``).
 
-    Raises ValueError for anything else, and its subclass NumberError for a zero denominator
-    and for a decimal exponent beyond ±MAX_EXPONENT, which is refused before any conversion
-    (see the README's dataset and model-format sections)."""
+    Raises ValueError for anything else, and its subclass NumberError for a zero denominator,
+    for a non-ASCII character (a full-width digit would escape the exponent guard) and for a
+    decimal exponent beyond ±MAX_EXPONENT, which is refused before any conversion (see the
+    README's dataset and model-format sections)."""
     if not isinstance(s, str):
         raise TypeError(f"expected a number string, got {type(s).__name__}")
+    if not s.isascii():  # Fraction reads any Unicode digit: a full-width one escapes the guard
+        raise NumberError(f"{s[:40]!r} has a non-ASCII character (number strings are ASCII)")
     m = _EXPONENT.search(s)
     if m is not None:
         digits = m.group(1).replace("_", "")

@@ -9,6 +9,7 @@ with its (sequence, position), 0-based. Files: see docs/causal.md.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,6 +70,9 @@ class CausalDataset(SequenceData):
     def from_arrays(cls, inputs: Sequence, targets: Sequence) -> CausalDataset:
         """Inputs as for :class:`Dataset`; ``targets[j]`` is a list of n_j entries, each a
         token or None (no constraint)."""
+        _check_sequences(inputs, "inputs", "input sequence", "a list of tokens")
+        _check_sequences(targets, "targets", "target list", "a list (a token or null per "
+                                                             "position)")
         if len(inputs) != len(targets):
             raise DatasetError(f"{len(inputs)} input sequences but {len(targets)} target lists")
         if len(inputs) == 0:
@@ -140,6 +144,27 @@ class CausalDataset(SequenceData):
         return cls(tuple(xs), tuple(ys), tuple(np.asarray(k, dtype=bool) for k in known))
 
 
+def _check_sequences(seqs, field: str, item: str, want: str) -> None:
+    """``seqs`` is a list of lists (the shape of "inputs" and "targets"), or a DatasetError
+    names the field or the first entry that is not."""
+    lists = (list, tuple, np.ndarray)
+    if not isinstance(seqs, lists):
+        raise DatasetError(f"\"{field}\" must be a list of sequences, got {_kind(seqs)}")
+    for j, s in enumerate(seqs):
+        if not isinstance(s, lists):
+            raise DatasetError(f"{item} {j} must be {want}, got {_kind(s)}")
+
+
+def _kind(v) -> str:
+    """What a JSON value is, for a message."""
+    if v is None or isinstance(v, bool):
+        return json.dumps(v)
+    if isinstance(v, (int, float, Fraction, np.number)):
+        return "a number"
+    return "a string" if isinstance(v, str) else "an object" if isinstance(v, dict) else \
+        type(v).__name__
+
+
 def _target_rows(ts, j: int, n: int, d: int, exact: bool) -> tuple[np.ndarray, np.ndarray]:
     """One sequence's targets as an n×d array (zeros at nulls) and its mask."""
     if not isinstance(ts, (list, tuple, np.ndarray)):
@@ -208,8 +233,18 @@ def is_causal_doc(doc) -> bool:
 
 def load_dataset(path: str | Path, causal: bool = False) -> Dataset | CausalDataset:
     """Read a dataset file: causal when it says ``"causal": true`` (JSON, or a true ``causal``
-    array in npz) or when ``causal`` is asked for, else a set-to-set :class:`Dataset`."""
+    array in npz) or when ``causal`` is asked for, else a set-to-set :class:`Dataset`.
+    Every error names the file."""
     path = Path(path)
+    try:
+        return _load_dataset(path, causal)
+    except DatasetError as e:
+        if str(e).startswith(f"{path}:"):
+            raise
+        raise DatasetError(f"{path}: {e}") from None
+
+
+def _load_dataset(path: Path, causal: bool) -> Dataset | CausalDataset:
     suffix = path.suffix.lower()
     if suffix == ".npz":
         arrays = read_npz(path)

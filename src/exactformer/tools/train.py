@@ -98,7 +98,9 @@ def norm_sq(module: nn.Module) -> torch.Tensor:
 def _as_batch(module: nn.Module, data: Dataset | Batch) -> Batch:
     if isinstance(data, Batch):
         return data
-    p = next(module.parameters())
+    p = next(module.parameters(), None)
+    if p is None:  # an identity model exports to a module without any parameter
+        raise ValueError("the module has no parameters (nothing to train or to place data on)")
     return Batch.from_dataset(data, p.dtype, p.device)
 
 
@@ -215,8 +217,10 @@ def train(module: nn.Module, data: Dataset | Batch, eps: float = 0.0, epochs: in
     finite. Full-batch Adam is deterministic, so the run is reproducible given its start.
     """
     module = copy.deepcopy(module)
-    batch = _as_batch(module, data)
     params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the start module has no trainable parameters")
+    batch = _as_batch(module, data)
     opt = torch.optim.Adam(params, lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1),
                                                        eta_min=lr_final)

@@ -1,0 +1,400 @@
+"""The decision procedure of ``verify``: which evaluation decides each kind of model.
+
+A verdict is a bound, never a measurement (docs/verification.md#what-verify-decides):
+
+* hardmax, rational parameters: exact pass, output sets compared with ``==``;
+* hardmax, float64 parameters: float64 enclosures, then the exact pass, compared exactly;
+* softmax: a rigorous ball-arithmetic bound (``bound``), compared with the limit in rationals;
+  PROVED EXACT when certify's judgement of the same pass closes;
+* float64 models, set or causal: any inf or nan output of their own float64 pass fails.
+
+Causal models are checked position by position (:func:`verify_causal`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+
+from ..data import CausalDataset, Dataset
+from ..distance import (
+    as_set,
+    clearance,
+    data_scale,
+    hausdorff_sq,
+    hausdorff_stack,
+    per_pair,
+    relative,
+    worst,
+)
+from ..evaluate import (
+    Arithmetic,
+    PassStats,
+    dense_forward,
+    distinct_rows,
+    enclose,
+    enclosure,
+    forward,
+    forward_causal,
+)
+from ..model import Transformer
+from ..numbers import safe_float, safe_floats, to_fraction_array
+from ..record import CausalConstruction
+from .bound import bound_causal, bound_set
+from .margins import snap_margins, snap_start
+from .report import CausalReport, Report, fmt
+from .shape import hats_of, model_fields, parameter_sizes
+
+
+def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
+           progress: bool = False, digits: int = 50, tau=None,
+           workers: int | None = None) -> Report:
+    """Check every pair (see docs/verification.md).
+
+    * hardmax, rational parameters: proved in exact arithmetic (set equality with ``==``);
+    * hardmax, float64 parameters: judged by the exact value of the stored floats against
+      ``tolerance`` × the data's coordinate scale — settled by float64 enclosures where their
+      bound is within it, else by an exact pass compared exactly. A second, independent
+      float64 implementation (torch, else a dense NumPy pass) is reported beside it;
+    * softmax: OK when a ball-arithmetic bound (no weight dropped, precision doubled up to
+      16 × ``digits`` decimal digits) puts every pair within 10^-(digits−10) × scale (rational
+      parameters) or ``tolerance`` × scale (float64); PROVED EXACT when the same pass shows
+      every output to be exactly a target; UNDECIDED (not ok) when the bound stays too wide;
+      the error measured at ``digits`` digits and the snap margins are reported beside it;
+    * float64 models whose float64 outputs are inf or nan fail.
+
+    ``tau`` evaluates a softmax model at another temperature than the one it was built for.
+    ``workers``: processes for the exact and mp passes (see :func:`forward`).
+    A causal model (or a :class:`CausalDataset`) is checked position by position instead:
+    :func:`verify_causal`.
+    """
+    if model.causal or isinstance(dataset, CausalDataset):
+        return verify_causal(model, dataset, tolerance, progress, digits, tau)
+    check_layers(model, dataset)
+    xs_f, ys_f = dataset.floats() if not dataset.exact else \
+        [[safe_floats(a) for a in part] for part in dataset.fractions()]
+    scale = data_scale(*((xs_f, ys_f) if not dataset.exact else dataset.fractions()))
+    stats = PassStats()
+    snap = snap_start(model)
+    outs_f, snaps_f, enclosed = _first_pass(model, dataset, xs_f, stats, progress, tau, snap,
+                                            safe_float(Fraction(tolerance) * scale))
+    hd = per_pair(hausdorff_stack, outs_f, ys_f)
+    extra: dict = {}
+    tolerance = softmax_tolerance(model, digits, tolerance)
+    limit = Fraction(tolerance) * scale
+    undecided: list[int] = []
+    if model.attention == "hardmax":
+        exact_equal, within = _decide_hardmax(model, dataset, limit, extra, progress, workers,
+                                              enclosed)
+        arithmetic = "exact" if model.exact else "exact-floats"  # set ==, or exact tolerance
+        proved = exact_equal is not None and all(exact_equal)
+        proof = "exact rational arithmetic (==)" if proved else "not proved"
+    else:
+        exact_equal = None
+        within, undecided, arithmetic, proved, proof = _softmax_verdict(
+            model, dataset, limit, digits, tau, (snap, snaps_f), extra, progress, workers,
+            scale)
+    nonfinite: list[int] = []
+    if not model.exact:  # the model's own arithmetic: inf or nan there is a failure
+        nonfinite = [j for j, o in enumerate(outs_f) if not np.isfinite(o).all()]
+        nonfinite = sorted(set(nonfinite) | set(_independent(model, xs_f, ys_f, tau, extra)))
+    if model.attention == "softmax":
+        used = model.tau if tau is None else tau
+        extra["temperature τ (τ* of the geometry)"] = (f"{float(used):.6g} "
+                                                      f"({_tau_star(model)})")
+    scale_f = safe_float(scale)
+    report = Report(
+        **model_fields(model, dataset), arithmetic=arithmetic, exact_equal=exact_equal,
+        hausdorff_float64=hd,
+        max_hausdorff_float64=worst(hd), relative_error_float64=relative(worst(hd), scale_f),
+        coordinate_scale=scale_f, hardmax_margin=stats.hardmax_margin,
+        hardmax_ties=stats.hardmax_ties, hat_clearance=clearance(stats, scale_f),
+        tolerance=tolerance, extra=extra, within_tolerance=within, nonfinite_pairs=nonfinite,
+        undecided_pairs=undecided, proved=proved, proof=proof)
+    report.proved = report.proved and report.ok  # a proof never outranks a failed check
+    return report
+
+
+def check_layers(model: Transformer, dataset) -> None:
+    """The model fits the data's dimension and has no FF layer without units (the file
+    formats refuse one; a model built in memory is checked here)."""
+    if model.d != dataset.d:
+        raise ValueError(f"the model is for d = {model.d} but the data have d = {dataset.d}")
+    empty = next((i for i, b in enumerate(model.blocks) if b.ff is not None and b.ff.width == 0),
+                 None)
+    if empty is not None:
+        raise ValueError(f"block {empty}: an FF layer needs at least one unit (use ff=None)")
+
+
+def softmax_tolerance(model: Transformer, digits: int, tolerance: float) -> float:
+    """Rational softmax models are held to 10^-(digits−10): their snaps are flat on the data,
+    so their error is 0 or a sign of a wrong model; every other model to ``tolerance``."""
+    return 10.0 ** -(digits - 10) if model.attention == "softmax" and model.exact else tolerance
+
+
+# ------------------------------------------------------------------------------ softmax
+def _softmax_verdict(model, dataset, limit, digits, tau, snapped, extra, progress, workers,
+                     scale):
+    """(within per pair, undecided pairs, arithmetic, proved, proof) of a softmax model,
+    decided by the ball bound. One mpmath pass at ``digits`` digits is reported beside it
+    (``hausdorff_mp``), and its positions on the snap line give the snap margins
+    (``snapped``: the first snap block and the float pass's snapshots)."""
+    snap, snaps_f = snapped
+    at = {snap} if snap is not None else set()
+    xs, ys = dataset.fractions()
+    outs, snaps = forward(model, xs, "mp", dps=digits, progress=progress, tau=tau,
+                          snapshots=at, workers=workers)
+    extra["hausdorff_mp"] = _mp_errors(outs, ys, digits)
+    extra["mp digits"] = digits
+    if snap is not None and snap in snaps_f:
+        extra.update(snap_margins(model, snap, snaps[snap], snaps_f[snap],
+                                  safe_float(scale) or 1.0))
+    b = bound_set(model, dataset, limit, digits, tau)
+    extra["hausdorff_bound"] = b.upper
+    within = [s == "within" for s in b.status]
+    undecided = [j for j, s in enumerate(b.status) if s == "undecided"]
+    if undecided:
+        extra["undecided"] = (f"the bound is too wide at {b.bits} bits for pairs "
+                              f"{undecided[:10]}: measured error {fmt(worst(b.measured))}")
+    if tau is not None and tau != model.tau:
+        return within, undecided, f"ball{b.bits}", False, \
+            "not proved (evaluated at another temperature)"
+    if b.proof.proved:
+        return within, undecided, f"ball{b.bits}", True, f"ball arithmetic at {b.bits} bits"
+    note = "" if model.exact else (" (float64 parameters: rounded snaps are not exactly flat, "
+                                   "so in real arithmetic the outputs miss the targets "
+                                   "slightly)")
+    return within, undecided, f"ball{b.bits}", False, f"not proved: {b.proof.reason}{note}"
+
+
+def _mp_errors(outs, ys, digits: int) -> list[float]:
+    """The Hausdorff errors of an mpmath pass, in its own precision: a measurement only."""
+    ar = Arithmetic("mp", digits)
+    with mpmath.workdps(digits):
+        return [safe_float(mpmath.sqrt(hausdorff_sq(distinct_rows(o), ar.array(y))))
+                for o, y in zip(outs, ys, strict=True)]
+
+
+# ------------------------------------------------------------------------------ hardmax
+def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool, workers,
+                    bounds):
+    """Exact evaluation (floats read as their exact binary values). Rational models: set
+    equality. Float64 models: a pair is within tolerance when its enclosure (a float64 pass
+    with error bounds, docs/numerics.md#enclosures) proves the exact Hausdorff distance
+    ≤ limit; every other pair gets the exact pass, its squared distance compared with limit²
+    exactly. ``extra["hausdorff_exact"]``: the exact distance, or the enclosure's bound.
+    ``bounds``: per pair, the enclosure's upper bound (float64 models; None: none made)."""
+    if model.exact:  # the inputs enter as they are: the exact pass reads floats exactly
+        ys = [to_fraction_array(y) for y in dataset.targets]
+        outs = forward(model, list(dataset.inputs), "exact", progress=progress, workers=workers)
+        return [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)], None
+    bounds = bounds if bounds is not None else [math.nan] * dataset.N
+    cap = safe_float(limit)  # a float ≤ limit
+    if math.isfinite(cap) and Fraction(cap) > limit:
+        cap = float(np.nextafter(cap, 0.0))
+    within = [b <= cap for b in bounds]  # nan (unknown) is never ≤
+    rest = [j for j, ok in enumerate(within) if not ok]
+    dist = [float(b) for b in bounds]
+    if rest:
+        xs, ys = _subset_fractions(dataset, rest)
+        outs = forward(model, xs, "exact", progress=progress, workers=workers)
+        for j, o, y in zip(rest, outs, ys, strict=True):
+            sq = hausdorff_sq(distinct_rows(o), y)
+            within[j], dist[j] = sq <= limit * limit, float(np.sqrt(safe_float(sq)))
+    extra["hausdorff_exact"] = dist
+    extra["decided by"] = (f"float64 enclosures: {len(within) - len(rest)} pairs; exact pass: "
+                           f"{len(rest)} pairs")
+    return None, within
+
+
+def _first_pass(model, dataset, xs_f, stats, progress: bool, tau, snap, limit: float):
+    """The float64 pass every verify runs: (outputs, snapshots at the first snap block, the
+    enclosure's per-pair bounds or None). A float64 hardmax model without stored positions
+    gets the enclosure pass (docs/numerics.md#enclosures), any other the plain float pass."""
+    if model.attention == "hardmax" and not model.exact and model.positions is None:
+        outs, bounds = _float_and_enclosure(model, dataset, stats, progress, limit)
+        return outs, {}, bounds
+    at = {snap} if snap is not None else set()
+    return (*_float_pass(model, xs_f, stats, progress, tau, at), None)
+
+
+def _float_pass(model, xs_f, stats, progress, tau, at):
+    """The fast evaluator in float64: outputs and snapshots. A rational model with a parameter
+    beyond float64's range has no float64 form: its outputs are reported as inf."""
+    try:
+        with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
+            return forward(model, xs_f, "float", stats=stats, progress=progress, tau=tau,
+                           snapshots=at)
+    except OverflowError:
+        return [np.full(x.shape, math.inf) for x in xs_f], {}
+
+
+def _float_and_enclosure(model, dataset, stats, progress: bool, limit: float
+                         ) -> tuple[list, list[float]]:
+    """The enclosure pass's float64 outputs (recording ``stats``) and, per pair, its upper
+    bound on the exact Hausdorff distance (nan when unknown). Rows whose radius passes
+    ``limit`` are given up on at once (their pairs go to the exact pass)."""
+    if dataset.exact:
+        xs, ys = dataset.fractions()
+        xs_f, ys_f = [safe_floats(x) for x in xs], [safe_floats(y) for y in ys]
+        xs_r = [enclosure.float_radius(x, f) for x, f in zip(xs, xs_f, strict=True)]
+        ys_r = [enclosure.float_radius(y, f) for y, f in zip(ys, ys_f, strict=True)]
+    else:
+        xs_f, ys_f = dataset.floats()
+        xs_r, ys_r = None, [np.zeros_like(y) for y in ys_f]  # float data are exact
+    outs, rads = enclose(model, xs_f, xs_r, stats, progress, give_up=limit)
+    return outs, per_pair(enclosure.hausdorff_upper, outs, rads, ys_f, ys_r)
+
+
+def _subset_fractions(dataset, rows: list[int]) -> tuple[list, list]:
+    """The pairs ``rows`` as object arrays of Fractions (exact for float data too)."""
+    return ([to_fraction_array(dataset.inputs[j]) for j in rows],
+            [to_fraction_array(dataset.targets[j]) for j in rows])
+
+
+INDEPENDENT_BUDGET = 2e9  # dense float64 operations the independent check may spend
+
+
+def _independent(model, xs, ys, tau, extra: dict) -> list[int]:
+    """The float64 error of a second implementation (the torch module when torch is
+    installed, else :func:`dense_forward`), recorded in ``extra``; returns the pairs whose
+    outputs are not finite there. ``xs``, ``ys``: the data in float64."""
+    cost = model.n_blocks * model.d * sum(len(x) ** 2 for x in xs)
+    if cost > INDEPENDENT_BUDGET:
+        extra["independent float64 check"] = f"skipped ({cost:.2g} dense operations)"
+        return []
+    m = model if tau is None else replace(model, tau=tau)
+    try:
+        from ..export import apply, to_torch
+        module = to_torch(m, ff="dense")
+    except ImportError:
+        module = None
+    if module is not None and any(True for _ in module.parameters()):
+        outs, name = apply(module, xs), "torch"
+    else:  # no torch, or no parameters at all (nothing for torch to run)
+        outs, name = dense_forward(m, xs), "NumPy dense"
+    hd = per_pair(hausdorff_stack, [np.asarray(o, dtype=float) for o in outs], ys)
+    extra[f"float64 max Hausdorff error ({name})"] = fmt(worst(hd))
+    return [j for j, o in enumerate(outs) if not np.isfinite(o).all()]
+
+
+def _tau_star(model: Transformer) -> str:
+    rec = model.record
+    return "n/a" if rec is None or rec.tau_star is None else f"{rec.tau_star:.6g}"
+
+
+# ------------------------------------------------------------------------------ causal
+def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float = 1e-9,
+                  progress: bool = False, digits: int = 50, tau=None) -> CausalReport:
+    """Check a causal model position by position, in order (not as sets).
+
+    Hardmax: an exact pass (floats read as their exact binary values); rational models compare
+    every constrained output with ``==`` to its target, float64 ones compare the exact squared
+    distance with (``tolerance`` × scale)², exactly. Softmax: the ball bound of every
+    constrained position against 10^-(digits−10) × scale (rational parameters) or
+    ``tolerance`` × scale, UNDECIDED where it stays too wide. Float64 models fail on any inf or
+    nan output of their float64 pass. The scale is the data's own largest |coordinate|
+    (docs/verification.md).
+    """
+    if not model.causal or not isinstance(dataset, CausalDataset):
+        raise ValueError("a causal model is verified on a causal dataset (and only there)")
+    check_layers(model, dataset)
+    stats = PassStats()
+    xs, ys = dataset.fractions()
+    exact_scale = data_scale(xs, [y[k] for y, k in zip(ys, dataset.known, strict=True)])
+    xs_f, ys_f = [[safe_floats(a) for a in part] for part in (xs, ys)]  # inf beyond float64
+    try:
+        with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
+            outs_f = forward_causal(model, xs_f, "float", stats=stats, tau=tau,
+                                    progress=progress)
+    except OverflowError:  # a rational parameter beyond float64: no float64 form
+        outs_f = [np.full(x.shape, math.inf) for x in xs_f]
+    err_f = _position_errors(outs_f, ys_f, dataset.known)
+    tolerance = softmax_tolerance(model, digits, tolerance)
+    limit = Fraction(tolerance) * exact_scale
+    if model.attention == "hardmax":
+        found = _causal_hardmax(model, dataset, xs, ys, limit, progress)
+    else:
+        found = _causal_softmax(model, dataset, limit, digits, tau)
+    nonfinite = [] if model.exact else \
+        [j for j, o in enumerate(outs_f) if not np.isfinite(np.asarray(o, dtype=float)).all()]
+    rec = model.record if isinstance(model.record, CausalConstruction) else None
+    return CausalReport(
+        attention=model.attention, N=dataset.N, d=dataset.d,
+        tokens=dataset.total_n, constrained=dataset.constrained, blocks=model.n_blocks,
+        blocks_design=None if rec is None else rec.R + -(-rec.moves // hats_of(model)) +
+        (1 if model.attention == "softmax" and rec.moves else 0),
+        R=None if rec is None else rec.R, max_width=model.max_width(),
+        params=model.n_params(), params_dense=model.n_params_dense(),
+        position_params=0 if model.positions is None else int(np.size(model.positions)),
+        max_abs_param=parameter_sizes(model)[0],
+        errors=[worst([0.0, *e]) for e in found["position_errors"]],
+        errors_float64=[worst([0.0, *e]) for e in err_f],
+        coordinate_scale=safe_float(exact_scale), hardmax_margin=stats.hardmax_margin,
+        hat_clearance=clearance(stats, exact_scale), tolerance=tolerance,
+        nonfinite_sequences=nonfinite,
+        **found)
+
+
+def _causal_hardmax(model, dataset, xs, ys, limit: Fraction, progress: bool) -> dict:
+    """The exact pass's verdict fields: ``==`` (rational) or exact squared distances against
+    limit² (float64 parameters)."""
+    outs = forward_causal(model, xs, "exact", progress=progress)
+    errs = _position_errors(outs, ys, dataset.known)
+    exact_equal = None
+    if model.exact:
+        unequal = [[i for i in np.flatnonzero(k) if tuple(o[i]) != tuple(y[i])]
+                   for o, y, k in zip(outs, ys, dataset.known, strict=True)]
+        exact_equal = [not u for u in unequal]
+        first = next(((j, int(u[0])) for j, u in enumerate(unequal) if u), None)
+    else:
+        first = _first_exact_over(outs, ys, dataset.known, limit)
+    return dict(arithmetic="exact" if model.exact else "exact-floats", exact_equal=exact_equal,
+                position_errors=errs, first_failure=first)
+
+
+def _causal_softmax(model, dataset, limit: Fraction, digits: int, tau) -> dict:
+    """The ball bound's verdict fields: per position an upper bound on the error, the first
+    position shown beyond the limit, those left undecided."""
+    b = bound_causal(model, dataset, limit, digits, tau)
+    errs, first, undecided = [], None, []
+    for j, (k, rows) in enumerate(zip(dataset.known, b.positions, strict=True)):
+        e = [0.0] * len(k)
+        for i, status, upper in rows:
+            e[i] = upper
+            if status == "beyond" and first is None:
+                first = (j, i)
+            elif status == "undecided":
+                undecided.append((j, i))
+        errs.append(e)
+    measured = f"max error {fmt(worst([0.0, *b.measured]))} at the balls' midpoints, {b.bits} bits"
+    return dict(arithmetic=f"ball{b.bits}", exact_equal=None, position_errors=errs,
+                first_failure=first, undecided_positions=undecided, measured=measured,
+                bound_exact=b.exact)
+
+
+def _position_errors(outs, ys, known) -> list[list[float]]:
+    """Per sequence, the Euclidean distance to the target at every position (0 where the
+    position is unconstrained), differences taken in the outputs' own arithmetic."""
+    out = []
+    for o, y, k in zip(outs, ys, known, strict=True):
+        with np.errstate(all="ignore"):  # inf − inf: a nan error, which fails
+            diff = np.asarray(o)[k] - np.asarray(y)[k]
+            e = np.zeros(len(k))
+            e[k] = [safe_float(sum(v * v for v in row)) ** 0.5 for row in diff]
+        out.append(list(e))
+    return out
+
+
+def _first_exact_over(outs, ys, known, limit: Fraction):
+    """The first (sequence, position) whose exact squared distance to its target exceeds
+    limit² (outputs and targets in exact arithmetic), or None."""
+    for j, (o, y, k) in enumerate(zip(outs, ys, known, strict=True)):
+        for i in np.flatnonzero(k):
+            if sum((a - b) ** 2 for a, b in zip(o[i], y[i], strict=True)) > limit * limit:
+                return (j, int(i))
+    return None

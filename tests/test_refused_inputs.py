@@ -1,0 +1,151 @@
+"""Inputs that once crashed or hung the CLI (issue 23) exit with status 2 and one line naming
+the file and the field, and leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import exactformer as ef
+from exactformer.cli import main
+from exactformer.data import builtin
+from exactformer.numbers import NumberError, parse_exact
+
+
+def refused(capsys, argv, *names) -> str:
+    """Run the CLI, assert exit 2 and one stderr line containing every one of ``names``."""
+    assert main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for n in names:
+        assert str(n) in err, err
+    return err
+
+
+def model_doc(blocks, number="rational", causal=False, attention="softmax") -> dict:
+    doc = {"format": "exactformer.model/2", "d": 2, "attention": attention, "number": number,
+           "blocks": blocks, "meta": {}}
+    if attention == "softmax":
+        doc["tau"] = "1"
+    if causal:
+        doc["causal"] = True
+    return doc
+
+
+def write(path, doc):
+    path.write_text(json.dumps(doc, ensure_ascii=False))
+    return path
+
+
+@pytest.mark.parametrize("number", ["rational", "float64"])
+@pytest.mark.parametrize("eta", ["0", "1"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("attention", ["hardmax", "softmax"])
+def test_ff_of_width_zero_is_refused(tmp_path, capsys, number, eta, causal, attention):
+    empty = {"ff": {"eta": eta, "U": [], "b": [], "W": [[], []]}, "sa": None}
+    model = write(tmp_path / "m.json", model_doc([empty], number, causal, attention))
+    data = write(tmp_path / "d.json", {"inputs": [[[1, 2]]], "targets": [[[1, 2]]],
+                                       **({"causal": True} if causal else {})})
+    refused(capsys, ["verify", model, data], "m.json", "ff.U", "at least one unit")
+
+
+def test_in_memory_ff_of_width_zero_is_a_clear_error():
+    from exactformer.model import FF, Block, Transformer
+    z = np.zeros((0, 2))
+    model = Transformer(d=2, attention="hardmax", blocks=[Block(FF(1.0, z, z[:, 0], z.T), None)],
+                        exact=False)
+    with pytest.raises(ValueError, match="block 0: an FF layer needs at least one unit"):
+        ef.verify(model, ef.Dataset.from_arrays([[[1, 2]]], [[[1, 2]]]))
+
+
+@pytest.mark.parametrize("widths", [[2 ** 63, 2 ** 63], [0, 0]])
+def test_npz_widths_that_wrap_or_are_zero_are_refused(tmp_path, capsys, widths):
+    model = ef.compile(builtin.demo(), exact=False, seed=0)
+    ef.save_model(model, tmp_path / "good.npz")
+    z = dict(np.load(tmp_path / "good.npz"))
+    w = z["ff_width"].astype(np.uint64)
+    w[: len(widths)] = widths
+    w[len(widths):] = np.where(z["ff_width"][len(widths):] < 0, 1, z["ff_width"][len(widths):])
+    z["ff_width"] = w
+    np.savez(tmp_path / "bad.npz", **z)
+    data = write(tmp_path / "d.json", builtin.demo().to_json_dict())
+    err = refused(capsys, ["verify", tmp_path / "bad.npz", data], "bad.npz")
+    assert '"ff_width"' in err or '"ff_U" must be a float64 array of shape (1844' in err
+
+
+@pytest.fixture
+def causal_model(tmp_path):
+    data = ef.CausalDataset.from_arrays([[[1, 0], [0, 1]]], [[[0, 1], [1, 0]]])
+    path = tmp_path / "c.json"
+    ef.save_model(ef.compile(data), path)
+    return path
+
+
+@pytest.mark.parametrize("prompt", ['[[true, 2]]', '[[null, 2]]', '[[[1], 2]]', '["a", ["x"]]',
+                                    '[[1, "2"]]', '[[]]'])
+def test_generate_prompts_of_the_wrong_types_are_refused(capsys, causal_model, prompt):
+    refused(capsys, ["generate", causal_model, "--prompt", prompt], "prompt")
+
+
+@pytest.mark.parametrize("vocabulary", [[[1, 0], [0, 1, 2]], [[True, 0], [0, 1]],
+                                        {"a": [1, 0], "b": [None, 1]}, [[1, 0], "x"]])
+def test_ragged_or_boolean_vocabularies_are_refused(tmp_path, capsys, causal_model, vocabulary):
+    vocab = write(tmp_path / "v.json", vocabulary)
+    refused(capsys, ["generate", causal_model, "--prompt", "ab", "--vocabulary", vocab], "v.json")
+
+
+def test_train_from_a_model_without_parameters_is_refused(tmp_path, capsys):
+    pytest.importorskip("torch")
+    identity = {"ff": None, "sa": {"rho": "1", "A": {"alpha": "0", "a": ["0", "0"],
+                                                     "c": ["0", "0"]},
+                                   "V": {"beta": "0", "p": ["0", "0"], "q": ["0", "0"]}}}
+    start = write(tmp_path / "id.json", model_doc([identity], attention="hardmax"))
+    data = write(tmp_path / "d.json", {"inputs": [[[1, 2]]], "targets": [[[1, 2]]]})
+    out = tmp_path / "t.pt"
+    refused(capsys, ["train", data, "--from", start, "-o", out, "--epochs", "1"], "id.json",
+            "no parameters")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("doc, field", [
+    ({"causal": True, "inputs": [[[1, 2]]], "targets": 1.5}, '"targets"'),
+    ({"causal": True, "inputs": [7], "targets": [[None]]}, "input sequence 0"),
+    ({"causal": True, "inputs": [[[1, 2]]], "targets": [1.5]}, "target list 0"),
+    ({"causal": True, "inputs": 3, "targets": [[None]]}, '"inputs"')])
+@pytest.mark.parametrize("command", ["build", "verify", "plot"])
+def test_causal_files_with_numbers_for_lists_are_refused(tmp_path, capsys, doc, field, command,
+                                                         causal_model):
+    data = write(tmp_path / "bad.json", doc)
+    out = tmp_path / ("out.png" if command == "plot" else "out.json")
+    argv = {"build": ["build", data, "-o", out], "verify": ["verify", causal_model, data],
+            "plot": ["plot", data, "-o", out]}[command]
+    refused(capsys, argv, "bad.json", field)
+    assert not out.exists()
+
+
+FULL_WIDTH = "1e" + "".join(chr(0xFF10 + int(c)) for c in "100000000")  # "1e１００００００００"
+
+
+def test_non_ascii_digits_are_refused_in_data_and_model_files(tmp_path, capsys):
+    data = write(tmp_path / "d.json", {"inputs": [[[FULL_WIDTH, "1"]]], "targets": [[["1", "1"]]]})
+    out = tmp_path / "m.json"
+    refused(capsys, ["build", data, "-o", out], "d.json", "non-ASCII")
+    assert not out.exists()
+    good = tmp_path / "good.json"
+    ef.save_model(ef.compile(builtin.demo(), attention="softmax", seed=0), good)
+    doc = json.loads(good.read_text())
+    doc["tau"] = FULL_WIDTH
+    model = write(tmp_path / "bad.json", doc)
+    refused(capsys, ["info", model], "bad.json", "tau", "non-ASCII")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(alphabet=st.characters(min_codepoint=0x80, max_codepoint=0x2FFFF), min_size=1,
+               max_size=3), st.text(alphabet="0123456789e-./", max_size=6))
+def test_no_non_ascii_character_reaches_the_number_parser(odd, ascii_part):
+    with pytest.raises(NumberError, match="non-ASCII"):
+        parse_exact(ascii_part + odd)
