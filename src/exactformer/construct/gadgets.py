@@ -73,9 +73,30 @@ def projection_unit(f, t0, e) -> Unit:
 
 
 def ff_from_units(units: list[Unit], eta, d: int, exact: bool) -> FF:
-    """The FF layer η·x + Σ w·relu(u·x + b) over ``units`` (one hidden unit each, in order)."""
+    """The FF layer η·x + Σ w·relu(u·x + b) over ``units`` (one hidden unit each, in order),
+    balanced: U and b times a power of two c, W divided by it (:func:`balance_scale`). In a
+    non-residual layer the first unit is the projection unit and keeps its scale, so W's first
+    column stays the direction e of the line it projects onto; the gadgets after it are
+    balanced together."""
     w = len(units)
     U, b, W = zeros((w, d), exact), zeros(w, exact), zeros((d, w), exact)
     for i, un in enumerate(units):
         U[i], b[i], W[:, i] = un.u, un.b, un.w
+    s = 1 if eta == 0 else 0
+    c = balance_scale(U[s:], b[s:], W[:, s:], exact)
+    U[s:], b[s:], W[:, s:] = U[s:] * c, b[s:] * c, W[:, s:] / c
     return FF(eta, U, b, W)
+
+
+def balance_scale(U: np.ndarray, b: np.ndarray, W: np.ndarray, exact: bool):
+    """The power of two c that (nearly) minimises c²·(‖U‖² + ‖b‖²) + ‖W‖²/c².
+
+    relu(c·z)·w/c = relu(z)·w for c > 0, so the layer computes the same function, exactly, and
+    with c a power of two also bit-for-bit in binary floating point (barring overflow and
+    subnormals); only its parameter norm shrinks: a hat of slope D/h keeps |u|·|w| but no
+    longer carries D/h as one weight. See docs/numerics.md#conditioning.
+    """
+    inner = float(np.sum(np.asarray(U, dtype=float) ** 2) + np.sum(np.asarray(b, dtype=float) ** 2))
+    outer = float(np.sum(np.asarray(W, dtype=float) ** 2))
+    k = round(math.log2(outer / inner) / 4) if inner > 0 and outer > 0 else 0
+    return Fraction(2) ** k if exact else math.ldexp(1.0, k)
