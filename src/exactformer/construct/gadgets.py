@@ -89,14 +89,28 @@ def ff_from_units(units: list[Unit], eta, d: int, exact: bool) -> FF:
 
 
 def balance_scale(U: np.ndarray, b: np.ndarray, W: np.ndarray, exact: bool):
-    """The power of two c that (nearly) minimises c²·(‖U‖² + ‖b‖²) + ‖W‖²/c².
+    """The power of two c nearest (in log) to the minimiser of c²·‖(U, b)‖² + ‖W‖²/c².
 
     relu(c·z)·w/c = relu(z)·w for c > 0, so the layer computes the same function, exactly, and
     with c a power of two also bit-for-bit in binary floating point (barring overflow and
-    subnormals); only its parameter norm shrinks: a hat of slope D/h keeps |u|·|w| but no
-    longer carries D/h as one weight. See docs/numerics.md#conditioning.
+    subnormals); only its parameter norm shrinks (never grows: the objective is convex and
+    symmetric in log c about its minimiser): a hat of slope D/h keeps |u|·|w| but no longer
+    carries D/h as one weight. Norms are taken as base-2 logarithms, so data near the float64
+    range cannot overflow here. See docs/numerics.md#balancing.
     """
-    inner = float(np.sum(np.asarray(U, dtype=float) ** 2) + np.sum(np.asarray(b, dtype=float) ** 2))
-    outer = float(np.sum(np.asarray(W, dtype=float) ** 2))
-    k = round(math.log2(outer / inner) / 4) if inner > 0 and outer > 0 else 0
+    inner = _log2_norm(np.concatenate([np.ravel(U), np.ravel(b)]))
+    outer = _log2_norm(np.ravel(W))
+    k = 0 if inner is None or outer is None else round((outer - inner) / 2)
     return Fraction(2) ** k if exact else math.ldexp(1.0, k)
+
+
+def _log2_norm(values: np.ndarray):
+    """log2 of the Euclidean norm of ``values`` (Fractions or floats; None if all are 0),
+    computed as log2 M + log2 ‖values/M‖ with M the largest |value|, which cannot overflow."""
+    top = max((abs(v) for v in values), default=0)
+    if top == 0:
+        return None
+    rest = math.log2(math.fsum(float(v / top) ** 2 for v in values)) / 2
+    if isinstance(top, Fraction):
+        return math.log2(top.numerator) - math.log2(top.denominator) + rest
+    return math.log2(float(top)) + rest
