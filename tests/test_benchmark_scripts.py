@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import exactformer as ef
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -46,6 +48,21 @@ def test_tikhonov_experiment_short_run():
         res, diag = r["result"], r["diag"]
         assert diag.bound == pytest.approx(r["eps"] * gen_norm)  # the generator has loss 0
         assert res.min_loss < res.loss[0]  # training lowers the loss
+    for L, norm in args.constructed.values():  # the generator-free bound's ‖θ*‖²
+        assert L >= 1 and np.isfinite(norm) and norm > 0
+
+
+def test_conditioning_benchmark_row():
+    pytest.importorskip("torch")
+    from exactformer.conditioning import conditioning
+    from exactformer.data import builtin
+    bench = load("bench_conditioning")
+    data = builtin.demo()
+    row = bench.measure("demo", data, True, "hardmax", 4)
+    stats = conditioning(ef.compile(data))
+    assert row["L"] == data.total_m + data.total_m - data.N + ef.compile(data).meta["R"]
+    assert float(row["max |u|·|w|"]) == pytest.approx(stats.max_slope, rel=0.05)
+    assert float(row["float64"]) <= 1e-9  # a plain dense float64 pass interpolates
 
 
 def markdown_rows(text: str, columns: list[str]) -> list[dict]:

@@ -271,8 +271,10 @@ def test_snaps_on_the_demo_are_flat_where_the_tokens_are():
     model = ef.compile(data, attention="softmax")
     span = model.record.phase("snap")
     line = snapshot(model, data, span.start, "mp")
+    row = model.blocks[span.start].ff.U[0]  # c·f' with f'·e = 1 (c: the layer's balancing)
+    row = row / (row @ model.blocks[span.start - 1].ff.W[:, 0])
     reader = np.array([mpmath.mpf(Fraction(v).numerator) / Fraction(v).denominator
-                       for v in model.blocks[span.start].ff.U[0]], dtype=object)
+                       for v in row], dtype=object)
     flats = [tuple(mpmath.mpf(Fraction(c).numerator) / Fraction(c).denominator
                    for c in w.window[1:3]) for w in model.record.snap_windows]
     for seq in line:  # every token lies (in 50 digits) inside exactly one flat piece

@@ -73,9 +73,44 @@ def projection_unit(f, t0, e) -> Unit:
 
 
 def ff_from_units(units: list[Unit], eta, d: int, exact: bool) -> FF:
-    """The FF layer η·x + Σ w·relu(u·x + b) over ``units`` (one hidden unit each, in order)."""
+    """The FF layer η·x + Σ w·relu(u·x + b) over ``units`` (one hidden unit each, in order),
+    balanced: U and b times a power of two c, W divided by it (:func:`balance_scale`). In a
+    non-residual layer the first unit is the projection unit and keeps its scale, so W's first
+    column stays the direction e of the line it projects onto; the gadgets after it are
+    balanced together."""
     w = len(units)
     U, b, W = zeros((w, d), exact), zeros(w, exact), zeros((d, w), exact)
     for i, un in enumerate(units):
         U[i], b[i], W[:, i] = un.u, un.b, un.w
+    s = 1 if eta == 0 else 0
+    c = balance_scale(U[s:], b[s:], W[:, s:], exact)
+    U[s:], b[s:], W[:, s:] = U[s:] * c, b[s:] * c, W[:, s:] / c
     return FF(eta, U, b, W)
+
+
+def balance_scale(U: np.ndarray, b: np.ndarray, W: np.ndarray, exact: bool):
+    """The power of two c nearest (in log) to the minimiser of c²·‖(U, b)‖² + ‖W‖²/c².
+
+    relu(c·z)·w/c = relu(z)·w for c > 0, so the layer computes the same function, exactly, and
+    with c a power of two also bit-for-bit in binary floating point (barring overflow and
+    subnormals); only its parameter norm shrinks (never grows: the objective is convex and
+    symmetric in log c about its minimiser): a hat of slope D/h keeps |u|·|w| but no longer
+    carries D/h as one weight. Norms are taken as base-2 logarithms, so data near the float64
+    range cannot overflow here. See docs/numerics.md#balancing.
+    """
+    inner = _log2_norm(np.concatenate([np.ravel(U), np.ravel(b)]))
+    outer = _log2_norm(np.ravel(W))
+    k = 0 if inner is None or outer is None else round((outer - inner) / 2)
+    return Fraction(2) ** k if exact else math.ldexp(1.0, k)
+
+
+def _log2_norm(values: np.ndarray):
+    """log2 of the Euclidean norm of ``values`` (Fractions or floats; None if all are 0),
+    computed as log2 M + log2 ‖values/M‖ with M the largest |value|, which cannot overflow."""
+    top = max((abs(v) for v in values), default=0)
+    if top == 0:
+        return None
+    rest = math.log2(math.fsum(float(v / top) ** 2 for v in values)) / 2
+    if isinstance(top, Fraction):
+        return math.log2(top.numerator) - math.log2(top.denominator) + rest
+    return math.log2(float(top)) + rest

@@ -1,0 +1,154 @@
+"""Conditioning of constructed models: parameter norms, unit slopes and plain dense errors.
+
+For each dataset, attention kind and width the model is built and measured: L, P, max|θ|,
+‖θ‖₂² over the square of the data's coordinate scale, the largest unit slope |u|·|w|
+(`exactformer.conditioning`), and the max Hausdorff error over the scale of a plain dense pass
+(the native torch module with ``ff="dense"``: every FF as η·x + W·relu(U·x + b), no profile
+form) in float64, float32 and bfloat16. Causal rows measure the largest distance at a
+constrained position instead. See docs/numerics.md#conditioning. Writes
+benchmarks/results/conditioning.md (or the file given by --out).
+
+    python benchmarks/bench_conditioning.py            # the families of issue 20
+    python benchmarks/bench_conditioning.py --quick    # small sizes (about a minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import exactformer as ef
+from exactformer.conditioning import conditioning
+from exactformer.data import builtin
+from exactformer.export import max_error, to_torch
+from exactformer.modelio import write_text_atomic
+from exactformer.tables import markdown_table
+
+ROOT = Path(__file__).parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+COLUMNS = ["data", "attention", "width", "L", "P", "max|θ|", "‖θ‖²/s²", "max |u|·|w|",
+           "float64", "float32", "bfloat16", "build s"]
+DTYPES = (torch.float64, torch.float32, torch.bfloat16)
+
+
+def tikhonov_data(N: int = 10, n: int = 100, d: int = 16, seed: int = 0) -> ef.Dataset:
+    """The Tikhonov experiment's data (benchmarks/tikhonov_experiment.py, same seeds)."""
+    from exactformer.tools import train as tr
+    rng = np.random.default_rng(seed)
+    inputs = list(rng.random((N, n, d)))
+    return tr.dataset_from_model(tr.mean_ff_generator(d, seed=seed + 1), inputs)
+
+
+def example(name: str):
+    sys.path.insert(0, str(ROOT / "examples"))
+    return __import__(name)
+
+
+def digits(n_images: int) -> ef.Dataset:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_heads import digits_like
+    return digits_like(n_images)
+
+
+def keywords(N: int) -> ef.Dataset:
+    mod = example("text_keywords")
+    table, _ = mod.vocabulary_table(200)
+    return mod.sentences(table, N)
+
+
+def recite(chars: int) -> ef.CausalDataset:
+    mod = example("recite")
+    texts = [mod.PASSAGE[:chars]]
+    alphabet, vocab = mod.alphabet_vectors(texts)
+    return mod.next_character_data(texts, alphabet, vocab)
+
+
+def datasets(quick: bool) -> list[tuple[str, object, bool]]:
+    """(label, data, exact) per family: rational builds where they take seconds."""
+    if quick:
+        return [("demo", builtin.demo(), True),
+                ("shared_pool(30, 4, 12, 6, 3)", builtin.shared_pool(30, 4, 12, 6, 3), True),
+                ("nested(12, 3)", builtin.nested(12, 3), True),
+                ("vocabulary(60, 40, 8, 3, 8)", builtin.vocabulary(60, 40, 8, 3, 8), True),
+                ("recite 200 chars", recite(200), False)]
+    return [("demo", builtin.demo(), True),
+            ("shared_pool(100, 4, 20, 8, 3)", builtin.shared_pool(100, 4, 20, 8, 3), True),
+            ("nested(30, 3)", builtin.nested(30, 3), True),
+            ("vocabulary(60, 40, 8, 3, 8)", builtin.vocabulary(60, 40, 8, 3, 8), True),
+            ("Tikhonov (10 × 100 in [0,1]^16)", tikhonov_data(), False),
+            ("heavy sharing N = 1000", builtin.vocabulary(1000, 4000, 50, 3, 16, seed=1000),
+             False),
+            ("digits (500 images)", digits(500), False),
+            ("text keywords (200)", keywords(200), False),
+            ("recite 2000 chars (causal)", recite(2000), False)]
+
+
+def measure(label: str, data, exact: bool, attention: str, width: int) -> dict:
+    causal = isinstance(data, ef.CausalDataset)
+    heads = width // 4 if width > 4 else 1
+    t0 = time.perf_counter()
+    model = ef.compile(data, attention=attention, exact=exact, width=width, heads=heads)
+    seconds = time.perf_counter() - t0
+    stats = conditioning(model)
+    scale = float(data.coordinate_scale()) or 1.0
+    errors = [max_error(to_torch(model, dt, ff="dense"), data) for dt in DTYPES]
+    return {"data": label + (" (float64 build)" if not exact else ""), "attention": attention,
+            "width": f"{width}" + ("" if causal or heads == 1 else f", {heads} heads"),
+            "L": model.n_blocks, "P": model.n_params(), "max|θ|": f"{stats.max_abs:.2g}",
+            "‖θ‖²/s²": f"{stats.norm_sq / scale ** 2:.2g}",
+            "max |u|·|w|": f"{stats.max_slope:.2g}",
+            **{name: f"{e:.1e}" for name, e in zip(("float64", "float32", "bfloat16"), errors,
+                                                     strict=True)},
+            "build s": f"{seconds:.1f}"}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes")
+    ap.add_argument("--widths", default="4,64", help="FF widths, comma-separated")
+    ap.add_argument("--attention", default="hardmax,softmax")
+    ap.add_argument("--out", default=str(RESULTS / "conditioning.md"))
+    ap.add_argument("--title", default="Conditioning of constructed models")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = []
+    sets = datasets(args.quick)
+    for attention in args.attention.split(","):  # every hardmax row first: they are quick
+        for label, data, exact in sets:
+            for width in (int(w) for w in args.widths.split(",")):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    try:
+                        row = measure(label, data, exact, attention, width)
+                    except (ValueError, ef.DatasetError, RuntimeError) as exc:
+                        print(f"{label}, {attention}, width {width}: skipped ({exc})",
+                              flush=True)
+                        continue
+                rows.append(row)
+                print(" | ".join(str(row[c]) for c in COLUMNS), flush=True)
+                write(args, rows)  # after every row: a long run that is stopped keeps its rows
+    print(f"written to {args.out}")
+    return 0
+
+
+def write(args, rows: list[dict]) -> None:
+    head = (f"Measured {datetime.date.today()} on {platform.machine()}, torch "
+            f"{torch.__version__}, one thread. Errors: max Hausdorff distance over the data's "
+            "coordinate scale s of a plain dense pass (native module, ff=\"dense\"); causal "
+            "rows: largest distance at a constrained position over s. ‖θ‖² counts every "
+            "parameter (positions of causal models included).")
+    text = "\n\n".join([f"# {args.title}", head, markdown_table(rows, COLUMNS)]) + "\n"
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(args.out, text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
