@@ -146,8 +146,8 @@ MODEL_FILES = {
     "meta-construction": (meta(construction=5), ["meta.construction", "5"]),
     "deep-nesting": ('{"format": "exactformer.model/1", "meta": ' + "[" * 100_000,
                      ["nested too deeply"]),
-    "huge-eta": ({**MODEL, "blocks": [{"ff": {"eta": "1e400", "U": [], "b": [],
-                                              "W": [[], []]}, "sa": None}],
+    "huge-eta": ({**MODEL, "blocks": [{"ff": {"eta": "1e400", "U": [["0", "0"]], "b": ["0"],
+                                              "W": [["0"], ["0"]]}, "sa": None}],
                   "number": "float64"}, ["blocks[0].ff.eta", "float64 range"]),
 }
 

@@ -228,7 +228,7 @@ def test_softmax_build_then_verify(tmp_path, data, capsys):
     assert m.meta["tau_star"] == "inf"  # these data are valid at every temperature tried
     rc, out, err = run(capsys, "verify", model, data)
     assert rc == 0, err
-    assert "PROVED EXACT" in out and "at 100 digits" in out  # 50 digits, checked at 100
+    assert "PROVED EXACT" in out and "ball arithmetic at 64 bits" in out
     rc, out, err = run(capsys, "build", data, "-o", model, "--attention", "softmax",
                        "--tau", "1/64")
     assert rc == 0, err
