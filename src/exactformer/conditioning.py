@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .model import Transformer
+from .numbers import safe_floats
 
 
 @dataclass(frozen=True)
@@ -30,19 +31,24 @@ class Conditioning:
 
 def conditioning(model: Transformer) -> Conditioning:
     """The conditioning statistics of ``model`` (parameters as ``Transformer.parameter_arrays``
-    lists them; positions of a causal model count as parameters too)."""
-    arrays = [_floats(a).ravel() for a in model.parameter_arrays()]
-    if model.positions is not None:
-        arrays.append(_floats(model.positions).ravel())
-    flat = np.concatenate(arrays) if arrays else np.zeros(0)
+    lists them; positions of a causal model count as parameters too). One array operation
+    over all layers at once: a large model has 10^5 layers. Values beyond float64 count as
+    inf."""
+    arrays = [*model.parameter_arrays(),
+              *([] if model.positions is None else [np.asarray(model.positions).ravel()])]
+    flat = _floats(np.concatenate([np.asarray(a, dtype=object if model.exact else float)
+                                   for a in arrays])) if arrays else np.zeros(0)
+    ffs = [b.ff for b in model.blocks if b.ff is not None and b.ff.width]
     slope = 0.0
-    for block in model.blocks:
-        if block.ff is not None and block.ff.width:
-            u = np.linalg.norm(_floats(block.ff.U), axis=1)
-            w = np.linalg.norm(_floats(block.ff.W), axis=0)
-            slope = max(slope, float((u * w).max()))
-    return Conditioning(float(flat @ flat), float(np.abs(flat).max(initial=0.0)), slope)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if ffs:
+            u = np.linalg.norm(_floats(np.concatenate([ff.U for ff in ffs])), axis=1)
+            w = np.linalg.norm(_floats(np.concatenate([ff.W.T for ff in ffs])), axis=1)
+            slope = float((u * w).max())
+        return Conditioning(float(flat @ flat), float(np.abs(flat).max(initial=0.0)), slope)
 
 
 def _floats(a) -> np.ndarray:
-    return np.asarray(a, dtype=float)
+    """float64 values, inf for a rational beyond float64 range."""
+    a = np.asarray(a)
+    return a if a.dtype == float else safe_floats(a)

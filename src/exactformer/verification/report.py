@@ -64,6 +64,8 @@ class Report(_Verdict):
     params_dense: int
     max_abs_param: float
     param_l2: float
+    param_norm_sq: float  # ‖θ‖₂² (docs/numerics.md#conditioning)
+    max_unit_slope: float  # the largest |u|·|w| of an FF unit
     exact_equal: list[bool] | None  # rational hardmax: output set == target set, per pair
     hausdorff_float64: list[float]  # the fast evaluator in float64 (nan/inf when non-finite)
     max_hausdorff_float64: float
@@ -113,7 +115,8 @@ class Report(_Verdict):
                                                      f"{self.blocks_width_target}"),
             ("structured A, V", "yes" if self.structured else "NO"),
             ("parameters (structured / dense)", f"{self.params} / {self.params_dense}"),
-            ("max |θ| / ‖θ‖₂", f"{fmt(self.max_abs_param)} / {fmt(self.param_l2)}"),
+            ("max |θ| / ‖θ‖₂²", f"{fmt(self.max_abs_param)} / {fmt(self.param_norm_sq)}"),
+            ("largest unit slope |u|·|w|", fmt(self.max_unit_slope)),
             ("float64 max Hausdorff error", f"{fmt(self.max_hausdorff_float64)} "
                                             f"(relative {fmt(self.relative_error_float64)})"),
             ("smallest hardmax score margin", fmt(self.hardmax_margin)),
@@ -164,6 +167,8 @@ class CausalReport(_Verdict):
     params_dense: int
     position_params: int  # the stored positions (rows × d), not counted in params
     max_abs_param: float
+    param_norm_sq: float  # ‖θ‖₂², stored positions included
+    max_unit_slope: float  # the largest |u|·|w| of an FF unit
     exact_equal: list[bool] | None
     errors: list[float]  # per sequence: the largest error in the deciding arithmetic
     errors_float64: list[float]
@@ -217,7 +222,8 @@ class CausalReport(_Verdict):
             ("max FF width", str(self.max_width)),
             ("parameters (structured / dense)", f"{self.params} / {self.params_dense}  "
              f"(+ {self.position_params} in stored positions)"),
-            ("max |θ|", fmt(self.max_abs_param)),
+            ("max |θ| / ‖θ‖₂²", f"{fmt(self.max_abs_param)} / {fmt(self.param_norm_sq)}"),
+            ("largest unit slope |u|·|w|", fmt(self.max_unit_slope)),
             ("float64 max error", fmt(worst([0.0, *self.errors_float64]))),
             ("smallest hardmax score margin", fmt(self.hardmax_margin)),
             ("smallest hat clearance / scale", fmt(self.hat_clearance)),

@@ -6,12 +6,12 @@ docs/heads.md for the bounds).
 
 from __future__ import annotations
 
-import numpy as np
+import math
 
+from ..conditioning import conditioning
 from ..construct.hardmax import hats_per_layer
 from ..data import Dataset
 from ..model import Transformer
-from ..numbers import safe_floats
 
 
 def hats_of(model: Transformer) -> int:
@@ -50,7 +50,7 @@ def width_bounds(model: Transformer, N: int, sum_m: int) -> tuple[int | None, in
 def model_fields(model: Transformer, dataset: Dataset) -> dict:
     """The report's fields that describe the model and the data, not the verdict."""
     L4, L4k = width_bounds(model, dataset.N, dataset.total_m)
-    largest, l2 = parameter_sizes(model)
+    cond = conditioning(model)
     return dict(
         attention=model.attention, N=dataset.N, d=dataset.d, sum_m=dataset.total_m,
         total_tokens=dataset.total_n, blocks=model.n_blocks,
@@ -58,18 +58,16 @@ def model_fields(model: Transformer, dataset: Dataset) -> dict:
         blocks_design=design_bound(model, dataset.N, dataset.total_m),
         max_width=model.max_width(), max_heads=model.max_heads(), blocks_width4=L4,
         blocks_width_target=L4k, structured=structured(model), params=model.n_params(),
-        params_dense=model.n_params_dense(), max_abs_param=largest, param_l2=l2)
+        params_dense=model.n_params_dense(), max_abs_param=cond.max_abs,
+        param_l2=math.sqrt(cond.norm_sq), param_norm_sq=cond.norm_sq,
+        max_unit_slope=cond.max_slope)
 
 
-def parameter_sizes(model: Transformer) -> tuple[float, float]:
-    """The largest |parameter| and the parameters' Euclidean norm, in float64 (one array
-    operation over the blocks' arrays: a large model has millions of parameters)."""
-    arrays = model.parameter_arrays()
-    if not all(a.dtype == float for a in arrays):  # (a float64 model's need no conversion)
-        arrays = [safe_floats(np.asarray(a)) for a in arrays]
-    theta = np.concatenate([*arrays, np.zeros(1)])
-    with np.errstate(over="ignore"):
-        return float(np.abs(theta).max()), float(np.sqrt((theta ** 2).sum()))
+def causal_sizes(model: Transformer) -> dict:
+    """The conditioning fields of a causal report (docs/numerics.md#conditioning)."""
+    cond = conditioning(model)
+    return dict(max_abs_param=cond.max_abs, param_norm_sq=cond.norm_sq,
+                max_unit_slope=cond.max_slope)
 
 
 def structured(model: Transformer) -> bool:

@@ -47,7 +47,7 @@ from ..record import CausalConstruction
 from .bound import bound_causal, bound_set
 from .margins import snap_margins, snap_start
 from .report import CausalReport, Report, fmt
-from .shape import hats_of, model_fields, parameter_sizes
+from .shape import causal_sizes, hats_of, model_fields
 
 
 def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
@@ -331,7 +331,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         R=None if rec is None else rec.R, max_width=model.max_width(),
         params=model.n_params(), params_dense=model.n_params_dense(),
         position_params=0 if model.positions is None else int(np.size(model.positions)),
-        max_abs_param=parameter_sizes(model)[0],
+        **causal_sizes(model),
         errors=[worst([0.0, *e]) for e in found["position_errors"]],
         errors_float64=[worst([0.0, *e]) for e in err_f],
         coordinate_scale=safe_float(exact_scale), hardmax_margin=stats.hardmax_margin,
