@@ -25,14 +25,29 @@ FLOAT = Arithmetic("float")
 # ------------------------------------------------------------------------------ reference
 def ref_hat_groups(ff: FF):
     """Per layer: units sorted by −b (stable) close a hat where their column signs (±w of the
-    hat's first column) sum to 0 and Σ ±b is exactly 0. An infinite bias makes no hat."""
+    hat's first column) sum to 0 and Σ ±b is exactly 0. When that fails (hats touching at a
+    shared breakpoint can tie there in the wrong order), the units in their own order, each
+    hat then sorted by −b and the hats by their largest b, downwards. An infinite bias makes
+    no hat."""
     U, b, W = ff.U, ff.b, ff.W
     if ff.eta != 1 or U.dtype != float or not U[0].any() or not (U == U[0]).all():
         return None
     if b.dtype != float or W.dtype != float or not np.isfinite(b).all():
         return None
+    groups = ref_closing(b, W, np.argsort(-b, kind="stable").tolist())
+    if groups is not None:
+        return groups
+    groups = ref_closing(b, W, list(range(len(b))))
+    if groups is None:
+        return None
+    groups = [sorted(g, key=lambda i: (-b[i], i)) for g in groups]
+    return sorted(groups, key=lambda g: -b[g].max())
+
+
+def ref_closing(b, W, order):
+    """The hats of units taken in ``order``, or None."""
     groups, cur, w, total, terms = [], [], None, 0, []
-    for i in np.argsort(-b, kind="stable").tolist():
+    for i in order:
         col = W[:, i]
         if not cur:
             w, sign = col, 1
@@ -123,7 +138,8 @@ def ref_plan_runs(blocks, ridges) -> dict:
                     parts = None
                     break
                 f, sig, w, om = form
-                parts.append((f, float(r.lo), float(r.hi), sig, part.b, om, w))
+                f, lo, hi, sig = ref_unscaled(f, float(r.lo), float(r.hi), sig)
+                parts.append((f, lo, hi, sig, part.b, om, w))
         if parts is None or (cur and (len(cur[-1][1][0][3]) != len(parts[0][3])
                                       or not np.array_equal(cur[-1][1][0][0], parts[0][0]))):
             close()
@@ -131,6 +147,18 @@ def ref_plan_runs(blocks, ridges) -> dict:
             cur.append((i, parts))
     close()
     return found
+
+
+def ref_unscaled(f, lo, hi, sig):
+    """A window on f·x as the same window on g·x, f = 2^e·g with g's first nonzero entry in
+    [1, 2) (layers balanced by a power of two join one run), when every value stays exact."""
+    lead = float(f[np.flatnonzero(f)[0]])
+    e = math.frexp(abs(lead))[1] - 1
+    g = np.array([math.ldexp(v, -e) for v in f])
+    new = (math.ldexp(lo, -e), math.ldexp(hi, -e), np.array([math.ldexp(v, e) for v in sig]))
+    back = [math.ldexp(v, e) for v in g] == list(f) and math.ldexp(new[0], e) == lo and \
+        math.ldexp(new[1], e) == hi and [math.ldexp(v, -e) for v in new[2]] == list(sig)
+    return (g, *new) if back else (f, lo, hi, sig)
 
 
 def ref_ridges_of(ffs, params, ar):

@@ -87,9 +87,14 @@ class _Windows:
             idx = np.flatnonzero(width == h)
             slot[idx] = np.arange(len(idx))
             ok[idx], f[idx], *by_width[h] = _forms([wins[j] for j in idx.tolist()])
-        return cls(np.array([i for i, _, _ in wins]), width, slot, ok, f,
-                   np.array([float(r.lo) for _, r, _ in wins]),
-                   np.array([float(r.hi) for _, r, _ in wins]), by_width)
+        lo = np.array([float(r.lo) for _, r, _ in wins])
+        hi = np.array([float(r.hi) for _, r, _ in wins])
+        e = _power_of(f, [lo, hi, *(by_width[h][0] for h in by_width)], width, slot)
+        for h, (sig, *_) in by_width.items():
+            idx = np.flatnonzero(width == h)
+            sig[slot[idx]] = np.ldexp(sig[slot[idx]], e[idx][:, None])
+        return cls(np.array([i for i, _, _ in wins]), width, slot, ok,
+                   np.ldexp(f, -e[:, None]), np.ldexp(lo, -e), np.ldexp(hi, -e), by_width)
 
     def run(self, w0: int, last: int) -> Run:
         """The run of the blocks from window w0's to window ``last``'s; without windows (never
@@ -104,6 +109,27 @@ class _Windows:
         sig, b, om, w = (a[s] for a in self.by_width[h])
         return Run(start, end, self.f[w0], self.layer[w0:w1], self.lo[w0:w1], self.hi[w0:w1],
                    sig, b, om, w)
+
+
+def _power_of(f, arrays, width, slot) -> np.ndarray:
+    """Per window the power of two 2^e with f = 2^e·g, g's first nonzero entry in [1, 2): a
+    layer stored with its units scaled by a power of two (balancing, docs/numerics.md) reads
+    c·f, and windows on f·x = 2^e·(g·x) are the same windows on g·x with ends over 2^e and
+    slopes σ times 2^e, so layers of any balance join one run, bitwise the same computation.
+    e = 0 where a scaled end or slope would not be exact (a subnormal or an overflow)."""
+    j = np.argmax(f != 0, axis=1)
+    e = np.frexp(np.abs(f[np.arange(len(f)), j]))[1] - 1
+    lo, hi, *sigs = arrays
+    exact = np.ones(len(f), dtype=bool)
+    for a in (lo, hi):
+        exact &= np.ldexp(np.ldexp(a, -e), e) == a
+    for h, sig in zip(sorted(set(width.tolist())), sigs, strict=True):
+        idx = np.flatnonzero(width == h)
+        s = sig[slot[idx]]
+        exact[idx] &= (np.ldexp(np.ldexp(s, e[idx][:, None]), -e[idx][:, None]) == s).all(axis=1)
+    g = np.ldexp(f, -e[:, None])
+    exact &= (np.ldexp(g, e[:, None]) == f).all(axis=1)
+    return np.where(exact, e, 0)
 
 
 def _forms(wins: list) -> tuple:

@@ -205,7 +205,8 @@ class CausalReport(_Verdict):
             how = (f"{sum(self.exact_equal)}/{self.N} sequences equal at every constrained "
                    "position (exact rational arithmetic)")
         else:
-            how = (f"max error {'≤ ' if self.attention == 'softmax' else ''}"
+            bound = self.attention == "softmax" or "enclosures" in self.arithmetic
+            how = (f"max error {'≤ ' if bound else ''}"
                    f"{fmt(worst([0.0, *self.errors]))} in {self.arithmetic} "
                    f"(limit {fmt(self.tolerance)} × scale)")
         fail = "none" if self.first_failure is None else \

@@ -304,9 +304,15 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         raise ValueError("a causal model is verified on a causal dataset (and only there)")
     check_layers(model, dataset)
     stats = PassStats()
-    xs, ys = dataset.fractions()
-    exact_scale = data_scale(xs, [y[k] for y, k in zip(ys, dataset.known, strict=True)])
-    xs_f, ys_f = [[safe_floats(a) for a in part] for part in (xs, ys)]  # inf beyond float64
+    if dataset.exact:
+        xs, ys = dataset.fractions()
+        xs_f, ys_f = [[safe_floats(a) for a in part] for part in (xs, ys)]  # inf beyond float64
+    else:  # float data: Fractions only where a pass needs them (10^6 positions cost minutes)
+        xs = ys = None
+        xs_f, ys_f = dataset.floats()
+    exact_scale = data_scale(xs_f if xs is None else xs,
+                             [y[k] for y, k in zip(ys_f if ys is None else ys, dataset.known,
+                                                   strict=True)])
     try:
         with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
             outs_f = forward_causal(model, xs_f, "float", stats=stats, tau=tau,
@@ -317,7 +323,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     tolerance = softmax_tolerance(model, digits, tolerance)
     limit = Fraction(tolerance) * exact_scale
     if model.attention == "hardmax":
-        found = _causal_hardmax(model, dataset, xs, ys, limit, progress)
+        found = _causal_hardmax(model, dataset, xs_f, limit, progress)
     else:
         found = _causal_softmax(model, dataset, limit, digits, tau)
     nonfinite = [] if model.exact else \
@@ -340,21 +346,63 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         **found)
 
 
-def _causal_hardmax(model, dataset, xs, ys, limit: Fraction, progress: bool) -> dict:
-    """The exact pass's verdict fields: ``==`` (rational) or exact squared distances against
-    limit² (float64 parameters)."""
-    outs = forward_causal(model, xs, "exact", progress=progress)
-    errs = _position_errors(outs, ys, dataset.known)
-    exact_equal = None
-    if model.exact:
-        unequal = [[i for i in np.flatnonzero(k) if tuple(o[i]) != tuple(y[i])]
-                   for o, y, k in zip(outs, ys, dataset.known, strict=True)]
-        exact_equal = [not u for u in unequal]
-        first = next(((j, int(u[0])) for j, u in enumerate(unequal) if u), None)
-    else:
-        first = _first_exact_over(outs, ys, dataset.known, limit)
-    return dict(arithmetic="exact" if model.exact else "exact-floats", exact_equal=exact_equal,
-                position_errors=errs, first_failure=first)
+def _causal_hardmax(model, dataset, xs_f, limit: Fraction, progress: bool) -> dict:
+    """The hardmax verdict fields. A float64 model on float data is first enclosed
+    (:func:`exactformer.evaluate.enclose`): a sequence whose every constrained position has a
+    rigorous error bound within the limit is decided by it; the others, and every rational
+    model, go to the exact pass, which compares with ``==`` (rational parameters) or compares
+    exact squared distances with limit² (float64 parameters)."""
+    errs: list = [None] * dataset.N
+    if not model.exact and not dataset.exact:
+        below = _float_below(limit)
+        for j, b in enumerate(_causal_bounds(model, dataset, xs_f, progress)):
+            if (b <= below).all():
+                errs[j] = list(b)
+    open_ = [j for j in range(dataset.N) if errs[j] is None]
+    exact_equal, first = None, None
+    if open_:
+        xs, ys = _subset_fractions(dataset, open_)
+        known = [dataset.known[j] for j in open_]
+        outs = forward_causal(model, xs, "exact", progress=progress)
+        for j, e in zip(open_, _position_errors(outs, ys, known), strict=True):
+            errs[j] = e
+        if model.exact:
+            unequal = [[i for i in np.flatnonzero(k) if tuple(o[i]) != tuple(y[i])]
+                       for o, y, k in zip(outs, ys, known, strict=True)]
+            exact_equal = [not u for u in unequal]
+            first = next(((open_[j], int(u[0])) for j, u in enumerate(unequal) if u), None)
+        else:
+            found = _first_exact_over(outs, ys, known, limit)
+            first = None if found is None else (open_[found[0]], found[1])
+    enclosed = dataset.N - len(open_)
+    how = ("exact" if model.exact else "exact-floats" if not enclosed else
+           "float64 enclosures" if not open_ else "float64 enclosures and exact-floats")
+    return dict(arithmetic=how, exact_equal=exact_equal, position_errors=errs,
+                first_failure=first)
+
+
+def _causal_bounds(model, dataset, xs_f, progress: bool) -> list[np.ndarray]:
+    """Per sequence and position, an upper bound on the distance of the exact output from the
+    target (0 at unconstrained positions, inf where the enclosure knows nothing): the
+    enclosure's box and the float distance, inflated by their rounding
+    (:func:`exactformer.evaluate.enclosure.hausdorff_upper` on one-point sets)."""
+    mids, rads = enclose(model, xs_f, None, progress=progress)
+    out = []
+    for o, r, y, k in zip(mids, rads, dataset.floats()[1], dataset.known, strict=True):
+        b = np.zeros(len(k))
+        if k.any():
+            one = (o[k][:, None], r[k][:, None], y[k][:, None], np.zeros_like(y[k][:, None]))
+            with np.errstate(all="ignore"):
+                up = enclosure.hausdorff_upper(*one)
+            b[k] = np.where(np.isnan(up), np.inf, up)
+        out.append(b)
+    return out
+
+
+def _float_below(limit: Fraction) -> float:
+    """The largest float64 ≤ ``limit``: a float bound at most it is at most the limit."""
+    f = safe_float(limit)
+    return f if Fraction(f) <= limit else float(np.nextafter(f, -np.inf))
 
 
 def _causal_softmax(model, dataset, limit: Fraction, digits: int, tau) -> dict:
@@ -382,6 +430,12 @@ def _position_errors(outs, ys, known) -> list[list[float]]:
     position is unconstrained), differences taken in the outputs' own arithmetic."""
     out = []
     for o, y, k in zip(outs, ys, known, strict=True):
+        if np.asarray(o).dtype == float and np.asarray(y).dtype == float:  # one array operation
+            e = np.zeros(len(k))
+            with np.errstate(all="ignore"):
+                e[k] = np.sqrt(((o[k] - y[k]) ** 2).sum(axis=1))
+            out.append(list(e))
+            continue
         with np.errstate(all="ignore"):  # inf − inf: a nan error, which fails
             diff = np.asarray(o)[k] - np.asarray(y)[k]
             e = np.zeros(len(k))
