@@ -2,7 +2,7 @@
 
 See docs/baselines.md.
 
-The trained architecture is :class:`exactformer.torch.RhoEtaTransformer`: blocks
+The trained architecture is :class:`exactformer.export.RhoEtaTransformer`: blocks
 x ← ρ·x + Attn(x); x ← η·x + FF(x) with attention rank h, temperature τ and FF width 4. Training
 minimises the regularised objective
 
@@ -22,7 +22,7 @@ minimises the regularised objective
 J_ε satisfies J_ε(θ_ε) ≤ J_ε(θ*) = Loss(θ*) + ε‖θ*‖². For an exact interpolant Loss(θ*) = 0, so
 Loss(θ_ε) ≤ J_ε(θ_ε) ≤ ε‖θ*‖²: at a global minimum the training loss is O(ε).
 :func:`tikhonov_diagnostic` takes θ* (the constructed model exported by
-:func:`exactformer.torch.to_rho_eta`, or the model that generated the targets), computes the
+:func:`exactformer.export.to_rho_eta`, or the model that generated the targets), computes the
 bound B = J_ε(θ*) (its Loss(θ*) term is reported and is 0 up to rounding for an interpolant)
 and tests, at the run's final parameters θ_T,
 
