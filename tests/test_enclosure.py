@@ -26,7 +26,7 @@ from exactformer import distance
 from exactformer.construct.generic import ConstructionError
 from exactformer.evaluate import enclose, enclosure
 from exactformer.model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
-from exactformer.verification import report
+from exactformer.verification import decide
 
 TOLERANCE = 1e-9  # verify's default
 
@@ -685,7 +685,7 @@ def test_projection_that_overflows_inside_a_window(monkeypatch):
     assert out == [[Fraction(5, 2), Fraction(-3, 2)]]
     data = pairs_of(x, x)  # the float64 pass leaves the token where it was
     assert misses(model, data)
-    monkeypatch.setattr(report, "INDEPENDENT_BUDGET", 0)  # as for data beyond 2e9 operations
+    monkeypatch.setattr(decide, "INDEPENDENT_BUDGET", 0)  # as for data beyond 2e9 operations
     assert not ef.verify(model, data).ok
     check_containment(model, x)
 

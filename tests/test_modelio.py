@@ -481,16 +481,18 @@ def test_npz_keeps_bit_patterns_and_identities(tmp_path, value):
     m = hand_model(exact=False, attention="softmax", tau=0.375)
     m.blocks[0].ff.U[1, 1] = value
     m.blocks[1].sa.V.q[0] = value
-    m.blocks.append(Block(FF(2.0, np.zeros((0, 2)), np.zeros(0), np.zeros((2, 0))), None))
     save_model(m, tmp_path / "m.npz")
     back = load_model(tmp_path / "m.npz")
     assert_identical(m, back)
     assert back.blocks[3].ff is None and back.blocks[3].sa is None
-    assert back.blocks[4].ff.width == 0 and back.blocks[4].ff.eta == 2.0
+    m.blocks.append(Block(FF(2.0, np.zeros((0, 2)), np.zeros(0), np.zeros((2, 0))), None))
+    with pytest.raises(ModelFormatError, match=r"blocks\[4\].ff: an FF layer needs at least"):
+        save_model(m, tmp_path / "w0.npz")  # no FF without units is written (or read back)
+    assert not (tmp_path / "w0.npz").exists()
     with np.load(tmp_path / "m.npz") as z:
         assert set(z.files) == set(NPZ_KEYS)
-        assert z["ff_width"].tolist() == [3, -1, 3, -1, 0]
-        assert z["has_sa"].tolist() == [True, True, False, False, False]
+        assert z["ff_width"].tolist() == [3, -1, 3, -1]
+        assert z["has_sa"].tolist() == [True, True, False, False]
         assert z["ff_U"].shape == (6, 2) and z["ff_W"].shape == (2, 6)
         header = json.loads(str(z["header"]))
     assert header["number"] == "float64" and header["tau"] == "0.375" and "blocks" not in header

@@ -129,7 +129,13 @@ def model_to_dict(model: Transformer) -> dict:
 
 def save_model(model: Transformer, path: str | Path) -> None:
     """Write the model as JSON, or as .npz when ``path`` ends in .npz (float64 models only);
-    nothing is left at ``path`` if writing fails."""
+    nothing is left at ``path`` if writing fails. An FF layer without units is refused (the
+    formats hold none: write ``ff=None``)."""
+    empty = next((i for i, b in enumerate(model.blocks) if b.ff is not None and b.ff.width == 0),
+                 None)
+    if empty is not None:
+        raise ModelFormatError(f"{path}: blocks[{empty}].ff: an FF layer needs at least one "
+                               "unit (use ff=None for a block without one)")
     if _is_npz(path):
         _save_npz(model, path)
         return

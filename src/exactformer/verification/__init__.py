@@ -1,12 +1,12 @@
 """The verification stage: what ``exactformer.verify`` decides, and the proofs behind it.
 
-``verify`` holds the decision procedure (set and causal), ``report`` the reports, ``shape`` the
+``decide`` holds the decision procedure (set and causal), ``report`` the reports, ``shape`` the
 model's sizes they list, ``balls`` the rigorous ball evaluation, ``bound`` the softmax error
 bounds decided by it, ``certify`` the proof of exactness, ``margins`` the snap margins. Named
 ``verification`` so that ``exactformer.verify`` stays the function. See docs/verification.md.
 """
 
+from .decide import verify, verify_causal
 from .report import CausalReport, Report
-from .verify import verify, verify_causal
 
 __all__ = ["CausalReport", "Report", "verify", "verify_causal"]

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+import numpy as np
 from flint import arb, arb_mat, ctx, fmpq
 
 from .balls import Exact, Layers, Run, as_ball, as_fmpq, column
@@ -99,12 +100,14 @@ def _squared(tok, y) -> tuple[fmpq, fmpq | None, float]:
     if isinstance(tok, Exact):
         v = sum(((a - b) ** 2 for a, b in zip(tok.o.entries(), y.entries(), strict=True)),
                 fmpq(0))
-        return v, v, math.sqrt(float(v))
+        return v, v, _root_up(v)
     diff = as_ball(tok) - arb_mat(y)
     sq = sum((diff[t, 0] ** 2 for t in range(diff.nrows())), arb(0))
     lo, hi = _endpoints(sq)
-    mids = [float(diff[t, 0].mid()) for t in range(diff.nrows())]
-    return max(lo, fmpq(0)), hi, math.sqrt(sum(v * v for v in mids))
+    mids = [float(diff[t, 0].mid()) for t in range(diff.nrows())]  # inf beyond float64
+    with np.errstate(over="ignore"):
+        measured = float(np.sqrt(np.sum(np.square(mids))))
+    return max(lo, fmpq(0)), hi, measured
 
 
 def _hausdorff(toks: list, targets: list) -> tuple[fmpq, fmpq | None, float]:
@@ -174,9 +177,11 @@ def _root_up(v: fmpq | None) -> float:
         return math.inf
     if v == 0:
         return 0.0
-    f = Fraction(int(v.p), int(v.q))
+    p, q = int(v.p), int(v.q)
     try:
-        r = math.sqrt(float(f))
+        r = math.sqrt(p / q)  # exact-rounded division; 0 below the float64 range
+        if r == 0:
+            r = math.exp((math.log(p) - math.log(q)) / 2)
     except OverflowError:
         return math.inf
     return math.nextafter(math.nextafter(r, math.inf), math.inf)
