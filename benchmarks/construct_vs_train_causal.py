@@ -204,12 +204,12 @@ def train_run(ids: torch.Tensor, vocab: int, shape: dict, args, sample: np.ndarr
             last = spent >= marks[-1]
             full = last and n <= 20_000
             acc = accuracy(model, ids, args.context, None if full else sample)
-            points.append({"seconds": spent, "steps": steps, "loss": float(loss),
+            points.append({"seconds": spent, "steps": steps, "loss": float(loss.detach()),
                            "accuracy": acc, "full": full,
                            "recited": recited(model, ids, args.context, args.recite_cap)})
             while marks and spent >= marks[0]:
                 marks.pop(0)
-            print(f"    {spent:7.1f} s, {steps} steps, loss {float(loss):.3f}, accuracy "
+            print(f"    {spent:7.1f} s, {steps} steps, loss {float(loss.detach()):.3f}, accuracy "
                   f"{acc:.3f}, recited {points[-1]['recited']}", flush=True)
     return points
 
@@ -349,8 +349,9 @@ def main(argv=None) -> int:
         f"Training budget: {args.budget:g} s of wall time per run (the clock stops at the "
         f"checkpoints), batch {args.batch} windows of {args.context} characters, Adam lr "
         f"{args.lr:g} after 100 warm-up steps, seed {args.seed}. Accuracy: fraction of "
-        "positions whose greedy next character is right (each seeing the last 64 to 128 "
-        "characters); \"(sample)\": measured on a fixed sample of "
+        "positions whose greedy next character is right (each seeing the last "
+        f"{args.context // 2} to {args.context} characters); \"(sample)\": measured on a "
+        "fixed sample of "
         f"{args.sample} positions. Recited: the longest prefix generated greedily from the "
         "first character. The construction's time is build + verify "
         "(`exactformer.verify`, float64 parameters checked by the exact pass), its accuracy "
