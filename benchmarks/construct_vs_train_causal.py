@@ -20,7 +20,7 @@ Metrics at checkpoints (the clock stops while they are measured):
 
 * accuracy: the fraction of positions whose greedy (argmax) next character is right, each
   position seeing the last context/2 to context characters (windows with stride context/2);
-  measured on a fixed random sample of ``--sample`` positions at the checkpoints and on every
+  measured on a fixed random sample of ``--sample`` windows at the checkpoints and on every
   position at the end when the text has at most 2 × 10^4 characters (else on the sample);
 * recited: the longest prefix generated greedily and autoregressively from the first character
   (each step sees the last ``context`` characters); as generation agrees with the text until
@@ -29,7 +29,9 @@ Metrics at checkpoints (the clock stops while they are measured):
 
 Writes benchmarks/results/construct_vs_train_causal.md (the table, with date, machine, load,
 budget and thread count) and construct_vs_train_causal.png (accuracy against wall time, the
-construction as one point per text).
+construction as one point per text), and each text's results as
+construct_vs_train_causal_<characters>.json; ``--merge`` remakes the table and figure from
+those files, so that the sizes can run as separate processes.
 
     python benchmarks/construct_vs_train_causal.py [--budget 300] [--sizes 1000,10000,100000]
     python benchmarks/construct_vs_train_causal.py --budget 5 --sizes 1000 --out /tmp/x  # check
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import sys
@@ -125,28 +128,21 @@ def windows_for(n: int, context: int) -> list[tuple[int, int, int]]:
 
 
 @torch.no_grad()
-def accuracy(model: GPT, ids: torch.Tensor, context: int, positions: np.ndarray | None) -> float:
-    """Fraction of the positions (all when None) whose argmax next character is right."""
+def accuracy(model: GPT, ids: torch.Tensor, context: int, keep: list[int] | None) -> float:
+    """Fraction of the positions of the windows (all when keep is None, else windows number
+    keep) whose argmax next character is right."""
     model.eval()
-    n, right, total = len(ids), 0, 0
-    wins = windows_for(n, context)
-    if positions is not None:
-        firsts = np.array([w[1] for w in wins])
-        keep = sorted({int(np.searchsorted(firsts, p, "right") - 1) for p in positions})
-        wins = [wins[k] for k in keep]
-    wanted = None if positions is None else set(positions.tolist())
+    wins = windows_for(len(ids), context)
+    wins = wins if keep is None else [wins[k] for k in keep]
+    right = total = 0
     for b in range(0, len(wins), 64):
         chunk = wins[b:b + 64]
         width = max(e - s for s, _, e in chunk)
         x = torch.stack([F.pad(ids[s:e], (0, width - (e - s))) for s, _, e in chunk])
         pred = model(x).argmax(-1)
         for (s, first, e), p in zip(chunk, pred, strict=True):
-            ok = (p[first - s:e - s] == ids[first + 1:e + 1]).numpy()
-            if wanted is not None:
-                mask = np.array([i in wanted for i in range(first, e)])
-                ok = ok[mask]
-            right += int(ok.sum())
-            total += len(ok)
+            right += int((p[first - s:e - s] == ids[first + 1:e + 1]).sum())
+            total += e - first
     model.train()
     return right / total
 
@@ -176,7 +172,7 @@ def recited(model: GPT, ids: torch.Tensor, context: int, cap: int) -> int:
     return n
 
 
-def train_run(ids: torch.Tensor, vocab: int, shape: dict, args, sample: np.ndarray) -> list:
+def train_run(ids: torch.Tensor, vocab: int, shape: dict, args, sample: list[int]) -> list:
     """Adam on random windows for args.budget seconds of training; a checkpoint (seconds,
     steps, accuracy, recited) at geometrically spaced times."""
     torch.manual_seed(args.seed)
@@ -289,6 +285,19 @@ def rows_of(res: dict) -> list[dict]:
     return rows
 
 
+def meta(args, argv, load0: float, t_all: float) -> dict:
+    """What the table says about a run."""
+    return {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "numpy": np.__version__,
+            "command": "python benchmarks/construct_vs_train_causal.py "
+                       + " ".join(argv if argv is not None else sys.argv[1:]),
+            "seconds": time.perf_counter() - t_all, "load": [load0, os.getloadavg()[0]],
+            "source": bench_book.source_name(args.file), "budget": args.budget,
+            "batch": args.batch, "context": args.context, "lr": args.lr, "seed": args.seed,
+            "sample": args.sample}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000,10000,100000")
@@ -298,19 +307,26 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--sample", type=int, default=4096, help="positions scored at checkpoints")
+    ap.add_argument("--sample", type=int, default=32,
+                    help="windows (of context/2 scored positions) sampled at checkpoints")
     ap.add_argument("--recite-cap", type=int, default=2000,
                     help="stop the recitation check of a trained model here")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--merge", action="store_true",
+                    help="only the table and figure, from the .json results of earlier runs")
     args = ap.parse_args(argv)
+    if args.merge:
+        found = sorted(args.out.glob("construct_vs_train_causal_*.json"),
+                       key=lambda f: int(f.stem.rsplit("_", 1)[1]))
+        report([json.loads(f.read_text()) for f in found], args.out)
+        return 0
     torch.set_num_threads(args.threads)
     load0, t_all = os.getloadavg()[0], time.perf_counter()
     sizes = [int(s) for s in args.sizes.split(",")]
     book = bench_book.book_text(max(sizes), args.file)
-    from exactformer.tables import markdown_table
-    results, rows = [], []
+    results = []
     for chars in sizes:
         text = book[:chars]
         alphabet = sorted(set(text))
@@ -323,47 +339,64 @@ def main(argv=None) -> int:
         shapes = {"matched": {"layers": layers, "heads": heads, "width": matched_width(
                       c["params"], len(alphabet), args.context, layers, heads)},
                   "small": {"layers": 4, "heads": 4, "width": 128}}
+        if shapes["matched"] == shapes["small"]:
+            shapes = {"matched = small": shapes["small"]}
         for s in shapes.values():
             s["params"] = gpt_params(len(alphabet), args.context, s["width"], s["layers"])
         rng = np.random.default_rng(args.seed)
-        sample = np.sort(rng.choice(chars - 1, size=min(args.sample, chars - 1), replace=False))
+        n_windows = len(windows_for(chars, args.context))
+        sample = sorted(rng.choice(n_windows, size=min(args.sample, n_windows),
+                                   replace=False).tolist())
         train = {}
         for name, s in shapes.items():
             print(f"  training {name} ({s['params']} parameters)", flush=True)
             train[name] = train_run(ids, len(alphabet), s, args, sample)
         res = {"chars": chars, "construct": c, "train": train, "shapes": shapes,
-               "width": args.width, "context": args.context, "cap": args.recite_cap}
+               "width": args.width, "context": args.context, "cap": args.recite_cap,
+               "meta": meta(args, argv, load0, t_all)}
         results.append(res)
-        rows += rows_of(res)
-    load1 = os.getloadavg()[0]
-    head = "\n\n".join([
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"construct_vs_train_causal_{chars}.json").write_text(json.dumps(res))
+    if not args.merge:
+        report(results, args.out)
+    return 0 if all(r["construct"]["ok"] and r["construct"]["exact"] for r in results) else 1
+
+
+def report(results: list[dict], out: Path) -> None:
+    """The table (construct_vs_train_causal.md) and the figure of these results."""
+    from exactformer.tables import markdown_table
+    metas = [r["meta"] for r in results]
+    m = metas[0]
+    runs = "; ".join(f"`{x['command']}` ({x['seconds']:.0f} s, load average {x['load'][0]:.1f} "
+                     f"before, {x['load'][1]:.1f} after)" for x in metas)
+    rows = [row for r in results for row in rows_of(r)]
+    text = "\n\n".join([
         "# Construction against training: next-character memorisation of a text",
-        f"Measured {datetime.date.today()} on {platform.machine()} ({os.cpu_count()} CPUs, "
-        f"torch {torch.__version__} with {torch.get_num_threads()} thread(s), numpy "
-        f"{np.__version__}); `python benchmarks/construct_vs_train_causal.py "
-        f"{' '.join(argv if argv is not None else sys.argv[1:])}`; total "
-        f"{time.perf_counter() - t_all:.0f} s. Load average {load0:.1f} before and "
-        f"{load1:.1f} after: the 2 CPUs were shared with other processes, so every time here "
-        "is wall clock on a fraction of a CPU, for construction and training alike.",
-        f"Text: {bench_book.source_name(args.file)}, its first `characters` characters. "
-        f"Training budget: {args.budget:g} s of wall time per run (the clock stops at the "
-        f"checkpoints), batch {args.batch} windows of {args.context} characters, Adam lr "
-        f"{args.lr:g} after 100 warm-up steps, seed {args.seed}. Accuracy: fraction of "
-        "positions whose greedy next character is right (each seeing the last "
-        f"{args.context // 2} to {args.context} characters); \"(sample)\": measured on a "
-        "fixed sample of "
-        f"{args.sample} positions. Recited: the longest prefix generated greedily from the "
-        "first character. The construction's time is build + verify "
-        "(`exactformer.verify`, float64 parameters checked by the exact pass), its accuracy "
-        "the verified verdict, its recitation the decoder's generation of the whole text; "
-        "its parameters count the blocks and the stored positions.",
+        f"Measured {m['date']} on {m['machine']} ({m['cpus']} CPUs, torch {m['torch']} with "
+        f"{m['threads']} thread(s) a run, numpy {m['numpy']}). Runs: {runs}. The 2 CPUs were "
+        "shared with other processes (other engineers' tests and benchmarks, and these runs "
+        "side by side), so every time here is wall clock on a fraction of a CPU, for "
+        "construction and training alike.",
+        f"Text: {m['source']}, its first `characters` characters. Training budget: "
+        f"{m['budget']:g} s of wall time per run (the clock stops at the checkpoints), batch "
+        f"{m['batch']} windows of {m['context']} characters, Adam lr {m['lr']:g} after 100 "
+        f"warm-up steps, seed {m['seed']}. Shapes: matched, 4 layers × 4 heads with the width "
+        "whose parameter count is nearest the construction's; small, 4 × 4 × 128 (where the "
+        "two are the same, one run). Accuracy: fraction of positions whose greedy next "
+        f"character is right (each seeing the last {m['context'] // 2} to {m['context']} "
+        "characters); \"(sample)\": on a fixed sample of "
+        f"{m['sample']} windows of {m['context'] // 2} positions. Recited: the longest prefix "
+        "generated greedily from the first character. The construction's time is build + "
+        "verify (`exactformer.verify`: the exact pass of the stored float64 parameters within "
+        "1e-9 × the scale at every position), its accuracy the verified verdict, its "
+        "recitation the decoder's generation of the whole text; its parameters count the "
+        "blocks and the stored positions.",
         markdown_table(rows, COLUMNS),
         "![accuracy against time](construct_vs_train_causal.png)"]) + "\n"
-    print("\n" + head)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "construct_vs_train_causal.md").write_text(head)
-    figure(results, args.out / "construct_vs_train_causal.png", args.budget)
-    return 0 if all(r["construct"]["ok"] and r["construct"]["exact"] for r in results) else 1
+    print("\n" + text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "construct_vs_train_causal.md").write_text(text)
+    figure(results, out / "construct_vs_train_causal.png", m["budget"])
 
 
 if __name__ == "__main__":

@@ -80,6 +80,9 @@ def test_construct_vs_train_causal_tiny(tmp_path):
     assert "| 150 | construct + verify |" in text and "1 (verified) | 150 (all)" in text
     assert text.count("| 150 | train (Adam) |") == 2
     assert (tmp_path / "construct_vs_train_causal.png").stat().st_size > 0
+    (tmp_path / "construct_vs_train_causal.md").unlink()
+    assert bench.main(["--merge", "--out", str(tmp_path)]) == 0  # from the .json it wrote
+    assert (tmp_path / "construct_vs_train_causal.md").read_text().count("| 150 |") == 3
 
 
 def test_windows_cover_every_position_once():
