@@ -162,22 +162,32 @@ def main(argv=None) -> int:
         print(json.dumps(measure(chars, width, args.file, args.verify_max != 0)))
         return 0
     cases = [tuple(int(v) for v in r.split(":")) for r in args.rows.split(",")]
+    command = "python benchmarks/bench_book.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
     load0 = os.getloadavg()[0]
     rows = []
     for chars, width in cases:
         verify = args.verify_max is None or chars <= args.verify_max
         rows.append(measure_in_child(chars, width, args.file, verify))
         print(" | ".join(f"{c} {rows[-1][c]}" for c in COLUMNS), flush=True)
-    load1 = os.getloadavg()[0]
+        # after every row, so that a run stopped early keeps the rows it finished
+        write_table(rows, command, (load0, os.getloadavg()[0]), args.file, args.out)
+    print("\n" + Path(args.out).read_text())
+    return 0 if all(r["verdict"] in ("OK", "not run") and r["generated exactly"] == "yes"
+                    for r in rows) else 1
+
+
+def write_table(rows: list[dict], command: str, load: tuple, file: str | None, out: str,
+                note: str = "") -> None:
+    from exactformer.modelio import write_text_atomic
     from exactformer.tables import markdown_table
     text = "\n\n".join([
         "# A book recited: build, verify and generation at 10^4 to 10^6 characters",
         f"Measured {datetime.date.today()} on {platform.machine()} ({os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}, numpy {np.__version__}); "
-        f"`python benchmarks/bench_book.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
-        f". Load average {load0:.1f} before and {load1:.1f} after: other processes shared the "
-        "CPUs, so the times (wall clock) are only indicative.",
-        f"Text: {source_name(args.file)}, its first `characters` characters. Model: "
+        f"Python {platform.python_version()}, numpy {np.__version__}); `{command}`. Load "
+        f"average {load[0]:.1f} before and {load[1]:.1f} after: other processes shared the "
+        "CPUs, so the times (wall clock) are only indicative." + note,
+        f"Text: {source_name(file)}, its first `characters` characters. Model: "
         "examples/recite.py's next-character data (characters as integer vectors in R^8), "
         "hardmax, float64 parameters, `width` = the widest FF layer (width/4 hats a layer), "
         "R_c = 0. Verify: `exactformer.verify` (OK: the exact pass of the stored float64 "
@@ -187,11 +197,8 @@ def main(argv=None) -> int:
         "characters per second after it. Peak MiB: the row's own process's peak resident "
         "memory after each stage.",
         markdown_table(rows, COLUMNS)]) + "\n"
-    print("\n" + text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    return 0 if all(r["verdict"] in ("OK", "not run") and r["generated exactly"] == "yes"
-                    for r in rows) else 1
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(Path(out), text)
 
 
 if __name__ == "__main__":

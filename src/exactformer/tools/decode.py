@@ -29,35 +29,41 @@ from ..model import FF, SA, Transformer
 
 class _Windows:
     """Closed float intervals [lo_f[w], hi_f[w]], searched by a point in about log(windows)
-    time: the windows are put in classes by width (within a factor of 16), each class sorted by
-    lo, so the windows of a class that can hold t have lo in [t − width of the class, t], one
-    slice found by bisection. A token pays for the windows near it, not for every window."""
+    time: the windows are put in classes by width (within a factor of 16), so the windows of a
+    class that can hold t have lo in [t − the class's largest width, t]. Each window's lo is
+    replaced by its rank among all lo (lo ≥ x exactly when the rank is at least the number of
+    lo below x), and the windows are sorted by (class, rank), so every class's slice is found
+    by one vectorised bisection for all classes at once. A token pays for the windows near it,
+    not for every window."""
 
     def __init__(self, lo_f: np.ndarray, hi_f: np.ndarray):
         self.lo_f, self.hi_f = lo_f, hi_f
         width = hi_f - lo_f
         finite = np.isfinite(width)
-        cls = np.where(finite, np.frexp(np.where(finite, width, 1))[1] // 4, np.iinfo(int).max)
-        self.classes = []  # (largest width, sorted lo, window numbers in that order)
-        for c in np.unique(cls):
-            idx = np.flatnonzero(cls == c)
-            idx = idx[np.argsort(lo_f[idx], kind="stable")]
-            self.classes.append((float(width[idx].max()) * (1 + 1e-9), lo_f[idx], idx))
+        exponent = np.where(finite, np.frexp(np.where(finite, width, 1))[1] // 4,
+                            np.iinfo(int).max)
+        classes, cls = np.unique(exponent, return_inverse=True)
+        self.sorted_lo = np.sort(lo_f)
+        rank = np.searchsorted(self.sorted_lo, lo_f, "left")
+        self.order = np.lexsort((rank, cls))
+        self.span = len(lo_f) + 1
+        self.keys = cls[self.order] * self.span + rank[self.order]
+        self.base = np.arange(len(classes)) * self.span
+        self.width = np.array([width[cls == c].max() for c in range(len(classes))]) \
+            * (1 + 1e-9)
 
     def holding(self, t: float, k: int) -> np.ndarray:
         """The windows w ≥ k with lo_f[w] ≤ t ≤ hi_f[w], in increasing order."""
         if not np.isfinite(t):  # overflowed: only unbounded windows can hold it
             return k + np.flatnonzero((self.lo_f[k:] <= t) & (t <= self.hi_f[k:]))
-        found = []
-        slack = 4 * np.spacing(abs(t))
-        for width, lo, idx in self.classes:
-            a = np.searchsorted(lo, t - width - slack, "left")
-            b = np.searchsorted(lo, t, "right")
-            if a < b:
-                found.append(idx[a:b])
+        below = np.searchsorted(self.sorted_lo, t - self.width - 4 * np.spacing(abs(t)), "left")
+        upto = np.searchsorted(self.sorted_lo, t, "right")
+        a = np.searchsorted(self.keys, self.base + below, "left")
+        b = np.searchsorted(self.keys, self.base + upto, "left")
+        found = [self.order[i:j] for i, j in zip(a.tolist(), b.tolist(), strict=True) if i < j]
         if not found:
             return np.empty(0, dtype=int)
-        cand = np.concatenate(found)
+        cand = np.concatenate(found) if len(found) > 1 else found[0]
         cand = cand[(cand >= k) & (self.hi_f[cand] >= t)]
         cand.sort()
         return cand

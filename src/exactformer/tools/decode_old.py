@@ -1,0 +1,207 @@
+"""Autoregressive generation with a causal model, one token at a time (docs/causal.md).
+
+Under a causal mask the states of earlier tokens never change when a token is appended, so a
+:class:`Decoder` keeps, per attention layer and head, what the new token needs of the prefix
+(its keys, or for a rank-one hardmax head only the running extremes of :class:`CausalScan`) and
+computes the new token alone. Runs of attention-free ridge FFs that read one direction (every
+hat and snap of the construction; a wide layer is cut into its windows) are searched with
+vectorised window bounds, so a token pays for the few windows it enters, not for every block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mpmath
+import numpy as np
+
+from ..evaluate import (
+    Arithmetic,
+    CausalScan,
+    PassStats,
+    causal_row,
+    in_arithmetic,
+    relu,
+    ridges_in,
+)
+from ..model import FF, SA, Transformer
+
+
+@dataclass
+class _Run:
+    """Consecutive attention-free FF layers cut into ridge windows that read one direction f:
+    window w adds zero unless lo[w] < f·x < hi[w]; ``layer[w]`` numbers its layer in the run and
+    ``after[w]`` is the first window of the next layer (a wide layer of k hats is k windows)."""
+
+    f: np.ndarray
+    ffs: list[FF]
+    lo: list
+    hi: list
+    lo_f: np.ndarray  # float bounds, widened, to find candidates fast
+    hi_f: np.ndarray
+    layer: list[int]
+    after: list[int]
+
+
+class _Attention:
+    """One causal attention layer (any number of heads) with its cache of the prefix: per
+    rank-one hardmax head only the running extremes of :class:`CausalScan`, else the keys."""
+
+    def __init__(self, sa: SA, attention: str, tau, ar: Arithmetic):
+        self.sa, self.attention, self.tau, self.ar = sa, attention, tau, ar
+        self.scans = [CausalScan() if attention == "hardmax" and h.A.alpha == 0 else None
+                      for h in sa.heads]
+        self.X: list = []
+
+    def push(self, x: np.ndarray, stats: PassStats) -> np.ndarray:
+        """ρ·x plus every head's V applied to the head's average over the prefix."""
+        sa = self.sa
+        if any(scan is None for scan in self.scans):
+            self.X.append(x)
+        out = x * sa.rho
+        for head, scan in zip(sa.heads, self.scans, strict=True):
+            A, V = head.A, head.V
+            if scan is not None:
+                y = scan.push(x @ A.c, x @ A.a, x, stats)
+            else:
+                X = np.array(self.X, dtype=x.dtype)
+                n = len(X)
+                y = causal_row(X, X @ A.c, X @ A.a, A.alpha, n - 1, np.arange(n),
+                               self.attention, self.tau, stats,
+                               self.ar if self.ar.is_object else None)
+            out = out + y * V.beta + V.p * (y @ V.q)
+        return out
+
+
+class Decoder:
+    """A causal model fed one token at a time: :meth:`push` returns the output at the new
+    position, equal to what :func:`exactformer.evaluate.forward_causal` gives there."""
+
+    def __init__(self, model: Transformer, arithmetic: str | None = None, dps: int = 50):
+        if not model.causal:
+            raise ValueError("generation needs a causal model (\"causal\": true)")
+        if arithmetic is None:
+            arithmetic = "exact" if model.exact and model.attention == "hardmax" else "float"
+        self.ar = Arithmetic(arithmetic, dps)
+        self.dps = dps
+        params = model if self.ar.kind != "float" else (model.to_float() if model.exact else model)
+        self.positions = None if model.positions is None else self.ar.array(model.positions)
+        tau = self.ar.scalar(model.tau if model.tau is not None else 1)
+        self.layers: list = []
+        for b, blk in zip(model.blocks, (in_arithmetic(self.ar, b) for b in params.blocks),
+                          strict=True):
+            if blk.ff is not None:
+                self._add_ff(blk.ff, ridges_in(b.ff, blk.ff, self.ar),
+                             alone=blk.sa is None or blk.sa.is_identity())
+            if blk.sa is not None and not blk.sa.is_identity():
+                self.layers.append(_Attention(blk.sa, model.attention, tau, self.ar))
+        self.layers = [self._close(x) for x in self.layers]
+        self.t = 0
+        self.stats = PassStats()
+
+    def _add_ff(self, ff: FF, ridges, alone: bool) -> None:
+        """A dense FF, or its ridge windows (all on one direction, evaluate.ridge_groups) as
+        one more layer of the current run (a new run when the direction changes or attention
+        came in between)."""
+        last = self.layers[-1] if self.layers else None
+        if ridges is None:
+            self.layers.append(ff)
+        elif alone and isinstance(last, list) and np.array_equal(last[0][0][0].f, ridges[0][0].f):
+            last.append(ridges)
+        else:
+            self.layers.append([ridges])
+
+    def _close(self, layer):
+        """A list of layers of (ridge, ff) windows becomes a :class:`_Run` with widened float
+        bounds."""
+        if not isinstance(layer, list):
+            return layer
+        flat = [(r, ff, n) for n, windows in enumerate(layer) for r, ff in windows]
+        starts = np.cumsum([0] + [len(w) for w in layer])
+        lo = [r.lo for r, _, _ in flat]
+        hi = [r.hi for r, _, _ in flat]
+        lo_f, hi_f = np.array([float(v) for v in lo]), np.array([float(v) for v in hi])
+        if self.ar.is_object:
+            lo_f = lo_f - 1e-9 * (np.abs(lo_f) + 1)
+            hi_f = hi_f + 1e-9 * (np.abs(hi_f) + 1)
+        return _Run(flat[0][0].f, [ff for _, ff, _ in flat], lo, hi, lo_f, hi_f,
+                    [n for _, _, n in flat], [int(starts[n + 1]) for _, _, n in flat])
+
+    def push(self, x) -> np.ndarray:
+        """Append token x (d numbers) at the next position; the model's output there."""
+        with mpmath.workdps(self.dps):
+            z = self.ar.array(np.asarray(x))
+            if self.positions is not None:
+                if self.t >= len(self.positions):
+                    raise ValueError(f"position {self.t} is beyond the model's "
+                                     f"{len(self.positions)} stored positions")
+                z = z + self.positions[self.t]
+            self.t += 1
+            for layer in self.layers:
+                if isinstance(layer, _Run):
+                    z = self._run(layer, z)
+                elif isinstance(layer, FF):
+                    z = z * layer.eta + relu(layer.U @ z + layer.b) @ layer.W.T
+                else:
+                    z = layer.push(z, self.stats)
+            return self.ar.public(z)  # Fractions, not the exact pass's mpq
+
+    def _run(self, run: _Run, z: np.ndarray) -> np.ndarray:
+        """Apply, layer by layer, the windows whose open interval contains f·z: the first layer
+        with such a window adds the changes of all its windows that hold z (each computed from
+        the layer's input, as :func:`exactformer.evaluate.forward_causal` does), then the
+        search goes on from the next layer."""
+        k = 0  # the windows before k belong to layers already applied or passed
+        while k < len(run.ffs):
+            t = z @ run.f
+            tf = float(t)
+            cand = np.flatnonzero((run.lo_f[k:] <= tf) & (tf <= run.hi_f[k:])) + k
+            hits = [c for c in cand.tolist() if run.lo[c] < t < run.hi[c]]
+            if not hits:
+                return z
+            hits = [c for c in hits if run.layer[c] == run.layer[hits[0]]]
+            new = z
+            for c in hits:
+                ff = run.ffs[c]
+                new = new + relu(ff.U @ z + ff.b) @ ff.W.T
+            z, k = new, run.after[hits[0]]
+        return z
+
+
+def nearest(vocabulary: np.ndarray, y: np.ndarray) -> int:
+    """Index of the vocabulary row closest to y (Euclidean; the first on ties)."""
+    diff = vocabulary - y
+    dist = [sum(v * v for v in row) for row in diff]
+    return min(range(len(dist)), key=lambda i: dist[i])
+
+
+def generate(model: Transformer, prompt, steps: int, vocabulary=None,
+             arithmetic: str | None = None) -> np.ndarray:
+    """``steps`` tokens after ``prompt`` (n×d, n ≥ 1): the output at the last position is fed
+    back as the next input, replaced first by the nearest row of ``vocabulary`` (V×d) when one
+    is given. Returns the generated tokens (steps×d) in the decoder's arithmetic (exact for
+    rational hardmax models unless ``arithmetic`` says otherwise)."""
+    prompt = np.asarray(prompt, dtype=object if _has_fractions(prompt) else None)
+    if prompt.ndim != 2 or len(prompt) == 0 or prompt.shape[1] != model.d:
+        raise ValueError(f"the prompt must be n×{model.d} with n >= 1, got shape {prompt.shape}")
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    dec = Decoder(model, arithmetic)
+    vocab = None if vocabulary is None else dec.ar.array(np.asarray(vocabulary))
+    if vocab is not None and (vocab.ndim != 2 or vocab.shape[1] != model.d or not len(vocab)):
+        raise ValueError(f"the vocabulary must be V×{model.d} with V >= 1")
+    out = None
+    for x in prompt:
+        out = dec.push(x)
+    tokens = []
+    for s in range(steps):
+        nxt = out if vocab is None else vocab[nearest(vocab, out)]
+        tokens.append(nxt)
+        if s + 1 < steps:
+            out = dec.push(nxt)
+    return dec.ar.public(np.array(tokens, dtype=out.dtype).reshape(steps, model.d))
+
+
+def _has_fractions(a) -> bool:
+    return not isinstance(a, np.ndarray) and any(not isinstance(v, (int, float))
+                                                 for row in a for v in row)
