@@ -13,13 +13,20 @@ alone no longer tell the contexts apart (the same character at the same position
 differently), so separation rounds split them by their prefixes; each text is generated back
 from its first character.
 
-Run: .venv/bin/python examples/recite.py [--chars 2000] [--exact]
+``--file TEXT`` recites any UTF-8 text instead of the passage (all of it, or its first
+``--chars`` characters); ``--width`` puts width/4 hats in one FF layer (docs/causal.md), for
+about 4/width as many blocks, which is what makes a book of 10^6 characters a model of about a
+thousand blocks (benchmarks/bench_book.py).
+
+Run: .venv/bin/python examples/recite.py [--chars 2000] [--exact] [--file TEXT] [--width 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -99,11 +106,27 @@ def recite(model, text: str, alphabet: str, vocab: np.ndarray) -> str:
     return text[0] + "".join(alphabet[nearest(vocab, np.asarray(r, dtype=float))] for r in out)
 
 
-def build_and_recite(texts: list[str], exact: bool, label: str) -> dict:
+def read_text(path: str, chars: int | None = None) -> str:
+    """The UTF-8 text of the file (its first ``chars`` characters when given); a ValueError
+    naming the file when it is not UTF-8 or holds fewer than 2 characters to recite."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror})") from None
+    text = text if chars is None else text[:chars]
+    if len(text) < 2:
+        raise ValueError(f"{path}: a text to recite needs at least 2 characters, "
+                         f"got {len(text)}")
+    return text
+
+
+def build_and_recite(texts: list[str], exact: bool, label: str, width: int = 4) -> dict:
     alphabet, vocab = alphabet_vectors(texts)
     data = next_character_data(texts, alphabet, vocab)
     t0 = time.perf_counter()
-    model = ef.compile(data, exact=exact, causal=True)
+    model = ef.compile(data, exact=exact, causal=True, width=width)
     t1 = time.perf_counter()
     report = ef.verify(model, data)
     t2 = time.perf_counter()
@@ -125,19 +148,32 @@ def build_and_recite(texts: list[str], exact: bool, label: str) -> dict:
     return row
 
 
-def main(chars: int = 2000, exact: bool = False) -> list[dict]:
+def main(chars: int | None = 2000, exact: bool = False, file: str | None = None,
+         width: int = 4) -> list[dict]:
+    """The passage (or the file's text) and the shared openings, each built, verified and
+    recited; the file's text alone when a file is given."""
+    if file is not None:
+        return [build_and_recite([read_text(file, chars)], exact, file, width)]
+    chars = 2000 if chars is None else chars
     if not 2 <= chars <= len(PASSAGE):
         raise ValueError(f"chars must be between 2 and {len(PASSAGE)}")
     text = PASSAGE[:chars]
-    rows = [build_and_recite([text], exact, "passage"),
-            build_and_recite(SHARED, exact, "shared openings")]
+    rows = [build_and_recite([text], exact, "passage", width),
+            build_and_recite(SHARED, exact, "shared openings", width)]
     return rows
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--chars", type=int, default=2000, help="characters of the passage")
+    ap.add_argument("--chars", type=int, default=None,
+                    help="characters of the passage (default 2000) or of the file (default all)")
     ap.add_argument("--exact", action="store_true", help="rational parameters (slower)")
+    ap.add_argument("--file", help="a UTF-8 text file to recite instead of the passage")
+    ap.add_argument("--width", type=int, default=4, help="widest FF layer (a multiple of 4)")
     args = ap.parse_args()
-    rows = main(args.chars, args.exact)
+    try:
+        rows = main(args.chars, args.exact, args.file, args.width)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     raise SystemExit(0 if all(r["verified"] and r["recited"] for r in rows) else 1)

@@ -21,23 +21,65 @@ from ..evaluate import (
     PassStats,
     causal_row,
     relu,
-    ridges_in,
+    ridges_of,
 )
 from ..model import FF, SA, Transformer
+
+
+class _Windows:
+    """Closed float intervals [lo_f[w], hi_f[w]], searched by a point in about log(windows)
+    time: the windows are put in classes by width (within a factor of 16), so the windows of a
+    class that can hold t have lo in [t − the class's largest width, t]. Each window's lo is
+    replaced by its rank among all lo (lo ≥ x exactly when the rank is at least the number of
+    lo below x), and the windows are sorted by (class, rank), so every class's slice is found
+    by one vectorised bisection for all classes at once. A token pays for the windows near it,
+    not for every window."""
+
+    def __init__(self, lo_f: np.ndarray, hi_f: np.ndarray):
+        self.lo_f, self.hi_f = lo_f, hi_f
+        width = hi_f - lo_f
+        finite = np.isfinite(width)
+        exponent = np.where(finite, np.frexp(np.where(finite, width, 1))[1] // 4,
+                            np.iinfo(int).max)
+        classes, cls = np.unique(exponent, return_inverse=True)
+        self.sorted_lo = np.sort(lo_f)
+        rank = np.searchsorted(self.sorted_lo, lo_f, "left")
+        self.order = np.lexsort((rank, cls))
+        self.span = len(lo_f) + 1
+        self.keys = cls[self.order] * self.span + rank[self.order]
+        self.base = np.arange(len(classes)) * self.span
+        self.width = np.array([width[cls == c].max() for c in range(len(classes))]) \
+            * (1 + 1e-9)
+
+    def holding(self, t: float, k: int) -> np.ndarray:
+        """The windows w ≥ k with lo_f[w] ≤ t ≤ hi_f[w], in increasing order."""
+        if not np.isfinite(t):  # overflowed: only unbounded windows can hold it
+            return k + np.flatnonzero((self.lo_f[k:] <= t) & (t <= self.hi_f[k:]))
+        below = np.searchsorted(self.sorted_lo, t - self.width - 4 * np.spacing(abs(t)), "left")
+        upto = np.searchsorted(self.sorted_lo, t, "right")
+        a = np.searchsorted(self.keys, self.base + below, "left")
+        b = np.searchsorted(self.keys, self.base + upto, "left")
+        found = [self.order[i:j] for i, j in zip(a.tolist(), b.tolist(), strict=True) if i < j]
+        if not found:
+            return np.empty(0, dtype=int)
+        cand = np.concatenate(found) if len(found) > 1 else found[0]
+        cand = cand[(cand >= k) & (self.hi_f[cand] >= t)]
+        cand.sort()
+        return cand
 
 
 @dataclass
 class _Run:
     """Consecutive attention-free FF layers cut into ridge windows that read one direction f:
     window w adds zero unless lo[w] < f·x < hi[w]; ``layer[w]`` numbers its layer in the run and
-    ``after[w]`` is the first window of the next layer (a wide layer of k hats is k windows)."""
+    ``after[w]`` is the first window of the next layer (a wide layer of k hats is k windows).
+    ``lookup`` finds the windows whose (widened) float bounds hold a given f·x."""
 
     f: np.ndarray
     ffs: list[FF]
     lo: list
     hi: list
-    lo_f: np.ndarray  # float bounds, widened, to find candidates fast
-    hi_f: np.ndarray
+    lookup: _Windows
     layer: list[int]
     after: list[int]
 
@@ -87,11 +129,11 @@ class Decoder:
         self.positions = None if model.positions is None else self.ar.array(model.positions)
         tau = self.ar.scalar(model.tau if model.tau is not None else 1)
         self.layers: list = []
-        for b, blk in zip(model.blocks, (self.ar.convert(b) for b in params.blocks),
-                          strict=True):
+        blocks = [self.ar.convert(b) for b in params.blocks]
+        windows = ridges_of([b.ff for b in model.blocks], [b.ff for b in blocks], self.ar)
+        for blk, ridges in zip(blocks, windows, strict=True):
             if blk.ff is not None:
-                self._add_ff(blk.ff, ridges_in(b.ff, blk.ff, self.ar),
-                             alone=blk.sa is None or blk.sa.is_identity())
+                self._add_ff(blk.ff, ridges, alone=blk.sa is None or blk.sa.is_identity())
             if blk.sa is not None and not blk.sa.is_identity():
                 self.layers.append(_Attention(blk.sa, model.attention, tau, self.ar))
         self.layers = [self._close(x) for x in self.layers]
@@ -123,7 +165,7 @@ class Decoder:
         if self.ar.is_object:
             lo_f = lo_f - 1e-9 * (np.abs(lo_f) + 1)
             hi_f = hi_f + 1e-9 * (np.abs(hi_f) + 1)
-        return _Run(flat[0][0].f, [ff for _, ff, _ in flat], lo, hi, lo_f, hi_f,
+        return _Run(flat[0][0].f, [ff for _, ff, _ in flat], lo, hi, _Windows(lo_f, hi_f),
                     [n for _, _, n in flat], [int(starts[n + 1]) for _, _, n in flat])
 
     def push(self, x) -> np.ndarray:
@@ -153,8 +195,7 @@ class Decoder:
         k = 0  # the windows before k belong to layers already applied or passed
         while k < len(run.ffs):
             t = z @ run.f
-            tf = float(t)
-            cand = np.flatnonzero((run.lo_f[k:] <= tf) & (tf <= run.hi_f[k:])) + k
+            cand = run.lookup.holding(float(t), k)
             hits = [c for c in cand.tolist() if run.lo[c] < t < run.hi[c]]
             if not hits:
                 return z
@@ -170,8 +211,11 @@ class Decoder:
 def nearest(vocabulary: np.ndarray, y: np.ndarray) -> int:
     """Index of the vocabulary row closest to y (Euclidean; the first on ties)."""
     diff = vocabulary - y
-    dist = [sum(v * v for v in row) for row in diff]
-    return min(range(len(dist)), key=lambda i: dist[i])
+    dist = diff[:, 0] * diff[:, 0]
+    for j in range(1, diff.shape[1]):  # coordinate by coordinate: the sum in the same order
+        dist = dist + diff[:, j] * diff[:, j]  # for every row, float and exact alike
+    return int(np.argmin(dist)) if dist.dtype != object else \
+        min(range(len(dist)), key=dist.__getitem__)
 
 
 def generate(model: Transformer, prompt, steps: int, vocabulary=None,
