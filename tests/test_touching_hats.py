@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_causal import causal_data
-from test_enclosure import assert_contains, exact, exact_block, ref_forward
+from test_enclosure import apply, assert_contains, exact, exact_block, ref_forward
 
 import exactformer as ef
 from exactformer.evaluate import Arithmetic, enclose, forward, forward_causal, ridges_of
@@ -105,27 +105,23 @@ def ref_causal(model: Transformer, xs) -> list[list[list[Fraction]]]:
         for ff, sa in blocks:
             if ff is not None:
                 eta, U, b, W = ff
-                X = [[eta * v + dv for v, dv in zip(row, _apply(W, [
-                    max(Fraction(0), z + bk) for z, bk in zip(_apply(U, row), b, strict=True)]),
+                X = [[eta * v + dv for v, dv in zip(row, apply(W, [
+                    max(Fraction(0), z + bk) for z, bk in zip(apply(U, row), b, strict=True)]),
                     strict=True)] for row in X]
             if sa is not None:
                 rho, heads = sa
                 new = [[rho * v for v in row] for row in X]
                 for A, V in heads:
                     for i, row in enumerate(X):
-                        Ax = _apply(A, row)
+                        Ax = apply(A, row)
                         S = [sum((s * t for s, t in zip(Ax, y, strict=True)), Fraction(0))
                              for y in X[:i + 1]]
                         hit = [X[l] for l, s in enumerate(S) if s == max(S)]
                         mean = [sum(c, Fraction(0)) / len(hit) for c in zip(*hit, strict=True)]
-                        new[i] = [o + v for o, v in zip(new[i], _apply(V, mean), strict=True)]
+                        new[i] = [o + v for o, v in zip(new[i], apply(V, mean), strict=True)]
                 X = new
         outs.append(X)
     return outs
-
-
-def _apply(M, x) -> list[Fraction]:
-    return [sum((m * x[j] for j, m in row), Fraction(0)) for row in M]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

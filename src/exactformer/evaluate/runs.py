@@ -181,7 +181,7 @@ def _give_up_shared(st: Rows, stab, rows, wins, t):
     one layer can overlap where hats touch) are given up: radius inf, no further steps, their
     sequences go to the exact pass. The others go on."""
     shared = stab.shared(t, wins)
-    if not shared.any():
+    if shared is None or not shared.any():
         return rows, wins
     st.rad[rows[shared]] = np.inf
     st.grew(rows[shared])
@@ -246,23 +246,28 @@ class _Stabber:
         if _overlap_in_a_layer(run.layer, run.lo, run.hi):
             return None
         if not tracked:
-            return cls(run.layer, run.lo, run.hi)
+            return cls(run.layer, run.lo, run.hi, tracked=False)
         pad = enclosure.window_pad(widening, run.lo, run.hi)
-        return cls(run.layer, enclosure.lower(run.lo, pad), enclosure.upper(run.hi, pad))
+        return cls(run.layer, enclosure.lower(run.lo, pad), enclosure.upper(run.hi, pad),
+                   tracked=True)
 
-    def __init__(self, layer, lo, hi):
+    def __init__(self, layer, lo, hi, tracked: bool):
         self.lo_w, self.hi_w = lo, hi
         self.order = np.argsort(lo, kind="stable")
         self.lo, self.hi = lo[self.order], hi[self.order]
         self.layer = layer[self.order]
         self.hi_max = np.maximum.accumulate(self.hi)  # largest hi among windows up to here
-        self.left_hi, self.right_lo = _layer_neighbours(layer, lo, hi)
+        # only widened windows can overlap: a plain float pass needs no neighbours
+        self.neighbours = _layer_neighbours(layer, lo, hi) if tracked else None
 
     def shared(self, t, wins) -> np.ndarray:
         """Which values t, each inside window wins[i], are inside another window of that
         window's layer too (windows of a layer do not overlap unwidened, so those before it
-        end below it and those after it start above it)."""
-        return (t < self.left_hi[wins]) | (t > self.right_lo[wins])
+        end below it and those after it start above it). None in a plain float pass."""
+        if self.neighbours is None:
+            return None
+        left_hi, right_lo = self.neighbours
+        return (t < left_hi[wins]) | (t > right_lo[wins])
 
     def next(self, t, after) -> np.ndarray:
         k = np.searchsorted(self.lo, t, side="left") - 1  # windows 0..k have lo < t

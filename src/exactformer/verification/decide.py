@@ -323,7 +323,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     tolerance = softmax_tolerance(model, digits, tolerance)
     limit = Fraction(tolerance) * exact_scale
     if model.attention == "hardmax":
-        found = _causal_hardmax(model, dataset, xs_f, limit, progress)
+        found = _causal_hardmax(model, dataset, xs_f, ys_f, limit, progress)
     else:
         found = _causal_softmax(model, dataset, limit, digits, tau)
     nonfinite = [] if model.exact else \
@@ -346,7 +346,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         **found)
 
 
-def _causal_hardmax(model, dataset, xs_f, limit: Fraction, progress: bool) -> dict:
+def _causal_hardmax(model, dataset, xs_f, ys_f, limit: Fraction, progress: bool) -> dict:
     """The hardmax verdict fields. A float64 model on float data is first enclosed
     (:func:`exactformer.evaluate.enclose`): a sequence whose every constrained position has a
     rigorous error bound within the limit is decided by it; the others, and every rational
@@ -355,7 +355,7 @@ def _causal_hardmax(model, dataset, xs_f, limit: Fraction, progress: bool) -> di
     errs: list = [None] * dataset.N
     if not model.exact and not dataset.exact:
         below = _float_below(limit)
-        for j, b in enumerate(_causal_bounds(model, dataset, xs_f, progress)):
+        for j, b in enumerate(_causal_bounds(model, dataset, xs_f, ys_f, progress)):
             if (b <= below).all():
                 errs[j] = list(b)
     open_ = [j for j in range(dataset.N) if errs[j] is None]
@@ -381,14 +381,14 @@ def _causal_hardmax(model, dataset, xs_f, limit: Fraction, progress: bool) -> di
                 first_failure=first)
 
 
-def _causal_bounds(model, dataset, xs_f, progress: bool) -> list[np.ndarray]:
+def _causal_bounds(model, dataset, xs_f, ys_f, progress: bool) -> list[np.ndarray]:
     """Per sequence and position, an upper bound on the distance of the exact output from the
     target (0 at unconstrained positions, inf where the enclosure knows nothing): the
     enclosure's box and the float distance, inflated by their rounding
     (:func:`exactformer.evaluate.enclosure.hausdorff_upper` on one-point sets)."""
     mids, rads = enclose(model, xs_f, None, progress=progress)
     out = []
-    for o, r, y, k in zip(mids, rads, dataset.floats()[1], dataset.known, strict=True):
+    for o, r, y, k in zip(mids, rads, ys_f, dataset.known, strict=True):
         b = np.zeros(len(k))
         if k.any():
             one = (o[k][:, None], r[k][:, None], y[k][:, None], np.zeros_like(y[k][:, None]))
