@@ -158,6 +158,7 @@ class CausalConstruction:
     snap_windows: list[tuple[str, str, str, str]] = field(default_factory=list)
     theta: str | None = None
     folded: bool | None = None
+    position_code: dict | None = None  # {"coordinates": q, "weight": w, "scale": c}: keys
 
     KINDS = ("causal-hardmax", "causal-softmax")
 
@@ -175,7 +176,9 @@ class CausalConstruction:
                           for x in self.lifts]}
         if self.interpolation_direction is not None:
             meta["interpolation_direction"] = self.interpolation_direction
-        if self.kind == "causal-softmax":
+        if self.position_code is not None:
+            meta["position_code"] = dict(self.position_code)
+        if self.kind == "causal-softmax" and self.position_code is None:
             meta.update({"theta": self.theta, "folded": self.folded,
                          "snap_windows": [list(w) for w in self.snap_windows]})
         return meta
@@ -200,6 +203,11 @@ class CausalConstruction:
                   interpolation_direction=_opt_strings(r.get("interpolation_direction",
                                                              (list, type(None)), None),
                                                        "meta.interpolation_direction"))
+        code = r.get("position_code", (dict, type(None)), None)
+        if code is not None:
+            cr = _Reader(code, "meta.position_code")
+            rec.position_code = {"coordinates": cr.integer("coordinates"),
+                                 "weight": cr.integer("weight"), "scale": cr.get("scale", str)}
         if kind == "causal-softmax":
             rec.theta = r.get("theta", (str, type(None)), None)
             rec.folded = r.get("folded", (bool, type(None)), None)

@@ -49,6 +49,7 @@ from .generic import (
 )
 from .hardmax import check_heads, hats_per_layer
 from .interpolation import LeaderOnTarget, half_room, interpolate
+from .position_keys import build_keys, keyed_positions
 from .separation import TokenTable, project
 from .softmax import TargetInSnapWindow, parse_tau, project_and_snap
 
@@ -96,6 +97,11 @@ def compile_causal(dataset: CausalDataset, attention: str = "hardmax", exact: bo
     k = hats_per_layer(width)
     check_heads(heads)
     xs, ys = dataset.fractions() if exact else dataset.floats()
+    found = keyed_positions(xs, ys, dataset.known)
+    if found is not None:
+        model = _build_keyed(found, len(xs), dataset, attention, exact, width, tau)
+        model.record.seed = seed
+        return model
     ctx = _contexts(xs, ys, list(dataset.known), exact, dataset.d)
     ctx.per_layer, ctx.channels = k, max(1, min(heads, dataset.d - 1))  # x[0] is u, x[1] is v
     draws = Draws(seed, exact)
@@ -113,6 +119,24 @@ def compile_causal(dataset: CausalDataset, attention: str = "hardmax", exact: bo
                                 f"coincidence (the last: {last})")
     model.record.seed = seed
     return model
+
+
+def _build_keyed(found, N: int, dataset: CausalDataset, attention: str, exact: bool,
+                 width: int, tau) -> Transformer:
+    """Every constrained position looked up by its key, ``width`` units to a layer
+    (construct/position_keys.py); no attention layer is needed, so the hardmax and the softmax
+    model are the same layers."""
+    P, blocks, (q, w, c) = build_keys(found, dataset.d, width, exact)
+    moves = sum(p is not None for p in found)
+    record = CausalConstruction(
+        kind=f"causal-{attention}", seed=0, N=N, constrained=dataset.constrained,
+        stored_positions=len(P), R=0, moves=moves,
+        phases=[Span("interpolation", 0, len(blocks))],
+        position_code={"coordinates": q, "weight": w, "scale": str(c)})
+    return Transformer(d=dataset.d + q, attention=attention, blocks=blocks, exact=exact,
+                       causal=True, positions=P, record=record,
+                       tau=None if attention == "hardmax" else
+                       num(1 if tau is None else parse_tau(tau), exact))
 
 
 def _contexts(xs, ys, known, exact: bool, d: int) -> _Contexts:

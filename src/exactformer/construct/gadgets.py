@@ -82,6 +82,11 @@ def ff_from_units(units: list[Unit], eta, d: int, exact: bool) -> FF:
     U, b, W = zeros((w, d), exact), zeros(w, exact), zeros((d, w), exact)
     for i, un in enumerate(units):
         U[i], b[i], W[:, i] = un.u, un.b, un.w
+    return balanced_ff(U, b, W, eta, exact)
+
+
+def balanced_ff(U: np.ndarray, b: np.ndarray, W: np.ndarray, eta, exact: bool) -> FF:
+    """The layer η·x + W·relu(U·x + b), balanced as :func:`ff_from_units` describes."""
     s = 1 if eta == 0 else 0
     c = balance_scale(U[s:], b[s:], W[:, s:], exact)
     U[s:], b[s:], W[:, s:] = U[s:] * c, b[s:] * c, W[:, s:] / c
@@ -107,6 +112,11 @@ def balance_scale(U: np.ndarray, b: np.ndarray, W: np.ndarray, exact: bool):
 def _log2_norm(values: np.ndarray):
     """log2 of the Euclidean norm of ``values`` (Fractions or floats; None if all are 0),
     computed as log2 M + log2 ‖values/M‖ with M the largest |value|, which cannot overflow."""
+    if values.dtype != object:  # the same numbers as below, divided and squared at once
+        top = float(np.abs(values).max(initial=0.0))
+        if top == 0:
+            return None
+        return math.log2(top) + math.log2(math.fsum(np.square(values / top).tolist())) / 2
     top = max((abs(v) for v in values), default=0)
     if top == 0:
         return None

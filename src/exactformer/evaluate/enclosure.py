@@ -31,6 +31,14 @@ def rounding(S, n: int):
     return (2 * n + 4) * U * S + (2 * n + 4) * TINY
 
 
+def sum_error(a, b, s):
+    """|a + b − s| exactly, for s the float64 sum of a and b (TwoSum: its error term is exact
+    in round-to-nearest, subnormals included, barring overflow); inf where s is not finite."""
+    bb = s - a
+    e = np.abs((a - (s - bb)) + (b - bb))
+    return np.where(np.isfinite(s), e, np.inf)
+
+
 def up(r, n: int):
     """``r`` (a nonnegative bound computed with at most n float operations) inflated so that
     it bounds the exactly computed quantity too."""

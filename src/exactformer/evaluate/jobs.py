@@ -22,6 +22,7 @@ from ..model import Transformer
 from . import runs
 from .arithmetic import Arithmetic, PassStats
 from .causal import apply_causal_sa
+from .keys import key_layers
 from .layers import apply_ff, apply_sa
 from .state import CausalState, RowState
 from .windows import paused_gc, ridges_of
@@ -39,6 +40,7 @@ class Job:
     tau: object
     runs: dict  # first block -> runs.Run (float64 passes; docs/numerics.md)
     causal: bool
+    keys: list  # per block: its FF as a key layer (evaluate/keys.py), or None
 
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau, causal: bool | None = None) -> Job:
@@ -46,11 +48,14 @@ class Job:
         params = ar.numbers(model)
         blocks = params.blocks  # converted to the pass's arithmetic where used (Arithmetic.convert)
         with paused_gc():
-            ridges = ridges_of([b.ff for b in model.blocks], [c.ff for c in blocks], ar)
+            keys = key_layers([b.ff for b in model.blocks])
+            ridges = ridges_of([None if k is not None else b.ff for b, k in
+                                zip(model.blocks, keys, strict=True)],
+                               [c.ff for c in blocks], ar)
             plan = {} if ar.is_object else runs.plan_runs(blocks, ridges)
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         return cls(ar, model.attention, blocks, ridges, tau, plan,
-                   model.causal if causal is None else causal)
+                   model.causal if causal is None else causal, keys)
 
     def run(self, xs: list[np.ndarray], snapshots, stats: PassStats,
             progress: bool) -> tuple[list, dict]:
@@ -86,7 +91,7 @@ class Job:
                 continue
             blk = self.blocks[i]
             if blk.ff is not None:
-                apply_ff(st, blk.ff, self.ridges[i], stats)
+                apply_ff(st, blk.ff, self.ridges[i], stats, self.keys[i])
             if blk.sa is not None and not blk.sa.is_identity():
                 attend(st, st.ar.convert(blk.sa), self.attention, self.tau, stats)
             i += 1

@@ -17,15 +17,24 @@ from ..numbers import safe_float, sparse_dot
 from . import enclosure
 from .arithmetic import PassStats, relu
 from .attention import head_average
+from .keys import KeyLayer, apply_keys
 from .state import RowState, SortedProjection
 from .windows import Ridge
 
 DENSE_ROWS = 2 ** 16  # rows per slice of a dense FF in an enclosure pass
 
 
-def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: PassStats):
+def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: PassStats,
+             key: KeyLayer | None = None):
     """Apply an FF: each ridge window only to the rows inside it (every window's change is
-    computed from the layer's input, then the changes are added), anything else densely."""
+    computed from the layer's input, then the changes are added), a key layer by looking up
+    each row's key, anything else densely."""
+    if key is not None:
+        ff = st.ar.convert(ff)
+        rest = apply_keys(st, ff, key)
+        if len(rest):
+            _dense_rows(st, ff, rest)
+        return
     if ridges is not None:
         moves, spread = [], []
         for ridge, part in ridges:
@@ -64,6 +73,18 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
     st.changed_everything()
     if ff.eta == 0:
         st.compact()
+
+
+def _dense_rows(st: RowState, ff: FF, rows: np.ndarray) -> None:
+    """The FF ``ff`` (η = 1, in the pass's arithmetic) on ``rows`` alone."""
+    X = st.P[rows]
+    if st.rad is not None:
+        st.P[rows], st.rad[rows] = enclosure.ff_dense(X, st.rad[rows], ff.eta, ff.U, ff.b, ff.W)
+    elif st.ar.kind == "exact":
+        st.P[rows] = exact_dense_ff(X, ff)
+    else:
+        st.P[rows] = X * ff.eta + relu(X @ ff.U.T + ff.b) @ ff.W.T
+    st.moved(rows)
 
 
 def exact_dense_ff(P: np.ndarray, ff: FF) -> np.ndarray:

@@ -18,7 +18,7 @@ from ..model import Transformer
 from ..numbers import safe_floats
 from .arithmetic import Arithmetic, PassStats
 from .causal import with_positions
-from .enclosure import float_radius, rounding
+from .enclosure import float_radius, sum_error
 from .jobs import Job, chunk_bounds, run_parallel
 
 
@@ -91,7 +91,7 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
     Causal models (outputs in input order): the blocks up to the last attention layer run as
     an exact pass (causal attention has no radius rule), whose outputs enter the tracking pass
     rounded to floats with their rounding as radius; without attention the positions are
-    added in float64, their rounding bounded. Their inputs must be exact (``radii`` None).
+    added in float64, their rounding bounded exactly. Their inputs must be exact (``radii`` None).
     """
     if model.exact or model.attention != "hardmax" or (model.positions is not None and
                                                        not model.causal):
@@ -124,7 +124,8 @@ def _causal_start(model: Transformer, xs: list[np.ndarray], stats: PassStats):
         floats = [safe_floats(x) for x in exact]
         return start, floats, [float_radius(x, f) for x, f in zip(exact, floats, strict=True)]
     sums = _with_positions(model, xs, Arithmetic("float"))
-    return 0, sums, [rounding(np.abs(s), 1) for s in sums]
+    P = np.asarray(model.positions, dtype=float)
+    return 0, sums, [sum_error(x, P[: len(x)], s) for x, s in zip(xs, sums, strict=True)]
 
 
 def distinct_rows(a: np.ndarray) -> np.ndarray:

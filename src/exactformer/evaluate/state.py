@@ -118,6 +118,7 @@ class RowState:
         self.give_up = math.inf  # radius beyond which a row is given up (set to inf)
         self._by_sequence = None  # (segments(), weights()) until the next compaction
         self.heads = HeadCache()
+        self.keys: dict = {}  # key coordinates -> the rows' keys (evaluate/keys.py)
         # change stamps: every change of a row's point or radius, and every attention write
         # of a column, gets a new epoch (what rank_one.HeadCache reuses results by)
         self.epoch = 0
@@ -127,6 +128,7 @@ class RowState:
     def changed_everything(self):
         self.projections.clear()
         self.heads.clear()
+        self.keys.clear()
         self.extent = None
 
     def touch(self, rows) -> None:
@@ -145,6 +147,7 @@ class RowState:
         that ignore them stay valid."""
         self.projections = {k: v for k, v in self.projections.items()
                             if not any(v[0][c] != 0 for c in cols.tolist())}
+        self.keys = {k: v for k, v in self.keys.items() if not set(k) & set(cols.tolist())}
         self.epoch += 1
         self.col_epoch[cols] = self.epoch
         if self.rad is None:
