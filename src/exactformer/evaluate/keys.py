@@ -15,11 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from itertools import accumulate
+from operator import and_
 
 import numpy as np
 
 from ..model import FF
 from . import enclosure
+from .arithmetic import relu
 
 MAX_KEY_COORDINATES = 33  # keys are packed base 3 into integers exact in float64 and int64
 
@@ -191,12 +194,10 @@ def _move(st, ff: FF, key: KeyLayer, rows: np.ndarray, units: np.ndarray, g: lis
     leaves the radius as it was."""
     X = st.P[rows]
     Wu = ff.W[:, units].T
+    z = unit_values(st.ar, ff, key, X, units, g)
     if st.ar.is_object:
-        z = np.array([st.ar.scalar(key.kappa * key.w) * gi + st.ar.scalar(key.b) for gi in g],
-                     dtype=object)
         st.P[rows] = X + Wu * z[:, None]
     else:
-        z = (X * ff.U[units]).sum(axis=1) + ff.b[units]
         change = Wu * z[:, None]
         new = X + change
         if st.rad is not None:
@@ -205,21 +206,73 @@ def _move(st, ff: FF, key: KeyLayer, rows: np.ndarray, units: np.ndarray, g: lis
     st.moved(rows)
 
 
+def unit_values(ar, ff: FF, key: KeyLayer, X: np.ndarray, units: np.ndarray, g: list):
+    """The activation relu(κ·g·w + b) of each row's own unit: exact in an exact or mpmath
+    pass, from the float64 dot product (as a dense pass computes it) in a float one."""
+    if ar.is_object:
+        z = np.array([ar.scalar(key.kappa * key.w) * gi + ar.scalar(key.b) for gi in g],
+                     dtype=object)
+    else:
+        z = (X * ff.U[units]).sum(axis=1) + ff.b[units]
+    return relu(z)
+
+
+class KeyRun:
+    """Consecutive key layers on one Q with one weight w, for a single row at a time (the
+    decoder): the row's key is looked up once in a table of every layer's units and the row
+    jumps to the first layer that holds it, as :func:`apply_keys` would move it layer by
+    layer. ``dense(i, z)`` applies layer i densely where the lemma does not cover the row."""
+
+    def __init__(self, ffs: list[FF], keys: list[KeyLayer]):
+        self.ffs, self.keys = ffs, keys
+        self.Q, self.w = keys[0].Q, keys[0].w
+        self.where: dict = {}  # packed key -> [(layer, unit)] in layer order
+        self.quiet: dict = {}  # scale g -> per layer k, whether layers k, k + 1, … are quiet
+        for i, key in enumerate(keys):
+            for code, unit in zip(key.codes.tolist(), key.units.tolist(), strict=True):
+                self.where.setdefault(code, []).append((i, unit))
+
+    @staticmethod
+    def fits(run: list[KeyLayer], key: KeyLayer) -> bool:
+        """Whether ``key`` may join the run (same coordinates and weight)."""
+        return not run or (np.array_equal(run[0].Q, key.Q) and run[0].w == key.w)
+
+    def push(self, z: np.ndarray, ar, dense) -> np.ndarray:
+        k = 0
+        while k < len(self.ffs):
+            code, g, weight = (v[0] for v in row_keys(z[self.Q][None, :], None))
+            if g not in self.quiet:
+                each = [_quiet(g, key) for key in self.keys]
+                self.quiet[g] = list(reversed(list(accumulate(reversed(each), and_))))
+            if not 0 <= weight <= self.w or not self.quiet[g][k]:
+                z, k = dense(self.ffs[k], z), k + 1
+                continue
+            later = [(i, u) for i, u in self.where.get(int(code), []) if i >= k]
+            if weight < self.w or not later:
+                return z
+            i, unit = later[0]
+            ff = self.ffs[i]
+            v = unit_values(ar, ff, self.keys[i], z[None, :], np.array([unit]), [g])[0]
+            z, k = z + ff.W[:, unit] * v, i + 1
+        return z
+
+
 def _step_radius(r, X, change, new, key: KeyLayer, g: list, Wu, z) -> np.ndarray:
-    """Radii after x ↦ x + W·z: the float z differs from the exact κ·g·w + b by ez (computed
-    exactly), the float product W·z from the exact one by at most half an ulp (none when z is
-    a power of two and nothing underflows), and the float sum from the exact one by exactly
-    the TwoSum error."""
+    """Radii after x ↦ x + W·z: the float z differs from the exact relu(κ·g·w + b) by ez
+    (computed exactly), the float product W·z from the exact one by at most half an ulp (none
+    when z is 0 or a power of two and nothing underflows), and the float sum from the exact
+    one by exactly the TwoSum error."""
     errors: dict = {}  # (g, float z) -> |exact z − float z|: rows share a handful of pairs
     for pair in zip(g, z.tolist(), strict=True):
         if pair not in errors:
             gi, zf = pair
-            errors[pair] = float(abs(key.kappa * Fraction(gi) * key.w + key.b - Fraction(zf))) \
+            exact = max(key.kappa * Fraction(gi) * key.w + key.b, Fraction(0))
+            errors[pair] = float(abs(exact - Fraction(zf))) \
                 if np.isfinite(zf) else np.inf
     ez = np.array([errors[pair] for pair in zip(g, z.tolist(), strict=True)], dtype=float)
     ez = np.where(ez == 0, 0.0, enclosure.up(ez, 1))  # (0 when the float z is exact)
     err = enclosure.sum_error(X, change, new)
-    pow2 = (np.abs(np.frexp(z)[0]) == 0.5) & (ez == 0)
+    pow2 = ((np.abs(np.frexp(z)[0]) == 0.5) | (z == 0)) & (ez == 0)
     normal = (np.abs(change) >= np.finfo(float).tiny) | (Wu == 0)  # no underflow
     prod = np.where(pow2[:, None] & normal, 0.0, enclosure.rounding(np.abs(change), 1))
     grow = np.abs(Wu) * ez[:, None] + prod + err

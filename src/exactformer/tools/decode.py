@@ -18,8 +18,11 @@ import numpy as np
 from ..evaluate import (
     Arithmetic,
     CausalScan,
+    KeyLayer,
+    KeyRun,
     PassStats,
     causal_row,
+    key_layers,
     relu,
     ridges_of,
 )
@@ -130,9 +133,13 @@ class Decoder:
         tau = self.ar.scalar(model.tau if model.tau is not None else 1)
         self.layers: list = []
         blocks = [self.ar.convert(b) for b in params.blocks]
-        windows = ridges_of([b.ff for b in model.blocks], [b.ff for b in blocks], self.ar)
-        for blk, ridges in zip(blocks, windows, strict=True):
-            if blk.ff is not None:
+        keys = key_layers([b.ff for b in model.blocks])
+        windows = ridges_of([None if k is not None else b.ff for b, k in
+                             zip(model.blocks, keys, strict=True)], [b.ff for b in blocks], self.ar)
+        for blk, ridges, key in zip(blocks, windows, keys, strict=True):
+            if key is not None:
+                self._add_key(blk.ff, key)
+            elif blk.ff is not None:
                 self._add_ff(blk.ff, ridges, alone=blk.sa is None or blk.sa.is_identity())
             if blk.sa is not None and not blk.sa.is_identity():
                 self.layers.append(_Attention(blk.sa, model.attention, tau, self.ar))
@@ -152,9 +159,20 @@ class Decoder:
         else:
             self.layers.append([ridges])
 
+    def _add_key(self, ff: FF, key: KeyLayer) -> None:
+        """A key layer joins the key run before it (evaluate.KeyRun), or starts one."""
+        last = self.layers[-1] if self.layers else None
+        if isinstance(last, tuple) and KeyRun.fits(last[1], key):
+            last[0].append(ff)
+            last[1].append(key)
+        else:
+            self.layers.append(([ff], [key]))
+
     def _close(self, layer):
         """A list of layers of (ridge, ff) windows becomes a :class:`_Run` with widened float
         bounds."""
+        if isinstance(layer, tuple):
+            return KeyRun(*layer)
         if not isinstance(layer, list):
             return layer
         flat = [(r, ff, n) for n, windows in enumerate(layer) for r, ff in windows]
@@ -182,7 +200,9 @@ class Decoder:
                 if isinstance(layer, _Run):
                     z = self._run(layer, z)
                 elif isinstance(layer, FF):
-                    z = z * layer.eta + relu(layer.U @ z + layer.b) @ layer.W.T
+                    z = _dense(layer, z)
+                elif isinstance(layer, KeyRun):
+                    z = layer.push(z, self.ar, _dense)
                 else:
                     z = layer.push(z, self.stats)
             return self.ar.public(z)  # Fractions, not the exact pass's mpq
@@ -206,6 +226,10 @@ class Decoder:
                 new = new + relu(ff.U @ z + ff.b) @ ff.W.T
             z, k = new, run.after[hits[0]]
         return z
+
+
+def _dense(ff: FF, z: np.ndarray) -> np.ndarray:
+    return z * ff.eta + relu(ff.U @ z + ff.b) @ ff.W.T
 
 
 def nearest(vocabulary: np.ndarray, y: np.ndarray) -> int:
