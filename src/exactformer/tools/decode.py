@@ -24,6 +24,7 @@ from ..evaluate import (
     ridges_of,
 )
 from ..model import FF, SA, Transformer
+from ..numbers import pad_columns
 
 
 class _Windows:
@@ -222,27 +223,34 @@ def generate(model: Transformer, prompt, steps: int, vocabulary=None,
              arithmetic: str | None = None) -> np.ndarray:
     """``steps`` tokens after ``prompt`` (n×d, n ≥ 1): the output at the last position is fed
     back as the next input, replaced first by the nearest row of ``vocabulary`` (V×d) when one
-    is given. Returns the generated tokens (steps×d) in the decoder's arithmetic (exact for
-    rational hardmax models unless ``arithmetic`` says otherwise)."""
+    is given. Returns the generated tokens in the decoder's arithmetic (exact for rational
+    hardmax models unless ``arithmetic`` says otherwise): steps×D outputs of the model, or with
+    a vocabulary its rows themselves (steps×its own d). A prompt or vocabulary narrower than the
+    model's D = ``model.d`` is zero-padded (docs/causal.md#generation); wider, an error."""
     prompt = np.asarray(prompt, dtype=object if _has_fractions(prompt) else None)
-    if prompt.ndim != 2 or len(prompt) == 0 or prompt.shape[1] != model.d:
-        raise ValueError(f"the prompt must be n×{model.d} with n >= 1, got shape {prompt.shape}")
+    if prompt.ndim != 2 or len(prompt) == 0:
+        raise ValueError(f"the prompt must be n×d with n >= 1, got shape {prompt.shape}")
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
+    (prompt,) = pad_columns([prompt], model.d)
     dec = Decoder(model, arithmetic)
-    vocab = None if vocabulary is None else dec.ar.array(np.asarray(vocabulary))
-    if vocab is not None and (vocab.ndim != 2 or vocab.shape[1] != model.d or not len(vocab)):
-        raise ValueError(f"the vocabulary must be V×{model.d} with V >= 1")
+    own = vocab = None
+    if vocabulary is not None:
+        raw = np.asarray(vocabulary)
+        if raw.ndim != 2 or not len(raw):
+            raise ValueError(f"the vocabulary must be V×d with V >= 1, got shape {raw.shape}")
+        own, vocab = dec.ar.array(raw), dec.ar.array(pad_columns([raw], model.d)[0])
     out = None
     for x in prompt:
         out = dec.push(x)
     tokens = []
     for s in range(steps):
-        nxt = out if vocab is None else vocab[nearest(vocab, out)]
-        tokens.append(nxt)
+        k = None if vocab is None else nearest(vocab, out)
+        tokens.append(out if k is None else own[k])
         if s + 1 < steps:
-            out = dec.push(nxt)
-    return dec.ar.public(np.array(tokens, dtype=out.dtype).reshape(steps, model.d))
+            out = dec.push(out if k is None else vocab[k])
+    width = model.d if own is None else own.shape[1]
+    return dec.ar.public(np.array(tokens, dtype=out.dtype).reshape(steps, width))
 
 
 def _has_fractions(a) -> bool:
