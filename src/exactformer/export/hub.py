@@ -112,9 +112,9 @@ def _data_lines(model: Transformer, data) -> list[str]:
         return ["## Data", "", f"Not recorded with the model{f' ({known})' if known else ''}.",
                 ""]
     lengths = [len(x) for x in data.inputs]
+    if data.d > model.d:
+        raise ValueError(wider_than_model(data.d, model.d))
     d = data.padded_from or data.d
-    if d > model.d:
-        raise ValueError(wider_than_model(d, model.d))
     dim = str(d) if d == model.d else f"{d} (data in R^{d}, zero-padded to d_model = {model.d})"
     rows = [f"| sequences N | {data.N} |", f"| token dimension d | {dim} |",
             f"| input lengths | {min(lengths)} to {max(lengths)} |"]
