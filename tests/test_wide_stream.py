@@ -24,7 +24,7 @@ from exactformer.cli import main
 from exactformer.data import CausalDataset, builtin
 from exactformer.evaluate import enclose, forward_causal
 from exactformer.model import FF, SA, Block, Head, ScoreMatrix, ValueMatrix
-from exactformer.tools.decode import generate
+from exactformer.tools.decode import Decoder, generate
 
 SETTINGS = settings(max_examples=12, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -260,7 +260,7 @@ def test_a_widened_causal_model_verifies_and_runs_as_the_original(case, k):
     assert not ef.verify(leaky, data).ok
 
 
-def test_generation_with_a_narrow_prompt_and_vocabulary():
+def test_generation_with_a_narrow_prompt_and_vocabulary(tmp_path, capsys):
     texts, alphabet = ["0abcab", "1cabba", "2bacab"], "012abc"
     vocab = np.array([[k - 2, (5 * k) % 7 - 3] for k in range(len(alphabet))])
     vec = {c: [int(v) for v in vocab[j]] for j, c in enumerate(alphabet)}
@@ -281,6 +281,29 @@ def test_generation_with_a_narrow_prompt_and_vocabulary():
                 <= 1e-9
         with pytest.raises(ValueError, match="d = 6, more than the model's width d_model = 5"):
             generate(wide, np.zeros((1, 6)), 1)
+        ef.save_model(wide, tmp_path / "wide.json")
+        (tmp_path / "vocab.json").write_text(json.dumps(
+            {c: [int(v) for v in vec[c]] for c in alphabet}))
+        assert main(["generate", str(tmp_path / "wide.json"), "--prompt", "0",
+                     "--vocabulary", str(tmp_path / "vocab.json")]) == 0
+        assert capsys.readouterr().out.strip() == texts[0][1:]
+        dec0, dec1 = Decoder(model), Decoder(wide)
+        for x in data.inputs[0]:  # the decoder itself takes d-dimensional tokens
+            o0, o1 = dec0.push(x), dec1.push(x)
+            assert np.abs(np.asarray(o1, float) - padded(np.asarray(o0, float)[None], 3)[0]
+                          ).max() <= 1e-9
+
+
+def test_plot_draws_narrow_data_in_the_models_space(tmp_path):
+    pytest.importorskip("matplotlib")
+    from exactformer.tools.plot import plot_phases
+    data = builtin.shared_pool(N=3, d=2, pool=5, n_max=3, m_max=2, seed=1)
+    model = ef.compile(data)
+    fig = plot_phases(widen(model, 1), data, tmp_path / "wide.png")
+    assert "(data in R^2, zero-padded)" in fig.get_suptitle()
+    with pytest.raises(ValueError, match="d = 3, more than the model's width d_model = 2"):
+        plot_phases(model, data.padded(3), tmp_path / "bad.png")
+    assert not (tmp_path / "bad.png").exists()
 
 
 # ------------------------------------------------------------------------------ exports

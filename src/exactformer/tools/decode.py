@@ -125,7 +125,7 @@ class Decoder:
         if arithmetic is None:
             arithmetic = "exact" if model.exact and model.attention == "hardmax" else "float"
         self.ar = Arithmetic(arithmetic, dps)
-        self.dps = dps
+        self.dps, self.width = dps, model.d
         params = self.ar.numbers(model)
         self.positions = None if model.positions is None else self.ar.array(model.positions)
         tau = self.ar.scalar(model.tau if model.tau is not None else 1)
@@ -170,9 +170,10 @@ class Decoder:
                     [n for _, _, n in flat], [int(starts[n + 1]) for _, _, n in flat])
 
     def push(self, x) -> np.ndarray:
-        """Append token x (d numbers) at the next position; the model's output there."""
+        """Append token x (d ≤ D numbers, zero-padded to the model's width D) at the next
+        position; the model's output there (D numbers)."""
         with mpmath.workdps(self.dps):
-            z = self.ar.array(np.asarray(x))
+            z = self.ar.array(pad_columns([np.asarray(x)[None]], self.width)[0][0])
             if self.positions is not None:
                 if self.t >= len(self.positions):
                     raise ValueError(f"position {self.t} is beyond the model's "
@@ -232,7 +233,6 @@ def generate(model: Transformer, prompt, steps: int, vocabulary=None,
         raise ValueError(f"the prompt must be n×d with n >= 1, got shape {prompt.shape}")
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
-    (prompt,) = pad_columns([prompt], model.d)
     dec = Decoder(model, arithmetic)
     own = vocab = None
     if vocabulary is not None:
