@@ -346,3 +346,16 @@ def test_transformer_lens_and_the_hub_folder_with_narrow_data(tmp_path):
     with pytest.raises(ValueError, match="d = 6, more than the model's width d_model = 5"):
         module.save_pretrained(tmp_path / "bad", data=data.padded(6))
     assert not (tmp_path / "bad").exists()  # nothing half-written
+
+
+def test_training_loss_of_a_wider_module_on_narrow_data():
+    pytest.importorskip("torch")
+    et = pytest.importorskip("exactformer.export")
+    from exactformer.tools import train
+    data = builtin.shared_pool(N=3, d=2, pool=5, n_max=3, m_max=2, seed=4)
+    model = ef.compile(data, exact=False)
+    def loss(model) -> float:
+        return train.loss(et.to_rho_eta(model), data).detach().item()
+
+    assert loss(model) <= 1e-12 and loss(widen(model, 2)) <= 1e-12
+    assert loss(leak_into_extra(widen(model, 2), 2)) > 1e-6  # the extra coordinates count
