@@ -226,11 +226,11 @@ def test_bad_arguments(tmp_path, capsys, monkeypatch, argv, words):
 def test_train_from_a_model_of_another_dimension(tmp_path, capsys):
     pytest.importorskip("torch")
     data = write_input(tmp_path, "d.json", GOOD)
-    model = write_input(tmp_path, "m3.json", {**MODEL, "d": 3})
+    model = write_input(tmp_path, "m1.json", {**MODEL, "d": 1})  # narrower than the data
     rc, err = run(capsys, "train", data, "-o", tmp_path / "t.safetensors", "--from", model,
                   "--epochs", "1")
-    assert_refused(rc, err, ["--from", "d = 3", "d = 2"])
-    assert_only(tmp_path, {"d.json", "m3.json"})
+    assert_refused(rc, err, ["--from", "d = 2", "d_model = 1"])
+    assert_only(tmp_path, {"d.json", "m1.json"})
 
 
 # ------------------------------------------------------------------------------ partial outputs

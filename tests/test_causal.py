@@ -285,8 +285,10 @@ def test_generation_errors():
     model = ef.compile(data)
     with pytest.raises(ValueError, match="beyond the model's 3 stored positions"):
         generate(model, data.inputs[0], 2)
-    with pytest.raises(ValueError, match="n×3"):
-        generate(model, [[1, 2]], 1)
+    with pytest.raises(ValueError, match="d = 4, more than the model's width d_model = 3"):
+        generate(model, [[1, 2, 3, 4]], 1)
+    with pytest.raises(ValueError, match="n×d with n >= 1"):
+        generate(model, [], 1)
     set_model = ef.compile(ef.Dataset.from_arrays([[[1, 0, 0]]], [[[0, 1, 0]]]))
     with pytest.raises(ValueError, match="causal"):
         generate(set_model, [[1, 0, 0]], 1)

@@ -205,5 +205,5 @@ def test_bad_arguments_raise(demo):
     data, model = demo
     with pytest.raises(ValueError, match="max_bits"):
         prove(model, data, max_bits=32)
-    with pytest.raises(ValueError, match="dimension"):
-        prove(model, builtin.shared_pool(3, 2, 4, 2, seed=1))
+    with pytest.raises(ValueError, match="d = 4, more than the model's width d_model = 3"):
+        prove(model, builtin.shared_pool(3, 4, 4, 2, seed=1))

@@ -191,7 +191,7 @@ def test_verify_with_wrong_dimension_exits_2(tmp_path, data, capsys):
     assert run(capsys, "build", data, "-o", model)[0] == 0
     d3 = write(tmp_path / "d3.json", {"inputs": [[[0, 1, 2]]], "targets": [[[0, 0, 0]]]})
     rc, _, err = run(capsys, "verify", model, d3)
-    assert rc == 2 and "d = 2" in err
+    assert rc == 2 and "d = 3" in err and "d_model = 2" in err
 
 
 def test_missing_files_exit_2(tmp_path, data, capsys):

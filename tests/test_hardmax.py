@@ -398,8 +398,8 @@ def test_float64_mode_on_tokens_that_coincide_in_float():
 
 def test_verify_rejects_dimension_mismatch():
     model = ef.compile(builtin.demo(), exact=True, seed=0)
-    with pytest.raises(ValueError, match="d = 3"):
-        ef.verify(model, make_dataset([[[0, 0]]], [[[1, 1]]]))
+    with pytest.raises(ValueError, match="d = 4, more than the model's width d_model = 3"):
+        ef.verify(model, make_dataset([[[0, 0, 0, 0]]], [[[1, 1, 1, 1]]]))
 
 
 # ------------------------------------------------------------------------------ report

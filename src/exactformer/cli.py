@@ -254,9 +254,10 @@ def _train(args) -> int:
     data = Dataset.load(args.data)
     if args.start:
         model = load_model(args.start)
-        if model.d != data.d:
-            raise UsageError(f"--from {args.start}: the model is for d = {model.d} but the data "
-                             f"have d = {data.d}")
+        try:  # a model wider than the data trains on them zero-padded
+            data = data.padded(model.d)
+        except ValueError as e:
+            raise UsageError(f"--from {args.start}: {e}") from None
         start = ef_torch.to_rho_eta(model)
         if not any(p.requires_grad for p in start.parameters()):
             raise UsageError(f"--from {args.start}: the model has no parameters to train (its "

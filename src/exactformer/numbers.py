@@ -110,6 +110,32 @@ def zeros(shape, exact: bool) -> np.ndarray:
     return np.zeros(shape)
 
 
+def pad_columns(arrays, D: int) -> list[np.ndarray]:
+    """Each n_j×d array (d ≤ D) as n_j×D, zero columns appended: how a model whose residual
+    stream is D = d_model wide reads tokens of dimension d (the point (x, 0, …, 0) ∈ R^D,
+    docs/architecture.md#data-narrower-than-the-model). Arrays already D wide, and arrays that
+    are not matrices (left for the caller's own shape check), are returned as they are; d > D
+    is an error naming both."""
+    out = []
+    for a in arrays:
+        a = np.asarray(a)
+        if a.ndim == 2 and a.shape[1] != D:
+            if a.shape[1] > D:
+                raise ValueError(wider_than_model(a.shape[1], D))
+            exact = a.dtype == object
+            pad = zeros((a.shape[0], D - a.shape[1]), True) if exact else \
+                np.zeros((a.shape[0], D - a.shape[1]), dtype=a.dtype)
+            a = np.concatenate([a, pad], axis=1)
+        out.append(a)
+    return out
+
+
+def wider_than_model(d: int, D: int) -> str:
+    """The error for data of dimension d > D given to a model of width D."""
+    return (f"the data have dimension d = {d}, more than the model's width d_model = {D} "
+            "(a model reads data of dimension d <= d_model, zero-padded)")
+
+
 def unit(d: int, i: int, exact: bool) -> np.ndarray:
     e = zeros(d, exact)
     e[i] = Fraction(1) if exact else 1.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
@@ -40,6 +40,8 @@ class CausalDataset(SequenceData):
     inputs: tuple[np.ndarray, ...]
     targets: tuple[np.ndarray, ...]
     known: tuple[np.ndarray, ...]
+    # the data's own d when zero-padded to a wider model (``padded``), else None
+    padded_from: int | None = field(default=None, compare=False, repr=False)
 
     @property
     def lengths(self) -> list[int]:

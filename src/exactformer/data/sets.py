@@ -14,7 +14,7 @@ import warnings
 import zipfile
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from ..numbers import (
     fmt_array,
     is_exact_array,
     mix64,
+    pad_columns,
     parse_exact,
     to_fraction,
     to_fraction_array,
@@ -52,6 +53,7 @@ class SequenceData:
 
     inputs: tuple[np.ndarray, ...]
     targets: tuple[np.ndarray, ...]
+    padded_from: int | None
 
     @property
     def N(self) -> int:
@@ -70,6 +72,18 @@ class SequenceData:
     def total_n(self) -> int:
         return sum(x.shape[0] for x in self.inputs)
 
+    def padded(self, D: int):
+        """These data as a model of width D = d_model reads them: every input token and target
+        y as (y, 0, …, 0) ∈ R^D (docs/architecture.md#data-narrower-than-the-model). The same
+        object when D = d; d > D is a ValueError naming both. Zero columns keep every rule of
+        docs/problem.md, so the padded data are valid exactly when these are; their
+        ``padded_from`` is the data's own d."""
+        if D == self.d:
+            return self
+        return replace(self, inputs=tuple(pad_columns(self.inputs, D)),
+                       targets=tuple(pad_columns(self.targets, D)),
+                       padded_from=self.padded_from or self.d)
+
     def fractions(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Inputs and targets as object arrays of Fractions (exact for float data too)."""
         return ([to_fraction_array(x) for x in self.inputs],
@@ -87,6 +101,8 @@ class Dataset(SequenceData):
 
     inputs: tuple[np.ndarray, ...]
     targets: tuple[np.ndarray, ...]
+    # the data's own d when these are zero-padded to a wider model (:meth:`padded`), else None
+    padded_from: int | None = field(default=None, compare=False, repr=False)
 
     @property
     def input_lengths(self) -> list[int]:

@@ -11,19 +11,20 @@ import mpmath
 import numpy as np
 
 from ..model import SA
-from ..numbers import safe_float, safe_floats, sparse_dot
+from ..numbers import pad_columns, safe_float, safe_floats, sparse_dot
 from .arithmetic import FLOAT, Arithmetic, PassStats
 from .attention import float_scores, softmax_average
 from .state import RowState
 
 
 def with_positions(positions, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Row i of ``positions`` added to the token at position i (None: the inputs unchanged).
-    A sequence longer than the rows is an error naming it (see docs/causal.md)."""
+    """Row i of ``positions`` (D columns, the model's width) added to the token at position i,
+    tokens of dimension d < D zero-padded first (None: the inputs unchanged). A sequence
+    longer than the rows is an error naming it (see docs/causal.md)."""
     if positions is None:
         return inputs
     out = []
-    for j, x in enumerate(inputs):
+    for j, x in enumerate(pad_columns(inputs, positions.shape[1])):
         if len(x) > len(positions):
             raise ValueError(f"sequence {j} has {len(x)} tokens but the model stores "
                              f"{len(positions)} positions")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model import Transformer
+from ..numbers import pad_columns
 
 
 def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None) -> list[np.ndarray]:
@@ -12,10 +13,11 @@ def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None) -> lis
     every token of every sequence, every layer dense (A and V as d×d matrices, full n×n
     scores), no multisets and no ridge windows. Sequences of equal length run as one batch.
     Overflow is not trapped: it shows as inf or nan in the outputs (see docs/verification.md).
+    Inputs narrower than the model are zero-padded, as by :func:`forward`.
     """
     params = model.to_float() if model.exact else model
     t = float(tau if tau is not None else (model.tau if model.tau is not None else 1))
-    xs = [np.asarray(x, dtype=float) for x in inputs]
+    xs = pad_columns([np.asarray(x, dtype=float) for x in inputs], model.d)
     outs: list = [None] * len(xs)
     for n in sorted({len(x) for x in xs}):
         js = [j for j, x in enumerate(xs) if len(x) == n]

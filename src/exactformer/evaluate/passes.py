@@ -15,7 +15,7 @@ import mpmath
 import numpy as np
 
 from ..model import Transformer
-from ..numbers import safe_floats
+from ..numbers import pad_columns, safe_floats
 from .arithmetic import Arithmetic, PassStats
 from .causal import with_positions
 from .enclosure import float_radius, sum_error
@@ -25,7 +25,10 @@ from .jobs import Job, chunk_bounds, run_parallel
 def forward(model: Transformer, inputs: list[np.ndarray], arithmetic: str = "float",
             dps: int = 50, snapshots: set[int] | None = None, stats: PassStats | None = None,
             tau=None, progress: bool = False, workers: int | None = None):
-    """Run the model on every input sequence; return the n_j×d outputs (length preserving).
+    """Run the model on every input sequence; return the n_j×D outputs (length preserving).
+
+    Inputs of dimension d < D = ``model.d`` are read zero-padded, (x, 0, …, 0) ∈ R^D
+    (docs/architecture.md#data-narrower-than-the-model); d > D is an error naming both.
 
     ``snapshots``: block indices (0 = the input, i = after block i) whose positions are also
     returned, as a dict, in a second return value. ``tau`` overrides the model's temperature.
@@ -67,9 +70,9 @@ def _run(model, inputs, ar: Arithmetic, snapshots, stats, tau, progress, workers
 
 
 def _with_positions(model: Transformer, inputs, ar: Arithmetic) -> list[np.ndarray]:
-    """The inputs with the model's positions added in the pass's arithmetic (exactly when
-    exact)."""
-    xs = [np.asarray(x) for x in inputs]
+    """The inputs zero-padded to the model's width, with the model's positions added in the
+    pass's arithmetic (exactly when exact)."""
+    xs = pad_columns(inputs, model.d)
     if model.positions is None:
         return xs
     return with_positions(ar.array(model.positions), [ar.array(x) for x in xs])
@@ -80,7 +83,8 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
     """The float64 pass of a float64 hardmax model with a radius on every coordinate: returns
     the float64 outputs and per token a bound on the distance of the *exact* evaluation of
     the stored numbers on the exact inputs from them, given the inputs' own radii
-    (docs/numerics.md#enclosures); ``radii`` None: exact inputs (radius 0). Radii are inf
+    (docs/numerics.md#enclosures); ``radii`` None: exact inputs (radius 0). Inputs (and radii)
+    narrower than the model are zero-padded, as by :func:`forward`. Radii are inf
     where nothing is known. The outputs are a float64 evaluation in which gadget layers act
     as their affine pieces (a flat top adds its move exactly), so they can differ from
     :func:`forward`'s in the last bits. ``stats`` records the pass's margins. A row whose
@@ -98,7 +102,8 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
         raise ValueError("enclosures are made for float64 hardmax models (set models without "
                          "stored positions)")
     stats = PassStats() if stats is None else stats
-    xs = [np.asarray(x, dtype=float) for x in inputs]
+    xs = pad_columns([np.asarray(x, dtype=float) for x in inputs], model.d)
+    radii = None if radii is None else pad_columns(radii, model.d)
     job = Job.of(model, Arithmetic("float"), None)
     start = 0
     if model.causal:
@@ -140,8 +145,9 @@ def distinct_rows(a: np.ndarray) -> np.ndarray:
 
 
 def predict(model: Transformer, X, arithmetic: str | None = None, dps: int = 50) -> np.ndarray:
-    """The set of distinct output tokens for one input sequence X (n×d); for a causal model
-    the ordered outputs, row i the prediction after x_1..x_i."""
+    """The set of distinct output tokens (in R^D) for one input sequence X (n×d, d ≤ D,
+    zero-padded as by :func:`forward`); for a causal model the ordered outputs, row i the
+    prediction after x_1..x_i."""
     if arithmetic is None:
         arithmetic = "exact" if model.exact and model.attention == "hardmax" else "float"
     (out,) = forward(model, [np.asarray(X)], arithmetic, dps)

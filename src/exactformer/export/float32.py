@@ -65,12 +65,15 @@ class Float32Verdict:
 
 def max_error(module: nn.Module, dataset: Dataset | CausalDataset) -> float:
     """Largest Hausdorff distance between a pair's outputs and its targets, over the scale (for
-    causal data: the largest distance at a constrained position)."""
+    causal data: the largest distance at a constrained position). Data narrower than the
+    module are zero-padded, inputs and targets (:func:`apply`)."""
     return output_error(apply(module, dataset.floats()[0]), dataset)
 
 
 def output_error(outs: list[np.ndarray], dataset: Dataset | CausalDataset) -> float:
-    """:func:`max_error` of outputs already computed (one float64 array per sequence)."""
+    """:func:`max_error` of outputs already computed (one float64 array per sequence, n_j × D):
+    the targets are zero-padded to the outputs' width D, so extra coordinates count."""
+    dataset = dataset.padded(outs[0].shape[1])
     ys = dataset.floats()[1]
     if isinstance(dataset, CausalDataset):
         worst = max((float(np.linalg.norm(o[i] - y[i])) for o, y, k in
@@ -83,8 +86,10 @@ def output_error(outs: list[np.ndarray], dataset: Dataset | CausalDataset) -> fl
 
 def float32_verdict(model: Transformer, dataset: Dataset, layout: str = "native",
                     tolerance: float = 1e-3, device=None) -> Float32Verdict:
-    """Run ``model`` exported in ``layout`` in float32 and float64 on ``dataset``, and collect
-    the evaluator's margins (exact arithmetic for exact hardmax models, else float64)."""
+    """Run ``model`` exported in ``layout`` in float32 and float64 on ``dataset`` (zero-padded
+    to the model's width), and collect the evaluator's margins (exact arithmetic for exact
+    hardmax models, else float64)."""
+    dataset = dataset.padded(model.d)
     stats = PassStats()
     exact = model.exact and model.attention == "hardmax"
     inputs = dataset.fractions()[0] if exact else dataset.floats()[0]

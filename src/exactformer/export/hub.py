@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from ..data import CausalDataset, Dataset
 from ..model import Transformer
 from ..modelio import atomic_path, model_to_dict
+from ..numbers import wider_than_model
 from .native import FORMAT, native_model, native_tensors
 
 CONFIG, WEIGHTS, CARD, MODEL = "config.json", "model.safetensors", "README.md", "model.json"
@@ -111,7 +112,11 @@ def _data_lines(model: Transformer, data) -> list[str]:
         return ["## Data", "", f"Not recorded with the model{f' ({known})' if known else ''}.",
                 ""]
     lengths = [len(x) for x in data.inputs]
-    rows = [f"| sequences N | {data.N} |", f"| token dimension d | {data.d} |",
+    if data.d > model.d:
+        raise ValueError(wider_than_model(data.d, model.d))
+    d = data.padded_from or data.d
+    dim = str(d) if d == model.d else f"{d} (data in R^{d}, zero-padded to d_model = {model.d})"
+    rows = [f"| sequences N | {data.N} |", f"| token dimension d | {dim} |",
             f"| input lengths | {min(lengths)} to {max(lengths)} |"]
     if isinstance(data, CausalDataset):
         rows.append(f"| constrained positions | {data.constrained} |")

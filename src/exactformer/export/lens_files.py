@@ -146,7 +146,9 @@ def lens_verdict(bridge, dataset: Dataset | CausalDataset, tolerance: float | No
                  ) -> LensVerdict:
     """Run ``bridge`` (say from :func:`load_lens`) on ``dataset`` and judge its outputs
     (``tolerance`` None: :data:`LENS_TOLERANCE` of its dtype); for a hardmax export
-    (attn_scale < 1) also measure the score margin."""
+    (attn_scale < 1) also measure the score margin. Data narrower than the model (its logits,
+    ``d_vocab_out``, are the model's D coordinates) are zero-padded, inputs and targets."""
+    dataset = dataset.padded(bridge.cfg.d_vocab_out)
     xs = dataset.floats()[0]
     err = output_error(lens_apply(bridge, xs, dataset.d), dataset)
     dtype = str(next(bridge.parameters()).dtype).removeprefix("torch.")

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..numbers import pad_columns
 from .native import floats
 
 
@@ -23,8 +24,10 @@ def pad_batch(inputs, dtype=torch.float64, device=None) -> tuple[torch.Tensor, t
 
 @torch.no_grad()
 def apply(module: nn.Module, inputs) -> list[np.ndarray]:
-    """Run ``module`` on a list of sequences (n_j × d); the outputs as float64 arrays."""
+    """Run ``module`` (width D = ``module.d``) on a list of sequences (n_j × d, d ≤ D, tokens
+    zero-padded to R^D: docs/architecture.md#data-narrower-than-the-model); the outputs
+    (n_j × D) as float64 arrays."""
     p = next(module.parameters())
-    x, mask = pad_batch(inputs, p.dtype, p.device)
+    x, mask = pad_batch(pad_columns(inputs, module.d), p.dtype, p.device)
     y = module(x, mask).double().cpu().numpy()
     return [y[j, : len(seq)] for j, seq in enumerate(inputs)]

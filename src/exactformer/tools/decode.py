@@ -27,6 +27,7 @@ from ..evaluate import (
     ridges_of,
 )
 from ..model import FF, SA, Transformer
+from ..numbers import pad_columns
 
 
 class _Windows:
@@ -127,7 +128,7 @@ class Decoder:
         if arithmetic is None:
             arithmetic = "exact" if model.exact and model.attention == "hardmax" else "float"
         self.ar = Arithmetic(arithmetic, dps)
-        self.dps = dps
+        self.dps, self.width = dps, model.d
         params = self.ar.numbers(model)
         self.positions = None if model.positions is None else self.ar.array(model.positions)
         tau = self.ar.scalar(model.tau if model.tau is not None else 1)
@@ -187,9 +188,10 @@ class Decoder:
                     [n for _, _, n in flat], [int(starts[n + 1]) for _, _, n in flat])
 
     def push(self, x) -> np.ndarray:
-        """Append token x (d numbers) at the next position; the model's output there."""
+        """Append token x (d ≤ D numbers, zero-padded to the model's width D) at the next
+        position; the model's output there (D numbers)."""
         with mpmath.workdps(self.dps):
-            z = self.ar.array(np.asarray(x))
+            z = self.ar.array(pad_columns([np.asarray(x)[None]], self.width)[0][0])
             if self.positions is not None:
                 if self.t >= len(self.positions):
                     raise ValueError(f"position {self.t} is beyond the model's "
@@ -246,27 +248,33 @@ def generate(model: Transformer, prompt, steps: int, vocabulary=None,
              arithmetic: str | None = None) -> np.ndarray:
     """``steps`` tokens after ``prompt`` (n×d, n ≥ 1): the output at the last position is fed
     back as the next input, replaced first by the nearest row of ``vocabulary`` (V×d) when one
-    is given. Returns the generated tokens (steps×d) in the decoder's arithmetic (exact for
-    rational hardmax models unless ``arithmetic`` says otherwise)."""
+    is given. Returns the generated tokens in the decoder's arithmetic (exact for rational
+    hardmax models unless ``arithmetic`` says otherwise): steps×D outputs of the model, or with
+    a vocabulary its rows themselves (steps×its own d). A prompt or vocabulary narrower than the
+    model's D = ``model.d`` is zero-padded (docs/causal.md#generation); wider, an error."""
     prompt = np.asarray(prompt, dtype=object if _has_fractions(prompt) else None)
-    if prompt.ndim != 2 or len(prompt) == 0 or prompt.shape[1] != model.d:
-        raise ValueError(f"the prompt must be n×{model.d} with n >= 1, got shape {prompt.shape}")
+    if prompt.ndim != 2 or len(prompt) == 0:
+        raise ValueError(f"the prompt must be n×d with n >= 1, got shape {prompt.shape}")
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
     dec = Decoder(model, arithmetic)
-    vocab = None if vocabulary is None else dec.ar.array(np.asarray(vocabulary))
-    if vocab is not None and (vocab.ndim != 2 or vocab.shape[1] != model.d or not len(vocab)):
-        raise ValueError(f"the vocabulary must be V×{model.d} with V >= 1")
+    own = vocab = None
+    if vocabulary is not None:
+        raw = np.asarray(vocabulary)
+        if raw.ndim != 2 or not len(raw):
+            raise ValueError(f"the vocabulary must be V×d with V >= 1, got shape {raw.shape}")
+        own, vocab = dec.ar.array(raw), dec.ar.array(pad_columns([raw], model.d)[0])
     out = None
     for x in prompt:
         out = dec.push(x)
     tokens = []
     for s in range(steps):
-        nxt = out if vocab is None else vocab[nearest(vocab, out)]
-        tokens.append(nxt)
+        k = None if vocab is None else nearest(vocab, out)
+        tokens.append(out if k is None else own[k])
         if s + 1 < steps:
-            out = dec.push(nxt)
-    return dec.ar.public(np.array(tokens, dtype=out.dtype).reshape(steps, model.d))
+            out = dec.push(out if k is None else vocab[k])
+    width = model.d if own is None else own.shape[1]
+    return dec.ar.public(np.array(tokens, dtype=out.dtype).reshape(steps, width))
 
 
 def _has_fractions(a) -> bool:

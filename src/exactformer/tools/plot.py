@@ -210,8 +210,7 @@ def plot_phases(model: Transformer, dataset: Dataset | CausalDataset, path,
     ``animate``: False, True (a GIF beside ``path``, same name) or a path for the GIF, which
     steps through the blocks (at most MAX_FRAMES frames, always including each stage).
     """
-    if model.d != dataset.d:
-        raise ValueError(f"the model is for d = {model.d} but the data have d = {dataset.d}")
+    dataset = dataset.padded(model.d)  # d < D: drawn in the model's R^D; d > D: an error
     if model.causal != isinstance(dataset, CausalDataset):
         raise ValueError(f"a {'causal' if model.causal else 'set-to-set'} model is plotted "
                          f"with {'causal' if model.causal else 'set-to-set'} data "
@@ -252,6 +251,8 @@ def _headline(model: Transformer, dataset: Dataset | CausalDataset) -> str:
     where = ("tokens in R^2, drawn as they are" if dataset.d == 2 else
              f"tokens in R^{dataset.d}: each panel projected onto its points' first two "
              "principal directions")
+    if dataset.padded_from is not None:
+        where += f" (data in R^{dataset.padded_from}, zero-padded)"
     if isinstance(dataset, CausalDataset):
         rounds = "" if model.record is None else f" (R_c = {model.record.R})"
         return (f"causal {model.attention} transformer, N = {dataset.N} sequences, "

@@ -96,12 +96,14 @@ def norm_sq(module: nn.Module) -> torch.Tensor:
 
 
 def _as_batch(module: nn.Module, data: Dataset | Batch) -> Batch:
+    """``data`` as tensors on the module's device, zero-padded to its width ``module.d`` where
+    it has one (docs/architecture.md#data-narrower-than-the-model)."""
     if isinstance(data, Batch):
         return data
     p = next(module.parameters(), None)
     if p is None:  # an identity model exports to a module without any parameter
         raise ValueError("the module has no parameters (nothing to train or to place data on)")
-    return Batch.from_dataset(data, p.dtype, p.device)
+    return Batch.from_dataset(data.padded(getattr(module, "d", data.d)), p.dtype, p.device)
 
 
 def loss(module: nn.Module, data: Dataset | Batch) -> torch.Tensor:

@@ -49,12 +49,12 @@ def prove(model: Transformer, dataset: Dataset, max_bits: int = 1024) -> Proof:
     """Prove that ``model`` maps every input of ``dataset`` to its target set exactly.
 
     Softmax models: ball arithmetic from 64 bits, doubled up to ``max_bits`` while some ReLU
-    sign is undecided. Hardmax models: the exact rational forward pass. See docs/proofs.md.
+    sign is undecided. Hardmax models: the exact rational forward pass. Data narrower than the
+    model are zero-padded, inputs and targets (docs/verification.md). See docs/proofs.md.
     """
     if max_bits < START_BITS:
         raise ValueError(f"max_bits must be at least {START_BITS}, got {max_bits}")
-    if dataset.d != model.d:
-        raise ValueError(f"the dataset has dimension d = {dataset.d}, the model d = {model.d}")
+    dataset = dataset.padded(model.d)  # d < D: zero-padded; d > D: an error naming both
     if model.attention not in ("hardmax", "softmax"):
         raise ValueError(f"attention must be 'hardmax' or 'softmax', got {model.attention!r}")
     t0 = time.perf_counter()

@@ -74,7 +74,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     """
     if model.causal or isinstance(dataset, CausalDataset):
         return verify_causal(model, dataset, tolerance, progress, digits, tau)
-    check_layers(model, dataset)
+    dataset = check_layers(model, dataset)
     xs_f, ys_f = dataset.floats() if not dataset.exact else \
         [[safe_floats(a) for a in part] for part in dataset.fractions()]
     scale = data_scale(*((xs_f, ys_f) if not dataset.exact else dataset.fractions()))
@@ -119,15 +119,18 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     return report
 
 
-def check_layers(model: Transformer, dataset) -> None:
-    """The model fits the data's dimension and has no FF layer without units (the file
-    formats refuse one; a model built in memory is checked here)."""
-    if model.d != dataset.d:
-        raise ValueError(f"the model is for d = {model.d} but the data have d = {dataset.d}")
+def check_layers(model: Transformer, dataset):
+    """The data as the model reads them: zero-padded to its width D = ``model.d`` (a
+    ValueError naming both when d > D; docs/verification.md#data-narrower-than-the-model),
+    after checking that the model has no FF layer without units (the file formats refuse one;
+    a model built in memory is checked here). Every check after this one compares outputs in
+    R^D with the padded targets, so extra coordinates must come out exactly 0."""
+    padded = dataset.padded(model.d)
     empty = next((i for i, b in enumerate(model.blocks) if b.ff is not None and b.ff.width == 0),
                  None)
     if empty is not None:
         raise ValueError(f"block {empty}: an FF layer needs at least one unit (use ff=None)")
+    return padded
 
 
 def softmax_tolerance(model: Transformer, digits: int, tolerance: float) -> float:
@@ -302,7 +305,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     """
     if not model.causal or not isinstance(dataset, CausalDataset):
         raise ValueError("a causal model is verified on a causal dataset (and only there)")
-    check_layers(model, dataset)
+    dataset = check_layers(model, dataset)
     stats = PassStats()
     if dataset.exact:
         xs, ys = dataset.fractions()
@@ -330,14 +333,14 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         [j for j, o in enumerate(outs_f) if not np.isfinite(np.asarray(o, dtype=float)).all()]
     rec = model.record if isinstance(model.record, CausalConstruction) else None
     return CausalReport(
-        attention=model.attention, N=dataset.N, d=dataset.d,
+        attention=model.attention, N=dataset.N,
         tokens=dataset.total_n, constrained=dataset.constrained, blocks=model.n_blocks,
         blocks_design=None if rec is None else rec.R + -(-rec.moves // hats_of(model)) +
         (1 if model.attention == "softmax" and rec.moves else 0),
         R=None if rec is None else rec.R, max_width=model.max_width(),
         params=model.n_params(), params_dense=model.n_params_dense(),
         position_params=0 if model.positions is None else int(np.size(model.positions)),
-        **causal_sizes(model),
+        **causal_sizes(model, dataset),
         errors=[worst([0.0, *e]) for e in found["position_errors"]],
         errors_float64=[worst([0.0, *e]) for e in err_f],
         coordinate_scale=safe_float(exact_scale), hardmax_margin=stats.hardmax_margin,

@@ -20,6 +20,11 @@ def fmt(v) -> str:
     return "n/a" if v is None else f"{v:.3g}"
 
 
+def padded(d_model: int | None) -> str:
+    """What a report adds to the data's d where they were zero-padded to the model's width."""
+    return "" if d_model is None else f"  (zero-padded to d_model = {d_model})"
+
+
 class _Verdict:
     """The verdict word, the table and the JSON form, from ``ok``, ``proved``, ``undecided``
     and ``rows()`` of the report class."""
@@ -33,6 +38,8 @@ class _Verdict:
 
     def to_dict(self) -> dict:
         out = asdict(self)
+        if out["d_model"] is None:  # data as wide as the model: the form of every older report
+            del out["d_model"]
         out["ok"], out["proved"], out["verdict"] = self.ok, self.proved, self.verdict()
         return out
 
@@ -81,6 +88,7 @@ class Report(_Verdict):
     undecided_pairs: list[int] = field(default_factory=list)  # softmax: bound not tight enough
     proved: bool = False  # interpolation proved (exact ==, or certify's ball arithmetic)
     proof: str = ""  # how it was proved, or why not
+    d_model: int | None = None  # the model's width, where the data (d < d_model) were padded
 
     @property
     def ok(self) -> bool:
@@ -106,7 +114,7 @@ class Report(_Verdict):
             ("interpolation", self._interpolation()),
             ("proof", self.proof),
             ("attention", self.attention),
-            ("pairs N / dimension d", f"{self.N} / {self.d}"),
+            ("pairs N / dimension d", f"{self.N} / {self.d}{padded(self.d_model)}"),
             ("input tokens / target tokens Σm", f"{self.total_tokens} / {self.sum_m}"),
             ("blocks L", f"{self.blocks}  (design bound {self.blocks_design}, paper "
                          f"{self.blocks_paper})"),
@@ -182,6 +190,7 @@ class CausalReport(_Verdict):
     nonfinite_sequences: list[int] = field(default_factory=list)  # float64 models: inf/nan
     measured: str = ""  # softmax: the measured (midpoint) error and the precision reached
     bound_exact: bool = False  # softmax: every constrained output shown to equal its target
+    d_model: int | None = None  # the model's width, where the data (d < d_model) were padded
 
     @property
     def ok(self) -> bool:
@@ -216,7 +225,7 @@ class CausalReport(_Verdict):
             ("interpolation", how),
             ("first failing position", fail),
             ("attention", f"{self.attention}, causal"),
-            ("sequences N / dimension d", f"{self.N} / {self.d}"),
+            ("sequences N / dimension d", f"{self.N} / {self.d}{padded(self.d_model)}"),
             ("tokens / constrained positions", f"{self.tokens} / {self.constrained}"),
             ("blocks L", f"{self.blocks}  (design R_c + ⌈moves/k⌉ = {self.blocks_design}, "
                          f"R_c = {self.R})"),

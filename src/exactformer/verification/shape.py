@@ -52,7 +52,7 @@ def model_fields(model: Transformer, dataset: Dataset) -> dict:
     L4, L4k = width_bounds(model, dataset.N, dataset.total_m)
     cond = conditioning(model)
     return dict(
-        attention=model.attention, N=dataset.N, d=dataset.d, sum_m=dataset.total_m,
+        attention=model.attention, N=dataset.N, **dimensions(dataset), sum_m=dataset.total_m,
         total_tokens=dataset.total_n, blocks=model.n_blocks,
         blocks_paper=paper_bound(model.attention, dataset.N, dataset.total_m),
         blocks_design=design_bound(model, dataset.N, dataset.total_m),
@@ -63,11 +63,20 @@ def model_fields(model: Transformer, dataset: Dataset) -> dict:
         max_unit_slope=cond.max_slope)
 
 
-def causal_sizes(model: Transformer) -> dict:
-    """The conditioning fields of a causal report (docs/numerics.md#conditioning)."""
+def causal_sizes(model: Transformer, dataset) -> dict:
+    """The dimensions and conditioning fields of a causal report
+    (docs/numerics.md#conditioning)."""
     cond = conditioning(model)
-    return dict(max_abs_param=cond.max_abs, param_norm_sq=cond.norm_sq,
+    return dict(**dimensions(dataset), max_abs_param=cond.max_abs, param_norm_sq=cond.norm_sq,
                 max_unit_slope=cond.max_slope)
+
+
+def dimensions(dataset) -> dict:
+    """``d``, the data's own dimension, and ``d_model``, the model's width where the data were
+    zero-padded to it (``Dataset.padded``), else None."""
+    if dataset.padded_from is None:
+        return dict(d=dataset.d, d_model=None)
+    return dict(d=dataset.padded_from, d_model=dataset.d)
 
 
 def structured(model: Transformer) -> bool:
