@@ -86,14 +86,16 @@ def conflicting_data(draw, null_rate=0.2):
 
 
 def exact_mismatches(model, data) -> list[tuple[int, int]]:
-    """Constrained positions whose exact output is not == its target."""
-    xs, ys = data.fractions()
+    """Constrained positions whose exact output is not == its target (zero-padded to the
+    model's width: keyed models own coordinates beyond the data's)."""
+    xs, ys = data.padded(model.d).fractions()
     outs = forward_causal(model, xs, "exact")
     return [(j, int(i)) for j, (o, y, k) in enumerate(zip(outs, ys, data.known, strict=True))
             for i in np.flatnonzero(k) if tuple(o[i]) != tuple(y[i])]
 
 
 def max_error(model, data, arithmetic="float", dps=50) -> float:
+    data = data.padded(model.d)
     xs, ys = data.fractions() if arithmetic == "mp" else data.floats()
     outs = forward_causal(model, xs, arithmetic, dps=dps)
     errs = [float(np.sqrt(float(sum((a - b) ** 2 for a, b in zip(o[i], y[i], strict=True)))))
@@ -285,8 +287,9 @@ def test_generation_errors():
     model = ef.compile(data)
     with pytest.raises(ValueError, match="beyond the model's 3 stored positions"):
         generate(model, data.inputs[0], 2)
-    with pytest.raises(ValueError, match="d = 4, more than the model's width d_model = 3"):
-        generate(model, [[1, 2, 3, 4]], 1)
+    D = model.d
+    with pytest.raises(ValueError, match=f"d = {D + 1}, more than the model's width d_model = {D}"):
+        generate(model, [list(range(D + 1))], 1)
     with pytest.raises(ValueError, match="n×d with n >= 1"):
         generate(model, [], 1)
     set_model = ef.compile(ef.Dataset.from_arrays([[[1, 0, 0]]], [[[0, 1, 0]]]))
@@ -322,7 +325,7 @@ def test_format_rules():
     with pytest.raises(ModelFormatError, match="causal"):
         model_from_dict({**doc, "causal": "yes"})
     with pytest.raises(ModelFormatError, match=r"positions\[1\]"):
-        model_from_dict({**doc, "positions": [["0", "0", "0"], ["1", "2"]]})
+        model_from_dict({**doc, "positions": [["0"] * len(doc["positions"][0]), ["1", "2"]]})
     no_causal = {k: v for k, v in doc.items() if k != "causal"}
     assert not model_from_dict(no_causal).causal
 
@@ -473,12 +476,15 @@ def test_causal_tolerance_is_relative_to_the_data_scale():
 # ------------------------------------------------------------------------------ width and heads
 def wide(data, k: int, heads: int, **kw):
     """``compile(data, width=4k, heads=heads)`` with its shape checked: L = R_c + ⌈moves/k⌉
-    (+ 1 projection for softmax when anything is snapped), FF width ≤ 4k, at most
-    min(heads, d − 1) heads (docs/causal.md)."""
+    (+ 1 projection for softmax when anything is snapped), or ⌈moves/4k⌉ with position keys
+    (one unit per move), FF width ≤ 4k, at most min(heads, d − 1) heads (docs/causal.md)."""
     model = ef.compile(data, causal=True, width=4 * k, heads=heads, **kw)
     rec = model.record
     projection = int(model.attention == "softmax" and rec.moves > 0)
-    assert model.n_blocks == rec.R + math.ceil(rec.moves / k) + projection
+    if rec.position_code is not None:
+        assert model.n_blocks == math.ceil(rec.moves / (4 * k)) and rec.R == 0
+    else:
+        assert model.n_blocks == rec.R + math.ceil(rec.moves / k) + projection
     assert rec.moves <= data.constrained
     assert model.max_width() <= 4 * k
     assert model.max_heads() <= max(1, min(heads, data.d - 1))

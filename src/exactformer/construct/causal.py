@@ -98,7 +98,7 @@ def compile_causal(dataset: CausalDataset, attention: str = "hardmax", exact: bo
     check_heads(heads)
     xs, ys = dataset.fractions() if exact else dataset.floats()
     found = keyed_positions(xs, ys, dataset.known)
-    if found is not None:
+    if found is not None and any(p is not None for p in found):
         model = _build_keyed(found, len(xs), dataset, attention, exact, width, tau)
         model.record.seed = seed
         return model

@@ -26,7 +26,7 @@ from itertools import combinations
 import numpy as np
 
 from ..model import Block
-from ..numbers import num
+from ..numbers import num, zeros
 from .gadgets import balanced_ff
 from .generic import ConstructionError
 
@@ -98,9 +98,9 @@ def build_keys(found: list, d: int, width: int, exact: bool
         keys = np.vectorize(Fraction, otypes=[object])(keys)
     else:
         keys = keys.astype(float)
-    P = np.zeros((len(found), d + q), dtype=np.int64).astype(dtype)
+    P = zeros((len(found), d + q), exact)
     P[keyed, d:] = keys * c
-    U = np.concatenate([np.zeros((len(keyed), d), dtype=np.int64).astype(dtype), keys], axis=1)
+    U = np.concatenate([zeros((len(keyed), d), exact), keys], axis=1)
     bias = -c * (w - Fraction(1, 2)) if exact else -c * (w - 0.5)
     W = np.concatenate([(Y - X) / (c / 2), keys * -2], axis=1)
     one = num(1, exact)

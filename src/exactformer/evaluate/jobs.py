@@ -22,8 +22,8 @@ from ..model import Transformer
 from . import runs
 from .arithmetic import Arithmetic, PassStats
 from .causal import apply_causal_sa
-from .keys import key_layers
-from .layers import apply_ff, apply_sa
+from .keys import KeyRun, key_layers
+from .layers import apply_ff, apply_sa, ff_rows
 from .state import CausalState, RowState
 from .windows import paused_gc, ridges_of
 
@@ -41,6 +41,7 @@ class Job:
     runs: dict  # first block -> runs.Run (float64 passes; docs/numerics.md)
     causal: bool
     keys: list  # per block: its FF as a key layer (evaluate/keys.py), or None
+    key_runs: dict  # first block -> (end, keys.KeyRun) over blocks of key layers alone
 
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau, causal: bool | None = None) -> Job:
@@ -55,7 +56,7 @@ class Job:
             plan = {} if ar.is_object else runs.plan_runs(blocks, ridges)
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         return cls(ar, model.attention, blocks, ridges, tau, plan,
-                   model.causal if causal is None else causal, keys)
+                   model.causal if causal is None else causal, keys, _key_runs(blocks, keys, ar))
 
     def run(self, xs: list[np.ndarray], snapshots, stats: PassStats,
             progress: bool) -> tuple[list, dict]:
@@ -82,6 +83,13 @@ class Job:
                    disable=not progress, leave=False, delay=1)
         i = start
         while i < stop:
+            kr = self.key_runs.get(i)
+            if kr is not None and kr[0] <= stop and \
+                    not any(i < k < kr[0] for k in snapshots or ()):
+                kr[1].apply(st, lambda ff, rows: ff_rows(st, ff, rows))
+                bar.update(kr[0] - i)
+                i = kr[0]
+                continue
             run = self.runs.get(i)
             if run is not None and run.end <= stop and \
                     not any(run.start < k <= run.end for k in snapshots or ()) \
@@ -100,6 +108,22 @@ class Job:
                 snaps[i] = st.outputs()
         bar.close()
         return snaps
+
+
+def _key_runs(blocks: list, keys: list, ar: Arithmetic) -> dict:
+    """first block -> (end, KeyRun) for every maximal stretch of blocks whose FF is a key
+    layer (all on one Q and weight) and whose attention is absent or the identity; the
+    layers in the pass's arithmetic."""
+    out, i = {}, 0
+    while i < len(blocks):
+        j = i
+        while j < len(blocks) and keys[j] is not None and KeyRun.fits(keys[i], keys[j]) \
+                and (blocks[j].sa is None or blocks[j].sa.is_identity()):
+            j += 1
+        if j > i:
+            out[i] = (j, KeyRun([ar.convert(b.ff) for b in blocks[i:j]], keys[i:j]))
+        i = max(j, i + 1)
+    return out
 
 
 PARALLEL_MIN_WORK = 10**6  # tokens × blocks below which a pool costs more than it saves

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
-from itertools import accumulate
-from operator import and_
 
 import numpy as np
 
@@ -46,7 +44,9 @@ def key_layers(ffs: list[FF | None]) -> list[KeyLayer | None]:
     rows' keys are computed once for all of them: a unit reads only its own coordinates, so
     extending Q by coordinates it gives weight 0 leaves its key and the argument above
     intact."""
-    parts = [_key_parts(ff) for ff in ffs]
+    parts = _float_key_parts(ffs)
+    parts = [p if p is not None or ff is None or not _is_object(ff) else _key_parts(ff)
+             for ff, p in zip(ffs, parts, strict=True)]
     Qs = [p[0] for p in parts if p is not None]
     union = np.unique(np.concatenate(Qs)) if Qs else np.zeros(0, dtype=np.int64)
     out = []
@@ -60,6 +60,34 @@ def key_layers(ffs: list[FF | None]) -> list[KeyLayer | None]:
         codes = codes[order]
         ok = not (codes[1:] == codes[:-1]).any()
         out.append(KeyLayer(Q, codes, order, *p[1:]) if ok else None)
+    return out
+
+
+def _is_object(ff: FF) -> bool:
+    return np.asarray(ff.U).dtype == object
+
+
+def _float_key_parts(ffs: list[FF | None]) -> list:
+    """:func:`_key_parts` for the float64 layers, stacked by shape and tested at once."""
+    out: list = [None] * len(ffs)
+    shapes: dict = {}
+    for i, ff in enumerate(ffs):
+        if ff is not None and ff.eta == 1 and ff.width and not _is_object(ff):
+            shapes.setdefault(np.shape(ff.U), []).append(i)
+    for idx in shapes.values():
+        U = np.array([ffs[i].U for i in idx])
+        b = np.array([ffs[i].b for i in idx])
+        nz = U != 0
+        used = nz.any(axis=1)  # (layers, D): the coordinates each layer reads
+        kappa = np.abs(U).max(axis=(1, 2))
+        w = nz[:, 0].sum(axis=1)
+        ok = ((nz.sum(axis=2) == w[:, None]).all(axis=1) & (w >= 1)
+              & ((np.abs(U) == kappa[:, None, None]) | ~nz).all(axis=(1, 2))
+              & (b == b[:, :1]).all(axis=1) & (b[:, 0] < 0) & (kappa > 0)
+              & (used.sum(axis=1) <= MAX_KEY_COORDINATES))
+        for k in np.flatnonzero(ok).tolist():
+            out[idx[k]] = (np.flatnonzero(used[k]), Fraction(float(kappa[k])), int(w[k]),
+                           Fraction(float(b[k, 0])))
     return out
 
 
@@ -154,24 +182,6 @@ def _keys_of(st, Q: np.ndarray) -> _RowKeys:
     return rk
 
 
-def apply_keys(st, ff: FF, key: KeyLayer) -> np.ndarray:
-    """Apply the key layer ``ff`` (in the pass's arithmetic) to every row of ``st`` whose
-    Q-part is a key or 0; returns the other rows, which the caller applies densely."""
-    rk = _keys_of(st, key.Q)
-    live = np.flatnonzero(rk.live)
-    weight = rk.weight[live]
-    quiet = np.array([_quiet(v, key) for v in rk.gvals], dtype=bool)
-    safe = (weight >= 0) & (weight <= key.w) & quiet[rk.gid[live]]
-    hit = live[safe & (weight == key.w)]
-    pos = np.minimum(np.searchsorted(key.codes, rk.code[hit]), len(key.codes) - 1)
-    found = key.codes[pos] == rk.code[hit]
-    rows = hit[found]
-    if len(rows):
-        g = [rk.gvals[i] for i in rk.gid[rows].tolist()]
-        _move(st, ff, key, rows, key.units[pos[found]], g)
-    return live[~safe]
-
-
 def _quiet(g, key: KeyLayer) -> bool:
     """Whether κ·g·(w − 1) + b ≤ 0 (no unit but the one with the row's own key can be
     active), decided exactly."""
@@ -179,97 +189,163 @@ def _quiet(g, key: KeyLayer) -> bool:
 
 
 def _exact(v) -> Fraction:
-    """A float, rational (Fraction, gmpy2 mpq) or mpmath number as the exact Fraction it is."""
+    """A float, rational (Fraction, gmpy2 mpq) or binary multiprecision number (gmpy2 mpfr,
+    mpmath mpf) as the exact Fraction it is."""
     if isinstance(v, (Fraction, int, float)):
         return Fraction(v)
-    if hasattr(v, "denominator"):
-        return Fraction(int(v.numerator), int(v.denominator))
+    if hasattr(v, "as_integer_ratio"):
+        p, q = v.as_integer_ratio()
+        return Fraction(int(p), int(q))
     man, exp = v.man_exp
     return Fraction(int(man)) * Fraction(2) ** int(exp)
 
 
-def _move(st, ff: FF, key: KeyLayer, rows: np.ndarray, units: np.ndarray, g: list):
-    """Rows ``rows`` (Q-part g·σ of their unit) each gain W[:, unit]·(κ·g·w + b); a tracking
-    pass bounds the rounding of the float product and sum exactly (TwoSum), so an exact step
-    leaves the radius as it was."""
-    X = st.P[rows]
-    Wu = ff.W[:, units].T
-    z = unit_values(st.ar, ff, key, X, units, g)
-    if st.ar.is_object:
-        st.P[rows] = X + Wu * z[:, None]
-    else:
-        change = Wu * z[:, None]
-        new = X + change
-        if st.rad is not None:
-            st.rad[rows] = _step_radius(st.rad[rows], X, change, new, key, g, Wu, z)
-        st.P[rows] = new
-    st.moved(rows)
-
-
-def unit_values(ar, ff: FF, key: KeyLayer, X: np.ndarray, units: np.ndarray, g: list):
-    """The activation relu(κ·g·w + b) of each row's own unit: exact in an exact or mpmath
-    pass, from the float64 dot product (as a dense pass computes it) in a float one."""
-    if ar.is_object:
-        z = np.array([ar.scalar(key.kappa * key.w) * gi + ar.scalar(key.b) for gi in g],
-                     dtype=object)
-    else:
-        z = (X * ff.U[units]).sum(axis=1) + ff.b[units]
-    return relu(z)
 
 
 class KeyRun:
-    """Consecutive key layers on one Q with one weight w, for a single row at a time (the
-    decoder): the row's key is looked up once in a table of every layer's units and the row
-    jumps to the first layer that holds it, as :func:`apply_keys` would move it layer by
-    layer. ``dense(i, z)`` applies layer i densely where the lemma does not cover the row."""
+    """Consecutive key layers on one Q with one weight w, applied by lookup: every unit of
+    every layer is in one table sorted by (key, layer), and a row goes straight to the first
+    layer at or after its position that holds its key (FF layers act on each row alone, so
+    rows need not move in step). Rows the argument above does not cover (a key of weight
+    above w, a Q-part that is no key, a radius in Q, a scale at which some later layer is not
+    quiet) are applied densely, layer by layer."""
 
     def __init__(self, ffs: list[FF], keys: list[KeyLayer]):
         self.ffs, self.keys = ffs, keys
         self.Q, self.w = keys[0].Q, keys[0].w
-        self.where: dict = {}  # packed key -> [(layer, unit)] in layer order
+        code = np.concatenate([k.codes for k in keys])
+        layer = np.concatenate([np.full(len(k.codes), i) for i, k in enumerate(keys)])
+        unit = np.concatenate([k.units for k in keys])
+        order = np.lexsort((layer, code))
+        self.code, self.layer, self.unit = code[order], layer[order], unit[order]
         self.quiet: dict = {}  # scale g -> per layer k, whether layers k, k + 1, … are quiet
-        for i, key in enumerate(keys):
-            for code, unit in zip(key.codes.tolist(), key.units.tolist(), strict=True):
-                self.where.setdefault(code, []).append((i, unit))
+        self._kappa = self._bias = None  # the layers' κ and b in float64, when first needed
 
     @staticmethod
-    def fits(run: list[KeyLayer], key: KeyLayer) -> bool:
-        """Whether ``key`` may join the run (same coordinates and weight)."""
-        return not run or (np.array_equal(run[0].Q, key.Q) and run[0].w == key.w)
+    def fits(first: KeyLayer, key: KeyLayer) -> bool:
+        """Whether ``key`` may join the run that starts with ``first`` (same Q and w)."""
+        return np.array_equal(first.Q, key.Q) and first.w == key.w
+
+    def _quiet_from(self, g) -> list[bool]:
+        """Per layer k: whether every layer from k on is quiet at scale g. Decided in float64
+        where the rounding cannot change the sign (bounded generously), exactly elsewhere."""
+        if g not in self.quiet:
+            if self._kappa is None:
+                self._kappa = np.array([float(k.kappa) for k in self.keys])
+                self._bias = np.array([float(k.b) for k in self.keys])
+            big = self._kappa * float(abs(g)) * (self.w - 1)
+            val = big + self._bias
+            sure = np.abs(val) > 1e-12 * (big + np.abs(self._bias)) + 1e-300
+            each = np.where(sure, val <= 0, False)
+            for k in np.flatnonzero(~sure).tolist():
+                each[k] = _quiet(g, self.keys[k])
+            self.quiet[g] = np.logical_and.accumulate(each[::-1])[::-1].tolist()
+        return self.quiet[g]
+
+    def _next(self, code: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """Per row: the table entry of the first layer ≥ ``at`` holding ``code``, or −1."""
+        i = np.searchsorted(self.code, code)
+        end = np.searchsorted(self.code, code, side="right")
+        while True:
+            behind = (i < end) & (self.layer[np.minimum(i, len(self.code) - 1)] < at)
+            if not behind.any():
+                return np.where(i < end, i, -1)
+            i = i + behind
+
+    def apply(self, st, dense) -> None:
+        """The run on every row of the pass state ``st``; ``dense(ff, rows)`` applies one
+        layer densely to some rows."""
+        rk = _keys_of(st, self.Q)
+        rows = np.flatnonzero(rk.live)
+        at = np.zeros(len(rows), dtype=np.int64)
+        while len(rows):
+            weight = rk.weight[rows]
+            quiet = np.array([self._quiet_from(rk.gvals[g])[a] for g, a in
+                              zip(rk.gid[rows].tolist(), at.tolist(), strict=True)], dtype=bool)
+            safe = (weight >= 0) & (weight <= self.w) & quiet
+            self._dense_from(rows[~safe], at[~safe], dense)
+            hit = safe & (weight == self.w)
+            rows, at = rows[hit], at[hit]
+            entry = self._next(rk.code[rows], at)
+            rows, entry = rows[entry >= 0], entry[entry >= 0]
+            if len(rows):
+                self._move(st, rows, entry, [rk.gvals[g] for g in rk.gid[rows].tolist()])
+                rk = _keys_of(st, self.Q)
+            at = self.layer[entry] + 1
+            keep = at < len(self.ffs)
+            rows, at = rows[keep], at[keep]
+
+    def _dense_from(self, rows: np.ndarray, at: np.ndarray, dense) -> None:
+        """Rows the lookup does not cover, each through the layers from its position on."""
+        for k in range(int(at.min(initial=len(self.ffs))), len(self.ffs)):
+            dense(self.ffs[k], rows[at <= k])
+
+    def _move(self, st, rows: np.ndarray, entry: np.ndarray, g: list) -> None:
+        """Rows ``rows`` each gain W[:, unit]·relu(κ·g·w + b) of their table entry; a tracking
+        pass bounds the rounding of the float product and sum exactly (TwoSum), so an exact
+        step leaves the radius as it was."""
+        pairs = list(zip(self.layer[entry].tolist(), self.unit[entry].tolist(), strict=True))
+        X = st.P[rows]
+        U = np.array([self.ffs[k].U[u] for k, u in pairs])
+        Wu = np.array([self.ffs[k].W[:, u] for k, u in pairs])
+        b = np.array([self.ffs[k].b[u] for k, u in pairs], dtype=U.dtype)
+        keys = [self.keys[k] for k, _ in pairs]
+        z = unit_values(st.ar, keys, X, U, b, g)
+        if st.ar.is_object:
+            st.P[rows] = X + Wu * z[:, None]
+        else:
+            change = Wu * z[:, None]
+            new = X + change
+            if st.rad is not None:
+                st.rad[rows] = _step_radius(st.rad[rows], X, change, new, keys, g, Wu, z)
+            st.P[rows] = new
+        st.moved(rows)
 
     def push(self, z: np.ndarray, ar, dense) -> np.ndarray:
+        """The run on one row z (the decoder); ``dense(ff, z)`` applies one layer densely."""
         k = 0
         while k < len(self.ffs):
             code, g, weight = (v[0] for v in row_keys(z[self.Q][None, :], None))
-            if g not in self.quiet:
-                each = [_quiet(g, key) for key in self.keys]
-                self.quiet[g] = list(reversed(list(accumulate(reversed(each), and_))))
-            if not 0 <= weight <= self.w or not self.quiet[g][k]:
+            if not 0 <= weight <= self.w or not self._quiet_from(g)[k]:
                 z, k = dense(self.ffs[k], z), k + 1
                 continue
-            later = [(i, u) for i, u in self.where.get(int(code), []) if i >= k]
-            if weight < self.w or not later:
+            e = int(self._next(np.array([code]), np.array([k]))[0])
+            if weight < self.w or e < 0:
                 return z
-            i, unit = later[0]
+            i, u = int(self.layer[e]), int(self.unit[e])
             ff = self.ffs[i]
-            v = unit_values(ar, ff, self.keys[i], z[None, :], np.array([unit]), [g])[0]
-            z, k = z + ff.W[:, unit] * v, i + 1
+            v = unit_values(ar, [self.keys[i]], z[None, :], ff.U[u][None, :], ff.b[u:u + 1],
+                            [g])[0]
+            z, k = z + ff.W[:, u] * v, i + 1
         return z
 
 
-def _step_radius(r, X, change, new, key: KeyLayer, g: list, Wu, z) -> np.ndarray:
+def unit_values(ar, keys: list[KeyLayer], X: np.ndarray, U: np.ndarray, b: np.ndarray,
+                g: list) -> np.ndarray:
+    """The activation relu(κ·g·w + b) of each row's own unit (row U of its layer in
+    ``keys``): exact in an exact or mpmath pass, from the float64 dot product (as a dense
+    pass computes it) in a float one."""
+    if ar.is_object:
+        z = np.array([ar.scalar(k.kappa * k.w) * gi + ar.scalar(k.b)
+                      for k, gi in zip(keys, g, strict=True)], dtype=object)
+    else:
+        z = (X * U).sum(axis=1) + b
+    return relu(z)
+
+
+def _step_radius(r, X, change, new, keys: list[KeyLayer], g: list, Wu, z) -> np.ndarray:
     """Radii after x ↦ x + W·z: the float z differs from the exact relu(κ·g·w + b) by ez
     (computed exactly), the float product W·z from the exact one by at most half an ulp (none
     when z is 0 or a power of two and nothing underflows), and the float sum from the exact
     one by exactly the TwoSum error."""
-    errors: dict = {}  # (g, float z) -> |exact z − float z|: rows share a handful of pairs
-    for pair in zip(g, z.tolist(), strict=True):
-        if pair not in errors:
-            gi, zf = pair
+    errors: dict = {}  # (layer, g, float z) -> |exact z − float z|: a handful of triples
+    for key, gi, zf in zip(keys, g, z.tolist(), strict=True):
+        if (id(key), gi, zf) not in errors:
             exact = max(key.kappa * Fraction(gi) * key.w + key.b, Fraction(0))
-            errors[pair] = float(abs(exact - Fraction(zf))) \
+            errors[(id(key), gi, zf)] = float(abs(exact - Fraction(zf))) \
                 if np.isfinite(zf) else np.inf
-    ez = np.array([errors[pair] for pair in zip(g, z.tolist(), strict=True)], dtype=float)
+    ez = np.array([errors[(id(k), gi, zf)] for k, gi, zf in zip(keys, g, z.tolist(), strict=True)],
+                  dtype=float)
     ez = np.where(ez == 0, 0.0, enclosure.up(ez, 1))  # (0 when the float z is exact)
     err = enclosure.sum_error(X, change, new)
     pow2 = ((np.abs(np.frexp(z)[0]) == 0.5) | (z == 0)) & (ez == 0)

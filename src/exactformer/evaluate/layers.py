@@ -17,7 +17,7 @@ from ..numbers import safe_float, sparse_dot
 from . import enclosure
 from .arithmetic import PassStats, relu
 from .attention import head_average
-from .keys import KeyLayer, apply_keys
+from .keys import KeyLayer, KeyRun
 from .state import RowState, SortedProjection
 from .windows import Ridge
 
@@ -30,10 +30,7 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
     computed from the layer's input, then the changes are added), a key layer by looking up
     each row's key, anything else densely."""
     if key is not None:
-        ff = st.ar.convert(ff)
-        rest = apply_keys(st, ff, key)
-        if len(rest):
-            _dense_rows(st, ff, rest)
+        KeyRun([st.ar.convert(ff)], [key]).apply(st, lambda f, rows: ff_rows(st, f, rows))
         return
     if ridges is not None:
         moves, spread = [], []
@@ -75,8 +72,8 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
         st.compact()
 
 
-def _dense_rows(st: RowState, ff: FF, rows: np.ndarray) -> None:
-    """The FF ``ff`` (η = 1, in the pass's arithmetic) on ``rows`` alone."""
+def ff_rows(st: RowState, ff: FF, rows: np.ndarray) -> None:
+    """The FF ``ff`` (η = 1, in the pass's arithmetic) on ``rows`` alone, densely."""
     X = st.P[rows]
     if st.rad is not None:
         st.P[rows], st.rad[rows] = enclosure.ff_dense(X, st.rad[rows], ff.eta, ff.U, ff.b, ff.W)

@@ -128,6 +128,9 @@ def _causal_start(model: Transformer, xs: list[np.ndarray], stats: PassStats):
         exact = forward_causal(head, xs, "exact", stats=stats)
         floats = [safe_floats(x) for x in exact]
         return start, floats, [float_radius(x, f) for x, f in zip(exact, floats, strict=True)]
+    xs = pad_columns(xs, model.d)
+    if model.positions is None:
+        return 0, xs, [np.zeros(x.shape) for x in xs]
     sums = _with_positions(model, xs, Arithmetic("float"))
     P = np.asarray(model.positions, dtype=float)
     return 0, sums, [sum_error(x, P[: len(x)], s) for x, s in zip(xs, sums, strict=True)]

@@ -163,7 +163,7 @@ class Decoder:
     def _add_key(self, ff: FF, key: KeyLayer) -> None:
         """A key layer joins the key run before it (evaluate.KeyRun), or starts one."""
         last = self.layers[-1] if self.layers else None
-        if isinstance(last, tuple) and KeyRun.fits(last[1], key):
+        if isinstance(last, tuple) and KeyRun.fits(last[1][0], key):
             last[0].append(ff)
             last[1].append(key)
         else:

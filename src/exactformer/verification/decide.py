@@ -119,6 +119,15 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     return report
 
 
+def _blocks_design(rec: CausalConstruction, model: Transformer) -> int:
+    """The blocks the construction's record accounts for: R_c + ⌈moves/k⌉ (+ 1 projection
+    in softmax), or ⌈moves/width⌉ for position keys (one unit per move, docs/causal.md)."""
+    if rec.position_code is not None:
+        return -(-rec.moves // model.max_width())
+    return rec.R + -(-rec.moves // hats_of(model)) + \
+        (1 if model.attention == "softmax" and rec.moves else 0)
+
+
 def check_layers(model: Transformer, dataset):
     """The data as the model reads them: zero-padded to its width D = ``model.d`` (a
     ValueError naming both when d > D; docs/verification.md#data-narrower-than-the-model),
@@ -335,8 +344,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     return CausalReport(
         attention=model.attention, N=dataset.N,
         tokens=dataset.total_n, constrained=dataset.constrained, blocks=model.n_blocks,
-        blocks_design=None if rec is None else rec.R + -(-rec.moves // hats_of(model)) +
-        (1 if model.attention == "softmax" and rec.moves else 0),
+        blocks_design=None if rec is None else _blocks_design(rec, model),
         R=None if rec is None else rec.R, max_width=model.max_width(),
         params=model.n_params(), params_dense=model.n_params_dense(),
         position_params=0 if model.positions is None else int(np.size(model.positions)),
