@@ -162,7 +162,7 @@ def test_a_widened_model_verifies_as_the_original(case, k):
     assert r1.verdict() == r0.verdict() and r1.ok
     assert r1.exact_equal == r0.exact_equal and r1.within_tolerance == r0.within_tolerance
     assert np.allclose(r1.hausdorff_float64, r0.hausdorff_float64, rtol=0,
-                       atol=1e-12 * r0.coordinate_scale)
+                       atol=1e-12 * (r0.coordinate_scale or 1))
     assert (r1.d, r1.d_model, r0.d_model) == (data.d, data.d + k, None)
     assert "d_model" not in r0.to_dict() and r1.to_dict()["d_model"] == data.d + k
     assert f"{data.N} / {data.d}  (zero-padded to d_model = {data.d + k})" in r1.table()
@@ -189,11 +189,14 @@ def test_forward_and_predict_give_the_originals_padded(case, k):
             assert same_rows(w, padded(o, k))
         else:
             assert np.abs(np.asarray(w, float) - padded(o, k)).max() <= \
-                1e-12 * data.coordinate_scale()
+                1e-12 * (data.coordinate_scale() or 1)
     p0, p1 = ef.predict(model, xs[0]), ef.predict(wide, xs[0])
-    assert len(p1) == len(p0) and p1.shape[1] == data.d + k
+    assert p1.shape[1] == data.d + k
     if exact:
         assert same_rows(p1, padded(p0, k))
+    else:  # float rounding may split or merge near-equal rows: each is near one of the others
+        near = np.abs(np.asarray(p1, float)[:, None] - padded(p0, k)[None]).max(axis=2)
+        assert (near.min(axis=1) <= 1e-12 * (data.coordinate_scale() or 1)).all()
     if not model.exact and model.attention == "hardmax":
         out, rad = enclose(wide, data.floats()[0], None)
         ref, rad0 = enclose(model, data.floats()[0], None)
@@ -242,7 +245,7 @@ def test_a_widened_causal_model_verifies_and_runs_as_the_original(case, k):
     r0, r1 = ef.verify(model, data), ef.verify(wide, data)
     assert r1.verdict() == r0.verdict() and r1.ok
     assert r1.exact_equal == r0.exact_equal and r1.first_failure is None
-    assert np.allclose(r1.errors, r0.errors, rtol=0, atol=1e-12 * r0.coordinate_scale)
+    assert np.allclose(r1.errors, r0.errors, rtol=0, atol=1e-12 * (r0.coordinate_scale or 1))
     assert (r1.d, r1.d_model) == (data.d, data.d + k) and "d_model" not in r0.to_dict()
     exact = model.exact and model.attention == "hardmax"
     xs = data.fractions()[0] if exact else data.floats()[0]
@@ -318,7 +321,7 @@ def test_torch_layouts_run_narrow_data(case, k):
         m0, m1 = et.convert(model, layout), et.convert(wide, layout)
         for o, w in zip(et.apply(m0, xs), et.apply(m1, xs), strict=True):
             assert w.shape[1] == data.d + k
-            assert np.abs(w - padded(o, k)).max() <= 1e-9 * data.coordinate_scale()
+            assert np.abs(w - padded(o, k)).max() <= 1e-9 * (data.coordinate_scale() or 1)
         assert abs(et.max_error(m1, data) - et.max_error(m0, data)) <= 1e-9
     v0, v1 = et.float32_verdict(model, data), et.float32_verdict(wide, data)
     assert v1.interpolates == v0.interpolates
