@@ -66,7 +66,7 @@ def test_generation_follows_the_full_pass(case):
     plus the tokens generated so far (rational and float64 parameters)."""
     data, _, width, exact = case
     model = ef.compile(data, exact=exact, causal=True, width=width)
-    x = data.fractions()[0][0]
+    x = data.padded(model.d).fractions()[0][0]  # outputs are model.d wide: fed back as inputs
     steps = len(x) - 1
     out = generate(model, x[:1], steps, arithmetic="exact")
     seq = list(x[:1])

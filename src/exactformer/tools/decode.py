@@ -235,7 +235,10 @@ def _dense(ff: FF, z: np.ndarray) -> np.ndarray:
 
 
 def nearest(vocabulary: np.ndarray, y: np.ndarray) -> int:
-    """Index of the vocabulary row closest to y (Euclidean; the first on ties)."""
+    """Index of the vocabulary row closest to y (Euclidean; the first on ties). A y wider
+    than the rows (a model's output in its own width) is compared with the rows zero-padded,
+    as the model reads them (docs/architecture.md#data-narrower-than-the-model)."""
+    (vocabulary,) = pad_columns([vocabulary], np.shape(y)[-1])
     diff = vocabulary - y
     dist = diff[:, 0] * diff[:, 0]
     for j in range(1, diff.shape[1]):  # coordinate by coordinate: the sum in the same order
