@@ -295,9 +295,8 @@ def jacobian_bound(r, active, W, U_, eta: float) -> np.ndarray:
     patterns, which = _groups(active)
     out = np.empty_like(r)
     for g, pat in enumerate(patterns):
-        J, err = _jacobian(W, U_, pat, eta)
         rows = which == g
-        out[rows] = r[rows] @ (np.abs(J) + err).T
+        out[rows] = r[rows] @ _abs_jacobian(W, U_, pat, eta).T
     return out
 
 
@@ -315,8 +314,7 @@ def pattern_bound(r, active, unsure, W, U_, eta: float) -> np.ndarray:
         for bits in range(2 ** len(maybe)):
             p = pat[:h].copy()
             p[maybe[[bool(bits >> i & 1) for i in range(len(maybe))]]] = True
-            J, err = _jacobian(W, U_, p, eta)
-            best = np.maximum(best, r[rows] @ (np.abs(J) + err).T)
+            best = np.maximum(best, r[rows] @ _abs_jacobian(W, U_, p, eta).T)
         out[rows] = best
     return out
 
@@ -329,6 +327,15 @@ def _groups(flags) -> tuple[np.ndarray, np.ndarray]:
         return flags[first], which.reshape(-1)
     patterns, which = np.unique(flags, axis=0, return_inverse=True)
     return patterns, which.reshape(-1)
+
+
+def _abs_jacobian(W, U_, pat, eta: float) -> np.ndarray:
+    """|J| plus its error bound (:func:`_jacobian`), raised to at least 2^-510 entrywise: a
+    larger bound, whose products with radii do not underflow to subnormals (on which
+    float64 arithmetic is many times slower; an all-zero row of W would otherwise make
+    every product one)."""
+    J, err = _jacobian(W, U_, pat, eta)
+    return np.maximum(np.abs(J) + err, FLOOR)
 
 
 def _jacobian(W, U_, pat, eta: float) -> tuple[np.ndarray, np.ndarray]:
