@@ -296,7 +296,7 @@ def jacobian_bound(r, active, W, U_, eta: float) -> np.ndarray:
     out = np.empty_like(r)
     for g, pat in enumerate(patterns):
         rows = which == g
-        out[rows] = r[rows] @ _abs_jacobian(W, U_, pat, eta).T
+        out[rows] = _jacobian_times(r[rows], W, U_, pat, eta)
     return out
 
 
@@ -314,7 +314,7 @@ def pattern_bound(r, active, unsure, W, U_, eta: float) -> np.ndarray:
         for bits in range(2 ** len(maybe)):
             p = pat[:h].copy()
             p[maybe[[bool(bits >> i & 1) for i in range(len(maybe))]]] = True
-            best = np.maximum(best, r[rows] @ _abs_jacobian(W, U_, p, eta).T)
+            best = np.maximum(best, _jacobian_times(r[rows], W, U_, p, eta))
         out[rows] = best
     return out
 
@@ -329,30 +329,35 @@ def _groups(flags) -> tuple[np.ndarray, np.ndarray]:
     return patterns, which.reshape(-1)
 
 
-def _abs_jacobian(W, U_, pat, eta: float) -> np.ndarray:
-    """|J| plus its error bound (:func:`_jacobian`), raised to at least 2^-510 entrywise: a
-    larger bound, whose products with radii do not underflow to subnormals (on which
-    float64 arithmetic is many times slower; an all-zero row of W would otherwise make
-    every product one)."""
-    J, err = _jacobian(W, U_, pat, eta)
-    return np.maximum(np.abs(J) + err, FLOOR)
+def _jacobian_times(r, W, U_, pat, eta: float) -> np.ndarray:
+    """|J| r per row, J's rounding included, for J = η·I + Σ_{k ∈ pat} W_k U_kᵀ
+    (:func:`_jacobian`). The absolute part of J's rounding bound, the same c·2^-1022 in
+    every entry, is added as c·2^-1022·Σ_j r_j instead of inside the product: otherwise every
+    zero entry of J (a zero row of W) would make its products with the radii subnormal, on
+    which float64 arithmetic is many times slower."""
+    J, size, n = _jacobian(W, U_, pat, eta)
+    if size is None:
+        return r @ np.abs(J).T
+    c = 2 * n + 4  # rounding(size, n) = c·u·size + c·2^-1022
+    return r @ (np.abs(J) + c * U * size).T + (c * TINY) * r.sum(axis=1)[:, None]
 
 
-def _jacobian(W, U_, pat, eta: float) -> tuple[np.ndarray, np.ndarray]:
-    """J = η·I + Σ_{k ∈ pat} W_k U_kᵀ in float64 and a bound on its error. When the active
-    units all read one direction f (every gadget), J = η·I + (Σ W_k) fᵀ with the column sum
-    correctly rounded (math.fsum), so units that cancel exactly give exactly η·I."""
+def _jacobian(W, U_, pat, eta: float) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """J = η·I + Σ_{k ∈ pat} W_k U_kᵀ in float64, with (S, n) such that rounding(S, n)
+    bounds its error entrywise (S None: J is exact). When the active units all read one
+    direction f (every gadget), J = η·I + (Σ W_k) fᵀ with the column sum correctly rounded
+    (math.fsum), so units that cancel exactly give exactly η·I."""
     d = W.shape[0]
     eye = eta * np.eye(d)
     if not pat.any():
-        return eye, np.zeros((d, d))
+        return eye, None, 0
     Ua = U_[pat]
     if (Ua == Ua[0]).all():
         col = np.array([math.fsum(row) for row in W[:, pat]])
         J = eye + np.outer(col, Ua[0])
-        return J, rounding(np.outer(np.abs(col), np.abs(Ua[0])) + abs(eta) * np.eye(d), 2)
+        return J, np.outer(np.abs(col), np.abs(Ua[0])) + abs(eta) * np.eye(d), 2
     J = eye + W[:, pat] @ Ua
-    return J, rounding(np.abs(W[:, pat]) @ np.abs(Ua) + abs(eta) * np.eye(d), len(Ua) + 1)
+    return J, np.abs(W[:, pat]) @ np.abs(Ua) + abs(eta) * np.eye(d), len(Ua) + 1
 
 
 def hull_radius(mid, lo, hi):
