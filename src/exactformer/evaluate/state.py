@@ -79,8 +79,8 @@ class SortedProjection:
         j = i1
         while j < len(self.order) and self.is_dirty[self.order[j]]:
             j += 1
-        if j < len(self.order):
-            gaps.append(self.sorted_t[j] - hi)
+        if j < len(self.order) and self.sorted_t[j] == self.sorted_t[j]:  # nan (sorted last)
+            gaps.append(self.sorted_t[j] - hi)  # is no distance
         if len(self.dirty):
             td = self.t[self.dirty]
             inside = (td > lo).astype(bool) & (td < hi).astype(bool)
