@@ -110,16 +110,18 @@ def test_rows_on_kinks_are_enclosed_over_their_whole_box(d, data):
 @settings(max_examples=60, deadline=None)
 @given(d=st.integers(1, 2), data=st.data())
 def test_residual_ridge_rows_on_kinks_are_enclosed(d, data):
-    """The same layers as residual ridge windows (η = 1, one direction): a sloped hat whose
-    middle kink is the row's own f·x."""
+    """Residual ridge windows (η = 1, one direction): a hat whose middle kink is the row's own
+    f·x: weights 1, −2, 1 on breakpoints t − 1, t, t + 1 (a gadget) or 2, −3, 1 on t − 1, t,
+    t + 2 (no power-of-two form: the general window rule, ``ff_change``)."""
     layer, X, r = data.draw(kinked_layers(d))
     f = np.array(layer.U[0])
     if not f.any():
         return
-    U = np.array([f * s for s in (1.0, 1.0, 1.0)])
     t = float(sum(exact(a) * exact(x) for a, x in zip(f, X, strict=True)))
-    b = -np.array([t - 1.0, t, t + 1.0])
-    check_box(ff(1.0, U, b, np.outer(layer.W[:, 0], [1.0, -2.0, 1.0])), X, r)
+    weights, ends = data.draw(st.sampled_from([([1.0, -2.0, 1.0], [-1.0, 0.0, 1.0]),
+                                               ([2.0, -3.0, 1.0], [-1.0, 0.0, 2.0])]))
+    b = -np.array([t + e for e in ends])
+    check_box(ff(1.0, np.array([f, f, f]), b, np.outer(layer.W[:, 0], weights)), X, r)
 
 
 def test_a_row_on_a_hats_peak_is_charged_the_hats_slope():
