@@ -13,9 +13,9 @@ import itertools
 from fractions import Fraction
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from test_enclosure import exact, ff, transformer
+from test_enclosure import assert_verdict_is_exact, exact, ff, own_targets, pairs_of, transformer
 
 from exactformer.evaluate import enclose
 from exactformer.model import Block
@@ -137,3 +137,19 @@ def test_a_row_on_a_hats_peak_is_charged_the_hats_slope():
     model = transformer([Block(layer, None)])
     _, (rad,) = enclose(model, [np.array([X])], [np.array([[r, r]])])
     assert rad[0, 0] < 1.01 * s * 2 * r
+
+
+@settings(max_examples=40, deadline=None)
+@given(d=st.integers(2, 3), data=st.data(),
+       nudge=st.sampled_from([None, Fraction(1, 10 ** 6), Fraction(1, 10 ** 12)]))
+def test_verify_on_kinks_agrees_with_the_exact_evaluation(d, data, nudge):
+    """Rational tokens a third of a few ulps either side of a layer's kinks (their float
+    images on them), targets the enclosure's own outputs or nudged: ``verify`` says OK
+    exactly when the exact evaluation fits."""
+    layer, X, _ = data.draw(kinked_layers(d))
+    model = transformer([Block(layer, None)], d=d)
+    step = Fraction(1, 3) * Fraction(2) ** data.draw(st.integers(-60, -50))
+    xs = [[[exact(v) + step for v in X], [exact(v) - step for v in X]]]
+    ys = own_targets(model, xs, nudge)
+    if ys is not None:
+        event(assert_verdict_is_exact(model, pairs_of(xs, ys)))
