@@ -89,13 +89,40 @@ def window_pad(widening, lo, hi):
     return widening + 4 * U * np.maximum(np.abs(lo), np.abs(hi))
 
 
-def _ff_parts(X, r, U_, b, W):
-    """(A, active, spread) of a layer's units on the boxes X ± r: the float ReLU outputs, the
-    units certainly active, and the units' own error in the output (the rounding of the
-    active ones' pre-activations, the whole spread of the undecided ones)."""
+def _ff_parts(X, r, U_, b, W, etas):
+    """(A, per η in ``etas`` a radius part) of a layer's units on the boxes X ± r: the float
+    ReLU outputs, and a bound on |F(x) − F̃(X)| for F(x) = η·x + W relu(U x + b), every x in
+    the box and F̃ the float evaluation before the rounding of its output sum
+    (:func:`units_radius`)."""
     Z, z_round, z_rad = _pre_activations(X, r, U_, b)
     active, unsure = signs(Z, z_rad)
-    return np.maximum(Z, 0.0), active, (z_round * active + z_rad * unsure) @ np.abs(W).T
+    return np.maximum(Z, 0.0), [units_radius(r, active, unsure, z_round, z_rad, W, U_, eta)
+                                for eta in etas]
+
+
+PATTERNS = 4  # undecided units per row up to which their on/off patterns are enumerated
+
+
+def units_radius(r, active, unsure, z_round, z_rad, W, U_, eta: float) -> np.ndarray:
+    """The smaller of two bounds on |F(x) − F̃(X)| per row (docs/numerics.md#enclosures):
+
+    * |J| r for the Jacobian J of the certainly active units, plus the active units'
+      rounding and the whole spread |W_k|·(radius of z_k) of every undecided unit;
+    * for rows with at most :data:`PATTERNS` undecided units: the largest |J_P| r over the
+      patterns P that switch any of them on (F is continuous and affine with Jacobian J_P
+      on each piece of the box, so along the segment from X to x it moves by at most that),
+      plus the rounding of every unit that may be on. A row sitting on a hat's kink, whose
+      units cancel in slope, is then charged the hat's slope, not the sum of its units'."""
+    aW = np.abs(W).T
+    out = jacobian_bound(r, active, W, U_, eta) + (z_round * active + z_rad * unsure) @ aW
+    k = unsure.sum(axis=1)
+    rows = np.flatnonzero((k > 0) & (k <= PATTERNS))
+    if len(rows):
+        on = active[rows] | unsure[rows]
+        alt = pattern_bound(r[rows], active[rows], unsure[rows], W, U_, eta) + \
+            (z_round[rows] * on) @ aW
+        out[rows] = np.minimum(out[rows], alt)
+    return out
 
 
 def zone_change(X, r, U_, b, W, f, lo: float, hi: float) -> np.ndarray:
@@ -254,56 +281,91 @@ def ff_change(X, r, U_, b, W):
     (|I + J| r for the Jacobian J of the units certainly active, grouped by activity pattern,
     plus every unit's rounding and the undecided units' spread), and of the change alone."""
     h = len(b)
-    A, active, spread = _ff_parts(X, r, U_, b, W)
-    spread = spread + rounding(np.abs(X) + A @ np.abs(W).T, h + 1)
+    A, (whole, alone) = _ff_parts(X, r, U_, b, W, (1.0, 0.0))
+    spread = rounding(np.abs(X) + A @ np.abs(W).T, h + 1)
     n = 2 * (h + X.shape[1]) + 4
-    return (A @ W.T, up(jacobian_bound(r, active, W, U_, 1.0) + spread, n),
-            up(jacobian_bound(r, active, W, U_, 0.0) + spread, n))
+    return A @ W.T, up(whole + spread, n), up(alone + spread, n)
 
 
 def ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     """A whole FF layer on every row: float64 output η·X + relu(X Uᵀ + b) Wᵀ and its radius
     (as in :func:`ff_change`)."""
     d, h = X.shape[1], len(b)
-    A, active, rad = _ff_parts(X, r, U_, b, W)
+    A, (rad,) = _ff_parts(X, r, U_, b, W, (eta,))
     out = eta * X + A @ W.T
     rad += rounding(abs(eta) * np.abs(X) + A @ np.abs(W).T, h + 1)
-    return out, up(rad + jacobian_bound(r, active, W, U_, eta), 2 * (h + d) + 4)
+    return out, up(rad, 2 * (h + d) + 4)
 
 
 def jacobian_bound(r, active, W, U_, eta: float) -> np.ndarray:
     """Per row, |J| r (with J's rounding) for J = η·I + Σ_{k active} W_k U_kᵀ, the exact
     Jacobian of the row's affine piece. Rows are grouped by their pattern of active units."""
-    if active.shape[1] < 63:  # a pattern as one integer: sorting those is far faster
-        code = active.astype(np.int64) @ (np.int64(1) << np.arange(active.shape[1]))
-        _, first, which = np.unique(code, return_index=True, return_inverse=True)
-        patterns = active[first]
-    else:
-        patterns, which = np.unique(active, axis=0, return_inverse=True)
-    which = which.reshape(-1)
+    patterns, which = _groups(active)
     out = np.empty_like(r)
     for g, pat in enumerate(patterns):
-        J, err = _jacobian(W, U_, pat, eta)
         rows = which == g
-        out[rows] = r[rows] @ (np.abs(J) + err).T
+        out[rows] = _jacobian_times(r[rows], W, U_, pat, eta)
     return out
 
 
-def _jacobian(W, U_, pat, eta: float) -> tuple[np.ndarray, np.ndarray]:
-    """J = η·I + Σ_{k ∈ pat} W_k U_kᵀ in float64 and a bound on its error. When the active
-    units all read one direction f (every gadget), J = η·I + (Σ W_k) fᵀ with the column sum
-    correctly rounded (math.fsum), so units that cancel exactly give exactly η·I."""
+def pattern_bound(r, active, unsure, W, U_, eta: float) -> np.ndarray:
+    """Per row, the largest |J_P| r (with J_P's rounding) over the patterns P = the active
+    units plus any subset of the undecided ones (``unsure``, a few per row). Rows are
+    grouped by their (active, undecided) patterns."""
+    h = active.shape[1]
+    patterns, which = _groups(np.concatenate([active, unsure], axis=1))
+    out = np.empty_like(r)
+    for g, pat in enumerate(patterns):
+        rows = which == g
+        maybe = np.flatnonzero(pat[h:])
+        best = np.zeros((int(rows.sum()), r.shape[1]))
+        for bits in range(2 ** len(maybe)):
+            p = pat[:h].copy()
+            p[maybe[[bool(bits >> i & 1) for i in range(len(maybe))]]] = True
+            best = np.maximum(best, _jacobian_times(r[rows], W, U_, p, eta))
+        out[rows] = best
+    return out
+
+
+def _groups(flags) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of a boolean array and each row's index among them."""
+    if flags.shape[1] < 63:  # a pattern as one integer: sorting those is far faster
+        code = flags.astype(np.int64) @ (np.int64(1) << np.arange(flags.shape[1]))
+        _, first, which = np.unique(code, return_index=True, return_inverse=True)
+        return flags[first], which.reshape(-1)
+    patterns, which = np.unique(flags, axis=0, return_inverse=True)
+    return patterns, which.reshape(-1)
+
+
+def _jacobian_times(r, W, U_, pat, eta: float) -> np.ndarray:
+    """|J| r per row, J's rounding included, for J = η·I + Σ_{k ∈ pat} W_k U_kᵀ
+    (:func:`_jacobian`). The absolute part of J's rounding bound, the same c·2^-1022 in
+    every entry, is added as c·2^-1022·Σ_j r_j instead of inside the product: otherwise every
+    zero entry of J (a zero row of W) would make its products with the radii subnormal, on
+    which float64 arithmetic is many times slower."""
+    J, size, n = _jacobian(W, U_, pat, eta)
+    if size is None:
+        return r @ np.abs(J).T
+    c = 2 * n + 4  # rounding(size, n) = c·u·size + c·2^-1022
+    return r @ (np.abs(J) + c * U * size).T + (c * TINY) * r.sum(axis=1)[:, None]
+
+
+def _jacobian(W, U_, pat, eta: float) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """J = η·I + Σ_{k ∈ pat} W_k U_kᵀ in float64, with (S, n) such that rounding(S, n)
+    bounds its error entrywise (S None: J is exact). When the active units all read one
+    direction f (every gadget), J = η·I + (Σ W_k) fᵀ with the column sum correctly rounded
+    (math.fsum), so units that cancel exactly give exactly η·I."""
     d = W.shape[0]
     eye = eta * np.eye(d)
     if not pat.any():
-        return eye, np.zeros((d, d))
+        return eye, None, 0
     Ua = U_[pat]
     if (Ua == Ua[0]).all():
         col = np.array([math.fsum(row) for row in W[:, pat]])
         J = eye + np.outer(col, Ua[0])
-        return J, rounding(np.outer(np.abs(col), np.abs(Ua[0])) + abs(eta) * np.eye(d), 2)
+        return J, np.outer(np.abs(col), np.abs(Ua[0])) + abs(eta) * np.eye(d), 2
     J = eye + W[:, pat] @ Ua
-    return J, rounding(np.abs(W[:, pat]) @ np.abs(Ua) + abs(eta) * np.eye(d), len(Ua) + 1)
+    return J, np.abs(W[:, pat]) @ np.abs(Ua) + abs(eta) * np.eye(d), len(Ua) + 1
 
 
 def hull_radius(mid, lo, hi):

@@ -23,11 +23,21 @@ from .rows import Segments
 
 class SortedProjection:
     """Rows' values t = P·f kept in a sorted index; moved rows wait in a dirty set (checked
-    one by one by every query) until there are enough of them to be merged back in."""
+    one by one by every query) until there are enough of them to be merged back in.
+
+    Float values are sorted only when a second query comes (or :meth:`refresh` asks): most
+    directions of a pass are read by one layer only (a separation test, say), and one
+    linear scan of t is far cheaper than sorting it (docs/numerics.md#ridge-windows)."""
 
     def __init__(self, t: np.ndarray):
         self.t = t
-        self.order = stable_argsort(t)
+        self.order = None
+        self.scanned = False  # one query answered by a linear scan
+        if t.dtype == object:
+            self._sort()
+
+    def _sort(self):
+        self.order = stable_argsort(self.t)
         self._sorted()
 
     def _sorted(self):
@@ -45,6 +55,14 @@ class SortedProjection:
 
     def rows_in(self, lo, hi) -> tuple[np.ndarray, object]:
         """Rows with lo < t < hi, and the smallest distance from a row outside to [lo, hi]."""
+        if self.order is None:
+            if not self.scanned:
+                self.scanned = True
+                with np.errstate(invalid="ignore"):
+                    inside = (self.t > lo) & (self.t < hi)
+                gaps = _gaps(self.t[~inside], lo, hi)
+                return np.flatnonzero(inside), (gaps[0] if gaps else None)
+            self._sort()
         i0 = int(np.searchsorted(self.sorted_t, lo, side="right"))
         i1 = int(np.searchsorted(self.sorted_t, hi, side="left"))
         rows = [np.zeros(0, dtype=np.int64)]
@@ -61,8 +79,8 @@ class SortedProjection:
         j = i1
         while j < len(self.order) and self.is_dirty[self.order[j]]:
             j += 1
-        if j < len(self.order):
-            gaps.append(self.sorted_t[j] - hi)
+        if j < len(self.order) and self.sorted_t[j] == self.sorted_t[j]:  # nan (sorted last)
+            gaps.append(self.sorted_t[j] - hi)  # is no distance
         if len(self.dirty):
             td = self.t[self.dirty]
             inside = (td > lo).astype(bool) & (td < hi).astype(bool)
@@ -71,12 +89,17 @@ class SortedProjection:
         return np.concatenate(rows).astype(int), (min(gaps) if gaps else None)
 
     def refresh(self) -> None:
-        """Fold the moved rows back into the sorted order (a rebuild) if there are any."""
-        if len(self.dirty):
+        """Sort, or fold the moved rows back into the sorted order (a rebuild) if there are
+        any."""
+        if self.order is None:
+            self._sort()
+        elif len(self.dirty):
             self._rebuild()
 
     def update(self, rows: np.ndarray, t_new: np.ndarray) -> None:
         self.t[rows] = t_new
+        if self.order is None:  # not sorted yet: nothing else to keep
+            return
         rows = np.unique(rows)
         self.dirty = np.concatenate([self.dirty, rows[~self.is_dirty[rows]]])
         self.is_dirty[rows] = True

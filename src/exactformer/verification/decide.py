@@ -13,6 +13,7 @@ Causal models are checked position by position (:func:`verify_causal`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import replace
 from fractions import Fraction
@@ -258,8 +259,21 @@ def _float_and_enclosure(model, dataset, stats, progress: bool, limit: float
     else:
         xs_f, ys_f = dataset.floats()
         xs_r, ys_r = None, [np.zeros_like(y) for y in ys_f]  # float data are exact
-    outs, rads = enclose(model, xs_f, xs_r, stats, progress, give_up=limit)
+    with _one_blas_thread():
+        outs, rads = enclose(model, xs_f, xs_r, stats, progress, give_up=limit)
     return outs, per_pair(enclosure.hausdorff_upper, outs, rads, ys_f, ys_r)
+
+
+def _one_blas_thread():
+    """The enclosure pass's matrix products are thin (many rows by d and a few units): BLAS
+    threads gain nothing there, and on a busy machine they spin against other work (one
+    product 20× slower measured on the 2-core machine under load; docs/numerics.md#cost).
+    Without threadpoolctl nothing changes."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
 
 
 def _subset_fractions(dataset, rows: list[int]) -> tuple[list, list]:
