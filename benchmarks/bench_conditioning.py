@@ -30,9 +30,9 @@ import exactformer as ef
 from exactformer.conditioning import conditioning
 from exactformer.data import builtin
 from exactformer.export import apply, max_error, to_torch
-from exactformer.tools.decode import nearest
 from exactformer.modelio import write_text_atomic
 from exactformer.tables import markdown_table
+from exactformer.tools.decode import nearest
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -143,7 +143,8 @@ class CausalLift:
 @dataclass
 class CausalConstruction:
     """The record of a causal construction (``kind`` "causal-hardmax" or "causal-softmax");
-    field meanings: docs/causal.md. ``moves`` counts the hats (hardmax) or snaps (softmax)."""
+    field meanings: docs/causal.md. ``moves`` counts the hats (hardmax), snaps (softmax) or
+    key units (``position_code`` set: docs/causal.md#position-keys)."""
 
     kind: str
     seed: int

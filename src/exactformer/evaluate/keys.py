@@ -13,6 +13,7 @@ layers; the recognition reads the stored parameters only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -83,7 +84,8 @@ def _float_key_parts(ffs: list[FF | None]) -> list:
         w = nz[:, 0].sum(axis=1)
         ok = ((nz.sum(axis=2) == w[:, None]).all(axis=1) & (w >= 1)
               & ((np.abs(U) == kappa[:, None, None]) | ~nz).all(axis=(1, 2))
-              & (b == b[:, :1]).all(axis=1) & (b[:, 0] < 0) & (kappa > 0)
+              & (b == b[:, :1]).all(axis=1) & (b[:, 0] < 0) & np.isfinite(b[:, 0])
+              & (kappa > 0) & np.isfinite(kappa)
               & (used.sum(axis=1) <= MAX_KEY_COORDINATES))
         for k in np.flatnonzero(ok).tolist():
             out[idx[k]] = (np.flatnonzero(used[k]), Fraction(float(kappa[k])), int(w[k]),
@@ -105,9 +107,14 @@ def _key_parts(ff: FF | None):
     w = int(nz[0].sum())
     b = ff.b[0]
     if not (kappa > 0 and (nz.sum(axis=1) == w).all() and (np.abs(Uq[nz]) == kappa).all()
-            and all(v == b for v in ff.b) and b < 0):
+            and all(v == b for v in ff.b) and b < 0 and _finite(kappa) and _finite(b)):
         return None
     return Q, Fraction(kappa), w, Fraction(b)
+
+
+def _finite(v) -> bool:
+    """False for a float inf or nan (rationals are always finite)."""
+    return not isinstance(v, float) or math.isfinite(v)
 
 
 def _pack(tau: np.ndarray) -> np.ndarray:
@@ -154,11 +161,16 @@ class _RowKeys:
         code, g, weight = row_keys(S, R)
         self.code[rows], self.weight[rows] = code, weight
         index = self.gindex
-        for v in g.tolist():
+        if g.dtype == object:
+            values, inv = list(g), np.arange(len(g))
+        else:
+            values, inv = np.unique(g, return_inverse=True)
+            values = values.tolist()
+        for v in values:
             if v not in index:
                 index[v] = len(self.gvals)
                 self.gvals.append(v)
-        self.gid[rows] = np.array([index[v] for v in g.tolist()], dtype=np.int64)
+        self.gid[rows] = np.array([index[v] for v in values], dtype=np.int64)[inv.ravel()]
 
 
 def _keys_of(st, Q: np.ndarray) -> _RowKeys:
@@ -260,8 +272,9 @@ class KeyRun:
         at = np.zeros(len(rows), dtype=np.int64)
         while len(rows):
             weight = rk.weight[rows]
-            quiet = np.array([self._quiet_from(rk.gvals[g])[a] for g, a in
-                              zip(rk.gid[rows].tolist(), at.tolist(), strict=True)], dtype=bool)
+            gids, inv = np.unique(rk.gid[rows], return_inverse=True)
+            table = np.array([self._quiet_from(rk.gvals[g]) for g in gids.tolist()], dtype=bool)
+            quiet = table[inv.ravel(), at] if len(rows) else np.zeros(0, dtype=bool)
             safe = (weight >= 0) & (weight <= self.w) & quiet
             self._dense_from(rows[~safe], at[~safe], dense)
             hit = safe & (weight == self.w)
@@ -269,7 +282,7 @@ class KeyRun:
             entry = self._next(rk.code[rows], at)
             rows, entry = rows[entry >= 0], entry[entry >= 0]
             if len(rows):
-                self._move(st, rows, entry, [rk.gvals[g] for g in rk.gid[rows].tolist()])
+                self._move(st, rows, entry, rk.gid[rows], rk.gvals)
                 rk = _keys_of(st, self.Q)
             at = self.layer[entry] + 1
             keep = at < len(self.ffs)
@@ -280,26 +293,56 @@ class KeyRun:
         for k in range(int(at.min(initial=len(self.ffs))), len(self.ffs)):
             dense(self.ffs[k], rows[at <= k])
 
-    def _move(self, st, rows: np.ndarray, entry: np.ndarray, g: list) -> None:
-        """Rows ``rows`` each gain W[:, unit]·relu(κ·g·w + b) of their table entry; a tracking
-        pass bounds the rounding of the float product and sum exactly (TwoSum), so an exact
-        step leaves the radius as it was."""
-        pairs = list(zip(self.layer[entry].tolist(), self.unit[entry].tolist(), strict=True))
+    def _move(self, st, rows: np.ndarray, entry: np.ndarray, gid: np.ndarray,
+              gvals: list) -> None:
+        """Rows ``rows`` (scale gvals[gid]) each gain W[:, unit]·relu(κ·g·w + b) of their
+        table entry; a tracking pass bounds the rounding of the float product and sum exactly
+        (TwoSum), so an exact step leaves the radius as it was."""
+        layer, unit = self.layer[entry], self.unit[entry]
         X = st.P[rows]
-        U = np.array([self.ffs[k].U[u] for k, u in pairs])
-        Wu = np.array([self.ffs[k].W[:, u] for k, u in pairs])
-        b = np.array([self.ffs[k].b[u] for k, u in pairs], dtype=U.dtype)
-        keys = [self.keys[k] for k, _ in pairs]
-        z = unit_values(st.ar, keys, X, U, b, g)
+        U, b, Wu = self._units(layer, unit, X.dtype)
+        z = unit_values(st.ar, [self.keys[k] for k in layer.tolist()], X, U, b,
+                        [gvals[g] for g in gid.tolist()])
         if st.ar.is_object:
             st.P[rows] = X + Wu * z[:, None]
         else:
             change = Wu * z[:, None]
             new = X + change
             if st.rad is not None:
-                st.rad[rows] = _step_radius(st.rad[rows], X, change, new, keys, g, Wu, z)
+                ez = self._z_errors(layer, gid, gvals, z)
+                st.rad[rows] = _step_radius(st.rad[rows], X, change, new, Wu, z, ez)
             st.P[rows] = new
         st.moved(rows)
+
+    def _z_errors(self, layer: np.ndarray, gid: np.ndarray, gvals: list,
+                  z: np.ndarray) -> np.ndarray:
+        """|relu(κ·g·w + b) − z| per row, exactly (then rounded up), computed once per
+        distinct (layer, scale, float z): the rows of one layer and scale share their z."""
+        pair = layer * len(gvals) + gid
+        _, first, inv = np.unique(pair, return_index=True, return_inverse=True)
+        inv = inv.ravel()
+        odd = np.flatnonzero(~((z == z[first][inv]) & np.isfinite(z)))
+        todo = np.concatenate([first, odd])
+        err = np.empty(len(z))
+        for i in todo.tolist():
+            key, g, zf = self.keys[int(layer[i])], gvals[int(gid[i])], float(z[i])
+            exact = max(key.kappa * _exact(g) * key.w + key.b, Fraction(0))
+            err[i] = float(abs(exact - Fraction(zf))) if np.isfinite(zf) else np.inf
+        out = err[first][inv]
+        out[odd] = err[odd]
+        return np.where(out == 0, 0.0, enclosure.up(out, 1))  # (0 when the float z is exact)
+
+    def _units(self, layer: np.ndarray, unit: np.ndarray, dtype):
+        """Rows of U, biases and columns of W (as rows) of the units (layer[i], unit[i]),
+        gathered layer by layer."""
+        D = self.ffs[0].U.shape[1]
+        U, Wu = np.empty((len(layer), D), dtype=dtype), np.empty((len(layer), D), dtype=dtype)
+        b = np.empty(len(layer), dtype=dtype)
+        for k in np.unique(layer).tolist():
+            at = np.flatnonzero(layer == k)
+            ff = self.ffs[k]
+            U[at], b[at], Wu[at] = ff.U[unit[at]], ff.b[unit[at]], ff.W[:, unit[at]].T
+        return U, b, Wu
 
     def push(self, z: np.ndarray, ar, dense) -> np.ndarray:
         """The run on one row z (the decoder); ``dense(ff, z)`` applies one layer densely."""
@@ -333,20 +376,11 @@ def unit_values(ar, keys: list[KeyLayer], X: np.ndarray, U: np.ndarray, b: np.nd
     return relu(z)
 
 
-def _step_radius(r, X, change, new, keys: list[KeyLayer], g: list, Wu, z) -> np.ndarray:
-    """Radii after x ↦ x + W·z: the float z differs from the exact relu(κ·g·w + b) by ez
-    (computed exactly), the float product W·z from the exact one by at most half an ulp (none
-    when z is 0 or a power of two and nothing underflows), and the float sum from the exact
-    one by exactly the TwoSum error."""
-    errors: dict = {}  # (layer, g, float z) -> |exact z − float z|: a handful of triples
-    for key, gi, zf in zip(keys, g, z.tolist(), strict=True):
-        if (id(key), gi, zf) not in errors:
-            exact = max(key.kappa * Fraction(gi) * key.w + key.b, Fraction(0))
-            errors[(id(key), gi, zf)] = float(abs(exact - Fraction(zf))) \
-                if np.isfinite(zf) else np.inf
-    ez = np.array([errors[(id(k), gi, zf)] for k, gi, zf in zip(keys, g, z.tolist(), strict=True)],
-                  dtype=float)
-    ez = np.where(ez == 0, 0.0, enclosure.up(ez, 1))  # (0 when the float z is exact)
+def _step_radius(r, X, change, new, Wu, z, ez) -> np.ndarray:
+    """Radii after x ↦ x + W·z: the float z differs from the exact relu(κ·g·w + b) by ez, the
+    float product W·z from the exact one by at most half an ulp (none when z is 0 or a power
+    of two, z is exact and nothing underflows), and the float sum from the exact one by
+    exactly the TwoSum error."""
     err = enclosure.sum_error(X, change, new)
     pow2 = ((np.abs(np.frexp(z)[0]) == 0.5) | (z == 0)) & (ez == 0)
     normal = (np.abs(change) >= np.finfo(float).tiny) | (Wu == 0)  # no underflow
