@@ -82,8 +82,8 @@ def hausdorff_sq(a: np.ndarray, b: np.ndarray):
 
 def worst(values) -> float:
     """The largest value, nan if any value is nan (``max`` would skip a nan after a number)."""
-    values = [float(v) for v in values]
-    return math.nan if any(math.isnan(v) for v in values) else max(values)
+    a = np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=float)
+    return math.nan if np.isnan(a).any() else float(a.max())
 
 
 def data_scale(xs: list[np.ndarray], ys: list[np.ndarray]) -> Fraction:

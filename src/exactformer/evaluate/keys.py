@@ -301,7 +301,7 @@ class KeyRun:
         layer, unit = self.layer[entry], self.unit[entry]
         X = st.P[rows]
         U, b, Wu = self._units(layer, unit, X.dtype)
-        z = unit_values(st.ar, [self.keys[k] for k in layer.tolist()], X, U, b,
+        z = unit_values(st.ar, [self.keys[k] for k in layer.tolist()], X[:, self.Q], U, b,
                         [gvals[g] for g in gid.tolist()])
         if st.ar.is_object:
             st.P[rows] = X + Wu * z[:, None]
@@ -333,15 +333,18 @@ class KeyRun:
         return np.where(out == 0, 0.0, enclosure.up(out, 1))  # (0 when the float z is exact)
 
     def _units(self, layer: np.ndarray, unit: np.ndarray, dtype):
-        """Rows of U, biases and columns of W (as rows) of the units (layer[i], unit[i]),
-        gathered layer by layer."""
+        """Rows of U on Q (U is 0 elsewhere), biases and columns of W (as rows) of the units
+        (layer[i], unit[i]), gathered layer by layer."""
         D = self.ffs[0].U.shape[1]
-        U, Wu = np.empty((len(layer), D), dtype=dtype), np.empty((len(layer), D), dtype=dtype)
+        U = np.empty((len(layer), len(self.Q)), dtype=dtype)
+        Wu = np.empty((len(layer), D), dtype=dtype)
         b = np.empty(len(layer), dtype=dtype)
-        for k in np.unique(layer).tolist():
-            at = np.flatnonzero(layer == k)
-            ff = self.ffs[k]
-            U[at], b[at], Wu[at] = ff.U[unit[at]], ff.b[unit[at]], ff.W[:, unit[at]].T
+        order = np.argsort(layer, kind="stable")
+        bounds = np.flatnonzero(np.diff(layer[order])) + 1
+        for at in np.split(order, bounds):
+            if len(at):
+                ff, u = self.ffs[int(layer[at[0]])], unit[at]
+                U[at], b[at], Wu[at] = ff.U[u][:, self.Q], ff.b[u], ff.W[:, u].T
         return U, b, Wu
 
     def push(self, z: np.ndarray, ar, dense) -> np.ndarray:
@@ -357,8 +360,8 @@ class KeyRun:
                 return z
             i, u = int(self.layer[e]), int(self.unit[e])
             ff = self.ffs[i]
-            v = unit_values(ar, [self.keys[i]], z[None, :], ff.U[u][None, :], ff.b[u:u + 1],
-                            [g])[0]
+            v = unit_values(ar, [self.keys[i]], z[None, self.Q], ff.U[u, self.Q][None, :],
+                            ff.b[u:u + 1], [g])[0]
             z, k = z + ff.W[:, u] * v, i + 1
         return z
 
@@ -366,8 +369,8 @@ class KeyRun:
 def unit_values(ar, keys: list[KeyLayer], X: np.ndarray, U: np.ndarray, b: np.ndarray,
                 g: list) -> np.ndarray:
     """The activation relu(κ·g·w + b) of each row's own unit (row U of its layer in
-    ``keys``): exact in an exact or mpmath pass, from the float64 dot product (as a dense
-    pass computes it) in a float one."""
+    ``keys``, X and U on Q: U is 0 elsewhere, and exact zeros change no float sum): exact in
+    an exact or mpmath pass, from the float64 dot product in a float one."""
     if ar.is_object:
         z = np.array([ar.scalar(k.kappa * k.w) * gi + ar.scalar(k.b)
                       for k, gi in zip(keys, g, strict=True)], dtype=object)
