@@ -189,11 +189,13 @@ def write_table(rows: list[dict], command: str, load: tuple, file: str | None, o
         "CPUs, so the times (wall clock) are only indicative." + note,
         f"Text: {source_name(file)}, its first `characters` characters. Model: "
         "examples/recite.py's next-character data (characters as integer vectors in R^8), "
-        "hardmax, float64 parameters, `width` = the widest FF layer (width/4 hats a layer), "
-        "R_c = 0. Verify: `exactformer.verify` (OK: the exact pass of the stored float64 "
-        "parameters is within 1e-9 × the coordinate scale at every position). Generation: the "
-        "text generated back from its first character, each output snapped to the nearest "
-        "character; decoder setup (cutting the layers into windows) is reported apart from the "
+        "hardmax, float64 parameters, built from position keys (docs/causal.md#position-keys: "
+        "`width` key units a layer, R_c = 0; P positions counts the stored keys). Verify: "
+        "`exactformer.verify` (OK: the exact evaluation of the stored float64 parameters, "
+        "bounded by float64 enclosures, is within 1e-9 × the coordinate scale at every "
+        "position). Generation: the text generated back from its first character, each output "
+        "snapped to the nearest character; decoder setup (preparing the layers' lookup "
+        "tables) is reported apart from the "
         "characters per second after it. Peak MiB: the row's own process's peak resident "
         "memory after each stage.",
         markdown_table(rows, COLUMNS)]) + "\n"

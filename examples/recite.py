@@ -2,10 +2,10 @@
 
 The characters of a public-domain passage (the opening of Jane Austen's *Pride and Prejudice*,
 1813) become fixed vectors in R^8 (deterministic small integers); the causal dataset asks, at
-every position, for the next character. The construction (docs/causal.md) stores one positional
-row per position, so every (character, position) is its own point, and needs one hat per
-position that has a target; no separation round is needed for a single text (R_c = 0). The model
-then generates the whole passage back from its first character, feeding each output, snapped to
+every position, for the next character. A single text needs no separation round (R_c = 0): the
+construction gives every position a key in coordinates of the model's own and moves each
+position's state onto its target with one ReLU unit (position keys, docs/causal.md), width units
+to a layer. The model then generates the whole passage back from its first character, feeding each output, snapped to
 the nearest character vector, back in as the next input.
 
 Second part: several texts that share an opening after a distinct first character. Positions
@@ -14,9 +14,9 @@ differently), so separation rounds split them by their prefixes; each text is ge
 from its first character.
 
 ``--file TEXT`` recites any UTF-8 text instead of the passage (all of it, or its first
-``--chars`` characters); ``--width`` puts width/4 hats in one FF layer (docs/causal.md), for
-about 4/width as many blocks, which is what makes a book of 10^6 characters a model of about a
-thousand blocks (benchmarks/bench_book.py).
+``--chars`` characters); ``--width`` puts width key units (or, for the shared openings, width/4
+hats) in one FF layer (docs/causal.md), which is what makes a book of 10^6 characters a model of
+245 blocks at width 4096 (benchmarks/bench_book.py).
 
 Run: .venv/bin/python examples/recite.py [--chars 2000] [--exact] [--file TEXT] [--width 4]
 """

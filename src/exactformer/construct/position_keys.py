@@ -26,7 +26,7 @@ from itertools import combinations
 import numpy as np
 
 from ..model import Block
-from ..numbers import num, zeros
+from ..numbers import num, safe_floats, zeros
 from .gadgets import balanced_ff
 from .generic import ConstructionError
 
@@ -76,8 +76,8 @@ def code_words(n: int, q: int, w: int) -> np.ndarray:
 def key_scale(tokens: np.ndarray, exact: bool):
     """c: the largest power of two at most the data's largest |coordinate| (1 for zero data),
     so that keys and tokens have comparable sizes."""
-    top = float(np.abs(tokens.astype(float)).max(initial=0.0))
-    k = math.frexp(top)[1] - 1 if top > 0 else 0
+    top = float(np.abs(safe_floats(tokens)).max(initial=0.0))  # inf beyond float64
+    k = math.frexp(top)[1] - 1 if 0 < top < math.inf else 0
     return num(Fraction(2) ** k, exact)
 
 
