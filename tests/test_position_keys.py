@@ -74,10 +74,12 @@ def float_pass(model, x, dtype) -> list[np.ndarray]:
     return out
 
 
-def close(a, exact, tol: float) -> bool:
-    """|a − exact| ≤ tol·(the row's largest exact |value|, or 1), coordinatewise."""
+def close(a, exact, tol: float, size=None) -> bool:
+    """|a − exact| ≤ tol·size coordinatewise; size: the row's largest exact |value| (or 1)
+    unless given."""
     a, exact = np.asarray(a, dtype=float), frac(exact)
-    size = max([abs(v) for v in exact.flat] + [Fraction(1)])
+    if size is None:
+        size = max([abs(v) for v in exact.flat] + [Fraction(1)])
     return all(abs(Fraction(float(u)) - v) <= Fraction(tol) * size
                for u, v in zip(a.flat, exact.flat, strict=True))
 
@@ -129,7 +131,7 @@ def check_targets_exact(model, data) -> None:
         if model.exact:
             assert (out == pad(y, model.d, Fraction(0))[k]).all()
         assert (out[:, data.d:] == 0).all()
-        assert max(abs(v) for v in (out[:, : data.d] - y[k]).flat) <= limit
+        assert max((abs(v) for v in (out[:, : data.d] - y[k]).flat), default=0) <= limit
 
 
 # ------------------------------------------------------------------ 1. the construction
@@ -137,7 +139,7 @@ def power_of_two(k: int) -> bool:
     return k > 0 and k & (k - 1) == 0
 
 
-@settings(max_examples=14, **SETTINGS)
+@settings(max_examples=40, **SETTINGS)
 @given(keyed_data(), st.sampled_from([4, 8, 64]), st.sampled_from(["hardmax", "softmax"]),
        st.booleans())
 def test_keyed_construction_is_exact_and_small(case, width, attention, exact):
@@ -187,20 +189,29 @@ def test_code_size_is_the_smallest_code():
 
 
 # ------------------------------------------------------------- 2. float32 faithfulness
-@settings(max_examples=14, **SETTINGS)
-@given(keyed_data(fractions=False), st.sampled_from([4, 8, 64]))
-def test_plain_float32_and_float16_passes_hit_the_targets(case, width):
+@settings(max_examples=40, **SETTINGS)
+@given(keyed_data(fractions=False), st.sampled_from([4, 8, 64]),
+       st.sampled_from(["hardmax", "softmax"]))
+def test_plain_float32_and_float16_passes_hit_the_targets(case, width, attention):
+    """The moved coordinate is fl(fl(x) + fl(W)·z) with z = relu(…) a power of two computed
+    exactly (the key sums are small integers times powers of two) and every other unit adding
+    exactly 0: error ≤ u·(|x| + |t − x| + |t|) ≤ 4u·scale, u the unit roundoff (2^-24 in
+    float32, below issue 20's 1e-5; 2^-11 in float16); the key coordinates cancel exactly."""
     data = case[0]
-    model = ef.compile(data, exact=False, width=width)
+    model = ef.compile(data, attention=attention, exact=False, width=width)
     scale = data.coordinate_scale()
     for x, y, k in zip(*data.floats(), data.known, strict=True):
         if not k.any():
             continue
-        for dtype, bound in ((np.float32, 1e-5), (np.float16, 4 * 2.0**-11)):
+        for dtype in (np.float32, np.float16):
+            bound = 4 * np.finfo(dtype).eps / 2
             out = float_pass(model, x, dtype)[-1]
             err = np.abs(out[k, : data.d].astype(float) - y[k]).max()
             assert err <= bound * scale, (dtype, err / scale)
             assert (out[k, data.d:] == 0).all()
+        if attention == "hardmax":  # an enclosure's key coordinates keep radius 0
+            (mid,), (rad,) = enclose(model, [x], None)
+            assert (mid[k, data.d:] == 0).all() and (rad[k, data.d:] == 0).all()
 
 
 # ------------------------------------------------------------ 3. bit-for-bit pass-through
@@ -213,7 +224,7 @@ def own_layer(model, row_q, d) -> int | None:
     return None
 
 
-@settings(max_examples=10, **SETTINGS)
+@settings(max_examples=30, **SETTINGS)
 @given(keyed_data(max_n=40, fractions=False), st.sampled_from([4, 8]), st.integers(0, 10**6))
 def test_rows_pass_every_block_but_their_own_bit_for_bit(case, width, seed):
     data = case[0]
@@ -225,8 +236,8 @@ def test_rows_pass_every_block_but_their_own_bit_for_bit(case, width, seed):
     tok = rng.standard_normal((n, d)) * data.coordinate_scale()
     other = P[rng.permutation(n), d:] * rng.integers(0, 2, (n, 1))
     rows.append(np.concatenate([tok, other - P[:, d:]], axis=1))
-    for x in rows:
-        snaps = float_pass(model, x, np.float32)
+    for x, dtype in product(rows, (np.float32, np.float16)):
+        snaps = float_pass(model, x, dtype)
         for i in range(len(x)):
             own = own_layer(model, snaps[0][i, d:], d)
             for n_ in range(model.n_blocks):
@@ -257,7 +268,7 @@ def adversarial_q(rng, P, d, c, kappa, b, w, i):
     g_quiet = -b / (kappa * (w - 1)) if w > 1 else None  # κ·g·(w − 1) + b = 0
     g_on = -b / (kappa * w)  # the own unit's pre-activation is 0
     gs = [c, c / 2, c / 4, 2 * c, 3 * c, 10 * c, g_on, g_on * Fraction(1023, 1024),
-          g_on * Fraction(1025, 1024), Fraction(1e150), Fraction(1e-300)]
+          g_on * Fraction(1025, 1024), Fraction(1e300), Fraction(1e-300)]
     if g_quiet is not None:
         gs += [g_quiet, g_quiet * Fraction(1025, 1024), g_quiet * Fraction(1023, 1024)]
     out = [g * s for g in gs] + [-c * s, 0 * s]
@@ -295,25 +306,29 @@ def adversarial_inputs(rng, model, d):
 
 
 def check_against_reference(model, x_exact, x_float) -> None:
-    """Exact pass ==, float pass within 1e-9 relative, enclosure contains the exact value,
-    decoder agrees: all against the Fraction reference of the actual inputs."""
+    """Exact pass ==, float pass within 1e-9 relative (to the row's largest value on the
+    way), enclosure contains the exact value, decoder agrees: all against the Fraction
+    reference of the actual inputs (``x_float`` exactly, for a float model)."""
     ref_e = exact_pass(model, x_exact)[-1]
     assert (forward_causal(model, [x_exact], "exact")[0] == ref_e).all()
     dec = Decoder(model, "exact")
     assert all((dec.push(r) == e).all() for r, e in zip(x_exact, ref_e, strict=True))
-    if model.exact:
-        return
-    ref_f = exact_pass(model, x_float)[-1]
-    (out,) = forward_causal(model, [x_float], "float")
-    assert all(close(o, e, 1e-9) for o, e in zip(out, ref_f, strict=True))
-    dec = Decoder(model, "float")
-    assert all(close(dec.push(r), e, 1e-9) for r, e in zip(x_float, ref_f, strict=True))
-    (mid,), (rad,) = enclose(model, [x_float], None)
+    floats = model if not model.exact else model.to_float()
+    snaps = exact_pass(floats, frac(x_float))
+    ref_f = snaps[-1]
+    sizes = [max([abs(v) for s in snaps for v in s[i]] + [Fraction(1)])
+             for i in range(len(ref_f))]
+    (out,) = forward_causal(floats, [x_float], "float")
+    assert all(close(o, e, 1e-9, z) for o, e, z in zip(out, ref_f, sizes, strict=True))
+    dec = Decoder(floats, "float")
+    assert all(close(dec.push(r), e, 1e-9, z)
+               for r, e, z in zip(x_float, ref_f, sizes, strict=True))
+    (mid,), (rad,) = enclose(floats, [x_float], None)
     for m, r, e in zip(mid.flat, rad.flat, ref_f.flat, strict=True):
         assert r == math.inf or abs(Fraction(float(m)) - e) <= Fraction(float(r))
 
 
-@settings(max_examples=12, **SETTINGS)
+@settings(max_examples=40, **SETTINGS)
 @given(keyed_data(max_n=30), st.sampled_from([4, 8]), st.booleans(), st.integers(0, 10**6))
 def test_key_lookup_equals_the_dense_reference_on_adversarial_rows(case, width, exact, seed):
     data = case[0]
@@ -399,7 +414,7 @@ def hand_rows(rng, n: int, D: int, Q: list[int], ffs: list[FF]) -> np.ndarray:
     return X
 
 
-@settings(max_examples=25, **SETTINGS)
+@settings(max_examples=80, **SETTINGS)
 @given(st.integers(0, 2**32 - 1), st.booleans(), st.sampled_from(["1", "q", "any"]))
 def test_hand_built_key_layers_are_recognised_and_looked_up_exactly(seed, exact, wkind):
     rng = np.random.default_rng(seed)
@@ -420,7 +435,7 @@ def test_hand_built_key_layers_are_recognised_and_looked_up_exactly(seed, exact,
 NEAR_MISSES = ["equal codes", "one bias", "half entry", "eta"]
 
 
-@settings(max_examples=16, **SETTINGS)
+@settings(max_examples=40, **SETTINGS)
 @given(st.integers(0, 2**32 - 1), st.booleans(), st.sampled_from(NEAR_MISSES))
 def test_near_miss_layers_are_refused_and_evaluated_densely(seed, exact, miss):
     """A key layer plus one unit of a fresh code, then broken in one place: the recogniser
@@ -457,7 +472,7 @@ def test_near_miss_layers_are_refused_and_evaluated_densely(seed, exact, miss):
 
 
 # ----------------------------------------------------------------- 5. decoder, generation
-@settings(max_examples=10, **SETTINGS)
+@settings(max_examples=30, **SETTINGS)
 @given(keyed_data(max_n=40), st.sampled_from([4, 8, 64]), st.booleans())
 def test_decoder_matches_the_pass_and_generation_recites(case, width, exact):
     data, vocab, recite = case  # recite: one text, its targets the next tokens
@@ -477,7 +492,7 @@ def test_decoder_matches_the_pass_and_generation_recites(case, width, exact):
         assert np.array_equal(np.asarray(said, dtype=object), np.asarray(x[1:], dtype=object))
 
 
-@settings(max_examples=10, **SETTINGS)
+@settings(max_examples=30, **SETTINGS)
 @given(st.integers(0, 2**32 - 1), st.integers(2, 16), st.integers(1, 60), st.booleans(),
        st.sampled_from([4, 64]))
 def test_generation_recites_the_text(seed, d, n, exact, width):
