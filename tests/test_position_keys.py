@@ -398,13 +398,14 @@ def hand_layers(rng, D: int, Q: list[int], w: int, exact: bool, layers: int) -> 
 
 def hand_rows(rng, n: int, D: int, Q: list[int], ffs: list[FF]) -> np.ndarray:
     """Rows whose Q-part is g·τ for the layers' own codes (and near them), g at the edges."""
-    U = frac(ffs[0].U)[:, Q]
-    kappa = max(abs(v) for v in U.flat)
-    w = sum(v != 0 for v in U[0])
-    codes = [frac(ff.U)[k, Q] / max(abs(v) for v in frac(ff.U).flat)
-             for ff in ffs for k in range(ff.width)]
+    Us = [frac(ff.U) for ff in ffs]
+    kappas = [max(abs(v) for v in U.flat) for U in Us]
+    w = sum(v != 0 for v in Us[0][0])
+    codes = [U[k, Q] / kappa for U, kappa in zip(Us, kappas, strict=True)
+             for k in range(len(U))]
     gs = [Fraction(1), Fraction(1, 2), Fraction(3), Fraction(10**6)]
-    gs += [-Fraction(ff.b[0]) / (kappa * v) for ff in ffs for v in {w, max(w - 1, 1)}]
+    gs += [-Fraction(ff.b[0]) / (kappa * v) for ff, kappa in zip(ffs, kappas, strict=True)
+           for v in {w, max(w - 1, 1)}]  # the own unit or the others at 0: ties
     X = frac(rng.integers(-5, 6, (n, D))) / 2
     for i in range(n):
         tau = codes[int(rng.integers(len(codes)))].copy()
@@ -415,19 +416,34 @@ def hand_rows(rng, n: int, D: int, Q: list[int], ffs: list[FF]) -> np.ndarray:
 
 
 @settings(max_examples=80, **SETTINGS)
-@given(st.integers(0, 2**32 - 1), st.booleans(), st.sampled_from(["1", "q", "any"]))
-def test_hand_built_key_layers_are_recognised_and_looked_up_exactly(seed, exact, wkind):
+@given(st.integers(0, 2**32 - 1), st.booleans(), st.sampled_from(["1", "q", "any"]),
+       st.integers(1, 2))
+def test_hand_built_key_layers_are_recognised_and_looked_up_exactly(seed, exact, wkind,
+                                                                    groups):
+    """Key layers not from the construction (κ not a power of two, biases and κ differing by
+    layer, w = 1, w = q or any), in one or two interleaved groups on their own coordinates Q
+    and weights, and rows keyed for either group or half for each."""
     rng = np.random.default_rng(seed)
     D = int(rng.integers(3, 9))
-    Q = sorted(rng.choice(D, int(rng.integers(1, min(D, 5) + 1)), replace=False).tolist())
-    w = {"1": 1, "q": len(Q), "any": int(rng.integers(1, len(Q) + 1))}[wkind]
-    ffs = hand_layers(rng, D, Q, w, exact, int(rng.integers(1, 5)))
-    found = key_layers(ffs)
-    assert all(k is not None and k.w == w for k in found)
-    assert all(set(np.asarray(k.Q).tolist()) <= set(Q) for k in found)
-    model = Transformer(d=D, attention="hardmax", blocks=[Block(ff, None) for ff in ffs],
+    parts = []
+    for _ in range(groups):
+        Q = sorted(rng.choice(D, int(rng.integers(1, min(D, 5) + 1)), replace=False).tolist())
+        w = {"1": 1, "q": len(Q), "any": int(rng.integers(1, len(Q) + 1))}[wkind]
+        parts.append((Q, w, hand_layers(rng, D, Q, w, exact, int(rng.integers(1, 5)))))
+    ffs = [(ff, w) for _, w, layers in parts for ff in layers]
+    ffs = [ffs[k] for k in rng.permutation(len(ffs))]
+    found = key_layers([ff for ff, _ in ffs])
+    assert all(k is not None and k.w == w for k, (_, w) in zip(found, ffs, strict=True))
+    union = {v for Q, _, _ in parts for v in Q}
+    assert all(set(np.asarray(k.Q).tolist()) <= union for k in found)
+    model = Transformer(d=D, attention="hardmax", blocks=[Block(ff, None) for ff, _ in ffs],
                         exact=exact, causal=True)
-    X = hand_rows(rng, 12, D, Q, ffs)
+    rows = [hand_rows(rng, 12, D, Q, layers) for Q, _, layers in parts]
+    if groups == 2:
+        mixed = rows[0].copy()
+        mixed[:, parts[1][0]] = rows[1][:, parts[1][0]]
+        rows.append(mixed)
+    X = np.concatenate(rows)
     Xf = np.array([[float(v) for v in r] for r in X])
     check_against_reference(model, X if exact else frac(Xf), Xf)
 
