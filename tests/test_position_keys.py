@@ -34,6 +34,12 @@ def frac(a) -> np.ndarray:
     return np.vectorize(one, otypes=[object])(np.asarray(a, dtype=object))
 
 
+def mp_fraction(v) -> Fraction:
+    """An mpmath number as the exact binary fraction it is (``man_exp`` drops the sign)."""
+    man, exp = v.man_exp
+    return (-1 if v < 0 else 1) * Fraction(int(man)) * Fraction(2) ** int(exp)
+
+
 def pad(x: np.ndarray, D: int, zero) -> np.ndarray:
     x = np.asarray(x, dtype=object if zero == Fraction(0) else None)
     return np.concatenate([x, np.full((len(x), D - x.shape[1]), zero, dtype=x.dtype)], axis=1)
@@ -304,14 +310,25 @@ def adversarial_inputs(rng, model, d):
     return exact, np.array([[float(v) for v in r] for r in rows])
 
 
+def check_mp(rows, exact, sizes) -> None:
+    """60-digit rows within 10^-45 of the exact ones, relative to each row's size."""
+    for row, e, size in zip(rows, exact, sizes, strict=True):
+        assert all(abs(mp_fraction(u) - v) <= size / 10**45 for u, v in zip(row, e, strict=True))
+
+
 def check_against_reference(model, x_exact, x_float) -> None:
     """Exact pass ==, float pass within 1e-9 relative (to the row's largest value on the
     way), enclosure contains the exact value, decoder agrees: all against the Fraction
     reference of the actual inputs (``x_float`` exactly, for a float model)."""
-    ref_e = exact_pass(model, x_exact)[-1]
+    snaps = exact_pass(model, x_exact)
+    ref_e = snaps[-1]
     assert (forward_causal(model, [x_exact], "exact")[0] == ref_e).all()
     dec = Decoder(model, "exact")
     assert all((dec.push(r) == e).all() for r, e in zip(x_exact, ref_e, strict=True))
+    sizes = [max([abs(v) for s in snaps for v in s[i]] + [Fraction(1)])
+             for i in range(len(ref_e))]
+    (out,) = forward_causal(model, [x_exact], "mp", dps=60)
+    check_mp(out, ref_e, sizes)
     floats = model if not model.exact else model.to_float()
     snaps = exact_pass(floats, frac(x_float))
     ref_f = snaps[-1]
@@ -510,6 +527,21 @@ def test_near_miss_layers_are_refused_and_evaluated_densely(seed, exact, miss):
 
 
 # ----------------------------------------------------------------- 5. decoder, generation
+@settings(max_examples=10, **SETTINGS)
+@given(keyed_data(max_n=20), st.integers(0, 10**6))
+def test_mp_decoder_keeps_its_digits(case, seed):
+    """Decoder(model, "mp", dps) agrees with the 60-digit reference to 45 digits, as the mp
+    pass does, on a keyed model's own inputs and on adversarial rows."""
+    model = ef.compile(case[0])
+    x_exact, _ = adversarial_inputs(np.random.default_rng(seed), model, case[0].d)
+    for x in (*case[0].fractions()[0], x_exact):
+        snaps = exact_pass(model, x)
+        sizes = [max([abs(v) for s in snaps for v in s[i]] + [Fraction(1)])
+                 for i in range(len(x))]
+        dec = Decoder(model, "mp", dps=60)
+        check_mp([dec.push(r) for r in x], snaps[-1], sizes)
+
+
 @settings(max_examples=30, **SETTINGS)
 @given(keyed_data(max_n=40), st.sampled_from([4, 8, 64]), st.booleans())
 def test_decoder_matches_the_pass_and_generation_recites(case, width, exact):
