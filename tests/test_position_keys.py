@@ -80,6 +80,14 @@ def float_pass(model, x, dtype) -> list[np.ndarray]:
     return out
 
 
+def as_floats(rows) -> np.ndarray:
+    return np.array([[float(v) for v in r] for r in rows])
+
+
+def float_ff(ff: FF) -> FF:
+    return FF(float(ff.eta), *(np.asarray(a, dtype=float) for a in (ff.U, ff.b, ff.W)))
+
+
 def close(a, exact, tol: float, size=None) -> bool:
     """|a − exact| ≤ tol·size coordinatewise; size: the row's largest exact |value| (or 1)
     unless given."""
@@ -132,10 +140,6 @@ def check_targets_exact(model, data) -> None:
 
 
 # ------------------------------------------------------------------ 1. the construction
-def power_of_two(k: int) -> bool:
-    return k > 0 and k & (k - 1) == 0
-
-
 @settings(max_examples=40, **SETTINGS)
 @given(keyed_data(), st.sampled_from([4, 8, 64]), st.sampled_from(["hardmax", "softmax"]),
        st.booleans())
@@ -158,7 +162,7 @@ def test_keyed_construction_is_exact_and_small(data, width, attention, exact):
     c = Fraction(rec.position_code["scale"])
     top = max(abs(v) for i in keyed for v in (*found[i][0], *found[i][1]))
     assert c == 1 if top == 0 else c <= top < 2 * c
-    assert 1 in (c.numerator, c.denominator) and power_of_two(c.numerator * c.denominator)
+    assert 1 in (c.numerator, c.denominator) and (c.numerator * c.denominator).bit_count() == 1
     assert (P[:, : data.d] == 0).all()
     sig = P[keyed, data.d:] / c
     assert len({tuple(s) for s in sig}) == len(keyed)
@@ -284,8 +288,7 @@ def adversarial_inputs(rng, model, d):
         tok = frac(rng.standard_normal(d) * float(c))
         tok[0] *= [1, 1, Fraction(10**300), Fraction(1e-300)][int(rng.integers(4))]
         rows.append(np.concatenate([tok, np.asarray(v, dtype=object) - P[i, d:]]))
-    exact = np.array(rows, dtype=object)
-    return exact, np.array([[float(v) for v in r] for r in rows])
+    return np.array(rows, dtype=object), as_floats(rows)
 
 
 def check_mp(rows, exact, sizes) -> None:
@@ -359,28 +362,25 @@ def test_non_finite_token_coordinates_stay_non_finite_and_raise_nothing():
     """inf/nan in a token coordinate, at a row whose key fires, whose key coordinates are 0,
     or in a key coordinate: every pass runs, keeps the row non-finite (an enclosure with an
     infinite radius there) and leaves the other rows as the reference has them."""
-    data = ef.CausalDataset.from_arrays([[[1.0, 2.0], [0.5, -1.0], [3.0, 1.0]]],
-                                        [[[0.5, -1.0], [3.0, 1.0], [1.0, 1.0]]])
-    model = ef.compile(data, exact=False)
-    P, d = np.asarray(model.positions, dtype=float), data.d
-    clean = pad(np.array([[1.0, 2.0], [0.5, -1.0], [3.0, 1.0]]), model.d, 0.0)
+    x = [[1.0, 2.0], [0.5, -1.0], [3.0, 1.0]]
+    model = ef.compile(ef.CausalDataset.from_arrays([x], [[*x[1:], [1.0, 1.0]]]), exact=False)
+    d, clean = 2, pad(np.array(x), model.d, 0.0)
     ref = exact_pass(model, frac(clean))[-1]
-    for bad in (np.inf, -np.inf, np.nan):
-        for col, q_part in ((0, None), (1, "zero"), (d, None)):
-            for i in range(3):
-                X = clean.copy()
-                X[i, col] = bad
-                if q_part == "zero":
-                    X[i, d:] = -P[i, d:]
-                with np.errstate(all="ignore"):
-                    (out,) = forward_causal(model, [X], "float")
-                    (mid,), (rad,) = enclose(model, [X], None)
-                    dec = Decoder(model, "float")
-                    pushed = [dec.push(r) for r in X]
-                for o in (out, mid, np.array(pushed)):
-                    assert not np.isfinite(o[i]).all()
-                    assert all(close(o[k], ref[k], 1e-9) for k in range(3) if k != i)
-                assert (rad[i][~np.isfinite(mid[i])] == np.inf).all()
+    for bad, (col, no_key), i in product((np.inf, -np.inf, np.nan),
+                                         ((0, False), (1, True), (d, False)), range(3)):
+        X = clean.copy()
+        X[i, col] = bad
+        if no_key:
+            X[i, d:] = -np.asarray(model.positions, dtype=float)[i, d:]
+        with np.errstate(all="ignore"):
+            (out,), ((mid,), (rad,)) = (forward_causal(model, [X], "float"),
+                                        enclose(model, [X], None))
+            dec = Decoder(model, "float")
+            pushed = np.array([dec.push(r) for r in X])
+        for o in (out, mid, pushed):
+            assert not np.isfinite(o[i]).all()
+            assert all(close(o[k], ref[k], 1e-9) for k in range(3) if k != i)
+        assert (rad[i][~np.isfinite(mid[i])] == np.inf).all()
 
 
 # ----------------------------------------------- hand-built key layers, and near misses
@@ -407,8 +407,7 @@ def hand_layers(rng, D: int, Q: list[int], w: int, exact: bool, layers: int) -> 
                 W[Q, r] = (np.array(codes[int(rng.integers(len(codes)))]) - np.array(
                     codes[pick[r]])) / z
         b = np.full(len(pick), bias, dtype=object)
-        ff = FF(Fraction(1), U, b, W)
-        out.append(ff if exact else FF(1.0, *(np.asarray(a, dtype=float) for a in (U, b, W))))
+        out.append(FF(Fraction(1), U, b, W) if exact else float_ff(FF(1, U, b, W)))
     return out
 
 
@@ -460,8 +459,7 @@ def test_hand_built_key_layers_are_recognised_and_looked_up_exactly(seed, exact,
         mixed[:, parts[1][0]] = rows[1][:, parts[1][0]]
         rows.append(mixed)
     X = np.concatenate(rows)
-    Xf = np.array([[float(v) for v in r] for r in X])
-    check_against_reference(model, X if exact else frac(Xf), Xf)
+    check_against_reference(model, X if exact else frac(as_floats(X)), as_floats(X))
 
 
 NEAR_MISSES = ["equal codes", "one bias", "half entry", "eta"]
@@ -492,15 +490,12 @@ def test_near_miss_layers_are_refused_and_evaluated_densely(seed, exact, miss):
         U[-1, Q[fresh.index(next(v for v in fresh if v))]] /= 2
     else:
         eta = Fraction(1, 2)
-    bad = FF(eta, U, b, W)
-    if not exact:
-        bad = FF(float(eta), *(np.asarray(a, dtype=float) for a in (U, b, W)))
+    bad = FF(eta, U, b, W) if exact else float_ff(FF(eta, U, b, W))
     assert key_layers([bad])[0] is None
     model = Transformer(d=D, attention="hardmax", blocks=[Block(bad, None)], exact=exact,
                         causal=True)
     X = hand_rows(rng, 10, D, Q, [bad])
-    Xf = np.array([[float(v) for v in r] for r in X])
-    check_against_reference(model, X if exact else frac(Xf), Xf)
+    check_against_reference(model, X if exact else frac(as_floats(X)), as_floats(X))
 
 
 # ----------------------------------------------------------------- 5. decoder, generation
