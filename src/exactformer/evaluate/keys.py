@@ -20,6 +20,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..model import FF
+from ..numbers import safe_float
 from . import enclosure
 from .arithmetic import relu
 
@@ -132,6 +133,7 @@ def row_keys(S: np.ndarray, R: np.ndarray | None) -> tuple[np.ndarray, np.ndarra
         g = np.array([max((abs(v) for v in r), default=0) for r in S], dtype=object)
         ok = np.array([all(v == 0 or abs(v) == gi for v in r) for r, gi in zip(S, g, strict=True)],
                       dtype=bool)
+        g[~ok] = 0  # (a row that is no key has no scale: nan and inf stay out of the index)
         tau = np.array([[0 if v == 0 else (1 if v > 0 else -1) for v in r] for r in S],
                        dtype=np.int64).reshape(n, q)
     else:
@@ -140,6 +142,7 @@ def row_keys(S: np.ndarray, R: np.ndarray | None) -> tuple[np.ndarray, np.ndarra
         if R is not None:
             ok &= (R == 0).all(axis=1)
         tau = np.sign(np.where(np.isfinite(S), S, 0)).astype(np.int64)
+        g = np.where(ok, g, 0.0)
     weight = np.where(ok, (tau != 0).sum(axis=1), -1)
     return _pack(tau), g, weight
 
@@ -208,8 +211,8 @@ def _exact(v) -> Fraction:
     if hasattr(v, "as_integer_ratio"):
         p, q = v.as_integer_ratio()
         return Fraction(int(p), int(q))
-    man, exp = v.man_exp
-    return Fraction(int(man)) * Fraction(2) ** int(exp)
+    man, exp = v.man_exp  # of |v|
+    return (-1 if v < 0 else 1) * Fraction(int(man)) * Fraction(2) ** int(exp)
 
 
 
@@ -245,7 +248,7 @@ class KeyRun:
             if self._kappa is None:
                 self._kappa = np.array([float(k.kappa) for k in self.keys])
                 self._bias = np.array([float(k.b) for k in self.keys])
-            big = self._kappa * float(abs(g)) * (self.w - 1)
+            big = self._kappa * safe_float(abs(g)) * (self.w - 1)  # inf: decided exactly
             val = big + self._bias
             sure = np.abs(val) > 1e-12 * (big + np.abs(self._bias)) + 1e-300
             each = np.where(sure, val <= 0, False)

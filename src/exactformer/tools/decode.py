@@ -129,22 +129,24 @@ class Decoder:
             arithmetic = "exact" if model.exact and model.attention == "hardmax" else "float"
         self.ar = Arithmetic(arithmetic, dps)
         self.dps, self.width = dps, model.d
-        params = self.ar.numbers(model)
-        self.positions = None if model.positions is None else self.ar.array(model.positions)
-        tau = self.ar.scalar(model.tau if model.tau is not None else 1)
-        self.layers: list = []
-        blocks = [self.ar.convert(b) for b in params.blocks]
-        keys = key_layers([b.ff for b in model.blocks])
-        windows = ridges_of([None if k is not None else b.ff for b, k in
-                             zip(model.blocks, keys, strict=True)], [b.ff for b in blocks], self.ar)
-        for blk, ridges, key in zip(blocks, windows, keys, strict=True):
-            if key is not None:
-                self._add_key(blk.ff, key)
-            elif blk.ff is not None:
-                self._add_ff(blk.ff, ridges, alone=blk.sa is None or blk.sa.is_identity())
-            if blk.sa is not None and not blk.sa.is_identity():
-                self.layers.append(_Attention(blk.sa, model.attention, tau, self.ar))
-        self.layers = [self._close(x) for x in self.layers]
+        with mpmath.workdps(dps):  # parameters converted at the pass's precision
+            params = self.ar.numbers(model)
+            self.positions = None if model.positions is None else self.ar.array(model.positions)
+            tau = self.ar.scalar(model.tau if model.tau is not None else 1)
+            self.layers: list = []
+            blocks = [self.ar.convert(b) for b in params.blocks]
+            keys = key_layers([b.ff for b in model.blocks])
+            windows = ridges_of([None if k is not None else b.ff for b, k in
+                                 zip(model.blocks, keys, strict=True)],
+                                [b.ff for b in blocks], self.ar)
+            for blk, ridges, key in zip(blocks, windows, keys, strict=True):
+                if key is not None:
+                    self._add_key(blk.ff, key)
+                elif blk.ff is not None:
+                    self._add_ff(blk.ff, ridges, alone=blk.sa is None or blk.sa.is_identity())
+                if blk.sa is not None and not blk.sa.is_identity():
+                    self.layers.append(_Attention(blk.sa, model.attention, tau, self.ar))
+            self.layers = [self._close(x) for x in self.layers]
         self.t = 0
         self.stats = PassStats()
 
