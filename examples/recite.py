@@ -5,8 +5,8 @@ The characters of a public-domain passage (the opening of Jane Austen's *Pride a
 every position, for the next character. A single text needs no separation round (R_c = 0): the
 construction gives every position a key in coordinates of the model's own and moves each
 position's state onto its target with one ReLU unit (position keys, docs/causal.md), width units
-to a layer. The model then generates the whole passage back from its first character, feeding each output, snapped to
-the nearest character vector, back in as the next input.
+to a layer. The model then generates the whole passage back from its first character, feeding
+each output, snapped to the nearest character vector, back in as the next input.
 
 Second part: several texts that share an opening after a distinct first character. Positions
 alone no longer tell the contexts apart (the same character at the same position continues
