@@ -276,13 +276,15 @@ def _hats_in(b, W, ok, order) -> tuple[np.ndarray, np.ndarray]:
 
 def _grouped_order(b, W) -> np.ndarray:
     """For layers whose units form consecutive hats in their own order: the units sorted by
-    their hat's window (its smallest breakpoint −max b), then by −b within the hat."""
+    their hat's window (its smallest breakpoint −max b), hats with the same smallest
+    breakpoint kept apart in their own order, then by −b within the hat."""
     _, opens = _hats_in(b, W, np.ones(len(b), dtype=bool),
                         np.tile(np.arange(b.shape[1]), (len(b), 1)))
     hat = np.cumsum(opens, axis=1) - 1
     first = np.array([np.maximum.reduceat(row, np.flatnonzero(o))[g]
                       for row, o, g in zip(b, opens, hat, strict=True)])
-    return np.array([np.lexsort((-row, -top)) for row, top in zip(b, first, strict=True)])
+    return np.array([np.lexsort((-row, g, -top))
+                     for row, top, g in zip(b, first, hat, strict=True)])
 
 
 def _sums_to_zero(terms: list) -> bool:
