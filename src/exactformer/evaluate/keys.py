@@ -248,9 +248,10 @@ class KeyRun:
             if self._kappa is None:
                 self._kappa = np.array([float(k.kappa) for k in self.keys])
                 self._bias = np.array([float(k.b) for k in self.keys])
-            big = self._kappa * safe_float(abs(g)) * (self.w - 1)  # inf: decided exactly
-            val = big + self._bias
-            sure = np.abs(val) > 1e-12 * (big + np.abs(self._bias)) + 1e-300
+            with np.errstate(invalid="ignore"):  # inf·0 is nan: decided exactly below
+                big = self._kappa * safe_float(abs(g)) * (self.w - 1)
+                val = big + self._bias
+                sure = np.abs(val) > 1e-12 * (big + np.abs(self._bias)) + 1e-300
             each = np.where(sure, val <= 0, False)
             for k in np.flatnonzero(~sure).tolist():
                 each[k] = _quiet(g, self.keys[k])
