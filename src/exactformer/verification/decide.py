@@ -359,6 +359,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         attention=model.attention, N=dataset.N,
         tokens=dataset.total_n, constrained=dataset.constrained, blocks=model.n_blocks,
         blocks_design=None if rec is None else _blocks_design(rec, model),
+        position_keys=rec is not None and rec.position_code is not None,
         R=None if rec is None else rec.R, max_width=model.max_width(),
         params=model.n_params(), params_dense=model.n_params_dense(),
         position_params=0 if model.positions is None else int(np.size(model.positions)),

@@ -40,6 +40,8 @@ class _Verdict:
         out = asdict(self)
         if out["d_model"] is None:  # data as wide as the model: the form of every older report
             del out["d_model"]
+        if not out.get("position_keys", True):  # (a causal report of a hat model, as before)
+            del out["position_keys"]
         out["ok"], out["proved"], out["verdict"] = self.ok, self.proved, self.verdict()
         return out
 
@@ -191,6 +193,7 @@ class CausalReport(_Verdict):
     measured: str = ""  # softmax: the measured (midpoint) error and the precision reached
     bound_exact: bool = False  # softmax: every constrained output shown to equal its target
     d_model: int | None = None  # the model's width, where the data (d < d_model) were padded
+    position_keys: bool = False  # built from position keys (docs/causal.md#position-keys)
 
     @property
     def ok(self) -> bool:
@@ -227,8 +230,9 @@ class CausalReport(_Verdict):
             ("attention", f"{self.attention}, causal"),
             ("sequences N / dimension d", f"{self.N} / {self.d}{padded(self.d_model)}"),
             ("tokens / constrained positions", f"{self.tokens} / {self.constrained}"),
-            ("blocks L", f"{self.blocks}  (design R_c + ⌈moves/k⌉ = {self.blocks_design}, "
-                         f"R_c = {self.R})"),
+            ("blocks L", f"{self.blocks}  (design ⌈moves/width⌉ = {self.blocks_design}, "
+                         "position keys)" if self.position_keys else
+             f"{self.blocks}  (design R_c + ⌈moves/k⌉ = {self.blocks_design}, R_c = {self.R})"),
             ("max FF width", str(self.max_width)),
             ("parameters (structured / dense)", f"{self.params} / {self.params_dense}  "
              f"(+ {self.position_params} in stored positions)"),
