@@ -85,7 +85,7 @@ class Job:
         while i < stop:
             kr = self.key_runs.get(i)
             if kr is not None and kr[0] <= stop and \
-                    not any(i < k < kr[0] for k in snapshots or ()):
+                    not any(i < k <= kr[0] for k in snapshots or ()):  # (as runs below)
                 kr[1].apply(st, lambda ff, rows: ff_rows(st, ff, rows))
                 bar.update(kr[0] - i)
                 i = kr[0]
