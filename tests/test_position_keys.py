@@ -559,3 +559,25 @@ def test_a_position_with_two_constraints_falls_back_to_hats(seed, exact):
     model = ef.compile(data, exact=exact)
     assert model.record.position_code is None and model.d == data.d
     assert ef.verify(model, data).ok
+
+
+def test_snapshots_inside_and_at_the_end_of_a_key_run():
+    """A set model of three key layers (one stretch): every snapshot, including the one at the
+    stretch's end, equals a plain float64 dense pass written here."""
+    from exactformer.evaluate import forward
+    U = np.array([[0, 0, 1.0, 1.0], [0, 0, 1.0, -1.0]])
+    W = np.zeros((4, 2))
+    W[0, 0], W[1, 1], W[2, 0] = 1.0, 1.0, -2.0  # the first unit also clears its own key
+    ffs = [FF(1.0, U * k, np.array([-1.5, -1.5]) * k, W / k) for k in (1.0, 2.0, 4.0)]
+    model = Transformer(d=4, attention="hardmax", blocks=[Block(f, None) for f in ffs],
+                        exact=False)
+    assert all(k is not None for k in key_layers(ffs))
+    xs = [np.array([[0, 0, 1.0, 1.0], [0, 0, 1.0, -1.0], [1, 2, 0, 0], [0, 0, 3.0, 3.0]])]
+    outs, snaps = forward(model, xs, "float", snapshots={0, 1, 2, 3})
+    x = xs[0]
+    for i, f in enumerate(ffs, start=1):
+        x = x + np.maximum(x @ f.U.T + f.b, 0) @ f.W.T
+        assert np.array_equal(np.unique(snaps[i][0], axis=0), np.unique(x, axis=0)), i
+    assert np.array_equal(np.unique(outs[0], axis=0), np.unique(x, axis=0))
+    _, end = forward(model, xs, "float", snapshots={3})  # only at the stretch's end
+    assert np.array_equal(np.unique(end[3][0], axis=0), np.unique(x, axis=0))
