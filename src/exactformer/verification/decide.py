@@ -13,13 +13,13 @@ Causal models are checked position by position (:func:`verify_causal`).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import replace
 from fractions import Fraction
 
 import mpmath
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ..data import CausalDataset, Dataset
 from ..distance import (
@@ -267,12 +267,7 @@ def _float_and_enclosure(model, dataset, stats, progress: bool, limit: float
 def _one_blas_thread():
     """The enclosure pass's matrix products are thin (many rows by d and a few units): BLAS
     threads gain nothing there, and on a busy machine they spin against other work (one
-    product 20× slower measured on the 2-core machine under load; docs/numerics.md#cost).
-    Without threadpoolctl nothing changes."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
+    product 20× slower measured on the 2-core machine under load; docs/numerics.md#cost)."""
     return threadpool_limits(1, user_api="blas")
 
 
