@@ -215,8 +215,6 @@ def _exact(v) -> Fraction:
     return (-1 if v < 0 else 1) * Fraction(int(man)) * Fraction(2) ** int(exp)
 
 
-
-
 class KeyRun:
     """Consecutive key layers on one Q with one weight w, applied by lookup: every unit of
     every layer is in one table sorted by (key, layer), and a row goes straight to the first
@@ -278,7 +276,7 @@ class KeyRun:
             weight = rk.weight[rows]
             gids, inv = np.unique(rk.gid[rows], return_inverse=True)
             table = np.array([self._quiet_from(rk.gvals[g]) for g in gids.tolist()], dtype=bool)
-            quiet = table[inv.ravel(), at] if len(rows) else np.zeros(0, dtype=bool)
+            quiet = table[inv.ravel(), at]
             safe = (weight >= 0) & (weight <= self.w) & quiet
             self._dense_from(rows[~safe], at[~safe], dense)
             hit = safe & (weight == self.w)
@@ -305,8 +303,7 @@ class KeyRun:
         layer, unit = self.layer[entry], self.unit[entry]
         X = st.P[rows]
         U, b, Wu = self._units(layer, unit, X.dtype)
-        z = unit_values(st.ar, [self.keys[k] for k in layer.tolist()], X[:, self.Q], U, b,
-                        [gvals[g] for g in gid.tolist()])
+        z = self._activations(st.ar, layer, gid, gvals, X[:, self.Q], U, b)
         if st.ar.is_object:
             st.P[rows] = X + Wu * z[:, None]
         else:
@@ -336,6 +333,20 @@ class KeyRun:
         out[odd] = err[odd]
         return np.where(out == 0, 0.0, enclosure.up(out, 1))  # (0 when the float z is exact)
 
+    def _activations(self, ar, layer: np.ndarray, gid: np.ndarray, gvals: list,
+                     X: np.ndarray, U: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """relu(κ·g·w + b) of each row's own unit (layer[i], scale gvals[gid[i]]; X and U on
+        Q, where U is 0 elsewhere, and exact zeros change no float sum): exact in an exact or
+        mpmath pass, from the float64 dot product in a float one."""
+        if ar.is_object:
+            z = np.array([ar.scalar(self.keys[k].kappa * self.keys[k].w) * gvals[g]
+                          + ar.scalar(self.keys[k].b)
+                          for k, g in zip(layer.tolist(), gid.tolist(), strict=True)],
+                         dtype=object)
+        else:
+            z = (X * U).sum(axis=1) + b
+        return relu(z)
+
     def _units(self, layer: np.ndarray, unit: np.ndarray, dtype):
         """Rows of U on Q (U is 0 elsewhere), biases and columns of W (as rows) of the units
         (layer[i], unit[i]), gathered layer by layer."""
@@ -364,23 +375,10 @@ class KeyRun:
                 return z
             i, u = int(self.layer[e]), int(self.unit[e])
             ff = self.ffs[i]
-            v = unit_values(ar, [self.keys[i]], z[None, self.Q], ff.U[u, self.Q][None, :],
-                            ff.b[u:u + 1], [g])[0]
+            v = self._activations(ar, np.array([i]), np.array([0]), [g], z[None, self.Q],
+                                  ff.U[u, self.Q][None, :], ff.b[u:u + 1])[0]
             z, k = z + ff.W[:, u] * v, i + 1
         return z
-
-
-def unit_values(ar, keys: list[KeyLayer], X: np.ndarray, U: np.ndarray, b: np.ndarray,
-                g: list) -> np.ndarray:
-    """The activation relu(κ·g·w + b) of each row's own unit (row U of its layer in
-    ``keys``, X and U on Q: U is 0 elsewhere, and exact zeros change no float sum): exact in
-    an exact or mpmath pass, from the float64 dot product in a float one."""
-    if ar.is_object:
-        z = np.array([ar.scalar(k.kappa * k.w) * gi + ar.scalar(k.b)
-                      for k, gi in zip(keys, g, strict=True)], dtype=object)
-    else:
-        z = (X * U).sum(axis=1) + b
-    return relu(z)
 
 
 def _step_radius(r, X, change, new, Wu, z, ez) -> np.ndarray:
