@@ -201,7 +201,9 @@ def test_forward_and_predict_give_the_originals_padded(case, k):
         out, rad = enclose(wide, data.floats()[0], None)
         ref, rad0 = enclose(model, data.floats()[0], None)
         for o, r, o0, r0 in zip(out, rad, ref, rad0, strict=True):
-            assert np.array_equal(o, padded(o0, k))  # radii: rounding bounds grow with D
+            # both enclose one exact value (BLAS may sum the wider rows in another order)
+            assert (np.abs(o - padded(o0, k)) <= r + padded(r0, k)).all()
+            # radii: rounding bounds grow with D
             assert (r[:, : data.d] <= 4 * r0 + 1e-300).all() and \
                 (r[:, data.d:] <= 4 * r0.max() + 1e-300).all()
 
