@@ -334,17 +334,21 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     exact_scale = data_scale(xs_f if xs is None else xs,
                              [y[k] for y, k in zip(ys_f if ys is None else ys, dataset.known,
                                                    strict=True)])
-    try:
-        with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
-            outs_f = forward_causal(model, xs_f, "float", stats=stats, tau=tau,
-                                    progress=progress)
-    except OverflowError:  # a rational parameter beyond float64: no float64 form
-        outs_f = [np.full(x.shape, math.inf) for x in xs_f]
+    enclosed = _causal_enclosure(model, dataset, xs_f, stats, progress)
+    if enclosed is not None and enclosed[2]:
+        outs_f = enclosed[0]
+    else:
+        try:
+            with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
+                outs_f = forward_causal(model, xs_f, "float", stats=stats, tau=tau,
+                                        progress=progress)
+        except OverflowError:  # a rational parameter beyond float64: no float64 form
+            outs_f = [np.full(x.shape, math.inf) for x in xs_f]
     err_f = _position_errors(outs_f, ys_f, dataset.known)
     tolerance = softmax_tolerance(model, digits, tolerance)
     limit = Fraction(tolerance) * exact_scale
     if model.attention == "hardmax":
-        found = _causal_hardmax(model, dataset, xs_f, ys_f, limit, progress)
+        found = _causal_hardmax(model, dataset, enclosed, ys_f, limit, progress)
     else:
         found = _causal_softmax(model, dataset, limit, digits, tau)
     nonfinite = [] if model.exact else \
@@ -367,16 +371,29 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         **found)
 
 
-def _causal_hardmax(model, dataset, xs_f, ys_f, limit: Fraction, progress: bool) -> dict:
+def _causal_enclosure(model, dataset, xs_f, stats: PassStats, progress: bool):
+    """For a float64 hardmax model on float data, its causal enclosure
+    (:func:`exactformer.evaluate.enclose`) as (outputs, radii, whether it is a float64 pass
+    from the first block): true without attention, and then it is verify's float64 pass and
+    records its margins in ``stats``. None for every other model."""
+    if model.exact or dataset.exact or model.attention != "hardmax":
+        return None
+    float_pass = not any(b.sa is not None and not b.sa.is_identity() for b in model.blocks)
+    mids, rads = enclose(model, xs_f, None, stats=stats if float_pass else None,
+                         progress=progress)
+    return mids, rads, float_pass
+
+
+def _causal_hardmax(model, dataset, enclosed, ys_f, limit: Fraction, progress: bool) -> dict:
     """The hardmax verdict fields. A float64 model on float data is first enclosed
-    (:func:`exactformer.evaluate.enclose`): a sequence whose every constrained position has a
-    rigorous error bound within the limit is decided by it; the others, and every rational
-    model, go to the exact pass, which compares with ``==`` (rational parameters) or compares
-    exact squared distances with limit² (float64 parameters)."""
+    (``enclosed``, from :func:`_causal_enclosure`): a sequence whose every constrained
+    position has a rigorous error bound within the limit is decided by it; the others, and
+    every rational model, go to the exact pass, which compares with ``==`` (rational
+    parameters) or compares exact squared distances with limit² (float64 parameters)."""
     errs: list = [None] * dataset.N
-    if not model.exact and not dataset.exact:
+    if enclosed is not None:
         below = _float_below(limit)
-        for j, b in enumerate(_causal_bounds(model, dataset, xs_f, ys_f, progress)):
+        for j, b in enumerate(_causal_bounds(enclosed, dataset, ys_f)):
             if (b <= below).all():
                 errs[j] = list(b)
     open_ = [j for j in range(dataset.N) if errs[j] is None]
@@ -402,12 +419,12 @@ def _causal_hardmax(model, dataset, xs_f, ys_f, limit: Fraction, progress: bool)
                 first_failure=first)
 
 
-def _causal_bounds(model, dataset, xs_f, ys_f, progress: bool) -> list[np.ndarray]:
+def _causal_bounds(enclosed, dataset, ys_f) -> list[np.ndarray]:
     """Per sequence and position, an upper bound on the distance of the exact output from the
     target (0 at unconstrained positions, inf where the enclosure knows nothing): the
     enclosure's box and the float distance, inflated by their rounding
     (:func:`exactformer.evaluate.enclosure.hausdorff_upper` on one-point sets)."""
-    mids, rads = enclose(model, xs_f, None, progress=progress)
+    mids, rads = enclosed[:2]
     out = []
     for o, r, y, k in zip(mids, rads, ys_f, dataset.known, strict=True):
         b = np.zeros(len(k))
