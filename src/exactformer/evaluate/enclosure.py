@@ -35,8 +35,12 @@ def sum_error(a, b, s):
     """|a + b − s| exactly, for s the float64 sum of a and b (TwoSum: its error term is exact
     in round-to-nearest, subnormals included, barring overflow); inf where s is not finite."""
     bb = s - a
-    e = np.abs((a - (s - bb)) + (b - bb))
-    return np.where(np.isfinite(s), e, np.inf)
+    e = s - bb
+    np.subtract(a, e, out=e)
+    np.subtract(b, bb, out=bb)
+    e += bb
+    np.abs(e, out=e)  # not finite exactly where s is not: then inf
+    return np.nan_to_num(e, copy=False, nan=np.inf, posinf=np.inf)
 
 
 def up(r, n: int):

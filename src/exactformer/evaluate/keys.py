@@ -49,19 +49,24 @@ def key_layers(ffs: list[FF | None]) -> list[KeyLayer | None]:
     parts = _float_key_parts(ffs)
     parts = [p if p is not None or ff is None or not _is_object(ff) else _key_parts(ff)
              for ff, p in zip(ffs, parts, strict=True)]
-    Qs = [p[0] for p in parts if p is not None]
-    union = np.unique(np.concatenate(Qs)) if Qs else np.zeros(0, dtype=np.int64)
-    out = []
-    for ff, p in zip(ffs, parts, strict=True):
-        if p is None:
-            out.append(None)
-            continue
-        Q = union if len(union) <= MAX_KEY_COORDINATES else p[0]
-        codes = _pack(np.sign(np.asarray(ff.U)[:, Q]).astype(np.int64))
-        order = np.argsort(codes, kind="stable")
-        codes = codes[order]
-        ok = not (codes[1:] == codes[:-1]).any()
-        out.append(KeyLayer(Q, codes, order, *p[1:]) if ok else None)
+    reads = [p[0] for p in parts if p is not None]  # per key layer, the coordinates it reads
+    union = np.flatnonzero(np.any(reads, axis=0)) if reads else np.zeros(0, dtype=np.int64)
+    shared = len(union) <= MAX_KEY_COORDINATES
+    groups: dict = {}  # layers whose codes are packed together: one shape and one Q
+    for i, p in enumerate(parts):
+        if p is not None:
+            groups.setdefault((np.shape(ffs[i].U), _is_object(ffs[i])) if shared else i,
+                              []).append(i)
+    out: list = [None] * len(ffs)
+    for idx in groups.values():
+        Q = union if shared else np.flatnonzero(parts[idx[0]][0])
+        signs = np.sign(np.array([ffs[i].U for i in idx])[:, :, Q]).astype(np.int64)
+        codes = _pack(signs)  # (layers, units)
+        order = np.argsort(codes, axis=1, kind="stable")
+        codes = np.take_along_axis(codes, order, axis=1)
+        distinct = ~(codes[:, 1:] == codes[:, :-1]).any(axis=1)
+        for k in np.flatnonzero(distinct).tolist():
+            out[idx[k]] = KeyLayer(Q, codes[k], order[k], *parts[idx[k]][1:])
     return out
 
 
@@ -76,6 +81,7 @@ def _float_key_parts(ffs: list[FF | None]) -> list:
     for i, ff in enumerate(ffs):
         if ff is not None and ff.eta == 1 and ff.width and not _is_object(ff):
             shapes.setdefault(np.shape(ff.U), []).append(i)
+    exact: dict = {}  # float -> Fraction, once per distinct value
     for idx in shapes.values():
         U = np.array([ffs[i].U for i in idx])
         b = np.array([ffs[i].b for i in idx])
@@ -89,13 +95,20 @@ def _float_key_parts(ffs: list[FF | None]) -> list:
               & (kappa > 0) & np.isfinite(kappa)
               & (used.sum(axis=1) <= MAX_KEY_COORDINATES))
         for k in np.flatnonzero(ok).tolist():
-            out[idx[k]] = (np.flatnonzero(used[k]), Fraction(float(kappa[k])), int(w[k]),
-                           Fraction(float(b[k, 0])))
+            out[idx[k]] = (used[k], _fraction(exact, float(kappa[k])), int(w[k]),
+                           _fraction(exact, float(b[k, 0])))
     return out
 
 
+def _fraction(cache: dict, v: float) -> Fraction:
+    """Fraction(v), made once per distinct value."""
+    if v not in cache:
+        cache[v] = Fraction(v)
+    return cache[v]
+
+
 def _key_parts(ff: FF | None):
-    """(Q, κ, w, b) of a layer of the key form with its own coordinates Q, or None."""
+    """(mask of Q, κ, w, b) of a layer of the key form with its own coordinates Q, or None."""
     if ff is None or ff.eta != 1 or ff.width == 0:
         return None
     U = np.asarray(ff.U)
@@ -110,7 +123,7 @@ def _key_parts(ff: FF | None):
     if not (kappa > 0 and (nz.sum(axis=1) == w).all() and (np.abs(Uq[nz]) == kappa).all()
             and all(v == b for v in ff.b) and b < 0 and _finite(kappa) and _finite(b)):
         return None
-    return Q, Fraction(kappa), w, Fraction(b)
+    return (U != 0).any(axis=0), Fraction(kappa), w, Fraction(b)
 
 
 def _finite(v) -> bool:
@@ -119,8 +132,8 @@ def _finite(v) -> bool:
 
 
 def _pack(tau: np.ndarray) -> np.ndarray:
-    """Each row of a {−1, 0, 1} matrix as one integer, Σ (τ_k + 1)·3^k."""
-    return (tau + 1) @ (3 ** np.arange(tau.shape[1], dtype=np.int64))
+    """Each row of a {−1, 0, 1} matrix (or stack of them) as one integer, Σ (τ_k + 1)·3^k."""
+    return (tau + 1) @ (3 ** np.arange(tau.shape[-1], dtype=np.int64))
 
 
 def row_keys(S: np.ndarray, R: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -227,17 +240,19 @@ class KeyRun:
         self.ffs, self.keys = ffs, keys
         self.Q, self.w = keys[0].Q, keys[0].w
         code = np.concatenate([k.codes for k in keys])
-        layer = np.concatenate([np.full(len(k.codes), i) for i, k in enumerate(keys)])
+        layer = np.repeat(np.arange(len(keys)), [len(k.codes) for k in keys])
         unit = np.concatenate([k.units for k in keys])
         order = np.lexsort((layer, code))
         self.code, self.layer, self.unit = code[order], layer[order], unit[order]
         self.quiet: dict = {}  # scale g -> per layer k, whether layers k, k + 1, … are quiet
         self._kappa = self._bias = None  # the layers' κ and b in float64, when first needed
+        self._stacks = None  # the layers' parameters stacked by shape, when first needed
+        self._kb = None  # per layer: the index of its (κ, b) among the distinct pairs
 
     @staticmethod
     def fits(first: KeyLayer, key: KeyLayer) -> bool:
         """Whether ``key`` may join the run that starts with ``first`` (same Q and w)."""
-        return np.array_equal(first.Q, key.Q) and first.w == key.w
+        return first.w == key.w and (first.Q is key.Q or np.array_equal(first.Q, key.Q))
 
     def _quiet_from(self, g) -> list[bool]:
         """Per layer k: whether every layer from k on is quiet at scale g. Decided in float64
@@ -302,7 +317,7 @@ class KeyRun:
         (TwoSum), so an exact step leaves the radius as it was."""
         layer, unit = self.layer[entry], self.unit[entry]
         X = st.P[rows]
-        U, b, Wu = self._units(layer, unit, X.dtype)
+        U, b, Wu = self._units(layer, unit)
         z = self._activations(st.ar, layer, gid, gvals, X[:, self.Q], U, b)
         if st.ar.is_object:
             st.P[rows] = X + Wu * z[:, None]
@@ -318,8 +333,9 @@ class KeyRun:
     def _z_errors(self, layer: np.ndarray, gid: np.ndarray, gvals: list,
                   z: np.ndarray) -> np.ndarray:
         """|relu(κ·g·w + b) − z| per row, exactly (then rounded up), computed once per
-        distinct (layer, scale, float z): the rows of one layer and scale share their z."""
-        pair = layer * len(gvals) + gid
+        distinct (κ, b, scale, float z): the rows of layers with one κ and b and of one scale
+        share their z."""
+        pair = self._kb_index()[layer] * len(gvals) + gid
         _, first, inv = np.unique(pair, return_index=True, return_inverse=True)
         inv = inv.ravel()
         odd = np.flatnonzero(~((z == z[first][inv]) & np.isfinite(z)))
@@ -347,20 +363,40 @@ class KeyRun:
             z = (X * U).sum(axis=1) + b
         return relu(z)
 
-    def _units(self, layer: np.ndarray, unit: np.ndarray, dtype):
+    def _kb_index(self) -> np.ndarray:
+        """Per layer, the index of its (κ, b) among the run's distinct pairs."""
+        if self._kb is None:  # by identity: the recogniser makes one Fraction per float value
+            index: dict = {}
+            self._kb = np.array([index.setdefault((id(k.kappa), id(k.b)), len(index))
+                                 for k in self.keys])
+        return self._kb
+
+    def _units(self, layer: np.ndarray, unit: np.ndarray):
         """Rows of U on Q (U is 0 elsewhere), biases and columns of W (as rows) of the units
-        (layer[i], unit[i]), gathered layer by layer."""
-        D = self.ffs[0].U.shape[1]
-        U = np.empty((len(layer), len(self.Q)), dtype=dtype)
-        Wu = np.empty((len(layer), D), dtype=dtype)
-        b = np.empty(len(layer), dtype=dtype)
-        order = np.argsort(layer, kind="stable")
-        bounds = np.flatnonzero(np.diff(layer[order])) + 1
-        for at in np.split(order, bounds):
-            if len(at):
-                ff, u = self.ffs[int(layer[at[0]])], unit[at]
-                U[at], b[at], Wu[at] = ff.U[u][:, self.Q], ff.b[u], ff.W[:, u].T
-        return U, b, Wu
+        (layer[i], unit[i])."""
+        if self._stacks is None:
+            self._stacks = self._stack()
+        offset, U, b, W = self._stacks
+        at = offset[layer] + unit
+        return U[at], b[at], W[at]
+
+    def _stack(self):
+        """Every unit of the run in one table (U on Q, b, the column of W as a row), layer
+        after layer, and where each layer's units start; layers of one shape are stacked at
+        once."""
+        shapes: dict = {}
+        for i, ff in enumerate(self.ffs):
+            shapes.setdefault(ff.U.shape, []).append(i)
+        offset = np.empty(len(self.ffs), dtype=np.int64)
+        parts, start = [], 0
+        for (width, _), idx in shapes.items():
+            offset[idx] = start + width * np.arange(len(idx))
+            start += width * len(idx)
+            ffs = [self.ffs[i] for i in idx]
+            parts.append((np.array([ff.U for ff in ffs])[:, :, self.Q].reshape(-1, len(self.Q)),
+                          np.array([ff.b for ff in ffs]).reshape(-1),
+                          np.array([ff.W.T for ff in ffs]).reshape(width * len(idx), -1)))
+        return (offset, *(np.concatenate(p) for p in zip(*parts, strict=True)))
 
     def push(self, z: np.ndarray, ar, dense) -> np.ndarray:
         """The run on one row z (the decoder); ``dense(ff, z)`` applies one layer densely."""
@@ -383,13 +419,16 @@ class KeyRun:
 
 def _step_radius(r, X, change, new, Wu, z, ez) -> np.ndarray:
     """Radii after x ↦ x + W·z: the float z differs from the exact relu(κ·g·w + b) by ez, the
-    float product W·z from the exact one by at most half an ulp (none when z is 0 or a power
-    of two, z is exact and nothing underflows), and the float sum from the exact one by
-    exactly the TwoSum error."""
-    err = enclosure.sum_error(X, change, new)
-    pow2 = ((np.abs(np.frexp(z)[0]) == 0.5) | (z == 0)) & (ez == 0)
-    normal = (np.abs(change) >= np.finfo(float).tiny) | (Wu == 0)  # no underflow
-    prod = np.where(pow2[:, None] & normal, 0.0, enclosure.rounding(np.abs(change), 1))
-    grow = np.abs(Wu) * ez[:, None] + prod + err
-    grow = np.where(np.isfinite(grow) & np.isfinite(new), grow, np.inf)
+    float product W·z from the exact one by at most half an ulp (none when z is exact and 0, or
+    an exact power of two at which no entry of W·z underflows), and the float sum from the
+    exact one by exactly the TwoSum error."""
+    grow = enclosure.sum_error(X, change, new)
+    Wmin = np.where(Wu == 0, np.inf, np.abs(Wu)).min(axis=1, initial=np.inf)
+    exact = (ez == 0) & ((z == 0) | ((np.abs(np.frexp(z)[0]) == 0.5)
+                                     & (Wmin * np.abs(z) >= np.finfo(float).tiny)))
+    rest = np.flatnonzero(~exact)
+    if len(rest):
+        with np.errstate(invalid="ignore"):  # inf·0: an unbounded z error, inf below
+            more = np.abs(Wu[rest]) * ez[rest, None] + enclosure.rounding(np.abs(change[rest]), 1)
+        grow[rest] += np.where(np.isnan(more), np.inf, more)
     return np.where(grow == 0, r, enclosure.up(r + grow, 3))
