@@ -39,8 +39,9 @@ def sum_error(a, b, s):
     np.subtract(a, e, out=e)
     np.subtract(b, bb, out=bb)
     e += bb
-    np.abs(e, out=e)  # not finite exactly where s is not: then inf
-    return np.nan_to_num(e, copy=False, nan=np.inf, posinf=np.inf)
+    np.abs(e, out=e)  # inf or nan exactly where s is not finite: then inf
+    np.copyto(e, np.inf, where=np.isnan(e))
+    return e
 
 
 def up(r, n: int):

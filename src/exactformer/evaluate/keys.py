@@ -25,6 +25,7 @@ from . import enclosure
 from .arithmetic import relu
 
 MAX_KEY_COORDINATES = 33  # keys are packed base 3 into integers exact in float64 and int64
+MOVE_CHUNK = 8192  # rows moved or keyed at once: their temporaries fit a core's cache
 
 
 @dataclass
@@ -140,7 +141,8 @@ def row_keys(S: np.ndarray, R: np.ndarray | None) -> tuple[np.ndarray, np.ndarra
     """For rows with Q-part S (and radii R there, or None): the packed key τ, the scale g
     (so that S = g·τ exactly) and the number of nonzero entries of τ; rows not of that form
     (or with a nonzero radius in Q, or non-finite) get weight −1. Object rows are read one by
-    one, float rows at once."""
+    one, float rows at once, and float rows that are 0 on Q (moved rows of the construction)
+    by one test."""
     n, q = S.shape
     if S.dtype == object:
         g = np.array([max((abs(v) for v in r), default=0) for r in S], dtype=object)
@@ -149,15 +151,21 @@ def row_keys(S: np.ndarray, R: np.ndarray | None) -> tuple[np.ndarray, np.ndarra
         g[~ok] = 0  # (a row that is no key has no scale: nan and inf stay out of the index)
         tau = np.array([[0 if v == 0 else (1 if v > 0 else -1) for v in r] for r in S],
                        dtype=np.int64).reshape(n, q)
-    else:
-        g = np.abs(S).max(axis=1, initial=0.0)
-        ok = np.isfinite(g) & ((S == 0) | (np.abs(S) == g[:, None])).all(axis=1)
+        weight = np.where(ok, (tau != 0).sum(axis=1), -1)
+        return _pack(tau), g, weight
+    live = S.any(axis=1) if R is None else S.any(axis=1) | R.any(axis=1)  # (nan is nonzero)
+    code = np.full(n, _pack(np.zeros(q, dtype=np.int64)))
+    g, weight = np.zeros(n), np.zeros(n, dtype=np.int64)
+    if live.any():
+        S = S[live]
+        gl = np.abs(S).max(axis=1, initial=0.0)
+        ok = np.isfinite(gl) & ((S == 0) | (np.abs(S) == gl[:, None])).all(axis=1)
         if R is not None:
-            ok &= (R == 0).all(axis=1)
+            ok &= ~R[live].any(axis=1)
         tau = np.sign(np.where(np.isfinite(S), S, 0)).astype(np.int64)
-        g = np.where(ok, g, 0.0)
-    weight = np.where(ok, (tau != 0).sum(axis=1), -1)
-    return _pack(tau), g, weight
+        code[live], g[live] = _pack(tau), np.where(ok, gl, 0.0)
+        weight[live] = np.where(ok, (tau != 0).sum(axis=1), -1)
+    return code, g, weight
 
 
 @dataclass
@@ -203,9 +211,11 @@ def _keys_of(st, Q: np.ndarray) -> _RowKeys:
         rows = np.arange(n)
     else:
         rows = np.flatnonzero(st.row_epoch > rk.epoch)
-    if len(rows):
-        rk.set_rows(rows, st.P[rows][:, Q], None if st.rad is None else st.rad[rows][:, Q])
-        rk.live[rows] = rk.weight[rows] != 0
+    for start in range(0, len(rows), MOVE_CHUNK):  # (in chunks, as moves are)
+        part = rows[start:start + MOVE_CHUNK]
+        at = np.ix_(part, Q)
+        rk.set_rows(part, st.P[at], None if st.rad is None else st.rad[at])
+        rk.live[part] = rk.weight[part] != 0
     rk.epoch = st.epoch
     return rk
 
@@ -314,7 +324,16 @@ class KeyRun:
               gvals: list) -> None:
         """Rows ``rows`` (scale gvals[gid]) each gain W[:, unit]·relu(κ·g·w + b) of their
         table entry; a tracking pass bounds the rounding of the float product and sum exactly
-        (TwoSum), so an exact step leaves the radius as it was."""
+        (TwoSum), so an exact step leaves the radius as it was. In chunks of rows, so that the
+        temporaries stay in the cache."""
+        for at in range(0, len(rows), MOVE_CHUNK):
+            cut = slice(at, at + MOVE_CHUNK)
+            self._move_rows(st, rows[cut], entry[cut], gid[cut], gvals)
+        st.moved(rows)
+
+    def _move_rows(self, st, rows: np.ndarray, entry: np.ndarray, gid: np.ndarray,
+                   gvals: list) -> None:
+        """:meth:`_move` on one chunk."""
         layer, unit = self.layer[entry], self.unit[entry]
         X = st.P[rows]
         U, b, Wu = self._units(layer, unit)
@@ -328,7 +347,6 @@ class KeyRun:
                 ez = self._z_errors(layer, gid, gvals, z)
                 st.rad[rows] = _step_radius(st.rad[rows], X, change, new, Wu, z, ez)
             st.P[rows] = new
-        st.moved(rows)
 
     def _z_errors(self, layer: np.ndarray, gid: np.ndarray, gvals: list,
                   z: np.ndarray) -> np.ndarray:
@@ -382,21 +400,16 @@ class KeyRun:
 
     def _stack(self):
         """Every unit of the run in one table (U on Q, b, the column of W as a row), layer
-        after layer, and where each layer's units start; layers of one shape are stacked at
-        once."""
-        shapes: dict = {}
-        for i, ff in enumerate(self.ffs):
-            shapes.setdefault(ff.U.shape, []).append(i)
-        offset = np.empty(len(self.ffs), dtype=np.int64)
-        parts, start = [], 0
-        for (width, _), idx in shapes.items():
-            offset[idx] = start + width * np.arange(len(idx))
-            start += width * len(idx)
-            ffs = [self.ffs[i] for i in idx]
-            parts.append((np.array([ff.U for ff in ffs])[:, :, self.Q].reshape(-1, len(self.Q)),
-                          np.array([ff.b for ff in ffs]).reshape(-1),
-                          np.array([ff.W.T for ff in ffs]).reshape(width * len(idx), -1)))
-        return (offset, *(np.concatenate(p) for p in zip(*parts, strict=True)))
+        after layer, and where each layer's units start."""
+        widths = [ff.width for ff in self.ffs]
+        offset = np.concatenate([[0], np.cumsum(widths)])
+        first = self.ffs[0]
+        U = np.empty((offset[-1], len(self.Q)), dtype=first.U.dtype)
+        b = np.empty(offset[-1], dtype=first.b.dtype)
+        W = np.empty((offset[-1], first.W.shape[0]), dtype=first.W.dtype)
+        for ff, at, to in zip(self.ffs, offset[:-1], offset[1:], strict=True):
+            U[at:to], b[at:to], W[at:to] = ff.U[:, self.Q], ff.b, ff.W.T
+        return offset[:-1], U, b, W
 
     def push(self, z: np.ndarray, ar, dense) -> np.ndarray:
         """The run on one row z (the decoder); ``dense(ff, z)`` applies one layer densely."""
