@@ -152,34 +152,44 @@ def apply_sa(st: RowState, sa: SA, attention: str, tau, stats: PassStats):
         st.compact()
 
 
+WRITE_CHUNK = 1 << 16  # rows written at once: a column's temporaries stay in a core's cache
+
+
 def _write_terms(st: RowState, rho, terms: list[_Term]) -> None:
-    """The rows become ρ·x plus the heads' terms, one column at a time and in place (a column
-    of the column-major rows is one contiguous array, and no row-sized temporary is made).
-    A tracking pass grows each radius by |ρ|·r, the terms' radii and the rounding of the
-    product and the sums. With ρ = 1 the product is exact and only the written columns
-    change."""
+    """The rows become ρ·x plus the heads' terms, one column of one chunk of rows at a time
+    and in place (a column of the column-major rows is one contiguous array, and no row-sized
+    temporary is made). A tracking pass grows each radius by |ρ|·r, the terms' radii and the
+    rounding of the product and the sums. With ρ = 1 the product is exact and only the
+    written columns change."""
     k = len(terms) + 2
     written = sorted({c for t in terms for c in t.cols})
     cols = written if rho == 1 else list(range(st.P.shape[1]))
-    for c in cols:
-        parts = [t.column(c) for t in terms if c in t.cols]
-        x = st.P[:, c]
-        new = x if rho == 1 else x * rho
-        if st.rad is not None:
-            size = np.abs(new)
-            r = st.rad[:, c]
-            if rho != 1:
-                r = abs(rho) * r + enclosure.rounding(size, 1)
-            for v, vr in parts:
-                size += np.abs(v)
-                r += vr
-            st.rad[:, c] = enclosure.up(r + enclosure.rounding(size, k), 4 * k)
-        for v, _ in parts:
-            new += v
-        if rho != 1:
-            x[:] = new
+    reading = {c: [t for t in terms if c in t.cols] for c in cols}
+    for at in range(0, len(st.P), WRITE_CHUNK):
+        rows = slice(at, at + WRITE_CHUNK)
+        for c in cols:
+            _write_column(st, rho, k, [t.column(c, rows) for t in reading[c]], rows, c)
     if cols:
         st.changed_columns(np.asarray(cols))
+
+
+def _write_column(st: RowState, rho, k: int, parts: list, rows: slice, c: int) -> None:
+    """:func:`_write_terms` on column c of the rows ``rows``, given the terms' values there."""
+    x = st.P[rows, c]
+    new = x if rho == 1 else x * rho
+    if st.rad is not None:
+        size = np.abs(new)
+        r = st.rad[rows, c]
+        if rho != 1:
+            r = abs(rho) * r + enclosure.rounding(size, 1)
+        for v, vr in parts:
+            size += np.abs(v)
+            r += vr
+        st.rad[rows, c] = enclosure.up(r + enclosure.rounding(size, k), 4 * k)
+    for v, _ in parts:
+        new += v
+    if rho != 1:
+        x[:] = new
 
 
 @dataclass(frozen=True)
@@ -196,16 +206,18 @@ class _Term:
     s: np.ndarray | None = None
     s_rad: np.ndarray | None = None
 
-    def column(self, c: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """The term's values in column c and, in a tracking pass, their radii."""
+    def column(self, c: int, rows: slice) -> tuple[np.ndarray, np.ndarray | None]:
+        """The term's values in column c of the rows ``rows`` and, in a tracking pass, their
+        radii."""
         p, beta = self.V.p[c], self.V.beta
         if beta == 0:
-            val = self.avg[:, 0] * p
-            return val, None if self.avg_rad is None else self.avg_rad[:, 0] * float(abs(p))
-        val = self.avg[:, c] * beta + self.s * p
+            val = self.avg[rows, 0] * p
+            return val, None if self.avg_rad is None else \
+                self.avg_rad[rows, 0] * float(abs(p))
+        val = self.avg[rows, c] * beta + self.s[rows] * p
         if self.avg_rad is None:
             return val, None
-        return val, abs(beta) * self.avg_rad[:, c] + self.s_rad * abs(p)
+        return val, abs(beta) * self.avg_rad[rows, c] + self.s_rad[rows] * abs(p)
 
 
 def _head_term(st: RowState, head, attention: str, tau, stats: PassStats, dots: dict
