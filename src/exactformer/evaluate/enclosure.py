@@ -25,10 +25,15 @@ TINY = 2.0 ** -1022  # absolute slack per operation: covers underflow to subnorm
 FLOOR = 2.0 ** -510  # > sqrt(2^-1022): a distance whose square underflows is below it
 
 
-def rounding(S, n: int):
+def rounding(S, n: int, out=None):
     """Bound on the rounding error of a float64 sum of n products (any order, FMA or not)
-    whose absolute values add up to S (S computed in float64 itself)."""
-    return (2 * n + 4) * U * S + (2 * n + 4) * TINY
+    whose absolute values add up to S (S computed in float64 itself); into ``out`` (which
+    may be S) when given, with the same operations."""
+    if out is None:
+        return (2 * n + 4) * U * S + (2 * n + 4) * TINY
+    np.multiply(S, (2 * n + 4) * U, out=out)
+    out += (2 * n + 4) * TINY
+    return out
 
 
 def sum_error(a, b, s):
@@ -44,10 +49,15 @@ def sum_error(a, b, s):
     return e
 
 
-def up(r, n: int):
+def up(r, n: int, out=None):
     """``r`` (a nonnegative bound computed with at most n float operations) inflated so that
-    it bounds the exactly computed quantity too."""
-    return r * (1 + 4 * (n + 2) * U) + (n + 2) * TINY
+    it bounds the exactly computed quantity too; into ``out`` (which may be r) when given,
+    with the same operations."""
+    if out is None:
+        return r * (1 + 4 * (n + 2) * U) + (n + 2) * TINY
+    np.multiply(r, 1 + 4 * (n + 2) * U, out=out)
+    out += (n + 2) * TINY
+    return out
 
 
 def lower(m, r):

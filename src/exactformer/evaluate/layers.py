@@ -185,7 +185,8 @@ def _write_column(st: RowState, rho, k: int, parts: list, rows: slice, c: int) -
         for v, vr in parts:
             size += np.abs(v)
             r += vr
-        st.rad[rows, c] = enclosure.up(r + enclosure.rounding(size, k), 4 * k)
+        r += enclosure.rounding(size, k, out=size)
+        st.rad[rows, c] = enclosure.up(r, 4 * k, out=r)
     for v, _ in parts:
         new += v
     if rho != 1:
