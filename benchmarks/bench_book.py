@@ -16,7 +16,7 @@ Each row runs in a fresh process, so its peak resident memory (after the build, 
 verification and the generation) is its own. Printed and written to
 benchmarks/results/book.md (or --out).
 
-    python benchmarks/bench_book.py                      # 10^4 and 10^5 (width 1024), 10^6 (4096)
+    python benchmarks/bench_book.py      # 10^4 (width 4 and 1024), 10^5 (1024), 10^6 (4096)
     python benchmarks/bench_book.py --verify-max 100000   # 10^6 built and generated only
 """
 
@@ -40,7 +40,7 @@ import numpy as np
 
 RESULTS = Path(__file__).parent / "results"
 EXAMPLES = Path(__file__).parents[1] / "examples"
-ROWS = "10000:1024,100000:1024,1000000:4096"
+ROWS = "10000:4,10000:1024,100000:1024,1000000:4096"
 LEFT_OUT = {"test", "tests", "idlelib", "tkinter", "turtledemo", "site-packages", "lib2to3",
             "ensurepip", "dist-packages"}
 COLUMNS = ["characters", "width", "alphabet", "L", "P", "P positions", "build s", "verify s",
@@ -110,11 +110,11 @@ def measure(chars: int, width: int, file: str | None, verify: bool) -> dict:
     t1 = time.perf_counter()
     row = {"characters": chars, "width": width, "alphabet": len(alphabet), "L": model.n_blocks,
            "P": model.n_params(), "P positions": int(np.size(model.positions)),
-           "build s": f"{t1 - t0:.1f}", "peak MiB build": f"{peak_mib():.0f}"}
+           "build s": f"{t1 - t0:.2f}", "peak MiB build": f"{peak_mib():.0f}"}
     if verify:
         report = ef.verify(model, data)
         t2 = time.perf_counter()
-        row.update({"verify s": f"{t2 - t1:.1f}", "verify / build": f"{(t2 - t1) / (t1 - t0):.1f}",
+        row.update({"verify s": f"{t2 - t1:.2f}", "verify / build": f"{(t2 - t1) / (t1 - t0):.2f}",
                     "verdict": "OK" if report.ok else "FAILED"})
     else:
         row.update({"verify s": "not run", "verify / build": "", "verdict": "not run"})
@@ -130,7 +130,7 @@ def measure(chars: int, width: int, file: str | None, verify: bool) -> dict:
         if len(got) < chars:
             out = dec.push(vocab[k])
     t5 = time.perf_counter()
-    row.update({"decoder setup s": f"{t4 - t3:.1f}",
+    row.update({"decoder setup s": f"{t4 - t3:.2f}",
                 "generation chars/s": f"{(chars - 1) / (t5 - t4):.0f}",
                 "generated exactly": "yes" if "".join(got) == text else "NO",
                 "peak MiB generation": f"{peak_mib():.0f}"})
@@ -162,8 +162,8 @@ def main(argv=None) -> int:
         print(json.dumps(measure(chars, width, args.file, args.verify_max != 0)))
         return 0
     cases = [tuple(int(v) for v in r.split(":")) for r in args.rows.split(",")]
-    command = "python benchmarks/bench_book.py " + " ".join(
-        argv if argv is not None else sys.argv[1:])
+    command = " ".join(["python benchmarks/bench_book.py",
+                        *(argv if argv is not None else sys.argv[1:])])
     load0 = os.getloadavg()[0]
     rows = []
     for chars, width in cases:
@@ -185,8 +185,8 @@ def write_table(rows: list[dict], command: str, load: tuple, file: str | None, o
         "# A book recited: build, verify and generation at 10^4 to 10^6 characters",
         f"Measured {datetime.date.today()} on {platform.machine()} ({os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}, numpy {np.__version__}); `{command}`. Load "
-        f"average {load[0]:.1f} before and {load[1]:.1f} after: other processes shared the "
-        "CPUs, so the times (wall clock) are only indicative." + note,
+        f"average {load[0]:.1f} before and {load[1]:.1f} after (wall-clock times; a load "
+        "above 1 means other processes shared the CPUs)." + note,
         f"Text: {source_name(file)}, its first `characters` characters. Model: "
         "examples/recite.py's next-character data (characters as integer vectors in R^8), "
         "hardmax, float64 parameters, built from position keys (docs/causal.md#position-keys: "
