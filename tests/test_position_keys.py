@@ -213,6 +213,22 @@ def test_plain_float32_and_float16_passes_hit_the_targets(data, width, attention
             assert (mid[k, data.d:] == 0).all() and (rad[k, data.d:] == 0).all()
 
 
+@settings(max_examples=30, **SETTINGS)
+@given(keyed_data(fractions=False), st.sampled_from([4, 8, 64]))
+def test_verify_reports_the_errors_of_a_plain_float64_pass(data, width):
+    """Without attention verify's float64 pass is its enclosure pass: the report's float64
+    errors must be those of the plain float64 pass above, to the bit (the key sums and the one
+    active unit's product are exact, so the summation order cannot matter)."""
+    model = ef.compile(data, exact=False, width=width)
+    report = ef.verify(model, data)
+    assert report.ok and report.position_keys
+    for j, (x, y, k) in enumerate(zip(*data.floats(), data.known, strict=True)):
+        out = float_pass(model, x, np.float64)[-1]
+        target = np.hstack([y[k], np.zeros((int(k.sum()), model.d - data.d))])
+        err = np.sqrt(((out[k] - target) ** 2).sum(axis=1))
+        assert report.errors_float64[j] == err.max(initial=0.0)
+
+
 # ------------------------------------------------------------ 3. bit-for-bit pass-through
 def own_layer(model, row_q, d) -> int | None:
     """The block with a unit whose key (U's sign on the key coordinates) is the row's."""
