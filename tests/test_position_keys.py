@@ -479,7 +479,7 @@ def test_hand_built_key_layers_are_recognised_and_looked_up_exactly(seed, exact,
     check_against_reference(model, X if exact else frac(as_floats(X)), as_floats(X))
 
 
-NEAR_MISSES = ["equal codes", "one bias", "half entry", "eta"]
+NEAR_MISSES = ["equal codes", "one bias", "half entry", "eta", "first unit reads nothing"]
 
 
 @settings(max_examples=40, **SETTINGS)
@@ -499,19 +499,21 @@ def test_near_miss_layers_are_refused_and_evaluated_densely(seed, exact, miss):
     U, b = np.concatenate([U, new[None]]), np.append(b, b[0])
     W = np.concatenate([W, frac(rng.integers(-4, 5, (D, 1)))], axis=1)
     assert key_layers([FF(eta, U, b, W)])[0] is not None
+    X = hand_rows(rng, 10, D, Q, [FF(eta, U, b, W)])  # rows keyed for the layer before the break
     if miss == "equal codes":
         U[-1] = U[0]
     elif miss == "one bias":
         b[-1] = b[-1] * 2
     elif miss == "half entry":
         U[-1, Q[fresh.index(next(v for v in fresh if v))]] /= 2
+    elif miss == "first unit reads nothing":
+        U[0] = Fraction(0)
     else:
         eta = Fraction(1, 2)
     bad = FF(eta, U, b, W) if exact else float_ff(FF(eta, U, b, W))
     assert key_layers([bad])[0] is None
     model = Transformer(d=D, attention="hardmax", blocks=[Block(bad, None)], exact=exact,
                         causal=True)
-    X = hand_rows(rng, 10, D, Q, [bad])
     check_against_reference(model, X if exact else frac(as_floats(X)), as_floats(X))
 
 

@@ -117,9 +117,11 @@ def _key_parts(ff: FF | None):
     if not 1 <= len(Q) <= MAX_KEY_COORDINATES:
         return None
     Uq = U[:, Q]
-    kappa = abs(Uq[0][Uq[0] != 0][0])
     nz = Uq != 0
     w = int(nz[0].sum())
+    if w == 0:  # a unit that reads nothing: no key
+        return None
+    kappa = abs(Uq[0][nz[0]][0])
     b = ff.b[0]
     if not (kappa > 0 and (nz.sum(axis=1) == w).all() and (np.abs(Uq[nz]) == kappa).all()
             and all(v == b for v in ff.b) and b < 0 and _finite(kappa) and _finite(b)):
