@@ -192,6 +192,8 @@ class PassStats:
     # smallest distance of an untouched token to a window (in the tokens' units: reports divide
     # it by the data's scale, distance.data_scale)
     hat_clearance: float | None = None
+    # (enclose) the tracking pass computed the plain float pass's values: see passes.enclose
+    floats_plain: bool = False
     enabled: bool = field(default=True, repr=False, compare=False)  # False: record nothing
 
     def note_min(self, name: str, v) -> None:
@@ -206,7 +208,9 @@ class PassStats:
             if f.name == "enabled":
                 continue
             v = getattr(other, f.name)
-            if isinstance(v, int):
+            if isinstance(v, bool):
+                setattr(self, f.name, getattr(self, f.name) and v)
+            elif isinstance(v, int):
                 setattr(self, f.name, getattr(self, f.name) + v)
             elif v is not None:
                 self.note_min(f.name, v)

@@ -260,6 +260,7 @@ class KeyRun:
         self._kappa = self._bias = None  # the layers' κ and b in float64, when first needed
         self._stacks = None  # the layers' parameters stacked by shape, when first needed
         self._kb = None  # per layer: the index of its (κ, b) among the distinct pairs
+        self.dense_rows = 0  # rows ``apply`` has evaluated densely instead of looking them up
 
     @staticmethod
     def fits(first: KeyLayer, key: KeyLayer) -> bool:
@@ -319,6 +320,7 @@ class KeyRun:
 
     def _dense_from(self, rows: np.ndarray, at: np.ndarray, dense) -> None:
         """Rows the lookup does not cover, each through the layers from its position on."""
+        self.dense_rows += len(rows)
         for k in range(int(at.min(initial=len(self.ffs))), len(self.ffs)):
             dense(self.ffs[k], rows[at <= k])
 
@@ -364,7 +366,7 @@ class KeyRun:
         for i in todo.tolist():
             key, g, zf = self.keys[int(layer[i])], gvals[int(gid[i])], float(z[i])
             exact = max(key.kappa * _exact(g) * key.w + key.b, Fraction(0))
-            err[i] = float(abs(exact - Fraction(zf))) if np.isfinite(zf) else np.inf
+            err[i] = _float_error(exact - Fraction(zf)) if np.isfinite(zf) else np.inf
         out = err[first][inv]
         out[odd] = err[odd]
         return np.where(out == 0, 0.0, enclosure.up(out, 1))  # (0 when the float z is exact)
@@ -432,15 +434,23 @@ class KeyRun:
         return z
 
 
+def _float_error(e: Fraction) -> float:
+    """|e| as a float that is 0 only when e is: an error below the smallest subnormal would
+    round to 0.0 and read as exact."""
+    return 0.0 if e == 0 else max(float(abs(e)), 5e-324)
+
+
 def _step_radius(r, X, change, new, Wu, z, ez) -> np.ndarray:
     """Radii after x ↦ x + W·z: the float z differs from the exact relu(κ·g·w + b) by ez, the
     float product W·z from the exact one by at most half an ulp (none when z is exact and 0, or
-    an exact power of two at which no entry of W·z underflows), and the float sum from the
-    exact one by exactly the TwoSum error."""
+    an exact power of two at which every entry of W·z is normal: the float product of the
+    smallest |W| and z above the smallest normal means the exact one is above it too; at it,
+    a product just below may have rounded up), and the float sum from the exact one by
+    exactly the TwoSum error."""
     grow = enclosure.sum_error(X, change, new)
     Wmin = np.where(Wu == 0, np.inf, np.abs(Wu)).min(axis=1, initial=np.inf)
     exact = (ez == 0) & ((z == 0) | ((np.abs(np.frexp(z)[0]) == 0.5)
-                                     & (Wmin * np.abs(z) >= np.finfo(float).tiny)))
+                                     & (Wmin * np.abs(z) > np.finfo(float).tiny)))
     rest = np.flatnonzero(~exact)
     if len(rest):
         with np.errstate(invalid="ignore"):  # inf·0: an unbounded z error, inf below

@@ -87,7 +87,9 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
     narrower than the model are zero-padded, as by :func:`forward`. Radii are inf
     where nothing is known. The outputs are a float64 evaluation in which gadget layers act
     as their affine pieces (a flat top adds its move exactly), so they can differ from
-    :func:`forward`'s in the last bits. ``stats`` records the pass's margins. A row whose
+    :func:`forward`'s in the last bits, or be finite where it overflows; they are its values
+    exactly when every layer was a key lookup (``stats.floats_plain``). ``stats`` records the
+    pass's margins. A row whose
     radius exceeds ``give_up`` where a layer changes it gets radius inf (verify passes its
     tolerance limit: such a row could not be certified anyway); radii no layer touches are
     returned as they are.
@@ -114,7 +116,22 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
     st.give_up = give_up
     with np.errstate(all="ignore"):  # overflow shows as inf or nan, and radii become inf
         job.walk(st, None, stats, progress, start)
+    stats.floats_plain = start == 0 and _lookups_only(job)
     return st.outputs(), [np.where(np.isfinite(r), r, np.inf) for r in st.radii()]
+
+
+def _lookups_only(job: Job) -> bool:
+    """Whether a tracking walk computed the float values of the plain float pass: no
+    attention, every FF in a stretch of key layers, and every row looked up, none applied
+    densely. A key lookup computes the same floats with radii or without; the tracked form of
+    other layers need not (a hat's active units are taken as their affine piece)."""
+    covered: set = set()
+    for first, (end, run) in job.key_runs.items():
+        if run.dense_rows:
+            return False
+        covered.update(range(first, end))
+    return all((b.sa is None or b.sa.is_identity()) and (b.ff is None or i in covered)
+               for i, b in enumerate(job.blocks))
 
 
 def _causal_start(model: Transformer, xs: list[np.ndarray], stats: PassStats):

@@ -334,9 +334,9 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     exact_scale = data_scale(xs_f if xs is None else xs,
                              [y[k] for y, k in zip(ys_f if ys is None else ys, dataset.known,
                                                    strict=True)])
-    enclosed = _causal_enclosure(model, dataset, xs_f, stats, progress)
-    if enclosed is not None and enclosed[2]:
-        outs_f = enclosed[0]
+    enclosed = _causal_enclosure(model, dataset, xs_f, progress)
+    if enclosed is not None and enclosed[2].floats_plain:
+        outs_f, stats = enclosed[0], enclosed[2]
     else:
         try:
             with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
@@ -371,17 +371,16 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         **found)
 
 
-def _causal_enclosure(model, dataset, xs_f, stats: PassStats, progress: bool):
+def _causal_enclosure(model, dataset, xs_f, progress: bool):
     """For a float64 hardmax model on float data, its causal enclosure
-    (:func:`exactformer.evaluate.enclose`) as (outputs, radii, whether it is a float64 pass
-    from the first block): true without attention, and then it is verify's float64 pass and
-    records its margins in ``stats``. None for every other model."""
+    (:func:`exactformer.evaluate.enclose`) as (outputs, radii, the pass's statistics); None for
+    every other model. Where the statistics say its float values are the plain float64
+    pass's (every layer a key lookup), it is verify's float64 pass too."""
     if model.exact or dataset.exact or model.attention != "hardmax":
         return None
-    float_pass = not any(b.sa is not None and not b.sa.is_identity() for b in model.blocks)
-    mids, rads = enclose(model, xs_f, None, stats=stats if float_pass else None,
-                         progress=progress)
-    return mids, rads, float_pass
+    own = PassStats()
+    mids, rads = enclose(model, xs_f, None, stats=own, progress=progress)
+    return mids, rads, own
 
 
 def _causal_hardmax(model, dataset, enclosed, ys_f, limit: Fraction, progress: bool) -> dict:
