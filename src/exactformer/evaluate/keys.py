@@ -47,9 +47,9 @@ def key_layers(ffs: list[FF | None]) -> list[KeyLayer | None]:
     rows' keys are computed once for all of them: a unit reads only its own coordinates, so
     extending Q by coordinates it gives weight 0 leaves its key and the argument above
     intact."""
-    parts = _float_key_parts(ffs)
-    parts = [p if p is not None or ff is None or not _is_object(ff) else _key_parts(ff)
-             for ff, p in zip(ffs, parts, strict=True)]
+    objects = [ff is not None and _is_object(ff) for ff in ffs]
+    parts = _float_key_parts(ffs, objects)
+    parts = [_key_parts(ff) if obj else p for ff, p, obj in zip(ffs, parts, objects, strict=True)]
     reads = [p[0] for p in parts if p is not None]  # per key layer, the coordinates it reads
     union = np.flatnonzero(np.any(reads, axis=0)) if reads else np.zeros(0, dtype=np.int64)
     shared = len(union) <= MAX_KEY_COORDINATES
@@ -75,24 +75,28 @@ def _is_object(ff: FF) -> bool:
     return np.asarray(ff.U).dtype == object
 
 
-def _float_key_parts(ffs: list[FF | None]) -> list:
-    """:func:`_key_parts` for the float64 layers, stacked by shape and tested at once."""
+def _float_key_parts(ffs: list[FF | None], objects: list[bool]) -> list:
+    """:func:`_key_parts` for the float64 layers (``objects``: which layers are not), stacked
+    by shape and tested at once; the biases first, which rule out most other layers."""
     out: list = [None] * len(ffs)
     shapes: dict = {}
-    for i, ff in enumerate(ffs):
-        if ff is not None and ff.eta == 1 and ff.width and not _is_object(ff):
+    for i, (ff, obj) in enumerate(zip(ffs, objects, strict=True)):
+        if ff is not None and ff.eta == 1 and ff.width and not obj:
             shapes.setdefault(np.shape(ff.U), []).append(i)
     exact: dict = {}  # float -> Fraction, once per distinct value
     for idx in shapes.values():
-        U = np.array([ffs[i].U for i in idx])
         b = np.array([ffs[i].b for i in idx])
+        even = (b == b[:, :1]).all(axis=1) & (b[:, 0] < 0) & np.isfinite(b[:, 0])
+        idx, b = [i for i, e in zip(idx, even.tolist(), strict=True) if e], b[even]
+        if not idx:
+            continue
+        U = np.array([ffs[i].U for i in idx])
         nz = U != 0
         used = nz.any(axis=1)  # (layers, D): the coordinates each layer reads
         kappa = np.abs(U).max(axis=(1, 2))
         w = nz[:, 0].sum(axis=1)
         ok = ((nz.sum(axis=2) == w[:, None]).all(axis=1) & (w >= 1)
               & ((np.abs(U) == kappa[:, None, None]) | ~nz).all(axis=(1, 2))
-              & (b == b[:, :1]).all(axis=1) & (b[:, 0] < 0) & np.isfinite(b[:, 0])
               & (kappa > 0) & np.isfinite(kappa)
               & (used.sum(axis=1) <= MAX_KEY_COORDINATES))
         for k in np.flatnonzero(ok).tolist():
