@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import exactformer as ef
 from exactformer import distance
 from exactformer.construct.generic import ConstructionError
-from exactformer.evaluate import enclose, enclosure
+from exactformer.evaluate import enclose, enclosure, layers
 from exactformer.model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 from exactformer.verification import decide
 
@@ -593,6 +593,26 @@ def test_pairs_are_stacked_like_one_at_a_time(monkeypatch):
     assert distance.per_pair(distance.hausdorff_stack, outs, ys) == pytest.approx(
         [math.nan if j == 2 else float_hausdorff(o, y)
          for j, (o, y) in enumerate(zip(outs, ys, strict=True))], nan_ok=True)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(datasets(max_pool=6, rational=False), st.sampled_from([(4, 1), (8, 2)]),
+       st.integers(1, 7))
+def test_attention_written_in_small_chunks_equals_one_chunk(data, shape, chunk):
+    """Attention writes its terms in chunks of layers.WRITE_CHUNK rows (for the cache): any
+    chunk size gives the same float outputs and radii, bit for bit (separation, ρ = 1, and
+    the collapse, ρ = 0, with one or two heads)."""
+    try:
+        model = ef.compile(data, exact=False, width=shape[0], heads=shape[1])
+    except (ConstructionError, ef.DatasetError):
+        assume(False)
+    xs = data.floats()[0]
+    ref = ef.forward(model, xs, "float"), *enclose(model, xs, None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(layers, "WRITE_CHUNK", chunk)
+        got = ef.forward(model, xs, "float"), *enclose(model, xs, None)
+    for a, b in zip(ref, got, strict=True):
+        assert all(np.array_equal(u, v) for u, v in zip(a, b, strict=True))
 
 
 # ------------------------------------------------------------------------------ found here

@@ -14,12 +14,13 @@ from fractions import Fraction
 from itertools import product
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
 from exactformer.construct.position_keys import code_size, code_words, keyed_positions
-from exactformer.evaluate import enclose, forward_causal, key_layers
+from exactformer.evaluate import enclose, forward_causal, key_layers, keys
 from exactformer.model import FF, Block, Transformer
 from exactformer.tools.decode import Decoder, generate
 
@@ -599,3 +600,19 @@ def test_snapshots_inside_and_at_the_end_of_a_key_run():
     assert np.array_equal(np.unique(outs[0], axis=0), np.unique(x, axis=0))
     _, end = forward(model, xs, "float", snapshots={3})  # only at the stretch's end
     assert np.array_equal(np.unique(end[3][0], axis=0), np.unique(x, axis=0))
+
+
+# ------------------------------------------------------------- 6. chunked moves and writes
+@settings(max_examples=20, **SETTINGS)
+@given(keyed_data(max_n=40, fractions=False), st.sampled_from([4, 8]), st.integers(1, 7))
+def test_moves_in_small_chunks_equal_one_chunk(data, width, chunk):
+    """Key rows are keyed and moved in chunks (keys.MOVE_CHUNK rows, for the cache): any
+    chunk size gives the same float outputs and radii, bit for bit."""
+    model = ef.compile(data, exact=False, width=width)
+    xs = data.floats()[0]
+    ref = forward_causal(model, xs, "float"), *enclose(model, xs, None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(keys, "MOVE_CHUNK", chunk)
+        got = forward_causal(model, xs, "float"), *enclose(model, xs, None)
+    for a, b in zip(ref, got, strict=True):
+        assert all(np.array_equal(u, v) for u, v in zip(a, b, strict=True))
