@@ -89,10 +89,9 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
     as their affine pieces (a flat top adds its move exactly), so they can differ from
     :func:`forward`'s in the last bits, or be finite where it overflows; they are its values
     exactly when every layer was a key lookup (``stats.floats_plain``). ``stats`` records the
-    pass's margins. A row whose
-    radius exceeds ``give_up`` where a layer changes it gets radius inf (verify passes its
-    tolerance limit: such a row could not be certified anyway); radii no layer touches are
-    returned as they are.
+    pass's margins. A row whose radius exceeds ``give_up`` where a layer changes it gets
+    radius inf (verify passes its tolerance limit: such a row could not be certified anyway);
+    radii no layer touches are returned as they are.
 
     Causal models (outputs in input order): the blocks up to the last attention layer run as
     an exact pass (causal attention has no radius rule), whose outputs enter the tracking pass
