@@ -574,3 +574,20 @@ def test_float_compaction_groups(rows, collide):
     assert (np.diff(seq[first]) >= 0).all()
     if not collide:
         assert len(first) == len(set(key))
+
+
+@SETTINGS
+@given(rows=st.lists(st.tuples(st.integers(0, 3),
+                               st.lists(st.sampled_from([0.0, -0.0, 1.0, 2.5, np.nan, -7.0]),
+                                        min_size=3, max_size=3)), min_size=1, max_size=40),
+       chunk=st.integers(1, 7))
+def test_float_compaction_hashes_in_chunks_like_at_once(rows, chunk):
+    """Compaction hashes the rows compaction.HASH_CHUNK at a time (for the cache): any chunk
+    size gives the same groups in the same order."""
+    rows = sorted(rows, key=lambda r: r[0])
+    seq = np.array([s for s, _ in rows])
+    P = np.asfortranarray(np.array([p for _, p in rows], dtype=float))
+    ref = float_row_groups(seq, [P, np.abs(P)])
+    with patch.object(compaction, "HASH_CHUNK", chunk):
+        got = float_row_groups(seq, [P, np.abs(P)])
+    assert all(np.array_equal(a, b) for a, b in zip(ref, got, strict=True))
