@@ -49,10 +49,7 @@ class Job:
         params = ar.numbers(model)
         blocks = params.blocks  # converted to the pass's arithmetic where used (Arithmetic.convert)
         with paused_gc():
-            keys = key_layers([b.ff for b in model.blocks])
-            ridges = ridges_of([None if k is not None else b.ff for b, k in
-                                zip(model.blocks, keys, strict=True)],
-                               [c.ff for c in blocks], ar)
+            keys, ridges = layer_forms(model, [c.ff for c in blocks], ar)
             plan = {} if ar.is_object else runs.plan_runs(blocks, ridges)
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         return cls(ar, model.attention, blocks, ridges, tau, plan,
@@ -86,7 +83,7 @@ class Job:
             kr = self.key_runs.get(i)
             if kr is not None and kr[0] <= stop and \
                     not any(i < k <= kr[0] for k in snapshots or ()):  # (as runs below)
-                kr[1].apply(st, lambda ff, rows: ff_rows(st, ff, rows))
+                kr[1].apply(st, ff_rows)
                 bar.update(kr[0] - i)
                 i = kr[0]
                 continue
@@ -108,6 +105,16 @@ class Job:
                 snaps[i] = st.outputs()
         bar.close()
         return snaps
+
+
+def layer_forms(model: Transformer, ffs: list, ar: Arithmetic) -> tuple[list, list]:
+    """Per block of ``model``: its FF as a key layer (evaluate/keys.py) or None, and for the
+    other FFs their ridge windows (evaluate/windows.py); ``ffs``: the blocks' FFs in the
+    pass's arithmetic. What a pass and the decoder both prepare."""
+    keys = key_layers([b.ff for b in model.blocks])
+    ridges = ridges_of([None if k is not None else b.ff for b, k in
+                        zip(model.blocks, keys, strict=True)], ffs, ar)
+    return keys, ridges
 
 
 def _key_runs(blocks: list, keys: list, ar: Arithmetic) -> dict:

@@ -56,8 +56,7 @@ def key_layers(ffs: list[FF | None]) -> list[KeyLayer | None]:
     groups: dict = {}  # layers whose codes are packed together: one shape and one Q
     for i, p in enumerate(parts):
         if p is not None:
-            groups.setdefault((np.shape(ffs[i].U), _is_object(ffs[i])) if shared else i,
-                              []).append(i)
+            groups.setdefault((np.shape(ffs[i].U), objects[i]) if shared else i, []).append(i)
     out: list = [None] * len(ffs)
     for idx in groups.values():
         Q = union if shared else np.flatnonzero(parts[idx[0]][0])
@@ -117,7 +116,8 @@ def _key_parts(ff: FF | None):
     if ff is None or ff.eta != 1 or ff.width == 0:
         return None
     U = np.asarray(ff.U)
-    Q = np.flatnonzero((U != 0).any(axis=0))
+    reads = (U != 0).any(axis=0)
+    Q = np.flatnonzero(reads)
     if not 1 <= len(Q) <= MAX_KEY_COORDINATES:
         return None
     Uq = U[:, Q]
@@ -130,7 +130,7 @@ def _key_parts(ff: FF | None):
     if not (kappa > 0 and (nz.sum(axis=1) == w).all() and (np.abs(Uq[nz]) == kappa).all()
             and all(v == b for v in ff.b) and b < 0 and _finite(kappa) and _finite(b)):
         return None
-    return (U != 0).any(axis=0), Fraction(kappa), w, Fraction(b)
+    return reads, Fraction(kappa), w, Fraction(b)
 
 
 def _finite(v) -> bool:
@@ -262,7 +262,7 @@ class KeyRun:
         self.code, self.layer, self.unit = code[order], layer[order], unit[order]
         self.quiet: dict = {}  # scale g -> per layer k, whether layers k, k + 1, … are quiet
         self._kappa = self._bias = None  # the layers' κ and b in float64, when first needed
-        self._stacks = None  # the layers' parameters stacked by shape, when first needed
+        self._table = None  # every unit's U on Q, b and W column (:meth:`_units`), when needed
         self._kb = None  # per layer: the index of its (κ, b) among the distinct pairs
         self.dense_rows = 0  # rows ``apply`` has evaluated densely instead of looking them up
 
@@ -299,7 +299,7 @@ class KeyRun:
             i = i + behind
 
     def apply(self, st, dense) -> None:
-        """The run on every row of the pass state ``st``; ``dense(ff, rows)`` applies one
+        """The run on every row of the pass state ``st``; ``dense(st, ff, rows)`` applies one
         layer densely to some rows."""
         rk = _keys_of(st, self.Q)
         rows = np.flatnonzero(rk.live)
@@ -310,7 +310,7 @@ class KeyRun:
             table = np.array([self._quiet_from(rk.gvals[g]) for g in gids.tolist()], dtype=bool)
             quiet = table[inv.ravel(), at]
             safe = (weight >= 0) & (weight <= self.w) & quiet
-            self._dense_from(rows[~safe], at[~safe], dense)
+            self._dense_from(st, rows[~safe], at[~safe], dense)
             hit = safe & (weight == self.w)
             rows, at = rows[hit], at[hit]
             entry = self._next(rk.code[rows], at)
@@ -322,11 +322,11 @@ class KeyRun:
             keep = at < len(self.ffs)
             rows, at = rows[keep], at[keep]
 
-    def _dense_from(self, rows: np.ndarray, at: np.ndarray, dense) -> None:
+    def _dense_from(self, st, rows: np.ndarray, at: np.ndarray, dense) -> None:
         """Rows the lookup does not cover, each through the layers from its position on."""
         self.dense_rows += len(rows)
         for k in range(int(at.min(initial=len(self.ffs))), len(self.ffs)):
-            dense(self.ffs[k], rows[at <= k])
+            dense(st, self.ffs[k], rows[at <= k])
 
     def _move(self, st, rows: np.ndarray, entry: np.ndarray, gid: np.ndarray,
               gvals: list) -> None:
@@ -400,13 +400,13 @@ class KeyRun:
     def _units(self, layer: np.ndarray, unit: np.ndarray):
         """Rows of U on Q (U is 0 elsewhere), biases and columns of W (as rows) of the units
         (layer[i], unit[i])."""
-        if self._stacks is None:
-            self._stacks = self._stack()
-        offset, U, b, W = self._stacks
+        if self._table is None:
+            self._table = self._unit_table()
+        offset, U, b, W = self._table
         at = offset[layer] + unit
         return U[at], b[at], W[at]
 
-    def _stack(self):
+    def _unit_table(self):
         """Every unit of the run in one table (U on Q, b, the column of W as a row), layer
         after layer, and where each layer's units start."""
         widths = [ff.width for ff in self.ffs]

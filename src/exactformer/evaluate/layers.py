@@ -30,7 +30,7 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
     computed from the layer's input, then the changes are added), a key layer by looking up
     each row's key, anything else densely."""
     if key is not None:
-        KeyRun([st.ar.convert(ff)], [key]).apply(st, lambda f, rows: ff_rows(st, f, rows))
+        KeyRun([st.ar.convert(ff)], [key]).apply(st, ff_rows)
         return
     if ridges is not None:
         moves, spread = [], []

@@ -136,7 +136,7 @@ def _lookups_only(job: Job) -> bool:
 def _causal_start(model: Transformer, xs: list[np.ndarray], stats: PassStats):
     """Where a causal enclosure starts tracking (after the last attention layer), and the
     rows there as floats with radii: from an exact pass over the blocks before, or the float
-    sums of tokens and positions when there are none."""
+    sums of tokens and positions when there are none (``xs`` already at the model's width)."""
     attends = [i for i, b in enumerate(model.blocks) if b.sa is not None and not b.sa.is_identity()]
     start = attends[-1] + 1 if attends else 0
     if start:
@@ -144,7 +144,6 @@ def _causal_start(model: Transformer, xs: list[np.ndarray], stats: PassStats):
         exact = forward_causal(head, xs, "exact", stats=stats)
         floats = [safe_floats(x) for x in exact]
         return start, floats, [float_radius(x, f) for x, f in zip(exact, floats, strict=True)]
-    xs = pad_columns(xs, model.d)
     if model.positions is None:
         return 0, xs, [np.zeros(x.shape) for x in xs]
     sums = _with_positions(model, xs, Arithmetic("float"))

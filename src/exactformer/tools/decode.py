@@ -22,9 +22,8 @@ from ..evaluate import (
     KeyRun,
     PassStats,
     causal_row,
-    key_layers,
+    layer_forms,
     relu,
-    ridges_of,
 )
 from ..model import FF, SA, Transformer
 from ..numbers import pad_columns
@@ -135,10 +134,7 @@ class Decoder:
             tau = self.ar.scalar(model.tau if model.tau is not None else 1)
             self.layers: list = []
             blocks = [self.ar.convert(b) for b in params.blocks]
-            keys = key_layers([b.ff for b in model.blocks])
-            windows = ridges_of([None if k is not None else b.ff for b, k in
-                                 zip(model.blocks, keys, strict=True)],
-                                [b.ff for b in blocks], self.ar)
+            keys, windows = layer_forms(model, [b.ff for b in blocks], self.ar)
             for blk, ridges, key in zip(blocks, windows, keys, strict=True):
                 if key is not None:
                     self._add_key(blk.ff, key)
