@@ -28,7 +28,7 @@ from test_enclosure import (
 
 import exactformer as ef
 from exactformer.evaluate import PassStats, enclose, enclosure, rank_one
-from exactformer.evaluate.attention import float_hardmax_rows
+from exactformer.evaluate.attention import float_hardmax_rows, float_scores_batch
 from exactformer.model import SA, Block
 
 
@@ -124,7 +124,8 @@ def test_segments_subset(lengths, data):
 def naive_hull_radius(X, r, q, q_rad, k, k_rad, alpha, C, C_rad, avg):
     """One sequence, row by row: the hull of the carrier boxes of every key whose score
     interval reaches the row's best certain score (written out with loops)."""
-    S, E = enclosure.scores(X, r, q, q_rad, k, k_rad, alpha)
+    S = float_scores_batch(X, q, k, alpha)
+    E = enclosure.score_error(X, r, q, q_rad, k, k_rad, alpha)
     out = np.empty(C.shape)
     for i in range(len(X)):
         hi, lo = enclosure.upper(S[i], E[i]), enclosure.lower(S[i], E[i])
@@ -154,13 +155,43 @@ def test_batched_general_heads(B, n, d, data):
     q, k = X @ c, X @ a
     q_rad, k_rad = np.abs(r) @ np.abs(c), np.abs(r) @ np.abs(a)
     together = PassStats()
-    avg = float_hardmax_rows(X, q, k, alpha, w, together, X)
-    rad = enclosure.head_radius(X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
+    S = float_scores_batch(X, q, k, alpha)
+    avg = float_hardmax_rows(S, X, w, together, X)
+    rad = enclosure.head_radius(S, X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
     alone = PassStats()
     for b in range(B):
-        one = float_hardmax_rows(X[b], q[b], k[b], alpha, w[b], alone, X[b])
+        one = float_hardmax_rows(S[b], X[b], w[b], alone, X[b])
         assert np.array_equal(one, avg[b])
         args = (X[b], r[b], q[b], q_rad[b], k[b], k_rad[b], alpha, X[b], r[b], avg[b])
-        assert np.array_equal(enclosure.head_radius(*args), rad[b])
+        assert np.array_equal(enclosure.head_radius(S[b], *args), rad[b])
         assert np.array_equal(naive_hull_radius(*args), rad[b])
     assert together == alone
+
+
+@settings(max_examples=150, deadline=None)
+@given(B=st.integers(1, 3), n=st.integers(1, 6), d=st.integers(1, 3), data=st.data())
+def test_sole_candidate_shortcut_at_float_ties(B, n, d, data):
+    """Rows whose best float score has a rival within a few ulps, radii from 0 to far wider
+    than the gaps, and rank-one parts of either sign: the shortcut that takes a row's sole
+    candidate without the n × n error bounds gives the radii of the hull written out here,
+    bit for bit, whichever rows it proves sole."""
+    base = np.array(data.draw(st.lists(st.floats(-2, 2, allow_subnormal=False), min_size=d,
+                                       max_size=d)))
+    ulps = st.integers(-4, 4)
+    steps = np.array(data.draw(st.lists(st.lists(st.lists(ulps, min_size=d, max_size=d),
+                                                 min_size=n, max_size=n),
+                                        min_size=B, max_size=B)), dtype=float)
+    scale = data.draw(st.sampled_from([1.0, 2.0 ** 20, 2.0 ** -20]))
+    X = (base + steps * np.spacing(np.abs(base) + 1.0)) * scale
+    r = np.abs(X) * data.draw(st.sampled_from([0.0, 2.0 ** -53, 2.0 ** -50, 1e-3]))
+    c, a = (np.array(data.draw(st.lists(st.sampled_from([0.0, 1.0, -0.5]), min_size=d,
+                                        max_size=d))) for _ in range(2))
+    alpha = data.draw(st.sampled_from([0.0, 1.0, -1.0]))
+    q, k = X @ c, X @ a
+    q_rad, k_rad = np.abs(r) @ np.abs(c), np.abs(r) @ np.abs(a)
+    S = float_scores_batch(X, q, k, alpha)
+    avg = float_hardmax_rows(S, X, np.ones((B, n)), PassStats(), X)
+    rad = enclosure.head_radius(S, X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
+    for b in range(B):
+        args = (X[b], r[b], q[b], q_rad[b], k[b], k_rad[b], alpha, X[b], r[b], avg[b])
+        assert np.array_equal(naive_hull_radius(*args), rad[b])

@@ -34,7 +34,6 @@ def head_average(st: RowState, A, q, attention: str, tau, stats: PassStats, dots
     or the points themselves when q is None) under one head's scores ⟨A x_i, x_l⟩, and, in
     a tracking pass, the radius of that average (the hull of every average the enclosed
     scores allow)."""
-    tracked = st.rad is not None
     if attention == "hardmax" and A.alpha == 0:
         res = st.heads.result(st, A.c, A.a, q, stats.enabled)
         if stats.enabled:
@@ -51,17 +50,9 @@ def head_average(st: RowState, A, q, attention: str, tau, stats: PassStats, dots
         C, C_rad = _dot(st, q, dots)
         C, C_rad = C[:, None], None if C_rad is None else C_rad[:, None]
     weights = st.weights()  # multiplicities, in the pass's arithmetic
-    out = np.empty(C.shape, dtype=C.dtype)
-    out_rad = np.empty(C.shape) if tracked else None
     if attention == "hardmax" and not ar.is_object:
-        for rows in _batches(st.segment_index(), C.shape[1]):
-            out[rows] = float_hardmax_rows(P[rows], qa[rows], ka[rows], A.alpha,
-                                            weights[rows], stats, C[rows])
-            if tracked:
-                out_rad[rows] = enclosure.head_radius(
-                    P[rows], st.rad[rows], qa[rows], q_rad[rows], ka[rows], k_rad[rows],
-                    A.alpha, C[rows], C_rad[rows], out[rows])
-        return out, out_rad
+        return _float_hardmax(st, qa, q_rad, ka, k_rad, A.alpha, C, C_rad, stats)
+    out = np.empty(C.shape, dtype=C.dtype)
     for s, e in st.segments():
         X, w, Cs = P[s:e], weights[s:e], C[s:e]
         if attention == "hardmax":
@@ -77,7 +68,7 @@ def head_average(st: RowState, A, q, attention: str, tau, stats: PassStats, dots
         if tau != 1:
             Z = Z / tau
         out[s:e] = softmax_average(Z, Cs, ar, w[None, :])
-    return out, out_rad
+    return out, None
 
 
 def softmax_average(Z, C, ar: Arithmetic, w=None) -> np.ndarray:
@@ -244,13 +235,40 @@ def _batches(sg, k: int):
             yield sg.starts[segs[i:i + per], None] + np.arange(n)
 
 
-def float_hardmax_rows(X, qa, ka, alpha, w, stats: PassStats, C) -> np.ndarray:
-    """:func:`hardmax_rows` for a float64 pass, decided on the float scores, for a batch of
-    sequences of equal length at once (X: B × n × d, qa, ka, w: B × n, C: B × n × k)."""
+def _float_hardmax(st: RowState, qa, q_rad, ka, k_rad, alpha, C, C_rad, stats: PassStats):
+    """:func:`head_average`'s hardmax average of the carrier C (and its radius in a tracking
+    pass) in a float64 pass, batch by batch of equal-length sequences, the float scores of a
+    batch formed once for both."""
+    P, rad, w = st.P, st.rad, st.weights()
+    out = np.empty(C.shape)
+    out_rad = None if rad is None else np.empty(C.shape)
+    points = C is P  # the carrier is the points themselves
+    for rows in _batches(st.segment_index(), C.shape[1]):
+        X, r = P[rows], None if rad is None else rad[rows]
+        Cb, Cb_rad = (X, r) if points else (C[rows], None if rad is None else C_rad[rows])
+        S = float_scores_batch(X, qa[rows], ka[rows], alpha)
+        avg = float_hardmax_rows(S, X, w[rows], stats, Cb)
+        out[rows] = avg
+        if rad is not None:
+            out_rad[rows] = enclosure.head_radius(S, X, r, qa[rows], q_rad[rows], ka[rows],
+                                                  k_rad[rows], alpha, Cb, Cb_rad, avg)
+    return out, out_rad
+
+
+def float_scores_batch(X, qa, ka, alpha) -> np.ndarray:
+    """The float64 scores (c·x_i)(a·x_l) + α⟨x_i, x_l⟩ of a batch of sequences of equal
+    length (X: B × n × d, qa, ka: B × n; overflow gives inf or nan)."""
     with np.errstate(all="ignore"):
-        Sf = qa[..., :, None] * ka[..., None, :]
+        S = qa[..., :, None] * ka[..., None, :]
         if alpha != 0:
-            Sf = Sf + alpha * (X @ X.swapaxes(-1, -2))
+            S = S + alpha * (X @ X.swapaxes(-1, -2))
+    return S
+
+
+def float_hardmax_rows(Sf, X, w, stats: PassStats, C) -> np.ndarray:
+    """:func:`hardmax_rows` for a float64 pass, decided on the float scores Sf
+    (:func:`float_scores_batch`) of a batch of sequences of equal length at once (X: B × n ×
+    d, w: B × n, C: B × n × k)."""
     hit = Sf == Sf.max(axis=-1, keepdims=True)
     _record_hits(X, Sf, hit, stats)
     M = hit * w[..., None, :]

@@ -414,9 +414,9 @@ def segment_hull(C, C_rad, rows, seg, n: int) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
-def scores(X, r, q, q_rad, k, k_rad, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """Float scores q_i k_l + α⟨x_i, x_l⟩ of one sequence's rows (or of a batch of sequences:
-    leading axes) and a bound on their error for any points within the rows' boxes."""
+def score_error(X, r, q, q_rad, k, k_rad, alpha: float) -> np.ndarray:
+    """A bound on the error of the float scores q_i k_l + α⟨x_i, x_l⟩ of one sequence's rows
+    (or of a batch of sequences: leading axes), for any points within the rows' boxes."""
     aX = np.abs(X)
 
     def outer(u, v):
@@ -425,12 +425,11 @@ def scores(X, r, q, q_rad, k, k_rad, alpha: float) -> tuple[np.ndarray, np.ndarr
     def gram(A, B):
         return A @ B.swapaxes(-1, -2)
 
-    S = outer(q, k) + (alpha * gram(X, X) if alpha != 0 else 0.0)
     err = outer(np.abs(q), k_rad) + outer(q_rad, np.abs(k) + k_rad)
     if alpha != 0:
         err += abs(alpha) * (gram(aX, r) + gram(r, aX) + gram(r, r))
     err += rounding(outer(np.abs(q), np.abs(k)) + abs(alpha) * gram(aX, aX), X.shape[-1] + 2)
-    return S, up(err, 3 * X.shape[-1] + 8)
+    return up(err, 3 * X.shape[-1] + 8)
 
 
 def hausdorff_upper(O, o_rad, Y, y_rad) -> np.ndarray:
@@ -466,12 +465,29 @@ def rank_one_radius(avg, q, q_rad, k, k_rad, C, C_rad, seg, starts) -> np.ndarra
     return out
 
 
-def head_radius(X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad, avg) -> np.ndarray:
-    """Radius about ``avg`` of one sequence's hardmax averages under general scores (or of a
-    batch of sequences: leading axes): each row averages some of the keys whose score
-    interval reaches the row's best certain score, so its average lies in the hull of their
-    carrier boxes."""
-    S, E = scores(X, r, q, q_rad, k, k_rad, alpha)
+def head_radius(S, X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad, avg) -> np.ndarray:
+    """Radius about ``avg`` of one sequence's hardmax averages under general scores, whose
+    float values are S (or of a batch of sequences: leading axes): each row averages some of
+    the keys whose score interval reaches the row's best certain score, so its average lies
+    in the hull of their carrier boxes. Rows that :func:`sole_candidates` proves to have one
+    candidate take its box without the n × n error bounds; the sequences with another row
+    get them (docs/numerics.md#general-hardmax-heads-in-batches)."""
+    sole = sole_candidates(S, X, r, q, q_rad, k, k_rad, alpha)
+    one = np.argmax(S, axis=-1)[..., None]  # where sole: the row's one candidate
+    C_one, r_one = np.take_along_axis(C, one, axis=-2), np.take_along_axis(C_rad, one, axis=-2)
+    lo, hi = lower(C_one, r_one), upper(C_one, r_one)
+    rest = ~sole.all(axis=-1)
+    if rest.any():
+        at = np.nonzero(rest) if rest.ndim else ()
+        lo[at], hi[at] = _candidate_hull(S[at], X[at], r[at], q[at], q_rad[at], k[at],
+                                         k_rad[at], alpha, C[at], C_rad[at])
+    return hull_radius(avg, lo, hi)
+
+
+def _candidate_hull(S, X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad):
+    """Per row, the box (lo, hi) holding the carrier boxes of every key whose score interval
+    reaches the row's best certain score (a key whose interval is unknown always does)."""
+    E = score_error(X, r, q, q_rad, k, k_rad, alpha)
     s_hi, s_lo = upper(S, E), lower(S, E)
     unknown = ~(np.isfinite(s_hi) & np.isfinite(s_lo))
     cand = unknown | (s_hi >= np.fmax.reduce(s_lo, axis=-1)[..., None])
@@ -485,7 +501,34 @@ def head_radius(X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad, avg) -> np.nda
         c = cand[at][..., None]
         lo[at] = np.where(c, C_lo[at][..., None, :, :], np.inf).min(axis=-2)
         hi[at] = np.where(c, C_hi[at][..., None, :, :], -np.inf).max(axis=-2)
-    return hull_radius(avg, lo, hi)
+    return lo, hi
+
+
+def sole_candidates(S, X, r, q, q_rad, k, k_rad, alpha: float) -> np.ndarray:
+    """Rows (bool, S's shape less its last axis) proved to have one candidate key in
+    :func:`_candidate_hull`: the float argmax of S, when no other float score of the row is
+    within 4·Ê of it. Ê ≥ 2·(the error bound of :func:`score_error` with every key's |a·x|,
+    radius and coordinates replaced by their largest values in the sequence) exceeds every
+    E_il of the row, and a key is a candidate only when S_il + E_il reaches S_i* − E_i* up to
+    a few roundings of size u·|S|, which Ê covers (it holds the rounding bound of the
+    scores' absolute sizes): so a candidate scores at least S_i* − 4·Ê. Rows with a score or
+    Ê that is not finite are never sole. O(n·d) per row besides two passes over S."""
+    d = X.shape[-1]
+    aX = np.abs(X)
+    X_top, r_top = aX.max(axis=-2)[..., :, None], r.max(axis=-2)[..., :, None]
+    ak = np.abs(k)
+    err = np.abs(q) * k_rad.max(axis=-1)[..., None] + \
+        q_rad * (ak + k_rad).max(axis=-1)[..., None]
+    size = np.abs(q) * ak.max(axis=-1)[..., None]
+    if alpha != 0:
+        err += abs(alpha) * ((aX @ r_top) + (r @ X_top) + (r @ r_top))[..., 0]
+        size += abs(alpha) * (aX @ X_top)[..., 0]
+    e_hat = 2 * up(err + rounding(size, d + 2), 3 * d + 8)
+    with np.errstate(invalid="ignore"):
+        top = S.max(axis=-1)
+        finite = np.isfinite(S.min(axis=-1)) & np.isfinite(top) & np.isfinite(e_hat)
+        near = (S >= lower(top, 4 * e_hat)[..., None]).sum(axis=-1)
+    return finite & (near == 1)
 
 
 def float_radius(exact: np.ndarray, approx: np.ndarray) -> np.ndarray:
