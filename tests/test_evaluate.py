@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import exactformer as ef
 from exactformer.construct.gadgets import ff_from_units, hat_units, snap_units
 from exactformer.evaluate import PassStats, compaction, ridge_window
-from exactformer.evaluate.compaction import float_row_groups
+from exactformer.evaluate.compaction import distinct_within, float_row_groups
 from exactformer.evaluate.state import SortedProjection
 from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 
@@ -591,3 +591,25 @@ def test_float_compaction_hashes_in_chunks_like_at_once(rows, chunk):
     with patch.object(compaction, "HASH_CHUNK", chunk):
         got = float_row_groups(seq, [P, np.abs(P)])
     assert all(np.array_equal(a, b) for a, b in zip(ref, got, strict=True))
+
+
+@SETTINGS
+@given(rows=st.lists(st.tuples(st.integers(0, 5),
+                               st.sampled_from([0.0, -0.0, 1.0, 1.0 + 2.0 ** -52, 2.5, np.nan,
+                                                -7.0, 2.0 ** -1074, 1e300])),
+                     min_size=0, max_size=30))
+def test_distinct_within_never_misses_a_repeat(rows):
+    """The pre-test that lets a compaction keep its rows says "distinct" only when no two
+    rows of one sequence hold the same value (−0.0 and 0.0 counted equal, NaN equal to
+    itself), however close the values (1 and 1 + 2^-52 differ only in the bits it keeps
+    out); without ties in the bits it keeps it says so."""
+    rows = sorted(rows, key=lambda r: r[0])
+    seq = np.array([s for s, _ in rows], dtype=np.int64)
+    col = np.array([v for _, v in rows], dtype=float)
+    values = [(s, "nan" if np.isnan(v) else v + 0.0) for s, v in rows]
+    repeats = len(set(values)) < len(values)
+    got = distinct_within(seq, col)
+    assert not (got and repeats)
+    shift = max(int(seq.max(initial=0)).bit_length(), 1)
+    kept = [(s, int((np.float64(v) + 0.0).view(np.uint64)) >> shift) for s, v in rows]
+    assert got == (len(set(kept)) == len(kept))

@@ -14,6 +14,21 @@ from .arithmetic import float_image
 HASH_CHUNK = 1 << 15  # rows hashed at once (4 to 5 times faster than whole columns)
 
 
+def distinct_within(seq: np.ndarray, col: np.ndarray) -> bool:
+    """True when no two rows of one sequence have equal float64 values ``col`` (one column,
+    or the float images of an exact one: equal points have equal images), so that no two
+    rows of a sequence are equal and a compaction has nothing to merge. One sort of
+    (sequence, top bits of the value's bits) packed into 64 bits; a tie there (equal values,
+    values that differ only in the bits left out, bitwise equal NaNs) answers False."""
+    if len(seq) < 2:
+        return True
+    shift = np.uint64(max(int(seq.max()).bit_length(), 1))  # (seq ≥ 0: indices)
+    key = (seq.astype(np.uint64) << (np.uint64(64) - shift)) | \
+        ((col + 0.0).view(np.uint64) >> shift)
+    key.sort()
+    return not (key[1:] == key[:-1]).any()
+
+
 def float_row_groups(seq: np.ndarray, arrays: list[np.ndarray]
                       ) -> tuple[np.ndarray, np.ndarray]:
     """Compaction groups of a float64 state (the columns of ``arrays`` side by side):

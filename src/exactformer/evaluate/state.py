@@ -15,8 +15,8 @@ import math
 import numpy as np
 
 from . import enclosure
-from .arithmetic import Arithmetic, stable_argsort
-from .compaction import float_row_groups, object_row_groups
+from .arithmetic import Arithmetic, float_image, stable_argsort
+from .compaction import distinct_within, float_row_groups, object_row_groups
 from .rank_one import HeadCache
 from .rows import Segments
 
@@ -235,7 +235,16 @@ class RowState:
             self.extent = (max(r, self.extent[0]), max(m, self.extent[1]))
 
     def compact(self):
-        """Merge equal points of the same sequence; rows end up grouped by sequence."""
+        """Merge equal points of the same sequence; rows end up grouped by sequence. When
+        the first coordinate already tells every two rows of a sequence apart (the usual
+        case after a projection), nothing merges and the rows stay as they are, stored
+        column by column."""
+        col = self.P[:, 0] if not self.ar.is_object else float_image(self.P[:, 0])
+        if col is not None and distinct_within(self.seq, col):
+            if not self.ar.is_object:
+                self.P = np.asfortranarray(self.P)
+                self.rad = None if self.rad is None else np.asfortranarray(self.rad)
+            return
         if not self.ar.is_object:
             first, inv = float_row_groups(
                 self.seq, [self.P] if self.rad is None else [self.P, self.rad])
