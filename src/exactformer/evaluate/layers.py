@@ -152,7 +152,7 @@ def apply_sa(st: RowState, sa: SA, attention: str, tau, stats: PassStats):
         st.compact()
 
 
-WRITE_CHUNK = 1 << 16  # rows written at once: a column's temporaries stay in a core's cache
+WRITE_CHUNK = 1 << 14  # rows written at once: a column's temporaries stay in a core's L2 cache
 
 
 def _write_terms(st: RowState, rho, terms: list[_Term]) -> None:
