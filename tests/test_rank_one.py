@@ -156,14 +156,16 @@ def test_batched_general_heads(B, n, d, data):
     q_rad, k_rad = np.abs(r) @ np.abs(c), np.abs(r) @ np.abs(a)
     together = PassStats()
     S = float_scores_batch(X, q, k, alpha)
-    avg = float_hardmax_rows(S, X, w, together, X)
-    rad = enclosure.head_radius(S, X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
+    ends = S.max(axis=-1), S.min(axis=-1)
+    avg = float_hardmax_rows(S, X, w, together, X, *ends)
+    rad = enclosure.head_radius(S, *ends, X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
     alone = PassStats()
     for b in range(B):
-        one = float_hardmax_rows(S[b], X[b], w[b], alone, X[b])
+        one = float_hardmax_rows(S[b], X[b], w[b], alone, X[b], ends[0][b], ends[1][b])
         assert np.array_equal(one, avg[b])
         args = (X[b], r[b], q[b], q_rad[b], k[b], k_rad[b], alpha, X[b], r[b], avg[b])
-        assert np.array_equal(enclosure.head_radius(S[b], *args), rad[b])
+        assert np.array_equal(enclosure.head_radius(S[b], ends[0][b], ends[1][b], *args),
+                              rad[b])
         assert np.array_equal(naive_hull_radius(*args), rad[b])
     assert together == alone
 
@@ -190,8 +192,9 @@ def test_sole_candidate_shortcut_at_float_ties(B, n, d, data):
     q, k = X @ c, X @ a
     q_rad, k_rad = np.abs(r) @ np.abs(c), np.abs(r) @ np.abs(a)
     S = float_scores_batch(X, q, k, alpha)
-    avg = float_hardmax_rows(S, X, np.ones((B, n)), PassStats(), X)
-    rad = enclosure.head_radius(S, X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
+    ends = S.max(axis=-1), S.min(axis=-1)
+    avg = float_hardmax_rows(S, X, np.ones((B, n)), PassStats(), X, *ends)
+    rad = enclosure.head_radius(S, *ends, X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
     for b in range(B):
         args = (X[b], r[b], q[b], q_rad[b], k[b], k_rad[b], alpha, X[b], r[b], avg[b])
         assert np.array_equal(naive_hull_radius(*args), rad[b])

@@ -209,7 +209,9 @@ def hardmax_rows(X, qa, ka, alpha, w, stats: PassStats, C=None) -> np.ndarray:
     argmax set of scores s_il = (c·x_i)(a·x_l) + α⟨x_i, x_l⟩ (exact and high-precision
     passes, see :func:`_hardmax_hits`): no float rounding can change these sets."""
     hit = _hardmax_hits(X, qa, ka, alpha)
-    _record_hits(X, float_scores(X, qa, ka, alpha), hit, stats)
+    Sf = float_scores(X, qa, ka, alpha)
+    with np.errstate(invalid="ignore"):
+        _record_hits(X, Sf, hit, stats, Sf.max(axis=-1), Sf.min(axis=-1))
     C = X if C is None else C
     out = np.empty(C.shape, dtype=C.dtype)
     one = hit.sum(axis=1) == 1
@@ -247,39 +249,49 @@ def _float_hardmax(st: RowState, qa, q_rad, ka, k_rad, alpha, C, C_rad, stats: P
         X, r = P[rows], None if rad is None else rad[rows]
         Cb, Cb_rad = (X, r) if points else (C[rows], None if rad is None else C_rad[rows])
         S = float_scores_batch(X, qa[rows], ka[rows], alpha)
-        avg = float_hardmax_rows(S, X, w[rows], stats, Cb)
+        with np.errstate(invalid="ignore"):
+            top, bottom = S.max(axis=-1), S.min(axis=-1)
+        avg = float_hardmax_rows(S, X, w[rows], stats, Cb, top, bottom)
         out[rows] = avg
         if rad is not None:
-            out_rad[rows] = enclosure.head_radius(S, X, r, qa[rows], q_rad[rows], ka[rows],
-                                                  k_rad[rows], alpha, Cb, Cb_rad, avg)
+            out_rad[rows] = enclosure.head_radius(S, top, bottom, X, r, qa[rows], q_rad[rows],
+                                                  ka[rows], k_rad[rows], alpha, Cb, Cb_rad,
+                                                  avg)
     return out, out_rad
 
 
 def float_scores_batch(X, qa, ka, alpha) -> np.ndarray:
     """The float64 scores (c·x_i)(a·x_l) + α⟨x_i, x_l⟩ of a batch of sequences of equal
-    length (X: B × n × d, qa, ka: B × n; overflow gives inf or nan)."""
+    length (X: B × n × d, qa, ka: B × n; overflow gives inf or nan). A rank-one part that is
+    exactly 0 (finite c·x and a·x, one of them 0 everywhere: the collapse, A = I) is left
+    out, and so is a factor α = 1; that changes at most the sign of a zero score."""
     with np.errstate(all="ignore"):
+        gram = None if alpha == 0 else X @ X.swapaxes(-1, -2)
+        if gram is not None and alpha != 1:
+            gram *= alpha
+        if gram is not None and np.isfinite(qa).all() and np.isfinite(ka).all() \
+                and not (qa.any() and ka.any()):
+            return gram
         S = qa[..., :, None] * ka[..., None, :]
-        if alpha != 0:
-            S = S + alpha * (X @ X.swapaxes(-1, -2))
-    return S
+        return S if gram is None else S + gram
 
 
-def float_hardmax_rows(Sf, X, w, stats: PassStats, C) -> np.ndarray:
+def float_hardmax_rows(Sf, X, w, stats: PassStats, C, top, bottom) -> np.ndarray:
     """:func:`hardmax_rows` for a float64 pass, decided on the float scores Sf
     (:func:`float_scores_batch`) of a batch of sequences of equal length at once (X: B × n ×
-    d, w: B × n, C: B × n × k)."""
-    hit = Sf == Sf.max(axis=-1, keepdims=True)
-    _record_hits(X, Sf, hit, stats)
+    d, w: B × n, C: B × n × k; ``top``, ``bottom``: each row's largest and smallest score)."""
+    hit = Sf == top[..., None]
+    _record_hits(X, Sf, hit, stats, top, bottom)
     M = hit * w[..., None, :]
     return (M / M.sum(axis=-1, keepdims=True)) @ C
 
 
-def _record_hits(X, Sf, hit, stats: PassStats) -> None:
+def _record_hits(X, Sf, hit, stats: PassStats, top, bottom) -> None:
     """Ties (queries whose best keys hold two distinct points) and the smallest
     best-minus-second float score gap over each sequence's score scale, for one sequence or a
-    batch (leading axes). A report only: float precision is enough, and sequences whose
-    float scores are not finite are skipped."""
+    batch (leading axes; ``top``, ``bottom``: each row's largest and smallest score). A
+    report only: float precision is enough, and sequences whose float scores are not finite
+    are skipped."""
     if not stats.enabled:
         return
     for at in np.argwhere(hit.sum(axis=-1) > 1):  # queries with several best keys
@@ -288,11 +300,11 @@ def _record_hits(X, Sf, hit, stats: PassStats) -> None:
     if Sf.shape[-1] < 2:
         return
     with np.errstate(all="ignore"):
-        scale = np.abs(Sf).max(axis=(-2, -1))
-        ok = np.isfinite(Sf).all(axis=(-2, -1))
+        scale = np.maximum(np.abs(top), np.abs(bottom)).max(axis=-1)  # max |S| (nan: skipped)
+        ok = (np.isfinite(top) & np.isfinite(bottom)).all(axis=-1)
         scale = np.where(scale != 0, scale, 1.0)
         second = np.where(hit, -np.inf, Sf).max(axis=-1)
-        gap = (Sf.max(axis=-1) - second) / scale[..., None]
+        gap = (top - second) / scale[..., None]
     keep = ok[..., None] & np.isfinite(second)
     if keep.any():
         stats.note_min("hardmax_margin", float(gap[keep].min()))

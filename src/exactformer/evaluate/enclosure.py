@@ -465,14 +465,16 @@ def rank_one_radius(avg, q, q_rad, k, k_rad, C, C_rad, seg, starts) -> np.ndarra
     return out
 
 
-def head_radius(S, X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad, avg) -> np.ndarray:
+def head_radius(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad, avg
+                ) -> np.ndarray:
     """Radius about ``avg`` of one sequence's hardmax averages under general scores, whose
-    float values are S (or of a batch of sequences: leading axes): each row averages some of
+    float values are S, each row's largest ``top`` and smallest ``bottom`` (or of a batch of
+    sequences: leading axes): each row averages some of
     the keys whose score interval reaches the row's best certain score, so its average lies
     in the hull of their carrier boxes. Rows that :func:`sole_candidates` proves to have one
     candidate take its box without the n × n error bounds; the sequences with another row
     get them (docs/numerics.md#general-hardmax-heads-in-batches)."""
-    sole = sole_candidates(S, X, r, q, q_rad, k, k_rad, alpha)
+    sole = sole_candidates(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha)
     one = np.argmax(S, axis=-1)[..., None]  # where sole: the row's one candidate
     C_one, r_one = np.take_along_axis(C, one, axis=-2), np.take_along_axis(C_rad, one, axis=-2)
     lo, hi = lower(C_one, r_one), upper(C_one, r_one)
@@ -504,7 +506,7 @@ def _candidate_hull(S, X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad):
     return lo, hi
 
 
-def sole_candidates(S, X, r, q, q_rad, k, k_rad, alpha: float) -> np.ndarray:
+def sole_candidates(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha: float) -> np.ndarray:
     """Rows (bool, S's shape less its last axis) proved to have one candidate key in
     :func:`_candidate_hull`: the float argmax of S, when no other float score of the row is
     within 4·Ê of it. Ê ≥ 2·(the error bound of :func:`score_error` with every key's |a·x|,
@@ -512,7 +514,8 @@ def sole_candidates(S, X, r, q, q_rad, k, k_rad, alpha: float) -> np.ndarray:
     E_il of the row, and a key is a candidate only when S_il + E_il reaches S_i* − E_i* up to
     a few roundings of size u·|S|, which Ê covers (it holds the rounding bound of the
     scores' absolute sizes): so a candidate scores at least S_i* − 4·Ê. Rows with a score or
-    Ê that is not finite are never sole. O(n·d) per row besides two passes over S."""
+    Ê that is not finite are never sole (``top``, ``bottom``: each row's largest and
+    smallest float score). O(n·d) per row besides one pass over S."""
     d = X.shape[-1]
     aX = np.abs(X)
     X_top, r_top = aX.max(axis=-2)[..., :, None], r.max(axis=-2)[..., :, None]
@@ -525,8 +528,7 @@ def sole_candidates(S, X, r, q, q_rad, k, k_rad, alpha: float) -> np.ndarray:
         size += abs(alpha) * (aX @ X_top)[..., 0]
     e_hat = 2 * up(err + rounding(size, d + 2), 3 * d + 8)
     with np.errstate(invalid="ignore"):
-        top = S.max(axis=-1)
-        finite = np.isfinite(S.min(axis=-1)) & np.isfinite(top) & np.isfinite(e_hat)
+        finite = np.isfinite(bottom) & np.isfinite(top) & np.isfinite(e_hat)
         near = (S >= lower(top, 4 * e_hat)[..., None]).sum(axis=-1)
     return finite & (near == 1)
 

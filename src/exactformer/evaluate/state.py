@@ -311,13 +311,18 @@ def _columns(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out
 
 
+def _largest_abs(col: np.ndarray) -> float:
+    """max |v| over a column (0 when empty, nan when it holds one), with no |col| copy."""
+    return float(np.maximum(col.max(initial=0.0), -col.min(initial=0.0))) + 0.0
+
+
 def _extent(P: np.ndarray, rad: np.ndarray, cols: np.ndarray | None = None
             ) -> tuple[float, float]:
     """Largest radius and largest |coordinate| over the rows with finite values, in the
     columns ``cols`` (default all). Read column by column (views, no gathered copies) while
     every value is finite, which is the usual case."""
-    tops = [float(a.max(initial=0.0)) for c in range(P.shape[1]) if cols is None or c in cols
-            for a in (rad[:, c], np.abs(P[:, c]))]
+    tops = [v for c in range(P.shape[1]) if cols is None or c in cols
+            for v in (float(rad[:, c].max(initial=0.0)), _largest_abs(P[:, c]))]
     if all(math.isfinite(v) for v in tops):  # (a nan shows as nan)
         return max(tops[::2], default=0.0), max(tops[1::2], default=0.0)
     if cols is not None:
