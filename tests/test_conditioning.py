@@ -16,6 +16,7 @@ from exactformer.conditioning import conditioning
 from exactformer.construct.gadgets import ff_from_units, hat_units
 from exactformer.data import builtin
 from exactformer.evaluate import ridge_window
+from exactformer.model import FF, Block, Transformer
 
 SETTINGS = settings(max_examples=15, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -77,6 +78,15 @@ def test_statistics_are_the_parameters_norms_and_largest_unit_slope(data, attent
               ** 0.5 for ff in (b.ff for b in model.blocks if b.ff is not None)
               for i in range(ff.width)]
     assert stats.max_slope == pytest.approx(max(slopes), rel=1e-12)
+
+
+def test_statistics_of_a_float_model_holding_a_rational_scalar():
+    """A float64 model may carry a Fraction where a scalar was given as one (η here): the
+    statistics read it as its float value instead of refusing the model."""
+    ff = FF(Fraction(1, 2), np.array([[3.0, -4.0]]), np.array([0.25]), np.array([[1.0], [2.0]]))
+    stats = conditioning(Transformer(2, "hardmax", [Block(ff, None)], exact=False))
+    assert stats.norm_sq == 0.25 + 25 + 0.0625 + 5
+    assert stats.max_abs == 4.0 and stats.max_slope == 5.0 * 5 ** 0.5
 
 
 # ------------------------------------------------------------------ balancing

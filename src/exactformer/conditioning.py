@@ -36,8 +36,8 @@ def conditioning(model: Transformer) -> Conditioning:
     inf."""
     arrays = [*model.parameter_arrays(),
               *([] if model.positions is None else [np.asarray(model.positions).ravel()])]
-    flat = _floats(np.concatenate(arrays, dtype=object if model.exact else float)) \
-        if arrays else np.zeros(0)
+    flat = _floats(np.concatenate(arrays, dtype=object if model.exact else float,
+                                  casting="unsafe")) if arrays else np.zeros(0)
     ffs = [b.ff for b in model.blocks if b.ff is not None and b.ff.width]
     slope = 0.0
     with np.errstate(over="ignore", invalid="ignore"):

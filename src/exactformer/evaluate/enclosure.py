@@ -429,7 +429,15 @@ def score_error(X, r, q, q_rad, k, k_rad, alpha: float) -> np.ndarray:
     if alpha != 0:
         err += abs(alpha) * (gram(aX, r) + gram(r, aX) + gram(r, r))
     err += rounding(outer(np.abs(q), np.abs(k)) + abs(alpha) * gram(aX, aX), X.shape[-1] + 2)
+    err += _scaled_underflow(alpha, X.shape[-1])
     return up(err, 3 * X.shape[-1] + 8)
+
+
+def _scaled_underflow(alpha: float, d: int) -> float:
+    """What :func:`rounding`'s absolute slack misses in a score α⟨x_i, x_l⟩ with |α| > 1:
+    the products of the gram can underflow before α multiplies them, so their absolute
+    error is scaled by |α| too."""
+    return abs(alpha) * (2 * (d + 2) + 4) * TINY if abs(alpha) > 1 else 0.0
 
 
 def hausdorff_upper(O, o_rad, Y, y_rad) -> np.ndarray:
@@ -507,9 +515,11 @@ def _candidate_hull(S, X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad):
 
 
 def sole_candidates(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha: float) -> np.ndarray:
-    """Rows (bool, S's shape less its last axis) proved to have one candidate key in
-    :func:`_candidate_hull`: the float argmax of S, when no other float score of the row is
-    within 4·Ê of it. Ê ≥ 2·(the error bound of :func:`score_error` with every key's |a·x|,
+    """Rows (bool, S's shape less its last axis) proved to average their float argmax of S
+    alone, when no other float score of the row is within 4·Ê of it (where
+    :func:`_candidate_hull` would count a rival whose score interval overflows as unknown,
+    this still proves the row: the rival's exact score lies below the best, so the radius is
+    only narrower). Ê ≥ 2·(the error bound of :func:`score_error` with every key's |a·x|,
     radius and coordinates replaced by their largest values in the sequence) exceeds every
     E_il of the row, and a key is a candidate only when S_il + E_il reaches S_i* − E_i* up to
     a few roundings of size u·|S|, which Ê covers (it holds the rounding bound of the
@@ -526,7 +536,7 @@ def sole_candidates(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha: float) -> n
     if alpha != 0:
         err += abs(alpha) * ((aX @ r_top) + (r @ X_top) + (r @ r_top))[..., 0]
         size += abs(alpha) * (aX @ X_top)[..., 0]
-    e_hat = 2 * up(err + rounding(size, d + 2), 3 * d + 8)
+    e_hat = 2 * up(err + rounding(size, d + 2) + _scaled_underflow(alpha, d), 3 * d + 8)
     with np.errstate(invalid="ignore"):
         finite = np.isfinite(bottom) & np.isfinite(top) & np.isfinite(e_hat)
         near = (S >= lower(top, 4 * e_hat)[..., None]).sum(axis=-1)
