@@ -45,6 +45,12 @@ def hausdorff_stack(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """:func:`hausdorff` of float64 pairs of one shape, stacked (A: P×n×d, B: P×m×d)."""
     with np.errstate(invalid="ignore", over="ignore"):
         D = pair_distances(A, B)
+    return hausdorff_checked(D)
+
+
+def hausdorff_checked(D: np.ndarray) -> np.ndarray:
+    """:func:`hausdorff_of` the distances D (P×n×m), nan where one of them is nan and inf
+    where one is inf: a non-finite distance never gives a finite answer."""
     h = hausdorff_of(D)
     finite, nan = np.isfinite(D).all(axis=(1, 2)), np.isnan(D).any(axis=(1, 2))
     return np.where(finite, h, np.where(nan, math.nan, math.inf))

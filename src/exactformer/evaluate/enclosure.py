@@ -440,16 +440,20 @@ def _scaled_underflow(alpha: float, d: int) -> float:
     return abs(alpha) * (2 * (d + 2) + 4) * TINY if abs(alpha) > 1 else 0.0
 
 
-def hausdorff_upper(O, o_rad, Y, y_rad) -> np.ndarray:
+def hausdorff_upper(O, o_rad, Y, y_rad, D=None) -> np.ndarray:
     """Upper bounds on the Hausdorff distance between the exact point sets that the boxes
     O ± o_rad and Y ± y_rad enclose (token by token), for a stack of pairs of one shape
     (O, o_rad: B×n×d; Y, y_rad: B×m×d); nan where unknown. Each distance |x − y| of points in
     two boxes is at most |O_i − Y_j| + |o_rad_i + y_rad_j|, both computed in float64 and
-    inflated by their rounding (squares below 2^-1022 may vanish: d · 2^-510 covers them)."""
+    inflated by their rounding (squares below 2^-1022 may vanish: d · 2^-510 covers them).
+    ``D``: the float distances |O_i − Y_j| when already computed (``pair_distances``)."""
     d = O.shape[-1]
     with np.errstate(over="ignore", invalid="ignore"):
-        D = pair_distances(O, Y)
-        R = np.sqrt(((o_rad[:, :, None, :] + y_rad[:, None, :, :]) ** 2).sum(axis=3))
+        D = pair_distances(O, Y) if D is None else D
+        if y_rad.any():
+            R = np.sqrt(((o_rad[:, :, None, :] + y_rad[:, None, :, :]) ** 2).sum(axis=3))
+        else:  # exact targets: |o_rad_i|, the same float sums, for every j
+            R = np.sqrt((o_rad ** 2).sum(axis=2))[:, :, None]
         slack = 1 + (4 * d + 16) * U
         h = hausdorff_of(up(D * slack + R * slack + 2 * d * FLOOR, 4))
     return np.where(np.isfinite(h), h, np.nan)

@@ -26,8 +26,10 @@ from ..distance import (
     as_set,
     clearance,
     data_scale,
+    hausdorff_checked,
     hausdorff_sq,
     hausdorff_stack,
+    pair_distances,
     per_pair,
     relative,
     worst,
@@ -81,9 +83,9 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     scale = data_scale(*((xs_f, ys_f) if not dataset.exact else dataset.fractions()))
     stats = PassStats()
     snap = snap_start(model)
-    outs_f, snaps_f, enclosed = _first_pass(model, dataset, xs_f, stats, progress, tau, snap,
-                                            safe_float(Fraction(tolerance) * scale))
-    hd = per_pair(hausdorff_stack, outs_f, ys_f)
+    outs_f, snaps_f, enclosed, hd = _first_pass(model, dataset, xs_f, stats, progress, tau,
+                                                snap, safe_float(Fraction(tolerance) * scale))
+    hd = per_pair(hausdorff_stack, outs_f, ys_f) if hd is None else hd
     extra: dict = {}
     tolerance = softmax_tolerance(model, digits, tolerance)
     limit = Fraction(tolerance) * scale
@@ -226,13 +228,14 @@ def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool
 
 def _first_pass(model, dataset, xs_f, stats, progress: bool, tau, snap, limit: float):
     """The float64 pass every verify runs: (outputs, snapshots at the first snap block, the
-    enclosure's per-pair bounds or None). A float64 hardmax model without stored positions
-    gets the enclosure pass (docs/numerics.md#enclosures), any other the plain float pass."""
+    enclosure's per-pair bounds or None, the outputs' per-pair float64 Hausdorff distances
+    or None). A float64 hardmax model without stored positions gets the enclosure pass
+    (docs/numerics.md#enclosures), any other the plain float pass."""
     if model.attention == "hardmax" and not model.exact and model.positions is None:
-        outs, bounds = _float_and_enclosure(model, dataset, stats, progress, limit)
-        return outs, {}, bounds
+        outs, bounds, hd = _float_and_enclosure(model, dataset, stats, progress, limit)
+        return outs, {}, bounds, hd
     at = {snap} if snap is not None else set()
-    return (*_float_pass(model, xs_f, stats, progress, tau, at), None)
+    return (*_float_pass(model, xs_f, stats, progress, tau, at), None, None)
 
 
 def _float_pass(model, xs_f, stats, progress, tau, at):
@@ -247,10 +250,11 @@ def _float_pass(model, xs_f, stats, progress, tau, at):
 
 
 def _float_and_enclosure(model, dataset, stats, progress: bool, limit: float
-                         ) -> tuple[list, list[float]]:
+                         ) -> tuple[list, list[float], list[float]]:
     """The enclosure pass's float64 outputs (recording ``stats``) and, per pair, its upper
-    bound on the exact Hausdorff distance (nan when unknown). Rows whose radius passes
-    ``limit`` are given up on at once (their pairs go to the exact pass)."""
+    bound on the exact Hausdorff distance (nan when unknown) and the outputs' float64
+    Hausdorff distance. Rows whose radius passes ``limit`` are given up on at once (their
+    pairs go to the exact pass)."""
     if dataset.exact:
         xs, ys = dataset.fractions()
         xs_f, ys_f = [safe_floats(x) for x in xs], [safe_floats(y) for y in ys]
@@ -261,7 +265,17 @@ def _float_and_enclosure(model, dataset, stats, progress: bool, limit: float
         xs_r, ys_r = None, [np.zeros_like(y) for y in ys_f]  # float data are exact
     with _one_blas_thread():
         outs, rads = enclose(model, xs_f, xs_r, stats, progress, give_up=limit)
-    return outs, per_pair(enclosure.hausdorff_upper, outs, rads, ys_f, ys_r)
+    both = per_pair(_distance_and_bound, outs, rads, ys_f, ys_r)
+    return outs, [b for _, b in both], [h for h, _ in both]
+
+
+def _distance_and_bound(O, o_rad, Y, y_rad) -> np.ndarray:
+    """Per stacked pair (:func:`per_pair`), the float64 Hausdorff distance of O and Y and the
+    enclosure's upper bound on the exact one, from one matrix of distances."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        D = pair_distances(O, Y)
+    return np.stack([hausdorff_checked(D), enclosure.hausdorff_upper(O, o_rad, Y, y_rad, D)],
+                    axis=1)
 
 
 def _one_blas_thread():
