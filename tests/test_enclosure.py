@@ -572,6 +572,24 @@ def test_hausdorff_upper_bounds_every_exact_set(data, n, m, d):
     assert hausdorff_sq(*points) <= exact(h) ** 2
 
 
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), n=st.integers(1, 4), m=st.integers(1, 3), d=st.integers(1, 17))
+def test_exact_targets_take_the_row_radius_once_bit_for_bit(data, n, m, d):
+    """With exact targets (radius 0, every float data set) the bound reads |o_rad_i| once per
+    row instead of |o_rad_i + 0| for every target: the same float sums, so the same bound to
+    the bit as the radius of every (row, target) pair summed in the test."""
+    (O, o_rad), (Y, _) = data.draw(boxes(n, d)), data.draw(boxes(m, d))
+    y_rad = np.zeros_like(Y)
+    (got,) = enclosure.hausdorff_upper(O[None], o_rad[None], Y[None], y_rad[None])
+    with np.errstate(over="ignore", invalid="ignore"):
+        D = distance.pair_distances(O[None], Y[None])
+        R = np.sqrt(((o_rad[None, :, None, :] + y_rad[None, None, :, :]) ** 2).sum(axis=3))
+        slack = 1 + (4 * d + 16) * enclosure.U
+        h = distance.hausdorff_of(enclosure.up(D * slack + R * slack
+                                               + 2 * d * enclosure.FLOOR, 4))[0]
+    assert (math.isnan(got) and not math.isfinite(h)) or got == h
+
+
 def test_pairs_are_stacked_like_one_at_a_time(monkeypatch):
     """``distance.per_pair`` (pairs of equal shapes stacked, in slices) gives what one call
     per pair gives, in the pairs' order, for mixed shapes and non-finite values."""
