@@ -481,11 +481,11 @@ def head_radius(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad
                 ) -> np.ndarray:
     """Radius about ``avg`` of one sequence's hardmax averages under general scores, whose
     float values are S, each row's largest ``top`` and smallest ``bottom`` (or of a batch of
-    sequences: leading axes): each row averages some of
-    the keys whose score interval reaches the row's best certain score, so its average lies
-    in the hull of their carrier boxes. Rows that :func:`sole_candidates` proves to have one
-    candidate take its box without the n × n error bounds; the sequences with another row
-    get them (docs/numerics.md#general-hardmax-heads-in-batches)."""
+    sequences: leading axes): each row averages some of the keys whose score interval
+    reaches the row's best certain score, so its average lies in the hull of their carrier
+    boxes. Rows that :func:`sole_candidates` proves to have one candidate take its box
+    without the n × n error bounds; the sequences with another row get them
+    (docs/numerics.md#general-hardmax-heads-in-batches)."""
     sole = sole_candidates(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha)
     one = np.argmax(S, axis=-1)[..., None]  # where sole: the row's one candidate
     C_one, r_one = np.take_along_axis(C, one, axis=-2), np.take_along_axis(C_rad, one, axis=-2)
