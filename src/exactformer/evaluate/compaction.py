@@ -20,12 +20,7 @@ def distinct_within(seq: np.ndarray, col: np.ndarray) -> bool:
     rows of a sequence are equal and a compaction has nothing to merge. One sort of
     (sequence, top bits of the value's bits) packed into 64 bits; a tie there (equal values,
     values that differ only in the bits left out, bitwise equal NaNs) answers False."""
-    if len(seq) < 2:
-        return True
-    shift = np.uint64(max(int(seq.max()).bit_length(), 1))  # (seq ≥ 0: indices)
-    key = (seq.astype(np.uint64) << (np.uint64(64) - shift)) | \
-        ((col + 0.0).view(np.uint64) >> shift)
-    key.sort()
+    key = np.sort(_sequence_key(seq, (col + 0.0).view(np.uint64)))
     return not (key[1:] == key[:-1]).any()
 
 
@@ -60,8 +55,14 @@ def _by_sequence_and_hash(seq: np.ndarray, h: np.ndarray) -> np.ndarray:
     packed into 64 bits, four times faster than a two-key lexsort. Rows whose keys tie are
     equal or collide in those bits; a collision that parts two equal rows keeps them two
     rows (as a full-hash collision would)."""
+    return np.argsort(_sequence_key(seq, h))
+
+
+def _sequence_key(seq: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    """Per row one 64-bit key: the sequence number in the top bits, the top bits of ``bits``
+    (uint64) below it, so that sorting the keys orders rows by sequence, then by ``bits``."""
     shift = np.uint64(max(int(seq.max(initial=0)).bit_length(), 1))  # (seq ≥ 0: indices)
-    return np.argsort((seq.astype(np.uint64) << (np.uint64(64) - shift)) | (h >> shift))
+    return (seq.astype(np.uint64) << (np.uint64(64) - shift)) | (bits >> shift)
 
 
 def _float_row_keys(seq: np.ndarray, P: np.ndarray) -> np.ndarray:
