@@ -10,7 +10,7 @@ from .data import CausalDataset, Dataset
 
 def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact: bool = True,
             seed: int = 0, tau=None, progress: bool = False, causal: bool = False,
-            width: int = 4, heads: int = 1, n_layers: int | None = None):
+            width: int = 4, heads: int = 1, n_layers: int | None = None, keys: bool = False):
     """Construct a transformer that interpolates ``dataset`` exactly.
 
     attention: "hardmax" (docs/hardmax.md) or "softmax" (docs/softmax.md). exact: rational
@@ -24,12 +24,18 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     heads a separation round may use (at most d − 1 are used).
     n_layers: at most this many blocks; the width (and, if ``heads`` is left at 1, the heads)
     are then chosen (:func:`fit_layers`) and ``width`` must be left at 4.
+    keys: a keyed hardmax set model (docs/keyed.md): wider than the data, exact in a plain
+    float32 pass; ConstructionError where no cap isolates the tokens it needs.
     """
     if n_layers is not None:
         if width != 4:
             raise ValueError("give n_layers or width, not both: n_layers chooses the width")
         return fit_layers(lambda w, h: compile(dataset, attention, exact, seed, tau, progress,
-                                               causal, w, h), dataset, n_layers, heads)
+                                               causal, w, h, keys=keys), dataset, n_layers,
+                          heads)
+    if keys and (attention != "hardmax" or causal or isinstance(dataset, CausalDataset)):
+        raise ValueError("keys=True builds hardmax set models (causal models key their "
+                         "positions by themselves, docs/causal.md#position-keys)")
     if causal or isinstance(dataset, CausalDataset):
         if not isinstance(dataset, CausalDataset):
             raise TypeError("causal=True expects an exactformer.CausalDataset (see "
@@ -46,7 +52,7 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
         if tau is not None:
             raise ValueError("tau applies to softmax attention only")
         return compile_hardmax(dataset, exact=exact, seed=seed, progress=progress, width=width,
-                               heads=heads)
+                               heads=heads, keys=keys)
     if attention == "softmax":
         hats_per_layer(width)
         check_heads(heads)

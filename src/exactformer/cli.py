@@ -92,7 +92,7 @@ def _compiled(args, data):
     """The model that ``build`` and ``plot`` construct from their shared options."""
     return compile(data, attention=args.attention, exact=not args.float, seed=args.seed,
                    tau=args.tau, progress=_progress(args), width=args.width, heads=args.heads,
-                   n_layers=args.layers)
+                   n_layers=args.layers, keys=args.keys)
 
 
 def _build(args) -> int:
@@ -431,6 +431,8 @@ def _construction_options(p: argparse.ArgumentParser, output: str) -> None:
                    help="softmax temperature, an exact positive number (default 1)")
     p.add_argument("--causal", action="store_true", help="causal data: a target or null per "
                    "position (implied by a dataset marked \"causal\": true)")
+    p.add_argument("--keys", action="store_true", help="a keyed hardmax model, exact in a "
+                   "plain float32 pass (docs/keyed.md)")
     _width_options(p)
     _add_progress(p)
 

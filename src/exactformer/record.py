@@ -71,6 +71,9 @@ class Construction:
     theta: str | None = None  # softmax: the temperature the geometry was built at
     folded: bool | None = None  # softmax: 1/θ folded into A, τ = 1
     tau_star: float | None = None  # softmax: largest valid temperature found (inf: any)
+    keyed: dict | None = None  # keyed models (docs/keyed.md): their code and counts
+
+    KEYED_FIELDS = ("coordinates", "weight", "tags", "peels", "moves", "tag_layers")
 
     def phase(self, name: str) -> Span | None:
         return next((p for p in self.phases if p.name == name), None)
@@ -88,6 +91,8 @@ class Construction:
                 "leaders": self.leaders}
         if self.interpolation_direction is not None:
             meta["interpolation_direction"] = self.interpolation_direction
+        if self.keyed is not None:
+            meta["keyed"] = dict(self.keyed)
         if self.kind == "softmax":
             meta.update({"theta": self.theta, "folded": self.folded,
                          "tau_star": _tau_out(self.tau_star),
@@ -114,6 +119,11 @@ class Construction:
                   interpolation_direction=_opt_strings(r.get("interpolation_direction",
                                                              (list, type(None)), None),
                                                        "meta.interpolation_direction"))
+        keyed = r.get("keyed", (dict, type(None)), None)
+        if keyed is not None:
+            kr = _Reader(keyed, "meta.keyed")
+            rec.keyed = {**{f: kr.integer(f) for f in cls.KEYED_FIELDS},
+                         "scale": kr.get("scale", str)}
         if kind == "softmax":
             rec.theta = r.get("theta", (str, type(None)), None)
             rec.folded = r.get("folded", (bool, type(None)), None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..data import Dataset
 from ..model import Transformer
 from ..record import Construction, Span
+from . import keyed
 from .generic import ConstructionError, Draws
 from .interpolation import LeaderOnTarget, interpolate
 from .leaders import choose_leaders
@@ -32,15 +33,19 @@ def check_heads(heads: int) -> None:
 
 
 def compile_hardmax(dataset: Dataset, exact: bool = True, seed: int = 0,
-                    progress: bool = False, width: int = 4, heads: int = 1) -> Transformer:
+                    progress: bool = False, width: int = 4, heads: int = 1,
+                    keys: bool = False) -> Transformer:
     """Construct the hardmax transformer; rational parameters if ``exact``, else float64.
     ``width`` (a multiple of 4) is the widest FF layer: width/4 hats share a layer; ``heads``
-    (at most d − 1 used) lets a separation round read tests on free coordinates."""
+    (at most d − 1 used) lets a separation round read tests on free coordinates. ``keys``:
+    the keyed model of docs/keyed.md instead of hats (one head)."""
     k = hats_per_layer(width)
     inputs, targets = dataset.fractions() if exact else dataset.floats()
+    check_heads(heads)
+    if keys:
+        return compile_keyed(dataset, inputs, targets, exact, seed, progress, width)
     draws = Draws(seed, exact)
     table = TokenTable.build(inputs)
-    check_heads(heads)
     sep = separate(table, draws, progress=progress, per_round=k, heads=heads)
     positions = separated_positions(inputs, table, sep, exact)
     for _ in range(REDRAWS):
@@ -63,4 +68,20 @@ def compile_hardmax(dataset: Dataset, exact: bool = True, seed: int = 0,
         tests=[None if t is None else [str(v) for v in table.points[t]] for t in sep.tested()],
         lifts=sep.lifts, leaders=lead.chosen, interpolation_direction=[str(v) for v in h])
     return Transformer(d=dataset.d, attention="hardmax", blocks=blocks, exact=exact,
+                       record=record)
+
+
+def compile_keyed(dataset: Dataset, inputs, targets, exact: bool, seed: int, progress: bool,
+                  width: int) -> Transformer:
+    """The keyed hardmax model (docs/keyed.md), wider than the data by its own coordinates;
+    NotKeyable where no cap isolates a token or no multipliers separate the holders of a
+    tag."""
+    built = keyed.build(inputs, targets, dataset.target_lengths, exact, width, seed, progress)
+    record = Construction(
+        kind="hardmax", seed=seed, N=dataset.N, sum_m=dataset.total_m, R=built.R,
+        phases=[Span(name, a, b) for name, a, b in built.phases],
+        keyed={"coordinates": built.code["coordinates"], "weight": built.code["weight"],
+               "tags": built.tags, "peels": built.peels, "moves": built.moves,
+               "tag_layers": built.phases[0][2], "scale": built.code["scale"]})
+    return Transformer(d=built.D, attention="hardmax", blocks=built.blocks, exact=exact,
                        record=record)

@@ -112,7 +112,7 @@ def _ff_parts(X, r, U_, b, W, etas):
     Z, z_round, z_rad = _pre_activations(X, r, U_, b)
     active, unsure = signs(Z, z_rad)
     return np.maximum(Z, 0.0), [units_radius(r, active, unsure, z_round, z_rad, W, U_, eta)
-                                for eta in etas]
+                                for eta in etas], active | unsure
 
 
 PATTERNS = 4  # undecided units per row up to which their on/off patterns are enumerated
@@ -296,7 +296,7 @@ def ff_change(X, r, U_, b, W):
     (|I + J| r for the Jacobian J of the units certainly active, grouped by activity pattern,
     plus every unit's rounding and the undecided units' spread), and of the change alone."""
     h = len(b)
-    A, (whole, alone) = _ff_parts(X, r, U_, b, W, (1.0, 0.0))
+    A, (whole, alone), _ = _ff_parts(X, r, U_, b, W, (1.0, 0.0))
     spread = rounding(np.abs(X) + A @ np.abs(W).T, h + 1)
     n = 2 * (h + X.shape[1]) + 4
     return A @ W.T, up(whole + spread, n), up(alone + spread, n)
@@ -306,10 +306,13 @@ def ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     """A whole FF layer on every row: float64 output η·X + relu(X Uᵀ + b) Wᵀ and its radius
     (as in :func:`ff_change`)."""
     d, h = X.shape[1], len(b)
-    A, (rad,) = _ff_parts(X, r, U_, b, W, (eta,))
+    A, (rad,), maybe_on = _ff_parts(X, r, U_, b, W, (eta,))
     out = eta * X + A @ W.T
-    rad += rounding(abs(eta) * np.abs(X) + A @ np.abs(W).T, h + 1)
-    return out, up(rad, 2 * (h + d) + 4)
+    rad = up(rad + rounding(abs(eta) * np.abs(X) + A @ np.abs(W).T, h + 1), 2 * (h + d) + 4)
+    if eta == 1:  # a coordinate no unit that may be on writes: x + 0, exactly, in both
+        untouched = (maybe_on.astype(np.float64) @ (W != 0).T.astype(np.float64)) == 0
+        rad = np.where(untouched, r, rad)
+    return out, rad
 
 
 def jacobian_bound(r, active, W, U_, eta: float) -> np.ndarray:

@@ -28,9 +28,12 @@ def paper_bound(attention: str, N: int, sum_m: int) -> int:
 def design_bound(model: Transformer, N: int, sum_m: int, k: int | None = None) -> int | None:
     """The construction's block count with k = width/4 hats per layer (default: the model's):
     R + (1 + ⌈(M − 1)/k⌉ leader layers, 1 when M = Σm − N = 0) + ⌈Σm/k⌉, plus the softmax
-    projection; see docs/heads.md."""
+    projection; see docs/heads.md. A keyed model: its tagging layers + R + 1 + its move
+    layers (docs/keyed.md#size)."""
     if model.record is None:
         return None
+    if getattr(model.record, "keyed", None) is not None:  # docs/keyed.md#size
+        return sum(p.end - p.start for p in model.record.phases)
     k = hats_of(model) if k is None else k
     R, moves = model.record.R, sum_m - N
     extra = 1 if model.attention == "softmax" else 0
@@ -41,7 +44,7 @@ def design_bound(model: Transformer, N: int, sum_m: int, k: int | None = None) -
 def width_bounds(model: Transformer, N: int, sum_m: int) -> tuple[int | None, int | None]:
     """The width-4 bound L₄ (this build's R) and the target R + ⌈(L₄ − R)/k⌉."""
     L4 = design_bound(model, N, sum_m, k=1)
-    if L4 is None:
+    if L4 is None or model.record.keyed is not None:  # no hats: the bound does not apply
         return None, None
     R = model.record.R
     return L4, R + -(-(L4 - R) // hats_of(model))

@@ -1,0 +1,668 @@
+"""Keyed set models: hardmax models whose every gadget after the first reads exact small numbers.
+
+The hat construction (docs/hardmax.md) reads every gadget on a projected line whose gaps shrink
+like 1/(number of points)², and a hat is zero beyond its window only because large ReLU terms
+cancel, which they do to rounding alone. A keyed model reads the data once, with one-sided
+caps, and from then on works in coordinates of its own holding small integers times powers of
+two, which every binary format represents and adds exactly (docs/keyed.md):
+
+1. **Tagging.** A cap relu(s·(f·x − b) − M·marks) fires at one token, extreme in direction f
+   among the tokens not yet marked; a clip of its value then writes the token's *code*, a word
+   of {−1, 0, 1}^q of weight w times C, exactly. Tokens in the way of the next tags are marked
+   by a cap alone (a *peel*).
+2. **Separation.** Round r sets a height on its tagged test token; a rank-one hardmax head adds
+   λ_r·[the sequence holds the test] to two signature coordinates.
+3. **Collapse.** One hardmax head (A = I + a·cᵀ, V = I, ρ = 0): every tagged token attends to
+   itself, every other token to the tagged token of its sequence with the highest priority
+   (a linear function of the code). Each sequence is now a set of copies of its tagged tokens.
+4. **Moves.** One ReLU per (tagged token, sequence): it reads the code and the signature and
+   writes target − token, and sets every coordinate of the model's own to 0.
+
+Every inactive unit adds exactly 0 and every active one after the caps computes its argument
+without rounding, so a float32 pass errs only in the data it reads and in its one write of
+target − token (docs/numerics.md#keyed-models).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from itertools import combinations
+
+import numpy as np
+from tqdm import tqdm
+
+from ..model import SA, Block, ScoreMatrix, ValueMatrix
+from ..numbers import num, safe_floats, zeros
+from .gadgets import balanced_ff, power_of_two_below
+from .generic import ConstructionError
+from .separation import TokenTable
+
+SIGNATURE_BITS = 16  # signatures below 2^16: every move's argument is exact in float32
+MAX_PRIORITY = 1 << 22  # priorities (balanced ternary values of codes) exact in float32
+DRAWS = 64  # multiplier draws tried before giving up
+EXPOSED = 2.0 ** -30  # a cap needs a margin of at least this much of the data's extent
+
+
+class NotKeyable(ConstructionError):
+    """The keyed construction does not apply to these data; the hat construction does."""
+
+
+# ----------------------------------------------------------------------------- coordinates
+@dataclass(frozen=True)
+class Layout:
+    """Where the model's own coordinates sit after the d data coordinates."""
+
+    d: int
+    slots: int  # cap outputs awaiting their clip, ``slots`` per parity of the layer index
+    q: int  # code length
+
+    @property
+    def one(self) -> int:
+        return self.d
+
+    @property
+    def height(self) -> int:
+        return self.d + 1
+
+    @property
+    def sigma(self) -> tuple[int, int]:
+        return self.d + 2, self.d + 3
+
+    @property
+    def mark(self) -> int:
+        return self.d + 4
+
+    def slot(self, layer: int, i: int) -> int:
+        return self.d + 5 + (layer % 2) * self.slots + i
+
+    @property
+    def code(self) -> slice:
+        start = self.d + 5 + 2 * self.slots
+        return slice(start, start + self.q)
+
+    @property
+    def D(self) -> int:
+        return self.d + 5 + 2 * self.slots + self.q
+
+
+# ----------------------------------------------------------------------------- codes
+def code_book(n: int) -> tuple[np.ndarray, int, int]:
+    """n distinct words of {−1, 0, 1}^q with w nonzero entries whose last nonzero entry is +1
+    (so their balanced-ternary value, the priority, is positive), q and w smallest."""
+    q = 1
+    while True:
+        for w in range(1, q + 1):
+            if math.comb(q, w) << (w - 1) >= n:
+                return _words(n, q, w), q, w
+        q += 1
+
+
+def _words(n: int, q: int, w: int) -> np.ndarray:
+    signs = 1 - 2 * ((np.arange(1 << (w - 1))[:, None] >> np.arange(w)[None, :]) & 1)
+    signs[:, -1] = 1  # the last nonzero entry positive
+    out = np.zeros((n, q), dtype=np.int64)
+    k = 0
+    for support in combinations(range(q), w):
+        take = min(len(signs), n - k)
+        out[k:k + take, list(support)] = signs[:take]
+        k += take
+        if k == n:
+            break
+    return out
+
+
+def priorities(words: np.ndarray) -> np.ndarray:
+    """Each word's balanced-ternary value Σ 3^c·ς_c: distinct for distinct words, positive."""
+    return words @ (3 ** np.arange(words.shape[1], dtype=np.int64))
+
+
+# ----------------------------------------------------------------------------- the plan
+@dataclass
+class Cap:
+    """A cap at table token ``token``: direction f, threshold b (f·x_t − b is half its margin
+    g, every other unmarked token at or below −g/2) and the scale s, a power of two with
+    s·g/2 ∈ [1, 2)."""
+
+    token: int
+    f: np.ndarray
+    b: object
+    s: object
+    top: object  # the largest f·x over all tokens
+
+
+@dataclass
+class Plan:
+    """What the keyed construction will build, decided on the data before any layer."""
+
+    steps: list[tuple[list[Cap], list[Cap]]]  # per exposure step: (tags, peels)
+    leader_tags: list[int]  # table tokens whose copies become leaders
+    rounds: list[list[int]]  # per separation round its tests, lowest height first
+    reps: np.ndarray  # representative sequence of each sequence (equal input sets)
+
+
+def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, progress: bool
+         ) -> Plan:
+    """Choose the tagged tokens (every sequence holds at least m_j leader tags), the tests
+    that separate the sequences sharing a leader tag, and the order of caps that tags them."""
+    seqs = table.seqs()
+    reps = _representatives(seqs)
+    owners = _owners(table, reps)
+    X = safe_floats(table.points).astype(float)
+    unmarked = np.ones(len(X), dtype=bool)
+    need = np.array([m[j] if reps[j] == j else 0 for j in range(table.N)])
+    chosen: list[int] = []
+    steps: list = []
+    bar = tqdm(total=int(need.sum()), desc="keyed: leader tags", disable=not progress)
+    while need.any():
+        caps = _exposed(X, unmarked, table.points, exact)
+        useful = [c for c in caps if need[owners[c.token]].any()]
+        tags = _cover(useful, owners, need, seqs)
+        bar.update(sum(1 for _ in tags))
+        chosen += [c.token for c in tags]
+        tagged = {c.token for c in tags}
+        peels = [c for c in caps if c.token not in tagged] if need.any() else []
+        if not tags and not peels:
+            raise NotKeyable("no token can be isolated by a cap (data too close together)")
+        steps.append((tags, peels))
+        unmarked[[c.token for c in tags + peels]] = False
+    bar.close()
+    rounds = _tests(chosen, owners, seqs, per_round)
+    tests = [t for r in rounds for t in r]
+    wanted = set(tests)  # a test that was peeled is tagged instead, by the same cap
+    steps = [(tags + [c for c in peels if c.token in wanted],
+              [c for c in peels if c.token not in wanted]) for tags, peels in steps]
+    done = {c.token for tags, _ in steps for c in tags}
+    missing = [t for t in dict.fromkeys(tests) if t not in done]
+    while missing:
+        caps = _exposed(X, unmarked, table.points, exact)
+        tags = [c for c in caps if c.token in set(missing)]
+        peels = [] if tags else caps
+        if not tags and not peels:
+            raise NotKeyable("no token can be isolated by a cap (data too close together)")
+        steps.append((tags, peels))
+        unmarked[[c.token for c in tags + peels]] = False
+        missing = [t for t in missing if t not in {c.token for c in tags}]
+    return Plan(steps, chosen, rounds, reps)
+
+
+def _representatives(seqs: list[np.ndarray]) -> np.ndarray:
+    """For each sequence, the first sequence with the same set of tokens (whose targets are
+    the same set: contradictory duplicates are refused by the data rules)."""
+    first: dict[frozenset, int] = {}
+    return np.array([first.setdefault(frozenset(s.tolist()), j) for j, s in enumerate(seqs)])
+
+
+def _owners(table: TokenTable, reps: np.ndarray) -> list[np.ndarray]:
+    """For each table token, the representative sequences holding it."""
+    keep = reps[table.seq_of] == table.seq_of
+    tok, seq = table.token_of[keep], table.seq_of[keep]
+    order = np.argsort(tok, kind="stable")
+    tok, seq = tok[order], seq[order]
+    cuts = np.searchsorted(tok, np.arange(len(table.points) + 1))
+    return [seq[cuts[t]:cuts[t + 1]] for t in range(len(table.points))]
+
+
+def _exposed(X: np.ndarray, unmarked: np.ndarray, points: np.ndarray, exact: bool
+             ) -> list[Cap]:
+    """A cap for every unmarked token that is extreme among the unmarked ones, widest margin
+    (relative to |f| and the data's extent) first. The direction is x_t − p with p the point
+    of the other tokens' hull nearest to x_t, approached by a few steps of Gilbert's
+    algorithm from their centroid: the cap of widest margin has that direction."""
+    ids = np.flatnonzero(unmarked)
+    if len(ids) == 1:  # alone: any direction, the marks keep the others below the cap
+        f = np.zeros(X.shape[1])
+        f[0] = 1.0
+        return [_cap(int(ids[0]), f, points, ids, exact)]
+    P = X[ids]
+    found = []
+    for lo in range(0, len(ids), 1024):
+        own = np.arange(lo, min(lo + 1024, len(ids)))
+        F, rel = _gilbert(P, own)
+        found += [(-rel[i], int(ids[own[i]]), F[i]) for i in np.flatnonzero(rel > EXPOSED)]
+    found.sort(key=lambda c: c[0])
+    caps = [_cap(t, f, points, ids, exact) for _, t, f in found]
+    return [c for c in caps if c is not None]
+
+
+GILBERT_STEPS = 12
+
+
+def _gilbert(P: np.ndarray, own: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For the rows ``own`` of P: a direction f = x − p (p near the point of the hull of the
+    other rows closest to x) and the margin (f·x − max over the others of f·y) / (|f|·extent)."""
+    x = P[own]
+    p = np.broadcast_to(P.mean(axis=0), x.shape).copy()
+    extent = float(np.abs(P).max(initial=0.0)) or 1.0
+    rows = np.arange(len(own))
+    for step in range(GILBERT_STEPS + 1):
+        F = x - p
+        G = F @ P.T
+        mine = G[rows, own].copy()
+        G[rows, own] = -np.inf
+        best = np.argmax(G, axis=1)
+        if step == GILBERT_STEPS:
+            break
+        y = P[best]
+        dy = y - p
+        with np.errstate(invalid="ignore", divide="ignore"):
+            gamma = np.clip(np.einsum("ij,ij->i", F, dy) / np.einsum("ij,ij->i", dy, dy), 0, 1)
+        p = p + np.nan_to_num(gamma)[:, None] * dy
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel = (mine - G[rows, best]) / (np.linalg.norm(F, axis=1) * extent)
+    return F, np.nan_to_num(rel, nan=-1.0)
+
+
+def _cap(t: int, f_float: np.ndarray, points: np.ndarray, ids: np.ndarray, exact: bool
+         ) -> Cap | None:
+    """The cap of token t in direction f (rounded to 20 significant bits per entry) against the
+    unmarked tokens ``ids``, its margin recomputed in the model's arithmetic; None if the
+    rounded direction loses the margin."""
+    scale = 2.0 ** (20 - math.frexp(float(np.abs(f_float).max()))[1])
+    f = np.round(f_float * scale) / scale
+    if exact:
+        f = np.array([Fraction(v) for v in f], dtype=object)
+    values = points @ f
+    own = values[t]
+    others = values[ids[ids != t]]
+    second = others.max() if len(others) else own - 1
+    g = own - second
+    if not g > 0:
+        return None
+    b = own - g / 2
+    s = power_of_two_below(num(4, exact) / g)  # s·g/2 ∈ (1, 2]
+    return Cap(t, f, b, s, values.max())
+
+
+def _cover(caps: list[Cap], owners: list[np.ndarray], need: np.ndarray,
+           seqs: list[np.ndarray]) -> list[Cap]:
+    """Greedily the caps whose tokens serve the most sequences still short of leader tags
+    (fewest other holders on a tie); ``need`` is lowered in place."""
+    pool = {c.token: c for c in caps}
+    out = []
+    while pool:
+        best = max(pool, key=lambda t: (int((need[owners[t]] > 0).sum()), -len(owners[t])))
+        if not (need[owners[best]] > 0).any():
+            break
+        out.append(pool.pop(best))
+        need[owners[best]] = np.maximum(need[owners[best]] - 1, 0)
+    return out
+
+
+def _tests(tags: list[int], owners: list[np.ndarray], seqs: list[np.ndarray],
+           per_round: int) -> list[list[int]]:
+    """Separation rounds of up to ``per_round`` tests at heights 1, 2, …: a sequence's outcome
+    in a round is the height of the highest test it holds (0 if none). Pairs of sequences
+    holding a common leader tag must end with different outcomes in some round. Each test is
+    greedily the token in the most symmetric differences of pairs the round has not told apart
+    yet (a leader tag wins a tie: it needs no tag of its own); a further test joins a round
+    only if the round then tells more pairs apart (a higher test held by both sequences of a
+    pair undoes its split). The first test of a round tells at least one pair apart, so the
+    rounds end."""
+    pairs = sorted({(int(a), int(b)) for t in tags for a, b in combinations(owners[t], 2)})
+    if not pairs:
+        return []
+    P = np.array(pairs)
+    sets = [set(s.tolist()) for s in seqs]
+    diffs = [np.fromiter(sets[a] ^ sets[b], dtype=np.int64) for a, b in P]
+    score = np.zeros(len(owners), dtype=np.int64)
+    for dlt in diffs:
+        np.add.at(score, dlt, 1)
+    bonus = np.zeros(len(owners), dtype=np.int64)
+    bonus[tags] = 1
+    alive = np.ones(len(P), dtype=bool)
+    rounds = []
+    while alive.any():
+        outcome = np.zeros(len(seqs), dtype=np.int64)
+        split = np.zeros(len(P), dtype=bool)
+        tests: list[int] = []
+        while len(tests) < per_round:
+            t = int(np.argmax(np.where(np.isin(np.arange(len(score)), tests), -1,
+                                       score * 2 + bonus)))
+            if t in tests or score[t] <= 0:
+                break
+            trial = outcome.copy()
+            trial[owners[t]] = len(tests) + 1
+            now = alive & (trial[P[:, 0]] != trial[P[:, 1]])
+            if tests and now.sum() <= split.sum():
+                break
+            for k in np.flatnonzero(now & ~split):
+                np.subtract.at(score, diffs[k], 1)
+            for k in np.flatnonzero(split & ~now):
+                np.add.at(score, diffs[k], 1)
+            outcome, split = trial, now
+            tests.append(t)
+        alive &= ~split
+        rounds.append(tests)
+    return rounds
+
+
+# ----------------------------------------------------------------------------- building
+@dataclass
+class Built:
+    """The keyed model's blocks and what the record keeps of them."""
+
+    blocks: list[Block]
+    D: int
+    phases: list[tuple[str, int, int]]
+    tags: int
+    peels: int
+    moves: int
+    R: int
+    code: dict
+
+
+def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exact: bool,
+          width: int, seed: int, progress: bool = False) -> Built:
+    """The keyed hardmax model of the data (docs/keyed.md); NotKeyable where it does not
+    apply."""
+    table = TokenTable.build(inputs)
+    p = plan(table, m, exact, width - 1, progress)
+    tested = [t for r in p.rounds for t in r]
+    every_tag = p.leader_tags + [t for t in dict.fromkeys(tested) if t not in
+                                 set(p.leader_tags)]
+    words, q, w = code_book(len(every_tag))
+    if priorities(words).max() >= MAX_PRIORITY:
+        raise NotKeyable(f"{len(every_tag)} tags need priorities beyond float32's integers")
+    word = dict(zip(every_tag, words, strict=True))
+    k = width // 4
+    lay = Layout(table.points.shape[1], min(k, 4), q)
+    sigma = _signatures(table, p, seed)
+    scales = _Scales.of(table.points, q, w, int(sigma.values.max(initial=0)), exact)
+    tag_layers = _tagging(p, lay, word, scales, width, exact)
+    rounds = _rounds(p, lay, word, scales, sigma.lam, exact)
+    collapse = Block(None, _collapse(lay, scales, exact))
+    moves = _moves(table, p, lay, word, scales, sigma, targets, width, exact)
+    blocks = tag_layers + rounds + [collapse] + moves
+    a, b = len(tag_layers), len(tag_layers) + len(rounds)
+    phases = [("tagging", 0, a), ("separation", a, b), ("collapse", b, b + 1),
+              ("interpolation", b + 1, len(blocks))]
+    peels = sum(len(pe) for _, pe in p.steps)
+    return Built(blocks, lay.D, phases, len(every_tag), peels, sigma.moves, len(p.rounds),
+                 {"coordinates": q, "weight": w, "scale": str(scales.C)})
+
+
+@dataclass
+class _Scales:
+    """Powers of two: C the code scale, M the priority weight and the signature unit
+    (signatures are stored as integers times it, at most 1)."""
+
+    C: object
+    M: object
+    sig_unit: object
+    w: int
+
+    @classmethod
+    def of(cls, points: np.ndarray, q: int, w: int, top_sigma: int, exact: bool) -> _Scales:
+        top = float(np.max(np.linalg.norm(safe_floats(points).astype(float), axis=1),
+                           initial=0.0))
+        if not math.isfinite(top):
+            raise NotKeyable("tokens too large for float64")
+        B = top * top + 8  # bounds |state|² outside the code coordinates (docs/keyed.md)
+        two = num(2, exact)
+        M = two ** math.ceil(math.log2(4 * B))
+        pmax = (3 ** q - 1) // 2
+        C = two ** math.ceil(math.log2(2 * (2 * B + float(M) * pmax)) / 2)
+        return cls(C, M, two ** -math.ceil(math.log2(top_sigma + 1)), w)
+
+
+@dataclass
+class _Signatures:
+    lam: np.ndarray  # R × 2 integer multipliers
+    values: np.ndarray  # N × 2 integer signatures (representatives' rows are used)
+    moves: int
+
+
+def _signatures(table: TokenTable, p: Plan, seed: int) -> _Signatures:
+    """Multipliers λ_r (two per round, integers in [1, top]) such that the sequences holding a
+    common leader tag get distinct signature pairs Σ_r λ_r·[test r held], each below 2^16;
+    top is doubled from 2 until a draw works."""
+    R = len(p.rounds)
+    held = np.zeros((table.N, R), dtype=np.int64)  # each sequence's outcome per round
+    for r, tests in enumerate(p.rounds):
+        for height, t in enumerate(tests, start=1):
+            held[table.seq_of[table.token_of == t], r] = height
+    owners = _owners(table, p.reps)
+    rng = np.random.default_rng(seed)
+    tallest = max((len(r) for r in p.rounds), default=1)
+    top, limit = 1, max(1, ((1 << SIGNATURE_BITS) - 1) // (max(R, 1) * tallest))
+    while True:  # the smallest range that works: small signatures keep the moves' weights small
+        top = min(2 * top, limit)
+        for _ in range(DRAWS // 8 if top < limit else DRAWS):
+            lam = rng.integers(1, top + 1, size=(R, 2))
+            values = held @ lam
+            if all(len({tuple(v) for v in values[owners[t]]}) == len(owners[t])
+                   for t in p.leader_tags):
+                moves = sum(len(owners[t]) for t in p.leader_tags)
+                return _Signatures(lam, values, moves)
+        if top == limit:
+            break
+    raise NotKeyable(f"no multipliers among {DRAWS} draws told apart the holders of a tag")
+
+
+def _ff(units: list[tuple[np.ndarray, object, np.ndarray]], exact: bool):
+    U = np.array([u for u, _, _ in units], dtype=object if exact else float)
+    b = np.array([c for _, c, _ in units], dtype=object if exact else float)
+    W = np.array([v for _, _, v in units], dtype=object if exact else float).T.copy()
+    return balanced_ff(U, b, W, num(1, exact), exact)
+
+
+def _vec(D: int, entries: dict, exact: bool) -> np.ndarray:
+    v = zeros(D, exact)
+    for i, x in entries.items():
+        v[i] = num(x, exact) if not isinstance(x, (Fraction, float)) else x
+    return v
+
+
+def _tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: bool
+             ) -> list[Block]:
+    """The tagging layers: the unit writing 1 to the ``one`` coordinate, then per exposure
+    step its tags (a cap to a slot, then a clip to the code and the mark, and the slot reset,
+    one layer later) and its peels (a cap to the mark)."""
+    D = lay.D
+    layers: list[list] = [[(zeros(D, exact), num(1, exact), _vec(D, {lay.one: 1}, exact))]]
+    slots_used: list[int] = [0]
+    exclude = [lay.mark] + [lay.slot(par, i) for par in (0, 1) for i in range(lay.slots)]
+    layer = 0
+    for tags, peels in p.steps:
+        last = layer
+        for cap, is_tag in [(c, True) for c in tags] + [(c, False) for c in peels]:
+            while True:
+                while len(layers) <= layer + 1:
+                    layers.append([])
+                    slots_used.append(0)
+                if is_tag and (slots_used[layer] >= lay.slots or len(layers[layer]) >= width
+                               or len(layers[layer + 1]) + 3 > width):
+                    layer += 1
+                    continue
+                if not is_tag and len(layers[layer]) >= width:
+                    layer += 1
+                    continue
+                break
+            M = _exclusion(cap, sc, exact)
+            u = zeros(D, exact)
+            u[:lay.d] = cap.f * cap.s
+            for i in exclude:
+                u[i] = -M
+            if is_tag:
+                slot = lay.slot(layer, slots_used[layer])
+                slots_used[layer] += 1
+                layers[layer].append((u, -cap.b * cap.s, _vec(D, {slot: 1}, exact)))
+                layers[layer + 1] += _clip(slot, lay, word[cap.token], sc, exact)
+            else:
+                layers[layer].append((u, -cap.b * cap.s, _vec(D, {lay.mark: 1}, exact)))
+            last = max(last, layer)
+        layer = last + 1
+    while layers and not layers[-1]:
+        layers.pop()
+    return [Block(_ff(units, exact), None) for units in layers]
+
+
+def _exclusion(cap: Cap, sc: _Scales, exact: bool):
+    """M: a power of two with s·(largest f·x − b) − M·¾ ≤ −1, so that a marked token (mark or
+    slot ≥ ¾) is below the cap."""
+    reach = cap.s * (cap.top - cap.b) + 1
+    return power_of_two_below(reach * 4) * 2 if reach > 0 else num(1, exact)
+
+
+def _clip(slot: int, lay: Layout, word: np.ndarray, sc: _Scales, exact: bool) -> list:
+    """relu(2v − ½) − relu(2v − 3/2) times (code, mark), exactly 1 times them for a slot value
+    v ≥ ¾ and 0 for v = 0, and relu(v) times −e_slot, which sets the slot back to 0."""
+    D = lay.D
+    out = _vec(D, {lay.mark: 1}, exact)
+    out[lay.code] = np.array([num(int(c), exact) for c in word], dtype=out.dtype) * sc.C
+    two = _vec(D, {slot: 2}, exact)
+    half = num(Fraction(1, 2), exact)
+    return [(two, -half, out), (two, -3 * half, -out),
+            (_vec(D, {slot: 1}, exact), num(0, exact), _vec(D, {slot: -1}, exact))]
+
+
+def _code_reader(lay: Layout, word: np.ndarray, sc: _Scales, weight, exact: bool) -> np.ndarray:
+    """The row weight·(ς·z_code)/C: weight·w at the token with code ς, ≤ weight·(w − 1) at any
+    other code and 0 where there is none."""
+    u = zeros(lay.D, exact)
+    u[lay.code] = np.array([num(int(c), exact) for c in word], dtype=u.dtype) * (weight / sc.C)
+    return u
+
+
+def _rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exact: bool
+            ) -> list[Block]:
+    """Round r: clear the previous round's heights, set height i on its i-th test (erasing, at
+    its last round, the code of a test that is no leader tag); then σ += λ_r·(largest height
+    in the sequence) (docs/keyed.md#separation)."""
+    D = lay.D
+    leaders = set(p.leader_tags)
+    last_use = {t: r for r, tests in enumerate(p.rounds) for t in tests}
+    two = num(2, exact)
+    blocks = []
+    for r, tests in enumerate(p.rounds):
+        units = []
+        for height, t in enumerate(tests, start=1):
+            out = _vec(D, {lay.height: height}, exact)
+            if t not in leaders and last_use[t] == r:
+                out[lay.code] = -np.array([num(int(c), exact) for c in word[t]],
+                                          dtype=out.dtype) * sc.C
+            units.append((_code_reader(lay, word[t], sc, two, exact), 1 - two * sc.w, out))
+        if r > 0:
+            units.append((_vec(D, {lay.height: 1}, exact), num(0, exact),
+                          _vec(D, {lay.height: -1}, exact)))
+        sa = SA(num(1, exact),
+                ScoreMatrix(num(0, exact), _vec(D, {lay.height: 1}, exact),
+                            _vec(D, {lay.one: 1}, exact)),
+                ValueMatrix(num(0, exact),
+                            _vec(D, {lay.sigma[0]: int(lam[r, 0]) * sc.sig_unit,
+                                     lay.sigma[1]: int(lam[r, 1]) * sc.sig_unit}, exact),
+                            _vec(D, {lay.height: 1}, exact)))
+        blocks.append(Block(_ff(units, exact), sa))
+    return blocks
+
+
+def _collapse(lay: Layout, sc: _Scales, exact: bool) -> SA:
+    """ρ = 0, V = I, scores ⟨x_i, x_l⟩ + M·priority_l (the query's ``one`` is 1): a tagged
+    token's own code term C²·w beats every other score; an untagged token's best is the
+    tagged token of highest priority in its sequence (docs/keyed.md#collapse)."""
+    a = zeros(lay.D, exact)
+    a[lay.code] = np.array([num(3 ** c, exact) for c in range(lay.q)], dtype=a.dtype) \
+        * (sc.M / sc.C)
+    return SA(num(0, exact), ScoreMatrix(num(1, exact), a, _vec(lay.D, {lay.one: 1}, exact)),
+              ValueMatrix(num(1, exact), zeros(lay.D, exact), zeros(lay.D, exact)))
+
+
+def _moves(table: TokenTable, p: Plan, lay: Layout, word: dict, sc: _Scales,
+           sig: _Signatures, targets: list[np.ndarray], width: int, exact: bool) -> list[Block]:
+    """One unit per (leader tag, holding sequence), the holders of a tag taken from the
+    largest g·σ down, so that each unit fires at its own state alone (docs/keyed.md#moves);
+    it writes target − token and sets the model's own coordinates to 0."""
+    owners = _owners(table, p.reps)
+    orders = {t: list(_hull_batches(sig.values[owners[t]], owners[t])) for t in p.leader_tags}
+    reach = max((sum(map(abs, g)) for batches in orders.values() for batch in batches
+                 for _, g in batch), default=1)
+    top = int(np.abs(sig.values).max(initial=0))
+    K = num(2, exact) ** math.ceil(math.log2(2 * reach * top + 2))  # beats any g·Δσ term
+    slot_of = _target_slots(table, p, targets)
+    last = {t: h for h, t in enumerate(p.rounds[-1], start=1)} if p.rounds else {}
+    queues = []
+    for t in p.leader_tags:
+        queue = []
+        for batch in orders[t]:
+            queue.append([_move_unit(lay, word[t], sc, K, g, sig.values[j],
+                                     targets[j][slot_of[(j, t)]] - table.points[t],
+                                     last.get(t, 0), exact) for j, g in batch])
+        queues.append(queue)
+    return [Block(_ff(units, exact), None) for units in _schedule(queues, width)]
+
+
+def _move_unit(lay: Layout, word: np.ndarray, sc: _Scales, K, g, sigma, move, height,
+               exact: bool):
+    """The unit of one (tag, sequence) state: K·(ς·code/C − w) + 2·g·(σ − σ_j) + 1 is 1 at
+    it and ≤ −1 at every other state present; it adds ``move`` to the data coordinates and
+    sets code, signature, one, mark and height to 0."""
+    u = _code_reader(lay, word, sc, K, exact)
+    for c, gc in zip(lay.sigma, g, strict=True):
+        u[c] = num(2 * gc, exact) / sc.sig_unit
+    bias = num(1 - 2 * int(np.dot(g, sigma)), exact) - K * sc.w
+    out = zeros(lay.D, exact)
+    out[:lay.d] = move
+    out[lay.code] = -np.array([num(int(c), exact) for c in word], dtype=out.dtype) * sc.C
+    out[lay.one] = out[lay.mark] = num(-1, exact)
+    out[lay.height] = num(-height, exact)
+    for c, v in zip(lay.sigma, sigma, strict=True):
+        out[c] = -num(int(v), exact) * sc.sig_unit
+    return u, bias, out
+
+
+def _target_slots(table: TokenTable, p: Plan, targets: list[np.ndarray]) -> dict:
+    """(sequence, leader tag) → the index of its target: the sequence's leader tags in order
+    take its targets in order, cyclically (a sequence holds at least m_j of them)."""
+    leaders = set(p.leader_tags)
+    out = {}
+    for j, s in enumerate(table.seqs()):
+        if p.reps[j] == j:
+            mine = [t for t in s.tolist() if t in leaders]
+            out.update({(j, t): i % len(targets[j]) for i, t in enumerate(mine)})
+    return out
+
+
+def _schedule(queues: list[list[list]], width: int) -> list[list]:
+    """Layers of at most ``width`` units. Each queue is one tag's batches: the units of a batch
+    may share a layer (each fires at its own state alone while the batch's states are all
+    present), but a batch starts only after the one before it has acted. Longest queues
+    first."""
+    layers = []
+    while any(queues):
+        layer: list = []
+        for q in sorted((q for q in queues if q), key=lambda q: -sum(map(len, q))):
+            take = q[0][:width - len(layer)]
+            layer += take
+            del q[0][:len(take)]
+            if not q[0]:
+                q.pop(0)
+            if len(layer) == width:
+                break
+        layers.append(layer)
+    return layers
+
+
+DIRECTIONS = sorted(((a, b) for a in range(-4, 5) for b in range(-4, 5)
+                     if (a, b) != (0, 0) and math.gcd(a, b) == 1),
+                    key=lambda g: (abs(g[0]) + abs(g[1]), g))
+
+
+def _hull_batches(values: np.ndarray, owners: np.ndarray):
+    """Batches of (sequence, g): each pair of a batch is the unique largest g·σ over the pairs
+    not yet taken (before the batch), g a small integer direction (smallest |g|₁ first), so
+    the batch's units can act in one layer. Every finite set has such a pair (a vertex of its
+    hull), but a vertex whose cone of directions is narrow may need a larger g than these."""
+    left = list(range(len(owners)))
+    while left:
+        batch: dict[int, tuple] = {}
+        for g in DIRECTIONS:
+            proj = values[left] @ np.array(g)
+            if (proj == proj.max()).sum() == 1:
+                batch.setdefault(left[int(np.argmax(proj))], g)
+        if not batch:
+            raise NotKeyable("two holders of a tag have signatures that no small integer "
+                             "direction orders")
+        yield [(int(owners[i]), g) for i, g in batch.items()]
+        left = [i for i in left if i not in batch]
