@@ -158,13 +158,12 @@ def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, progress:
     while need.any():
         caps = _exposed(X, unmarked, table.points, exact)
         useful = [c for c in caps if need[owners[c.token]].any()]
-        tags = _cover(useful, owners, need, seqs)
-        bar.update(sum(1 for _ in tags))
+        before = int(need.sum())
+        tags = _cover(useful, owners, need)
+        bar.update(before - int(need.sum()))
         chosen += [c.token for c in tags]
         tagged = {c.token for c in tags}
         peels = [c for c in caps if c.token not in tagged] if need.any() else []
-        if not tags and not peels:
-            raise NotKeyable("no token can be isolated by a cap (data too close together)")
         steps.append((tags, peels))
         unmarked[[c.token for c in tags + peels]] = False
     bar.close()
@@ -179,8 +178,6 @@ def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, progress:
         caps = _exposed(X, unmarked, table.points, exact)
         tags = [c for c in caps if c.token in set(missing)]
         peels = [] if tags else caps
-        if not tags and not peels:
-            raise NotKeyable("no token can be isolated by a cap (data too close together)")
         steps.append((tags, peels))
         unmarked[[c.token for c in tags + peels]] = False
         missing = [t for t in missing if t not in {c.token for c in tags}]
@@ -222,8 +219,23 @@ def _exposed(X: np.ndarray, unmarked: np.ndarray, points: np.ndarray, exact: boo
         F, rel = _gilbert(P, own)
         found += [(-rel[i], int(ids[own[i]]), F[i]) for i in np.flatnonzero(rel > EXPOSED)]
     found.sort(key=lambda c: c[0])
-    caps = [_cap(t, f, points, ids, exact) for _, t, f in found]
-    return [c for c in caps if c is not None]
+    caps = [c for c in (_cap(t, f, points, ids, exact) for _, t, f in found) if c is not None]
+    return caps or [_farthest_cap(points, ids, exact)]
+
+
+def _farthest_cap(points: np.ndarray, ids: np.ndarray, exact: bool) -> Cap:
+    """The cap of the unmarked token farthest from their centroid c, in direction x − c
+    unrounded: |y − c| ≤ |x − c| gives (y − c)·(x − c) < |x − c|² for every other y, so its
+    margin is positive in any data (it may be small)."""
+    P = points[ids]
+    c = P.sum(axis=0) / len(ids)
+    far = max(range(len(ids)), key=lambda i: float(np.dot(P[i] - c, P[i] - c)))
+    t = int(ids[far])
+    f = P[far] - c
+    values = points @ f
+    g = values[t] - max(values[i] for i in ids if i != t)
+    b = values[t] - g / 2
+    return Cap(t, f, b, power_of_two_below(num(4, exact) / g), values.max())
 
 
 GILBERT_STEPS = 12
@@ -275,8 +287,7 @@ def _cap(t: int, f_float: np.ndarray, points: np.ndarray, ids: np.ndarray, exact
     return Cap(t, f, b, s, values.max())
 
 
-def _cover(caps: list[Cap], owners: list[np.ndarray], need: np.ndarray,
-           seqs: list[np.ndarray]) -> list[Cap]:
+def _cover(caps: list[Cap], owners: list[np.ndarray], need: np.ndarray) -> list[Cap]:
     """Greedily the caps whose tokens serve the most sequences still short of leader tags
     (fewest other holders on a tie); ``need`` is lowered in place."""
     pool = {c.token: c for c in caps}
@@ -652,8 +663,8 @@ DIRECTIONS = sorted(((a, b) for a in range(-4, 5) for b in range(-4, 5)
 def _hull_batches(values: np.ndarray, owners: np.ndarray):
     """Batches of (sequence, g): each pair of a batch is the unique largest g·σ over the pairs
     not yet taken (before the batch), g a small integer direction (smallest |g|₁ first), so
-    the batch's units can act in one layer. Every finite set has such a pair (a vertex of its
-    hull), but a vertex whose cone of directions is narrow may need a larger g than these."""
+    the batch's units can act in one layer. A set none of these orders (every vertex of its
+    hull with a narrow cone of directions) gives its lexicographic largest pair alone."""
     left = list(range(len(owners)))
     while left:
         batch: dict[int, tuple] = {}
@@ -661,8 +672,10 @@ def _hull_batches(values: np.ndarray, owners: np.ndarray):
             proj = values[left] @ np.array(g)
             if (proj == proj.max()).sum() == 1:
                 batch.setdefault(left[int(np.argmax(proj))], g)
-        if not batch:
-            raise NotKeyable("two holders of a tag have signatures that no small integer "
-                             "direction orders")
+        if not batch:  # lexicographic: (B, 1) with B above every spread of the second entry
+            spread = int(np.ptp(values[left][:, 1])) + 1
+            g = (spread, 1)
+            proj = values[left] @ np.array(g)
+            batch[left[int(np.argmax(proj))]] = g
         yield [(int(owners[i]), g) for i, g in batch.items()]
         left = [i for i in left if i not in batch]
