@@ -33,14 +33,13 @@ from itertools import combinations
 import numpy as np
 from tqdm import tqdm
 
-from ..model import SA, Block, ScoreMatrix, ValueMatrix
+from ..model import FF, SA, Block, ScoreMatrix, ValueMatrix
 from ..numbers import num, safe_floats, zeros
-from .gadgets import balanced_ff, power_of_two_below
+from .gadgets import balance_scale, power_of_two_below
 from .generic import ConstructionError
 from .separation import TokenTable
 
 SIGNATURE_BITS = 16  # signatures below 2^16: every move's argument is exact in float32
-MAX_PRIORITY = 1 << 22  # priorities (balanced ternary values of codes) exact in float32
 DRAWS = 64  # multiplier draws tried before giving up
 EXPOSED = 2.0 ** -30  # a cap needs a margin of at least this much of the data's extent
 
@@ -72,36 +71,40 @@ class Layout:
 
     @property
     def mark(self) -> int:
+        """1 exactly on a tagged token (a clip writes it)."""
         return self.d + 4
 
+    @property
+    def peel(self) -> int:
+        """A peel's cap value, in (1, 2] (inexact in floats; the collapse overwrites it)."""
+        return self.d + 5
+
     def slot(self, layer: int, i: int) -> int:
-        return self.d + 5 + (layer % 2) * self.slots + i
+        return self.d + 6 + (layer % 2) * self.slots + i
 
     @property
     def code(self) -> slice:
-        start = self.d + 5 + 2 * self.slots
+        start = self.d + 6 + 2 * self.slots
         return slice(start, start + self.q)
 
     @property
     def D(self) -> int:
-        return self.d + 5 + 2 * self.slots + self.q
+        return self.d + 6 + 2 * self.slots + self.q
 
 
 # ----------------------------------------------------------------------------- codes
 def code_book(n: int) -> tuple[np.ndarray, int, int]:
-    """n distinct words of {−1, 0, 1}^q with w nonzero entries whose last nonzero entry is +1
-    (so their balanced-ternary value, the priority, is positive), q and w smallest."""
+    """n distinct words of {−1, 0, 1}^q with w nonzero entries, q and then w smallest."""
     q = 1
     while True:
         for w in range(1, q + 1):
-            if math.comb(q, w) << (w - 1) >= n:
+            if math.comb(q, w) << w >= n:
                 return _words(n, q, w), q, w
         q += 1
 
 
 def _words(n: int, q: int, w: int) -> np.ndarray:
-    signs = 1 - 2 * ((np.arange(1 << (w - 1))[:, None] >> np.arange(w)[None, :]) & 1)
-    signs[:, -1] = 1  # the last nonzero entry positive
+    signs = 1 - 2 * ((np.arange(1 << w)[:, None] >> np.arange(w)[None, :]) & 1)
     out = np.zeros((n, q), dtype=np.int64)
     k = 0
     for support in combinations(range(q), w):
@@ -113,9 +116,23 @@ def _words(n: int, q: int, w: int) -> np.ndarray:
     return out
 
 
-def priorities(words: np.ndarray) -> np.ndarray:
-    """Each word's balanced-ternary value Σ 3^c·ς_c: distinct for distinct words, positive."""
-    return words @ (3 ** np.arange(words.shape[1], dtype=np.int64))
+def priority_direction(words: np.ndarray, groups: list[list[int]], seed: int
+                       ) -> np.ndarray:
+    """An integer vector g, entries as small as found, such that in every group of words (the
+    leader tags a sequence holds) one word has the largest g·ς: the tag its other tokens
+    collapse onto. Balanced ternary (g_c = 3^c, injective on words) when no small g does."""
+    rng = np.random.default_rng(seed)
+    q = words.shape[1]
+    for r in (1, 2, 4, 8, 16):
+        for _ in range(16):
+            g = rng.integers(-r, r + 1, size=q)
+            if all(_one_top(words[grp] @ g) for grp in groups):
+                return g
+    return 3 ** np.arange(q, dtype=np.int64)
+
+
+def _one_top(values: np.ndarray) -> bool:
+    return len(values) == 0 or int((values == values.max()).sum()) == 1
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -374,13 +391,17 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     every_tag = p.leader_tags + [t for t in dict.fromkeys(tested) if t not in
                                  set(p.leader_tags)]
     words, q, w = code_book(len(every_tag))
-    if priorities(words).max() >= MAX_PRIORITY:
-        raise NotKeyable(f"{len(every_tag)} tags need priorities beyond float32's integers")
     word = dict(zip(every_tag, words, strict=True))
+    index = {t: i for i, t in enumerate(every_tag)}
+    leaders = set(p.leader_tags)
+    groups = [[index[t] for t in s.tolist() if t in leaders]
+              for j, s in enumerate(table.seqs()) if p.reps[j] == j]
+    g = priority_direction(words[:len(p.leader_tags)], groups, seed)
     k = width // 4
     lay = Layout(table.points.shape[1], min(k, 4), q)
     sigma = _signatures(table, p, seed)
-    scales = _Scales.of(table.points, q, w, int(sigma.values.max(initial=0)), exact)
+    scales = _Scales.of(table.points, w, g, words[:len(p.leader_tags)],
+                        int(sigma.values.max(initial=0)), exact)
     tag_layers = _tagging(p, lay, word, scales, width, exact)
     rounds = _rounds(p, lay, word, scales, sigma.lam, exact)
     collapse = Block(None, _collapse(lay, scales, exact))
@@ -396,26 +417,32 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
 
 @dataclass
 class _Scales:
-    """Powers of two: C the code scale, M the priority weight and the signature unit
-    (signatures are stored as integers times it, at most 1)."""
+    """The collapse's numbers: the code scale C and priority weight M (powers of two), the
+    priority direction g on codes and the offset G on the mark (priority G + g·ς ≥ 1 on a
+    leader tag, 0 on every other token), and the signature unit (signatures are stored as
+    integers times it, at most 1). See docs/keyed.md#collapse."""
 
     C: object
     M: object
+    g: np.ndarray
+    G: int
     sig_unit: object
     w: int
 
     @classmethod
-    def of(cls, points: np.ndarray, q: int, w: int, top_sigma: int, exact: bool) -> _Scales:
+    def of(cls, points: np.ndarray, w: int, g: np.ndarray, leader_words: np.ndarray,
+           top_sigma: int, exact: bool) -> _Scales:
         top = float(np.max(np.linalg.norm(safe_floats(points).astype(float), axis=1),
                            initial=0.0))
         if not math.isfinite(top):
             raise NotKeyable("tokens too large for float64")
-        B = top * top + 8  # bounds |state|² outside the code coordinates (docs/keyed.md)
+        B = top * top + 10  # bounds |state|² outside the code coordinates (docs/keyed.md)
         two = num(2, exact)
         M = two ** math.ceil(math.log2(4 * B))
-        pmax = (3 ** q - 1) // 2
-        C = two ** math.ceil(math.log2(2 * (2 * B + float(M) * pmax)) / 2)
-        return cls(C, M, two ** -math.ceil(math.log2(top_sigma + 1)), w)
+        spread = int(np.abs(leader_words @ g).max(initial=0))
+        G = spread + 1
+        C = two ** math.ceil(math.log2(2 * (2 * B + float(M) * (G + spread))) / 2)
+        return cls(C, M, g, G, two ** -math.ceil(math.log2(top_sigma + 1)), w)
 
 
 @dataclass
@@ -452,11 +479,18 @@ def _signatures(table: TokenTable, p: Plan, seed: int) -> _Signatures:
     raise NotKeyable(f"no multipliers among {DRAWS} draws told apart the holders of a tag")
 
 
-def _ff(units: list[tuple[np.ndarray, object, np.ndarray]], exact: bool):
-    U = np.array([u for u, _, _ in units], dtype=object if exact else float)
-    b = np.array([c for _, c, _ in units], dtype=object if exact else float)
-    W = np.array([v for _, _, v in units], dtype=object if exact else float).T.copy()
-    return balanced_ff(U, b, W, num(1, exact), exact)
+def _ff(units: list[tuple[np.ndarray, object, np.ndarray]], exact: bool) -> FF:
+    """The residual layer of ``units`` (u, b, w), each balanced by its own power of two
+    (docs/numerics.md#balancing): keyed layers are no ridge windows, so nothing asks their
+    rows to stay one row."""
+    dtype = object if exact else float
+    U = np.array([u for u, _, _ in units], dtype=dtype)
+    b = np.array([c for _, c, _ in units], dtype=dtype)
+    W = np.array([v for _, _, v in units], dtype=dtype).T.copy()
+    for i in range(len(b)):
+        c = balance_scale(U[i], b[i:i + 1], W[:, i], exact)
+        U[i], b[i], W[:, i] = U[i] * c, b[i] * c, W[:, i] / c
+    return FF(num(1, exact), U, b, W)
 
 
 def _vec(D: int, entries: dict, exact: bool) -> np.ndarray:
@@ -474,7 +508,6 @@ def _tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: b
     D = lay.D
     layers: list[list] = [[(zeros(D, exact), num(1, exact), _vec(D, {lay.one: 1}, exact))]]
     slots_used: list[int] = [0]
-    exclude = [lay.mark] + [lay.slot(par, i) for par in (0, 1) for i in range(lay.slots)]
     layer = 0
     for tags, peels in p.steps:
         last = layer
@@ -491,10 +524,11 @@ def _tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: b
                     layer += 1
                     continue
                 break
-            M = _exclusion(cap, sc, exact)
+            M = _exclusion(cap, exact)
             u = zeros(D, exact)
             u[:lay.d] = cap.f * cap.s
-            for i in exclude:
+            # marked: the mark, or a slot the layer before wrote (its clip acts in this layer)
+            for i in [lay.mark, lay.peel] + [lay.slot(layer + 1, i) for i in range(lay.slots)]:
                 u[i] = -M
             if is_tag:
                 slot = lay.slot(layer, slots_used[layer])
@@ -502,7 +536,7 @@ def _tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: b
                 layers[layer].append((u, -cap.b * cap.s, _vec(D, {slot: 1}, exact)))
                 layers[layer + 1] += _clip(slot, lay, word[cap.token], sc, exact)
             else:
-                layers[layer].append((u, -cap.b * cap.s, _vec(D, {lay.mark: 1}, exact)))
+                layers[layer].append((u, -cap.b * cap.s, _vec(D, {lay.peel: 1}, exact)))
             last = max(last, layer)
         layer = last + 1
     while layers and not layers[-1]:
@@ -510,11 +544,14 @@ def _tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: b
     return [Block(_ff(units, exact), None) for units in layers]
 
 
-def _exclusion(cap: Cap, sc: _Scales, exact: bool):
-    """M: a power of two with s·(largest f·x − b) − M·¾ ≤ −1, so that a marked token (mark or
-    slot ≥ ¾) is below the cap."""
+def _exclusion(cap: Cap, exact: bool):
+    """M: the smallest power of two ≥ 1.25·(s·(largest f·x − b) + 1). A marked token has a
+    mark or slot value ≥ 1 (a cap's value s·g/2 ∈ (1, 2], or a clip's exact 1), so M·mark
+    outweighs the cap's reach by 1, with room for a float pass's rounding of the mark."""
     reach = cap.s * (cap.top - cap.b) + 1
-    return power_of_two_below(reach * 4) * 2 if reach > 0 else num(1, exact)
+    if not reach > 0:
+        return num(1, exact)
+    return power_of_two_below(reach * 5 / 4) * 2
 
 
 def _clip(slot: int, lay: Layout, word: np.ndarray, sc: _Scales, exact: bool) -> list:
@@ -551,9 +588,10 @@ def _rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exac
         units = []
         for height, t in enumerate(tests, start=1):
             out = _vec(D, {lay.height: height}, exact)
-            if t not in leaders and last_use[t] == r:
+            if t not in leaders and last_use[t] == r:  # no longer tagged
                 out[lay.code] = -np.array([num(int(c), exact) for c in word[t]],
                                           dtype=out.dtype) * sc.C
+                out[lay.mark] = num(-1, exact)
             units.append((_code_reader(lay, word[t], sc, two, exact), 1 - two * sc.w, out))
         if r > 0:
             units.append((_vec(D, {lay.height: 1}, exact), num(0, exact),
@@ -570,12 +608,13 @@ def _rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exac
 
 
 def _collapse(lay: Layout, sc: _Scales, exact: bool) -> SA:
-    """ρ = 0, V = I, scores ⟨x_i, x_l⟩ + M·priority_l (the query's ``one`` is 1): a tagged
-    token's own code term C²·w beats every other score; an untagged token's best is the
-    tagged token of highest priority in its sequence (docs/keyed.md#collapse)."""
+    """ρ = 0, V = I, scores ⟨x_i, x_l⟩ + M·priority_l with priority G·mark + g·code/C (the
+    query's ``one`` is 1): a leader tag's own code term C²·w beats every other score; an
+    untagged token's best is the leader tag of highest priority in its sequence
+    (docs/keyed.md#collapse)."""
     a = zeros(lay.D, exact)
-    a[lay.code] = np.array([num(3 ** c, exact) for c in range(lay.q)], dtype=a.dtype) \
-        * (sc.M / sc.C)
+    a[lay.code] = np.array([num(int(c), exact) for c in sc.g], dtype=a.dtype) * (sc.M / sc.C)
+    a[lay.mark] = num(sc.G, exact) * sc.M
     return SA(num(0, exact), ScoreMatrix(num(1, exact), a, _vec(lay.D, {lay.one: 1}, exact)),
               ValueMatrix(num(1, exact), zeros(lay.D, exact), zeros(lay.D, exact)))
 
@@ -587,28 +626,27 @@ def _moves(table: TokenTable, p: Plan, lay: Layout, word: dict, sc: _Scales,
     it writes target − token and sets the model's own coordinates to 0."""
     owners = _owners(table, p.reps)
     orders = {t: list(_hull_batches(sig.values[owners[t]], owners[t])) for t in p.leader_tags}
-    reach = max((sum(map(abs, g)) for batches in orders.values() for batch in batches
-                 for _, g in batch), default=1)
     top = int(np.abs(sig.values).max(initial=0))
-    K = num(2, exact) ** math.ceil(math.log2(2 * reach * top + 2))  # beats any g·Δσ term
     slot_of = _target_slots(table, p, targets)
     last = {t: h for h, t in enumerate(p.rounds[-1], start=1)} if p.rounds else {}
     queues = []
     for t in p.leader_tags:
         queue = []
         for batch in orders[t]:
-            queue.append([_move_unit(lay, word[t], sc, K, g, sig.values[j],
+            queue.append([_move_unit(lay, word[t], sc, top, g, sig.values[j],
                                      targets[j][slot_of[(j, t)]] - table.points[t],
                                      last.get(t, 0), exact) for j, g in batch])
         queues.append(queue)
     return [Block(_ff(units, exact), None) for units in _schedule(queues, width)]
 
 
-def _move_unit(lay: Layout, word: np.ndarray, sc: _Scales, K, g, sigma, move, height,
+def _move_unit(lay: Layout, word: np.ndarray, sc: _Scales, top: int, g, sigma, move, height,
                exact: bool):
     """The unit of one (tag, sequence) state: K·(ς·code/C − w) + 2·g·(σ − σ_j) + 1 is 1 at
-    it and ≤ −1 at every other state present; it adds ``move`` to the data coordinates and
-    sets code, signature, one, mark and height to 0."""
+    it and ≤ −1 at every other state present, K the smallest power of two above
+    2·|g|₁·(largest signature entry) + 1, which any other code's −K outweighs. It adds
+    ``move`` to the data coordinates and sets code, signature, one, mark and height to 0."""
+    K = num(2, exact) ** math.ceil(math.log2(2 * (abs(g[0]) + abs(g[1])) * top + 2))
     u = _code_reader(lay, word, sc, K, exact)
     for c, gc in zip(lay.sigma, g, strict=True):
         u[c] = num(2 * gc, exact) / sc.sig_unit
