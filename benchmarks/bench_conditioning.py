@@ -11,6 +11,7 @@ benchmarks/results/conditioning.md (or the file given by --out).
     python benchmarks/bench_conditioning.py            # the families of issue 20
     python benchmarks/bench_conditioning.py --quick    # small sizes (about a minute)
     python benchmarks/bench_conditioning.py --only recite --out /tmp/recite.md  # some rows
+    python benchmarks/bench_conditioning.py --keys --out /tmp/keyed.md  # keyed set models
 """
 
 from __future__ import annotations
@@ -99,17 +100,19 @@ def datasets(quick: bool) -> list[tuple[str, object, bool]]:
             ("recite 2000 chars, generic float vectors (causal)", recite(2000, True), False)]
 
 
-def measure(label: str, data, exact: bool, attention: str, width: int) -> dict:
+def measure(label: str, data, exact: bool, attention: str, width: int, keys: bool) -> dict:
     causal = isinstance(data, ef.CausalDataset)
-    heads = width // 4 if width > 4 else 1
+    heads = width // 4 if width > 4 and not keys else 1
     t0 = time.perf_counter()
-    model = ef.compile(data, attention=attention, exact=exact, width=width, heads=heads)
+    model = ef.compile(data, attention=attention, exact=exact, width=width, heads=heads,
+                       keys=keys)
     seconds = time.perf_counter() - t0
     stats = conditioning(model)
     scale = float(data.coordinate_scale()) or 1.0
     modules = [to_torch(model, dt, ff="dense") for dt in DTYPES]
     errors = [max_error(m, data) for m in modules]
-    return {"data": label + (" (float64 build)" if not exact else ""), "attention": attention,
+    return {"data": label + (" (float64 build)" if not exact else ""),
+            "attention": attention + (", keyed" if keys else ""),
             "width": f"{width}" + ("" if causal or heads == 1 else f", {heads} heads"),
             "L": model.n_blocks, "P": model.n_params(), "max|θ|": f"{stats.max_abs:.2g}",
             "‖θ‖²/s²": f"{stats.norm_sq / scale ** 2:.2g}",
@@ -140,19 +143,23 @@ def main(argv=None) -> int:
     ap.add_argument("--widths", default="4,64", help="FF widths, comma-separated")
     ap.add_argument("--attention", default="hardmax,softmax")
     ap.add_argument("--only", default="", help="only the data whose label contains this")
+    ap.add_argument("--keys", action="store_true",
+                    help="keyed hardmax set models (docs/keyed.md) instead; causal data skipped")
     ap.add_argument("--out", default=str(RESULTS / "conditioning.md"))
     ap.add_argument("--title", default="Conditioning of constructed models")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
-    sets = [s for s in datasets(args.quick) if args.only in s[0]]
-    for attention in args.attention.split(","):  # every hardmax row first: they are quick
+    sets = [s for s in datasets(args.quick) if args.only in s[0]
+            and not (args.keys and isinstance(s[1], ef.CausalDataset))]
+    kinds = ["hardmax"] if args.keys else args.attention.split(",")
+    for attention in kinds:  # every hardmax row first: they are quick
         for label, data, exact in sets:
             for width in (int(w) for w in args.widths.split(",")):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     try:
-                        row = measure(label, data, exact, attention, width)
+                        row = measure(label, data, exact, attention, width, args.keys)
                     except (ValueError, ef.DatasetError, RuntimeError) as exc:
                         print(f"{label}, {attention}, width {width}: skipped ({exc})",
                               flush=True)

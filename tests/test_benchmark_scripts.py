@@ -58,11 +58,15 @@ def test_conditioning_benchmark_row():
     from exactformer.data import builtin
     bench = load("bench_conditioning")
     data = builtin.demo()
-    row = bench.measure("demo", data, True, "hardmax", 4)
+    row = bench.measure("demo", data, True, "hardmax", 4, False)
     stats = conditioning(ef.compile(data))
     assert row["L"] == data.total_m + data.total_m - data.N + ef.compile(data).meta["R"]
     assert float(row["max |u|·|w|"]) == pytest.approx(stats.max_slope, rel=0.05)
     assert float(row["float64"]) <= 1e-9  # a plain dense float64 pass interpolates
+    keyed = bench.measure("demo", data, True, "hardmax", 4, True)
+    assert keyed["attention"] == "hardmax, keyed"
+    assert keyed["L"] == ef.compile(data, keys=True).n_blocks
+    assert float(keyed["float32"]) <= 1e-5  # the keyed model is faithful in float32
 
 
 def markdown_rows(text: str, columns: list[str]) -> list[dict]:
