@@ -121,8 +121,9 @@ class Report(_Verdict):
             ("blocks L", f"{self.blocks}  (design bound {self.blocks_design}, paper "
                          f"{self.blocks_paper})"),
             ("max FF width / heads", f"{self.max_width} / {self.max_heads}"),
-            ("width-4 bound L₄ / R + ⌈(L₄ − R)/k⌉", f"{self.blocks_width4} / "
-                                                     f"{self.blocks_width_target}"),
+            ("width-4 bound L₄ / R + ⌈(L₄ − R)/k⌉",
+             "n/a (no hats)" if self.blocks_width4 is None else
+             f"{self.blocks_width4} / {self.blocks_width_target}"),
             ("structured A, V", "yes" if self.structured else "NO"),
             ("parameters (structured / dense)", f"{self.params} / {self.params_dense}"),
             ("max |θ| / ‖θ‖₂²", f"{fmt(self.max_abs_param)} / {fmt(self.param_norm_sq)}"),
