@@ -9,6 +9,7 @@ The dense pass below is what any hand-written transformer does: every FF as
 from __future__ import annotations
 
 import json
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 import exactformer as ef
 from exactformer.cli import main as cli_main
+from exactformer.construct import keyed
 from exactformer.data import builtin
 from exactformer.evaluate import enclosure
 from exactformer.model import Transformer
@@ -143,13 +145,16 @@ def float_datasets(draw):
 @SETTINGS
 @given(data=float_datasets(), width=widths)
 def test_float32_dense_pass_meets_the_goal(data, width):
-    """A float64 build of generic float data: the float32 dense pass of the test is within
-    1e-5 of the scale (docs/numerics.md#keyed-models bounds it by about 3·2⁻²⁴), and float64
-    within 1e-12."""
-    model = ef.compile(data, exact=False, width=width, keys=True)
+    """A float64 build of generic float data: float64 within 1e-12 of the scale, and the
+    float32 dense pass of the test within 1e-5 (docs/numerics.md bounds it by about 3·2⁻²⁴)
+    whenever every cap's margin is at least 2^-16 of the extent, as the build reports."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        model = ef.compile(data, exact=False, width=width, keys=True)
     scale = data.coordinate_scale()
     assert float_error(model, data, np.float64) <= 1e-12 * scale
-    assert float_error(model, data, np.float32) <= 1e-5 * scale
+    if float(model.record.keyed["cap_margin"]) >= keyed.FLOAT32_MARGIN:
+        assert float_error(model, data, np.float32) <= 1e-5 * scale
 
 
 @SETTINGS
@@ -284,3 +289,27 @@ def test_transformer_lens_float32():
     data = builtin.vocabulary(30, 20, 6, 3, 6)
     verdict = lens_verdict(to_lens(ef.compile(data, keys=True), "float32"), data)
     assert verdict.interpolates and verdict.error <= 1e-5 * data.coordinate_scale()
+
+
+def test_dense_enclosure_keeps_no_radius_around_a_nan():
+    """A unit that may be on and overflows to inf makes inf·0 = nan in a coordinate its W
+    does not write: that coordinate is not x any more, and its radius must not say so."""
+    out, rad = enclosure.ff_dense(np.array([[1.0, 2.0]]), np.zeros((1, 2)), 1.0,
+                                  np.array([[1e308, 1e308]]), np.array([0.0]),
+                                  np.array([[1e-308], [0.0]]))
+    assert np.isnan(out[0, 1]) and not rad[0, 1] < np.inf
+
+
+def test_close_tokens_warn_that_float32_may_misfire():
+    """Tokens about 1e-6 apart (of a scale about 2.4): the caps' margins fall below 2^-16
+    of the extent, where float32 can tag the wrong token; the build says so, and the model
+    is still exact."""
+    x = np.array([[-0.41306, -2.44147], [0.18905, -0.52275], [-0.32542, 0.77381],
+                  [0.28121, -0.55382]])
+    y = x.copy()
+    y[1] += [-1e-6, 3e-7]
+    data = make_dataset([x, y[[3, 0, 2, 1]]], [[[0, 3], [10, 1]], [[-1, 2], [10, -3]]])
+    with pytest.warns(RuntimeWarning, match="float32 pass may tag the wrong token"):
+        model = ef.compile(data, keys=True, seed=2)
+    assert float(model.record.keyed["cap_margin"]) < keyed.FLOAT32_MARGIN
+    assert ef.verify(model, data).verdict() == "PROVED EXACT"

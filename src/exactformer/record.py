@@ -123,7 +123,7 @@ class Construction:
         if keyed is not None:
             kr = _Reader(keyed, "meta.keyed")
             rec.keyed = {**{f: kr.integer(f) for f in cls.KEYED_FIELDS},
-                         "scale": kr.get("scale", str)}
+                         "scale": kr.get("scale", str), "cap_margin": kr.get("cap_margin", str)}
         if kind == "softmax":
             rec.theta = r.get("theta", (str, type(None)), None)
             rec.folded = r.get("folded", (bool, type(None)), None)

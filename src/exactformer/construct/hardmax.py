@@ -82,6 +82,7 @@ def compile_keyed(dataset: Dataset, inputs, targets, exact: bool, seed: int, pro
         phases=[Span(name, a, b) for name, a, b in built.phases],
         keyed={"coordinates": built.code["coordinates"], "weight": built.code["weight"],
                "tags": built.tags, "peels": built.peels, "moves": built.moves,
-               "tag_layers": built.phases[0][2], "scale": built.code["scale"]})
+               "tag_layers": built.phases[0][2], "scale": built.code["scale"],
+               "cap_margin": built.code["cap_margin"]})
     return Transformer(d=built.D, attention="hardmax", blocks=built.blocks, exact=exact,
                        record=record)

@@ -26,6 +26,7 @@ target − token (docs/numerics.md#keyed-models).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import combinations
@@ -42,6 +43,7 @@ from .separation import TokenTable
 SIGNATURE_BITS = 16  # signatures below 2^16: every move's argument is exact in float32
 DRAWS = 64  # multiplier draws tried before giving up
 EXPOSED = 2.0 ** -30  # a cap needs a margin of at least this much of the data's extent
+FLOAT32_MARGIN = 2.0 ** -16  # below this (of |f|·extent) a float32 cap may misfire
 
 
 class NotKeyable(ConstructionError):
@@ -411,8 +413,25 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     phases = [("tagging", 0, a), ("separation", a, b), ("collapse", b, b + 1),
               ("interpolation", b + 1, len(blocks))]
     peels = sum(len(pe) for _, pe in p.steps)
+    margin = _smallest_margin(p, table.points)
+    if margin < FLOAT32_MARGIN:
+        warnings.warn(f"keyed model: a cap's margin is {margin:.2g} of the data's extent, below "
+                      "2^-16, so a float32 pass may tag the wrong token there (rational and "
+                      "float64 passes are unaffected; docs/keyed.md#tagging)", RuntimeWarning,
+                      stacklevel=4)
     return Built(blocks, lay.D, phases, len(every_tag), peels, sigma.moves, len(p.rounds),
-                 {"coordinates": q, "weight": w, "scale": str(scales.C)})
+                 {"coordinates": q, "weight": w, "scale": str(scales.C),
+                  "cap_margin": f"{margin:.3g}"})
+
+
+def _smallest_margin(p: Plan, points: np.ndarray) -> float:
+    """The smallest cap margin g over |f|·(the data's largest |coordinate|): g > 2/s since
+    s·g/2 > 1. A float32 cap errs by about 2⁻²⁴·4·|f|·|x|/g, which the clip absorbs while it
+    is below ¼."""
+    extent = float(np.abs(safe_floats(points)).max(initial=0.0)) or 1.0
+    caps = [c for tags, peels in p.steps for c in tags + peels]
+    return min((2 / float(c.s)) / (float(np.linalg.norm(safe_floats(c.f))) * extent)
+               for c in caps)
 
 
 @dataclass

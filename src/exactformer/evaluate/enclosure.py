@@ -311,7 +311,7 @@ def ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     rad = up(rad + rounding(abs(eta) * np.abs(X) + A @ np.abs(W).T, h + 1), 2 * (h + d) + 4)
     if eta == 1:  # a coordinate no unit that may be on writes: x + 0, exactly, in both
         untouched = (maybe_on.astype(np.float64) @ (W != 0).T.astype(np.float64)) == 0
-        rad = np.where(untouched, r, rad)
+        rad = np.where(untouched & np.isfinite(out), r, rad)  # inf·0 = nan is not x
     return out, rad
 
 
