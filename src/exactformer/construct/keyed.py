@@ -38,6 +38,7 @@ from ..model import FF, SA, Block, ScoreMatrix, ValueMatrix
 from ..numbers import num, safe_floats, zeros
 from .gadgets import balance_scale, power_of_two_below
 from .generic import ConstructionError
+from .position_keys import code_size, code_words
 from .separation import TokenTable
 
 SIGNATURE_BITS = 16  # signatures below 2^16: every move's argument is exact in float32
@@ -95,29 +96,6 @@ class Layout:
 
 
 # ----------------------------------------------------------------------------- codes
-def code_book(n: int) -> tuple[np.ndarray, int, int]:
-    """n distinct words of {−1, 0, 1}^q with w nonzero entries, q and then w smallest."""
-    q = 1
-    while True:
-        for w in range(1, q + 1):
-            if math.comb(q, w) << w >= n:
-                return _words(n, q, w), q, w
-        q += 1
-
-
-def _words(n: int, q: int, w: int) -> np.ndarray:
-    signs = 1 - 2 * ((np.arange(1 << w)[:, None] >> np.arange(w)[None, :]) & 1)
-    out = np.zeros((n, q), dtype=np.int64)
-    k = 0
-    for support in combinations(range(q), w):
-        take = min(len(signs), n - k)
-        out[k:k + take, list(support)] = signs[:take]
-        k += take
-        if k == n:
-            break
-    return out
-
-
 def priority_direction(words: np.ndarray, groups: list[list[int]], seed: int
                        ) -> np.ndarray:
     """An integer vector g, entries as small as found, such that in every group of words (the
@@ -392,7 +370,8 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     tested = [t for r in p.rounds for t in r]
     every_tag = p.leader_tags + [t for t in dict.fromkeys(tested) if t not in
                                  set(p.leader_tags)]
-    words, q, w = code_book(len(every_tag))
+    q, w = code_size(len(every_tag))
+    words = code_words(len(every_tag), q, w).astype(np.int64)
     word = dict(zip(every_tag, words, strict=True))
     index = {t: i for i, t in enumerate(every_tag)}
     leaders = set(p.leader_tags)
