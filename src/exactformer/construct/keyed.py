@@ -10,11 +10,13 @@ two, which every binary format represents and adds exactly (docs/keyed.md):
    among the tokens not yet marked; a clip of its value then writes the token's *code*, a word
    of {−1, 0, 1}^q of weight w times C, exactly. Tokens in the way of the next tags are marked
    by a cap alone (a *peel*).
-2. **Separation.** Round r sets a height on its tagged test token; a rank-one hardmax head adds
-   λ_r·[the sequence holds the test] to two signature coordinates.
+2. **Separation.** Round r sets heights 1, 2, … on its tagged tests; a rank-one hardmax head
+   adds λ_r·(the height of the highest test the sequence holds) to two signature
+   coordinates.
 3. **Collapse.** One hardmax head (A = I + a·cᵀ, V = I, ρ = 0): every tagged token attends to
    itself, every other token to the tagged token of its sequence with the highest priority
-   (a linear function of the code). Each sequence is now a set of copies of its tagged tokens.
+   (its exact tag mark plus a small integer direction on its code). Each sequence is now a
+   set of copies of its tagged tokens.
 4. **Moves.** One ReLU per (tagged token, sequence): it reads the code and the signature and
    writes target − token, and sets every coordinate of the model's own to 0.
 
@@ -120,7 +122,7 @@ def _one_top(values: np.ndarray) -> bool:
 class Cap:
     """A cap at table token ``token``: direction f, threshold b (f·x_t − b is half its margin
     g, every other unmarked token at or below −g/2) and the scale s, a power of two with
-    s·g/2 ∈ [1, 2)."""
+    s·g/2 ∈ (1, 2]."""
 
     token: int
     f: np.ndarray
@@ -230,9 +232,19 @@ def _farthest_cap(points: np.ndarray, ids: np.ndarray, exact: bool) -> Cap:
     t = int(ids[far])
     f = P[far] - c
     values = points @ f
-    g = values[t] - max(values[i] for i in ids if i != t)
+    g = values[t] - max((values[i] for i in ids if i != t), default=values[t] - 1)
+    if not _clear(g, values, exact):
+        raise NotKeyable("two tokens are too close together for a cap in float64")
     b = values[t] - g / 2
     return Cap(t, f, b, power_of_two_below(num(4, exact) / g), values.max())
+
+
+def _clear(g, values: np.ndarray, exact: bool) -> bool:
+    """A usable margin: positive (rational builds), or far above float64's rounding of the
+    values f·x (float64 builds)."""
+    if exact:
+        return g > 0
+    return g > 2.0 ** -40 * float(np.abs(values).max(initial=0.0))
 
 
 GILBERT_STEPS = 12
@@ -277,7 +289,7 @@ def _cap(t: int, f_float: np.ndarray, points: np.ndarray, ids: np.ndarray, exact
     others = values[ids[ids != t]]
     second = others.max() if len(others) else own - 1
     g = own - second
-    if not g > 0:
+    if not _clear(g, values, exact):
         return None
     b = own - g / 2
     s = power_of_two_below(num(4, exact) / g)  # s·g/2 ∈ (1, 2]
@@ -397,7 +409,7 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
         warnings.warn(f"keyed model: a cap's margin is {margin:.2g} of the data's extent, below "
                       "2^-16, so a float32 pass may tag the wrong token there (rational and "
                       "float64 passes are unaffected; docs/keyed.md#tagging)", RuntimeWarning,
-                      stacklevel=4)
+                      stacklevel=5)
     return Built(blocks, lay.D, phases, len(every_tag), peels, sigma.moves, len(p.rounds),
                  {"coordinates": q, "weight": w, "scale": str(scales.C),
                   "cap_margin": f"{margin:.3g}"})
@@ -405,7 +417,7 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
 
 def _smallest_margin(p: Plan, points: np.ndarray) -> float:
     """The smallest cap margin g over |f|·(the data's largest |coordinate|): g > 2/s since
-    s·g/2 > 1. A float32 cap errs by about 2⁻²⁴·4·|f|·|x|/g, which the clip absorbs while it
+    s·g/2 > 1. A float32 cap errs by about 2⁻²⁴·8·|f|·|x|/g, which the clip absorbs while it
     is below ¼."""
     extent = float(np.abs(safe_floats(points)).max(initial=0.0)) or 1.0
     caps = [c for tags, peels in p.steps for c in tags + peels]
@@ -452,7 +464,7 @@ class _Signatures:
 
 def _signatures(table: TokenTable, p: Plan, seed: int) -> _Signatures:
     """Multipliers λ_r (two per round, integers in [1, top]) such that the sequences holding a
-    common leader tag get distinct signature pairs Σ_r λ_r·[test r held], each below 2^16;
+    common leader tag get distinct signature pairs Σ_r λ_r·(outcome of round r), each below 2^16;
     top is doubled from 2 until a draw works."""
     R = len(p.rounds)
     held = np.zeros((table.N, R), dtype=np.int64)  # each sequence's outcome per round
