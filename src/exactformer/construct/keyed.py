@@ -22,7 +22,7 @@ two, which every binary format represents and adds exactly (docs/keyed.md):
 
 Every inactive unit adds exactly 0 and every active one after the caps computes its argument
 without rounding, so a float32 pass errs only in the data it reads and in its one write of
-target − token (docs/numerics.md#keyed-models).
+target − token (docs/numerics.md#keyed-models-the-bound-for-set-data).
 """
 
 from __future__ import annotations

@@ -105,10 +105,11 @@ def window_pad(widening, lo, hi):
 
 
 def _ff_parts(X, r, U_, b, W, etas):
-    """(A, per η in ``etas`` a radius part) of a layer's units on the boxes X ± r: the float
-    ReLU outputs, and a bound on |F(x) − F̃(X)| for F(x) = η·x + W relu(U x + b), every x in
-    the box and F̃ the float evaluation before the rounding of its output sum
-    (:func:`units_radius`)."""
+    """(A, per η in ``etas`` a radius part, the units that may be on) of a layer's units on
+    the boxes X ± r: the float ReLU outputs, a bound on |F(x) − F̃(X)| for
+    F(x) = η·x + W relu(U x + b), every x in the box and F̃ the float evaluation before the
+    rounding of its output sum (:func:`units_radius`), and per row the units certainly active
+    or undecided."""
     Z, z_round, z_rad = _pre_activations(X, r, U_, b)
     active, unsure = signs(Z, z_rad)
     return np.maximum(Z, 0.0), [units_radius(r, active, unsure, z_round, z_rad, W, U_, eta)
@@ -304,7 +305,9 @@ def ff_change(X, r, U_, b, W):
 
 def ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     """A whole FF layer on every row: float64 output η·X + relu(X Uᵀ + b) Wᵀ and its radius
-    (as in :func:`ff_change`)."""
+    (as in :func:`ff_change`). With η = 1, a finite output coordinate that no unit which may
+    be on writes is x itself in both passes and keeps its radius (docs/numerics.md, keyed
+    models)."""
     d, h = X.shape[1], len(b)
     A, (rad,), maybe_on = _ff_parts(X, r, U_, b, W, (eta,))
     out = eta * X + A @ W.T
