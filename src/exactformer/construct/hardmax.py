@@ -79,10 +79,6 @@ def compile_keyed(dataset: Dataset, inputs, targets, exact: bool, seed: int, pro
     built = keyed.build(inputs, targets, dataset.target_lengths, exact, width, seed, progress)
     record = Construction(
         kind="hardmax", seed=seed, N=dataset.N, sum_m=dataset.total_m, R=built.R,
-        phases=[Span(name, a, b) for name, a, b in built.phases],
-        keyed={"coordinates": built.code["coordinates"], "weight": built.code["weight"],
-               "tags": built.tags, "peels": built.peels, "moves": built.moves,
-               "tag_layers": built.phases[0][2], "scale": built.code["scale"],
-               "cap_margin": built.code["cap_margin"]})
+        phases=[Span(name, a, b) for name, a, b in built.phases], keyed=built.keyed)
     return Transformer(d=built.D, attention="hardmax", blocks=built.blocks, exact=exact,
                        record=record)

@@ -139,6 +139,7 @@ class Plan:
     leader_tags: list[int]  # table tokens whose copies become leaders
     rounds: list[list[int]]  # per separation round its tests, lowest height first
     reps: np.ndarray  # representative sequence of each sequence (equal input sets)
+    owners: list[np.ndarray]  # per table token, the representatives holding it
 
 
 def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, progress: bool
@@ -180,7 +181,7 @@ def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, progress:
         steps.append((tags, peels))
         unmarked[[c.token for c in tags + peels]] = False
         missing = [t for t in missing if t not in {c.token for c in tags}]
-    return Plan(steps, chosen, rounds, reps)
+    return Plan(steps, chosen, rounds, reps, owners)
 
 
 def _representatives(seqs: list[np.ndarray]) -> np.ndarray:
@@ -366,11 +367,8 @@ class Built:
     blocks: list[Block]
     D: int
     phases: list[tuple[str, int, int]]
-    tags: int
-    peels: int
-    moves: int
     R: int
-    code: dict
+    keyed: dict  # the record's "keyed" object (record.Construction.keyed)
 
 
 def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exact: bool,
@@ -410,8 +408,9 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
                       "2^-16, so a float32 pass may tag the wrong token there (rational and "
                       "float64 passes are unaffected; docs/keyed.md#tagging)", RuntimeWarning,
                       stacklevel=5)
-    return Built(blocks, lay.D, phases, len(every_tag), peels, sigma.moves, len(p.rounds),
-                 {"coordinates": q, "weight": w, "scale": str(scales.C),
+    return Built(blocks, lay.D, phases, len(p.rounds),
+                 {"coordinates": q, "weight": w, "tags": len(every_tag), "peels": peels,
+                  "moves": sigma.moves, "tag_layers": a, "scale": str(scales.C),
                   "cap_margin": f"{margin:.3g}"})
 
 
@@ -458,7 +457,7 @@ class _Scales:
 @dataclass
 class _Signatures:
     lam: np.ndarray  # R × 2 integer multipliers
-    values: np.ndarray  # N × 2 integer signatures (representatives' rows are used)
+    values: np.ndarray  # N × 2 integer signatures (the representatives' rows; others 0)
     moves: int
 
 
@@ -467,11 +466,11 @@ def _signatures(table: TokenTable, p: Plan, seed: int) -> _Signatures:
     common leader tag get distinct signature pairs Σ_r λ_r·(outcome of round r), each below 2^16;
     top is doubled from 2 until a draw works."""
     R = len(p.rounds)
-    held = np.zeros((table.N, R), dtype=np.int64)  # each sequence's outcome per round
+    held = np.zeros((table.N, R), dtype=np.int64)  # each representative's outcome per round
     for r, tests in enumerate(p.rounds):
         for height, t in enumerate(tests, start=1):
-            held[table.seq_of[table.token_of == t], r] = height
-    owners = _owners(table, p.reps)
+            held[p.owners[t], r] = height
+    owners = p.owners
     rng = np.random.default_rng(seed)
     tallest = max((len(r) for r in p.rounds), default=1)
     top, limit = 1, max(1, ((1 << SIGNATURE_BITS) - 1) // (max(R, 1) * tallest))
@@ -534,7 +533,7 @@ def _tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: b
                     layer += 1
                     continue
                 break
-            M = _exclusion(cap, exact)
+            M = _exclusion(cap)
             u = zeros(D, exact)
             u[:lay.d] = cap.f * cap.s
             # marked: the mark, or a slot the layer before wrote (its clip acts in this layer)
@@ -554,34 +553,37 @@ def _tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: b
     return [Block(_ff(units, exact), None) for units in layers]
 
 
-def _exclusion(cap: Cap, exact: bool):
-    """M: the smallest power of two ≥ 1.25·(s·(largest f·x − b) + 1). A marked token has a
-    mark or slot value ≥ 1 (a cap's value s·g/2 ∈ (1, 2], or a clip's exact 1), so M·mark
-    outweighs the cap's reach by 1, with room for a float pass's rounding of the mark."""
-    reach = cap.s * (cap.top - cap.b) + 1
-    if not reach > 0:
-        return num(1, exact)
-    return power_of_two_below(reach * 5 / 4) * 2
+def _exclusion(cap: Cap):
+    """M: the smallest power of two ≥ 1.25·(s·(largest f·x − b) + 1) (the reach is > 1: the
+    cap's own token is above b). A marked token has a mark or slot value ≥ 1 (a cap's value
+    s·g/2 ∈ (1, 2], or a clip's exact 1), so M·mark outweighs the cap's reach by 1, with room
+    for a float pass's rounding of the mark."""
+    return power_of_two_below((cap.s * (cap.top - cap.b) + 1) * 5 / 4) * 2
 
 
 def _clip(slot: int, lay: Layout, word: np.ndarray, sc: _Scales, exact: bool) -> list:
     """relu(2v − ½) − relu(2v − 3/2) times (code, mark), exactly 1 times them for a slot value
     v ≥ ¾ and 0 for v = 0, and relu(v) times −e_slot, which sets the slot back to 0."""
     D = lay.D
-    out = _vec(D, {lay.mark: 1}, exact)
-    out[lay.code] = np.array([num(int(c), exact) for c in word], dtype=out.dtype) * sc.C
+    out = _on_code(lay, word, sc.C, exact)
+    out[lay.mark] = num(1, exact)
     two = _vec(D, {slot: 2}, exact)
     half = num(Fraction(1, 2), exact)
     return [(two, -half, out), (two, -3 * half, -out),
             (_vec(D, {slot: 1}, exact), num(0, exact), _vec(D, {slot: -1}, exact))]
 
 
+def _on_code(lay: Layout, word: np.ndarray, factor, exact: bool) -> np.ndarray:
+    """The D-vector with factor·word on the code coordinates and 0 elsewhere."""
+    v = zeros(lay.D, exact)
+    v[lay.code] = np.array([num(int(c), exact) for c in word], dtype=v.dtype) * factor
+    return v
+
+
 def _code_reader(lay: Layout, word: np.ndarray, sc: _Scales, weight, exact: bool) -> np.ndarray:
     """The row weight·(ς·z_code)/C: weight·w at the token with code ς, ≤ weight·(w − 1) at any
     other code and 0 where there is none."""
-    u = zeros(lay.D, exact)
-    u[lay.code] = np.array([num(int(c), exact) for c in word], dtype=u.dtype) * (weight / sc.C)
-    return u
+    return _on_code(lay, word, weight / sc.C, exact)
 
 
 def _rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exact: bool
@@ -599,9 +601,8 @@ def _rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exac
         for height, t in enumerate(tests, start=1):
             out = _vec(D, {lay.height: height}, exact)
             if t not in leaders and last_use[t] == r:  # no longer tagged
-                out[lay.code] = -np.array([num(int(c), exact) for c in word[t]],
-                                          dtype=out.dtype) * sc.C
-                out[lay.mark] = num(-1, exact)
+                out = _on_code(lay, word[t], -sc.C, exact)
+                out[lay.height], out[lay.mark] = num(height, exact), num(-1, exact)
             units.append((_code_reader(lay, word[t], sc, two, exact), 1 - two * sc.w, out))
         if r > 0:
             units.append((_vec(D, {lay.height: 1}, exact), num(0, exact),
@@ -622,8 +623,7 @@ def _collapse(lay: Layout, sc: _Scales, exact: bool) -> SA:
     query's ``one`` is 1): a leader tag's own code term C²·w beats every other score; an
     untagged token's best is the leader tag of highest priority in its sequence
     (docs/keyed.md#collapse)."""
-    a = zeros(lay.D, exact)
-    a[lay.code] = np.array([num(int(c), exact) for c in sc.g], dtype=a.dtype) * (sc.M / sc.C)
+    a = _on_code(lay, sc.g, sc.M / sc.C, exact)
     a[lay.mark] = num(sc.G, exact) * sc.M
     return SA(num(0, exact), ScoreMatrix(num(1, exact), a, _vec(lay.D, {lay.one: 1}, exact)),
               ValueMatrix(num(1, exact), zeros(lay.D, exact), zeros(lay.D, exact)))
@@ -634,7 +634,7 @@ def _moves(table: TokenTable, p: Plan, lay: Layout, word: dict, sc: _Scales,
     """One unit per (leader tag, holding sequence), the holders of a tag taken from the
     largest g·σ down, so that each unit fires at its own state alone (docs/keyed.md#moves);
     it writes target − token and sets the model's own coordinates to 0."""
-    owners = _owners(table, p.reps)
+    owners = p.owners
     orders = {t: list(_hull_batches(sig.values[owners[t]], owners[t])) for t in p.leader_tags}
     top = int(np.abs(sig.values).max(initial=0))
     slot_of = _target_slots(table, p, targets)
@@ -661,9 +661,8 @@ def _move_unit(lay: Layout, word: np.ndarray, sc: _Scales, top: int, g, sigma, m
     for c, gc in zip(lay.sigma, g, strict=True):
         u[c] = num(2 * gc, exact) / sc.sig_unit
     bias = num(1 - 2 * int(np.dot(g, sigma)), exact) - K * sc.w
-    out = zeros(lay.D, exact)
+    out = _on_code(lay, word, -sc.C, exact)
     out[:lay.d] = move
-    out[lay.code] = -np.array([num(int(c), exact) for c in word], dtype=out.dtype) * sc.C
     out[lay.one] = out[lay.mark] = num(-1, exact)
     out[lay.height] = num(-height, exact)
     for c, v in zip(lay.sigma, sigma, strict=True):
@@ -718,7 +717,7 @@ def _hull_batches(values: np.ndarray, owners: np.ndarray):
         batch: dict[int, tuple] = {}
         for g in DIRECTIONS:
             proj = values[left] @ np.array(g)
-            if (proj == proj.max()).sum() == 1:
+            if _one_top(proj):
                 batch.setdefault(left[int(np.argmax(proj))], g)
         if not batch:  # lexicographic: (B, 1) with B above every spread of the second entry
             spread = int(np.ptp(values[left][:, 1])) + 1
