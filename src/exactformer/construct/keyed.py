@@ -619,13 +619,15 @@ def _rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exac
 
 
 def _collapse(lay: Layout, sc: _Scales, exact: bool) -> SA:
-    """ρ = 0, V = I, scores ⟨x_i, x_l⟩ + M·priority_l with priority G·mark + g·code/C (the
-    query's ``one`` is 1): a leader tag's own code term C²·w beats every other score; an
-    untagged token's best is the leader tag of highest priority in its sequence
+    """ρ = 0, V = I, scores ⟨x_i, x_l⟩/M + priority_l with priority G·mark + g·code/C (the
+    query's ``one`` is 1): a leader tag's own code term C²·w/M beats every other score; an
+    untagged token's best is the leader tag of highest priority in its sequence. These are
+    the scores ⟨x_i, x_l⟩ + M·priority_l divided by the power of two M, so every argmax is the
+    same in any binary arithmetic, and the weight M stays out of the parameters
     (docs/keyed.md#collapse)."""
-    a = _on_code(lay, sc.g, sc.M / sc.C, exact)
-    a[lay.mark] = num(sc.G, exact) * sc.M
-    return SA(num(0, exact), ScoreMatrix(num(1, exact), a, _vec(lay.D, {lay.one: 1}, exact)),
+    a = _on_code(lay, sc.g, 1 / sc.C, exact)
+    a[lay.mark] = num(sc.G, exact)
+    return SA(num(0, exact), ScoreMatrix(1 / sc.M, a, _vec(lay.D, {lay.one: 1}, exact)),
               ValueMatrix(num(1, exact), zeros(lay.D, exact), zeros(lay.D, exact)))
 
 
