@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--attention", default="hardmax,softmax")
     ap.add_argument("--only", default="", help="only the data whose label contains this")
     ap.add_argument("--keys", action="store_true",
-                    help="keyed hardmax set models (docs/keyed.md) instead; causal data skipped")
+                    help="keyed set models (docs/keyed.md) instead; causal data skipped")
     ap.add_argument("--out", default=str(RESULTS / "conditioning.md"))
     ap.add_argument("--title", default="Conditioning of constructed models")
     args = ap.parse_args(argv)
@@ -152,8 +152,7 @@ def main(argv=None) -> int:
     rows = []
     sets = [s for s in datasets(args.quick) if args.only in s[0]
             and not (args.keys and isinstance(s[1], ef.CausalDataset))]
-    kinds = ["hardmax"] if args.keys else args.attention.split(",")
-    for attention in kinds:  # every hardmax row first: they are quick
+    for attention in args.attention.split(","):  # every hardmax row first: they are quick
         for label, data, exact in sets:
             for width in (int(w) for w in args.widths.split(",")):
                 with warnings.catch_warnings():

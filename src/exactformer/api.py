@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .construct.causal import compile_causal
 from .construct.hardmax import check_heads, compile_hardmax, hats_per_layer
-from .construct.softmax import compile_softmax
+from .construct.softmax import compile_keyed_softmax, compile_softmax
 from .data import CausalDataset, Dataset
 
 
@@ -24,8 +24,9 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     heads a separation round may use (at most d − 1 are used).
     n_layers: at most this many blocks; the width (and, if ``heads`` is left at 1, the heads)
     are then chosen (:func:`fit_layers`) and ``width`` must be left at 4.
-    keys: a keyed hardmax set model (docs/keyed.md): wider than the data, exact in a plain
-    float32 pass; ConstructionError where no cap isolates the tokens it needs.
+    keys: a keyed set model (docs/keyed.md): wider than the data, exact to float32's rounding
+    in a plain float32 pass, hardmax or softmax (at tau = 1); ConstructionError where no cap
+    isolates the tokens it needs.
     """
     if n_layers is not None:
         if width != 4:
@@ -33,9 +34,12 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
         return fit_layers(lambda w, h: compile(dataset, attention, exact, seed, tau, progress,
                                                causal, w, h, keys=keys), dataset, n_layers,
                           heads)
-    if keys and (attention != "hardmax" or causal or isinstance(dataset, CausalDataset)):
-        raise ValueError("keys=True builds hardmax set models (causal models key their "
-                         "positions by themselves, docs/causal.md#position-keys)")
+    if keys and (causal or isinstance(dataset, CausalDataset)):
+        raise ValueError("keys=True builds set models (causal models key their positions by "
+                         "themselves, docs/causal.md#position-keys)")
+    if keys and tau is not None:
+        raise ValueError("keys=True builds softmax models at tau = 1 (their score scales are "
+                         "in the attention matrices, docs/keyed.md#softmax)")
     if causal or isinstance(dataset, CausalDataset):
         if not isinstance(dataset, CausalDataset):
             raise TypeError("causal=True expects an exactformer.CausalDataset (see "
@@ -56,6 +60,9 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     if attention == "softmax":
         hats_per_layer(width)
         check_heads(heads)
+        if keys:
+            return compile_keyed_softmax(dataset, exact=exact, seed=seed, progress=progress,
+                                         width=width)
         return compile_softmax(dataset, exact=exact, seed=seed, tau=tau, progress=progress,
                                width=width, heads=heads)
     raise ValueError(f"attention must be 'hardmax' or 'softmax', got {attention!r}")

@@ -71,7 +71,7 @@ class Construction:
     theta: str | None = None  # softmax: the temperature the geometry was built at
     folded: bool | None = None  # softmax: 1/θ folded into A, τ = 1
     tau_star: float | None = None  # softmax: largest valid temperature found (inf: any)
-    keyed: dict | None = None  # keyed models (docs/keyed.md): their code and counts
+    keyed: dict | None = None  # keyed models (docs/keyed.md): their code, counts and scores
 
     KEYED_FIELDS = ("coordinates", "weight", "tags", "peels", "moves", "tag_layers")
 
@@ -124,6 +124,9 @@ class Construction:
             kr = _Reader(keyed, "meta.keyed")
             rec.keyed = {**{f: kr.integer(f) for f in cls.KEYED_FIELDS},
                          "scale": kr.get("scale", str), "cap_margin": kr.get("cap_margin", str)}
+            scores = kr.get("scores", (list, type(None)), None)  # softmax: (β_s, β_c)
+            if scores is not None:
+                rec.keyed["scores"] = _opt_strings(scores, "meta.keyed.scores")
         if kind == "softmax":
             rec.theta = r.get("theta", (str, type(None)), None)
             rec.folded = r.get("folded", (bool, type(None)), None)

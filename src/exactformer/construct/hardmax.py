@@ -77,8 +77,4 @@ def compile_keyed(dataset: Dataset, inputs, targets, exact: bool, seed: int, pro
     NotKeyable where no cap isolates a token or no multipliers separate the holders of a
     tag."""
     built = keyed.build(inputs, targets, dataset.target_lengths, exact, width, seed, progress)
-    record = Construction(
-        kind="hardmax", seed=seed, N=dataset.N, sum_m=dataset.total_m, R=built.R,
-        phases=[Span(name, a, b) for name, a, b in built.phases], keyed=built.keyed)
-    return Transformer(d=built.D, attention="hardmax", blocks=built.blocks, exact=exact,
-                       record=record)
+    return keyed.model_of(built, dataset.N, dataset.total_m, seed, exact, "hardmax")

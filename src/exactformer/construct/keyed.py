@@ -36,8 +36,9 @@ from itertools import combinations
 import numpy as np
 from tqdm import tqdm
 
-from ..model import FF, SA, Block, ScoreMatrix, ValueMatrix
+from ..model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from ..numbers import num, safe_floats, zeros
+from ..record import Construction, Span
 from .gadgets import balance_scale, power_of_two_below
 from .generic import ConstructionError
 from .position_keys import code_size, code_words
@@ -61,6 +62,7 @@ class Layout:
     d: int
     slots: int  # cap outputs awaiting their clip, ``slots`` per parity of the layer index
     q: int  # code length
+    done: bool = False  # softmax models: a last coordinate, 1 once a token has moved
 
     @property
     def one(self) -> int:
@@ -93,8 +95,14 @@ class Layout:
         return slice(start, start + self.q)
 
     @property
+    def moved(self) -> int:
+        """Softmax models: 1 exactly on a token whose move has acted (docs/keyed.md#softmax)."""
+        assert self.done
+        return self.D - 1
+
+    @property
     def D(self) -> int:
-        return self.d + 6 + 2 * self.slots + self.q
+        return self.d + 6 + 2 * self.slots + self.q + int(self.done)
 
 
 # ----------------------------------------------------------------------------- codes
@@ -371,10 +379,28 @@ class Built:
     keyed: dict  # the record's "keyed" object (record.Construction.keyed)
 
 
-def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exact: bool,
-          width: int, seed: int, progress: bool = False) -> Built:
-    """The keyed hardmax model of the data (docs/keyed.md); NotKeyable where it does not
-    apply."""
+@dataclass
+class Prepared:
+    """What every keyed model shares before its collapse: the plan, the layout and code words,
+    the scales, the signatures, each leader tag's hull batches and the tagging layers."""
+
+    table: TokenTable
+    p: Plan
+    lay: Layout
+    word: dict
+    scales: _Scales
+    sig: _Signatures
+    orders: dict  # leader tag → its hull batches of (sequence, g)
+    tag_layers: list[Block]
+    keyed: dict  # the record's "keyed" object, without the fields a tail adds
+
+
+def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, seed: int,
+            progress: bool, softmax: bool = False, floor: np.ndarray | None = None
+            ) -> Prepared:
+    """Plan, codes, signatures, hull batches, scales and tagging layers of the keyed model
+    of the data (docs/keyed.md); NotKeyable where it does not apply. ``floor``: a point every
+    state's data coordinates may hold at the collapse (softmax models reset them to it)."""
     table = TokenTable.build(inputs)
     p = plan(table, m, exact, width - 1, progress)
     tested = [t for r in p.rounds for t in r]
@@ -388,30 +414,61 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     groups = [[index[t] for t in s.tolist() if t in leaders]
               for j, s in enumerate(table.seqs()) if p.reps[j] == j]
     g = priority_direction(words[:len(p.leader_tags)], groups, seed)
-    k = width // 4
-    lay = Layout(table.points.shape[1], min(k, 4), q)
-    sigma = _signatures(table, p, seed)
-    scales = _Scales.of(table.points, w, g, words[:len(p.leader_tags)],
-                        int(sigma.values.max(initial=0)), exact)
-    tag_layers = _tagging(p, lay, word, scales, width, exact)
-    rounds = _rounds(p, lay, word, scales, sigma.lam, exact)
-    collapse = Block(None, _collapse(lay, scales, exact))
-    moves = _moves(table, p, lay, word, scales, sigma, targets, width, exact)
-    blocks = tag_layers + rounds + [collapse] + moves
-    a, b = len(tag_layers), len(tag_layers) + len(rounds)
-    phases = [("tagging", 0, a), ("separation", a, b), ("collapse", b, b + 1),
-              ("interpolation", b + 1, len(blocks))]
-    peels = sum(len(pe) for _, pe in p.steps)
+    lay = Layout(table.points.shape[1], min(width // 4, 4), q, softmax)
+    sig = _signatures(table, p, seed)
+    orders = {t: list(hull_batches(sig.values[p.owners[t]], p.owners[t]))
+              for t in p.leader_tags}
+    points = table.points if floor is None else np.vstack([table.points, floor[None, :]])
+    scales = _Scales.of(points, w, g, words[:len(p.leader_tags)],
+                        int(sig.values.max(initial=0)), exact)
+    tag_layers = tagging(p, lay, word, scales, width, exact)
     margin = _smallest_margin(p, table.points)
     if margin < FLOAT32_MARGIN:
         warnings.warn(f"keyed model: a cap's margin is {margin:.2g} of the data's extent, below "
                       "2^-16, so a float32 pass may tag the wrong token there (rational and "
                       "float64 passes are unaffected; docs/keyed.md#tagging)", RuntimeWarning,
-                      stacklevel=5)
-    return Built(blocks, lay.D, phases, len(p.rounds),
-                 {"coordinates": q, "weight": w, "tags": len(every_tag), "peels": peels,
-                  "moves": sigma.moves, "tag_layers": a, "scale": str(scales.C),
-                  "cap_margin": f"{margin:.3g}"})
+                      stacklevel=6)
+    peels = sum(len(pe) for _, pe in p.steps)
+    record = {"coordinates": q, "weight": w, "tags": len(every_tag), "peels": peels,
+              "moves": sig.moves, "tag_layers": len(tag_layers), "scale": str(scales.C),
+              "cap_margin": f"{margin:.3g}"}
+    return Prepared(table, p, lay, word, scales, sig, orders, tag_layers, record)
+
+
+def phases(prep: Prepared, n_rounds: int, n_collapse: int, total: int
+           ) -> list[tuple[str, int, int]]:
+    """The record's phases: tagging, separation, collapse, interpolation."""
+    a = len(prep.tag_layers)
+    b = a + n_rounds
+    return [("tagging", 0, a), ("separation", a, b), ("collapse", b, b + n_collapse),
+            ("interpolation", b + n_collapse, total)]
+
+
+def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exact: bool,
+          width: int, seed: int, progress: bool = False) -> Built:
+    """The keyed hardmax model of the data (docs/keyed.md); NotKeyable where it does not
+    apply."""
+    prep = prepare(inputs, m, exact, width, seed, progress)
+    p, lay, sc = prep.p, prep.lay, prep.scales
+    sep = rounds(p, lay, prep.word, sc, prep.sig.lam, exact)
+    collapse = Block(None, _collapse(lay, sc, exact))
+    moves = _moves(prep, targets, width, exact)
+    blocks = prep.tag_layers + sep + [collapse] + moves
+    return Built(blocks, lay.D, phases(prep, len(sep), 1, len(blocks)), len(p.rounds),
+                 prep.keyed)
+
+
+def model_of(built: Built, N: int, sum_m: int, seed: int, exact: bool, attention: str
+             ) -> Transformer:
+    """The keyed model of ``built`` with its record; a softmax one at τ = 1, its score scales
+    folded into the attention matrices."""
+    softmax = attention == "softmax"
+    record = Construction(kind=attention, seed=seed, N=N, sum_m=sum_m, R=built.R,
+                          phases=[Span(name, a, b) for name, a, b in built.phases],
+                          keyed=built.keyed, theta="1" if softmax else None,
+                          folded=True if softmax else None)
+    return Transformer(d=built.D, attention=attention, blocks=built.blocks,
+                       tau=num(1, exact) if softmax else None, exact=exact, record=record)
 
 
 def _smallest_margin(p: Plan, points: np.ndarray) -> float:
@@ -488,7 +545,7 @@ def _signatures(table: TokenTable, p: Plan, seed: int) -> _Signatures:
     raise NotKeyable(f"no multipliers among {DRAWS} draws told apart the holders of a tag")
 
 
-def _ff(units: list[tuple[np.ndarray, object, np.ndarray]], exact: bool) -> FF:
+def ff_layer(units: list[tuple[np.ndarray, object, np.ndarray]], exact: bool) -> FF:
     """The residual layer of ``units`` (u, b, w), each balanced by its own power of two
     (docs/numerics.md#balancing): keyed layers are no ridge windows, so nothing asks their
     rows to stay one row."""
@@ -502,20 +559,20 @@ def _ff(units: list[tuple[np.ndarray, object, np.ndarray]], exact: bool) -> FF:
     return FF(num(1, exact), U, b, W)
 
 
-def _vec(D: int, entries: dict, exact: bool) -> np.ndarray:
+def vec(D: int, entries: dict, exact: bool) -> np.ndarray:
     v = zeros(D, exact)
     for i, x in entries.items():
         v[i] = num(x, exact) if not isinstance(x, (Fraction, float)) else x
     return v
 
 
-def _tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: bool
+def tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: bool
              ) -> list[Block]:
     """The tagging layers: the unit writing 1 to the ``one`` coordinate, then per exposure
     step its tags (a cap to a slot, then a clip to the code and the mark, and the slot reset,
     one layer later) and its peels (a cap to the mark)."""
     D = lay.D
-    layers: list[list] = [[(zeros(D, exact), num(1, exact), _vec(D, {lay.one: 1}, exact))]]
+    layers: list[list] = [[(zeros(D, exact), num(1, exact), vec(D, {lay.one: 1}, exact))]]
     slots_used: list[int] = [0]
     layer = 0
     for tags, peels in p.steps:
@@ -542,15 +599,15 @@ def _tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: b
             if is_tag:
                 slot = lay.slot(layer, slots_used[layer])
                 slots_used[layer] += 1
-                layers[layer].append((u, -cap.b * cap.s, _vec(D, {slot: 1}, exact)))
+                layers[layer].append((u, -cap.b * cap.s, vec(D, {slot: 1}, exact)))
                 layers[layer + 1] += _clip(slot, lay, word[cap.token], sc, exact)
             else:
-                layers[layer].append((u, -cap.b * cap.s, _vec(D, {lay.peel: 1}, exact)))
+                layers[layer].append((u, -cap.b * cap.s, vec(D, {lay.peel: 1}, exact)))
             last = max(last, layer)
         layer = last + 1
     while layers and not layers[-1]:
         layers.pop()
-    return [Block(_ff(units, exact), None) for units in layers]
+    return [Block(ff_layer(units, exact), None) for units in layers]
 
 
 def _exclusion(cap: Cap):
@@ -565,32 +622,32 @@ def _clip(slot: int, lay: Layout, word: np.ndarray, sc: _Scales, exact: bool) ->
     """relu(2v − ½) − relu(2v − 3/2) times (code, mark), exactly 1 times them for a slot value
     v ≥ ¾ and 0 for v = 0, and relu(v) times −e_slot, which sets the slot back to 0."""
     D = lay.D
-    out = _on_code(lay, word, sc.C, exact)
+    out = on_code(lay, word, sc.C, exact)
     out[lay.mark] = num(1, exact)
-    two = _vec(D, {slot: 2}, exact)
+    two = vec(D, {slot: 2}, exact)
     half = num(Fraction(1, 2), exact)
     return [(two, -half, out), (two, -3 * half, -out),
-            (_vec(D, {slot: 1}, exact), num(0, exact), _vec(D, {slot: -1}, exact))]
+            (vec(D, {slot: 1}, exact), num(0, exact), vec(D, {slot: -1}, exact))]
 
 
-def _on_code(lay: Layout, word: np.ndarray, factor, exact: bool) -> np.ndarray:
+def on_code(lay: Layout, word: np.ndarray, factor, exact: bool) -> np.ndarray:
     """The D-vector with factor·word on the code coordinates and 0 elsewhere."""
     v = zeros(lay.D, exact)
     v[lay.code] = np.array([num(int(c), exact) for c in word], dtype=v.dtype) * factor
     return v
 
 
-def _code_reader(lay: Layout, word: np.ndarray, sc: _Scales, weight, exact: bool) -> np.ndarray:
+def code_reader(lay: Layout, word: np.ndarray, sc: _Scales, weight, exact: bool) -> np.ndarray:
     """The row weight·(ς·z_code)/C: weight·w at the token with code ς, ≤ weight·(w − 1) at any
     other code and 0 where there is none."""
-    return _on_code(lay, word, weight / sc.C, exact)
+    return on_code(lay, word, weight / sc.C, exact)
 
 
-def _rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exact: bool
-            ) -> list[Block]:
+def rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exact: bool,
+           score=1) -> list[Block]:
     """Round r: clear the previous round's heights, set height i on its i-th test (erasing, at
     its last round, the code of a test that is no leader tag); then σ += λ_r·(largest height
-    in the sequence) (docs/keyed.md#separation)."""
+    in the sequence), by scores ``score``·height (docs/keyed.md#separation)."""
     D = lay.D
     leaders = set(p.leader_tags)
     last_use = {t: r for r, tests in enumerate(p.rounds) for t in tests}
@@ -599,22 +656,22 @@ def _rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exac
     for r, tests in enumerate(p.rounds):
         units = []
         for height, t in enumerate(tests, start=1):
-            out = _vec(D, {lay.height: height}, exact)
+            out = vec(D, {lay.height: height}, exact)
             if t not in leaders and last_use[t] == r:  # no longer tagged
-                out = _on_code(lay, word[t], -sc.C, exact)
+                out = on_code(lay, word[t], -sc.C, exact)
                 out[lay.height], out[lay.mark] = num(height, exact), num(-1, exact)
-            units.append((_code_reader(lay, word[t], sc, two, exact), 1 - two * sc.w, out))
+            units.append((code_reader(lay, word[t], sc, two, exact), 1 - two * sc.w, out))
         if r > 0:
-            units.append((_vec(D, {lay.height: 1}, exact), num(0, exact),
-                          _vec(D, {lay.height: -1}, exact)))
+            units.append((vec(D, {lay.height: 1}, exact), num(0, exact),
+                          vec(D, {lay.height: -1}, exact)))
         sa = SA(num(1, exact),
-                ScoreMatrix(num(0, exact), _vec(D, {lay.height: 1}, exact),
-                            _vec(D, {lay.one: 1}, exact)),
+                ScoreMatrix(num(0, exact), vec(D, {lay.height: score}, exact),
+                            vec(D, {lay.one: 1}, exact)),
                 ValueMatrix(num(0, exact),
-                            _vec(D, {lay.sigma[0]: int(lam[r, 0]) * sc.sig_unit,
+                            vec(D, {lay.sigma[0]: int(lam[r, 0]) * sc.sig_unit,
                                      lay.sigma[1]: int(lam[r, 1]) * sc.sig_unit}, exact),
-                            _vec(D, {lay.height: 1}, exact)))
-        blocks.append(Block(_ff(units, exact), sa))
+                            vec(D, {lay.height: 1}, exact)))
+        blocks.append(Block(ff_layer(units, exact), sa))
     return blocks
 
 
@@ -625,31 +682,31 @@ def _collapse(lay: Layout, sc: _Scales, exact: bool) -> SA:
     the scores ⟨x_i, x_l⟩ + M·priority_l divided by the power of two M, so every argmax is the
     same in any binary arithmetic, and the weight M stays out of the parameters
     (docs/keyed.md#collapse)."""
-    a = _on_code(lay, sc.g, 1 / sc.C, exact)
+    a = on_code(lay, sc.g, 1 / sc.C, exact)
     a[lay.mark] = num(sc.G, exact)
-    return SA(num(0, exact), ScoreMatrix(1 / sc.M, a, _vec(lay.D, {lay.one: 1}, exact)),
+    return SA(num(0, exact), ScoreMatrix(1 / sc.M, a, vec(lay.D, {lay.one: 1}, exact)),
               ValueMatrix(num(1, exact), zeros(lay.D, exact), zeros(lay.D, exact)))
 
 
-def _moves(table: TokenTable, p: Plan, lay: Layout, word: dict, sc: _Scales,
-           sig: _Signatures, targets: list[np.ndarray], width: int, exact: bool) -> list[Block]:
+def _moves(prep: Prepared, targets: list[np.ndarray], width: int, exact: bool
+           ) -> list[Block]:
     """One unit per (leader tag, holding sequence), the holders of a tag taken from the
     largest g·σ down, so that each unit fires at its own state alone (docs/keyed.md#moves);
     it writes target − token and sets the model's own coordinates to 0."""
-    owners = p.owners
-    orders = {t: list(_hull_batches(sig.values[owners[t]], owners[t])) for t in p.leader_tags}
+    p, sig, table = prep.p, prep.sig, prep.table
     top = int(np.abs(sig.values).max(initial=0))
-    slot_of = _target_slots(table, p, targets)
+    slot_of = target_slots(table, p, targets)
     last = {t: h for h, t in enumerate(p.rounds[-1], start=1)} if p.rounds else {}
     queues = []
     for t in p.leader_tags:
         queue = []
-        for batch in orders[t]:
-            queue.append([_move_unit(lay, word[t], sc, top, g, sig.values[j],
+        for batch in prep.orders[t]:
+            queue.append([_move_unit(prep.lay, prep.word[t], prep.scales, top, g,
+                                     sig.values[j],
                                      targets[j][slot_of[(j, t)]] - table.points[t],
                                      last.get(t, 0), exact) for j, g in batch])
         queues.append(queue)
-    return [Block(_ff(units, exact), None) for units in _schedule(queues, width)]
+    return [Block(ff_layer(units, exact), None) for units in schedule(queues, width)]
 
 
 def _move_unit(lay: Layout, word: np.ndarray, sc: _Scales, top: int, g, sigma, move, height,
@@ -658,12 +715,12 @@ def _move_unit(lay: Layout, word: np.ndarray, sc: _Scales, top: int, g, sigma, m
     it and ≤ −1 at every other state present, K the smallest power of two above
     2·|g|₁·(largest signature entry) + 1, which any other code's −K outweighs. It adds
     ``move`` to the data coordinates and sets code, signature, one, mark and height to 0."""
-    K = num(2, exact) ** math.ceil(math.log2(2 * (abs(g[0]) + abs(g[1])) * top + 2))
-    u = _code_reader(lay, word, sc, K, exact)
+    K = move_weight(g, top, exact)
+    u = code_reader(lay, word, sc, K, exact)
     for c, gc in zip(lay.sigma, g, strict=True):
         u[c] = num(2 * gc, exact) / sc.sig_unit
     bias = num(1 - 2 * int(np.dot(g, sigma)), exact) - K * sc.w
-    out = _on_code(lay, word, -sc.C, exact)
+    out = on_code(lay, word, -sc.C, exact)
     out[:lay.d] = move
     out[lay.one] = out[lay.mark] = num(-1, exact)
     out[lay.height] = num(-height, exact)
@@ -672,7 +729,13 @@ def _move_unit(lay: Layout, word: np.ndarray, sc: _Scales, top: int, g, sigma, m
     return u, bias, out
 
 
-def _target_slots(table: TokenTable, p: Plan, targets: list[np.ndarray]) -> dict:
+def move_weight(g, top: int, exact: bool):
+    """K: the smallest power of two above 2·|g|₁·top + 1, ``top`` the largest signature
+    entry: any other code's −K outweighs every signature term of a move's argument."""
+    return num(2, exact) ** math.ceil(math.log2(2 * (abs(g[0]) + abs(g[1])) * top + 2))
+
+
+def target_slots(table: TokenTable, p: Plan, targets: list[np.ndarray]) -> dict:
     """(sequence, leader tag) → the index of its target: the sequence's leader tags in order
     take its targets in order, cyclically (a sequence holds at least m_j of them)."""
     leaders = set(p.leader_tags)
@@ -684,7 +747,7 @@ def _target_slots(table: TokenTable, p: Plan, targets: list[np.ndarray]) -> dict
     return out
 
 
-def _schedule(queues: list[list[list]], width: int) -> list[list]:
+def schedule(queues: list[list[list]], width: int) -> list[list]:
     """Layers of at most ``width`` units. Each queue is one tag's batches: the units of a batch
     may share a layer (each fires at its own state alone while the batch's states are all
     present), but a batch starts only after the one before it has acted. Longest queues
@@ -709,7 +772,7 @@ DIRECTIONS = sorted(((a, b) for a in range(-4, 5) for b in range(-4, 5)
                     key=lambda g: (abs(g[0]) + abs(g[1]), g))
 
 
-def _hull_batches(values: np.ndarray, owners: np.ndarray):
+def hull_batches(values: np.ndarray, owners: np.ndarray):
     """Batches of (sequence, g): each pair of a batch is the unique largest g·σ over the pairs
     not yet taken (before the batch), g a small integer direction (smallest |g|₁ first), so
     the batch's units can act in one layer. A set none of these orders (every vertex of its

@@ -29,6 +29,7 @@ from ..evaluate import forward
 from ..model import Block, Transformer
 from ..numbers import as_number_array, num
 from ..record import Construction, SnapWindow, Span
+from . import keyed, keyed_softmax
 from .gadgets import ff_from_units, power_of_two_below, projection_unit, snap_units
 from .generic import ConstructionError, Draws, best_draw
 from .leaders import choose_leaders
@@ -97,6 +98,16 @@ def compile_softmax(dataset: Dataset, exact: bool = True, seed: int = 0, tau=Non
         _at_given_tau(geo, theta, tau_star)
     model.record.tau_star = tau_star
     return model
+
+
+def compile_keyed_softmax(dataset: Dataset, exact: bool = True, seed: int = 0,
+                          progress: bool = False, width: int = 4) -> Transformer:
+    """The keyed softmax model (docs/keyed.md#softmax): τ = 1, no simulation, exact in real
+    arithmetic and within float32's rounding in a plain dense float32 pass."""
+    inputs, targets = dataset.fractions() if exact else dataset.floats()
+    built = keyed_softmax.build(inputs, targets, dataset.target_lengths, exact, width, seed,
+                                progress)
+    return keyed.model_of(built, dataset.N, dataset.total_m, seed, exact, "softmax")
 
 
 def _at_default_tau(geo: _Geometry, tau_star: float) -> Transformer:

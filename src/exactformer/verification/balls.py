@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from flint import arb, arb_mat, ctx, fmpq, fmpq_mat
+from flint import arb, arb_mat, ctx, fmpq, fmpq_mat, fmpz
 
 from ..model import FF, SA, Head, Transformer
 from ..numbers import to_fraction
@@ -93,19 +93,36 @@ class Line:
 
 
 class Ball:
-    """A token enclosed in the ball vector ``v`` (d×1)."""
+    """A token o + v: the ball vector ``v`` (d×1) plus an exact rational part ``o`` (d×1, or
+    None for 0). FF layers add their exact offsets to o, so a coordinate no ball reaches
+    stays exact, even where its value is no binary number."""
 
-    __slots__ = ("v", "reads")
+    __slots__ = ("v", "o", "reads")
 
-    def __init__(self, v: arb_mat):
-        self.v = v
+    def __init__(self, v: arb_mat, o: fmpq_mat | None = None):
+        self.v, self.o = v, o
         self.reads: dict[int, arb] = {}
+
+
+def _ball_or_point(v: arb_mat, o: fmpq_mat | None):
+    """o + v, as the exact point it is when every entry of v is an exact finite number."""
+    entries = [v[i, 0] for i in range(v.nrows())]
+    if not all(x.is_exact() and x.is_finite() for x in entries):
+        return Ball(v, o)
+    point = column(_exact_value(x) for x in entries)
+    return Exact(point if o is None else point + o)
+
+
+def _exact_value(x: arb) -> fmpq:
+    """The value of an exact arb (a binary number m·2^e) as fmpq."""
+    m, e = x.man_exp()
+    return fmpq(m) * fmpq(2) ** int(e) if e >= 0 else fmpq(m, fmpz(2) ** int(-e))
 
 
 def as_ball(tok) -> arb_mat:
     """Any token as a ball column vector (at the current precision)."""
     if isinstance(tok, Ball):
-        return tok.v
+        return tok.v if tok.o is None else tok.v + arb_mat(tok.o)
     if isinstance(tok, Exact):
         return arb_mat(tok.o)
     return arb_mat(tok.frame.o) + arb_mat(tok.frame.e) * tok.s
@@ -121,6 +138,8 @@ def _read(tok, f: fmpq_mat):
         r = (f * tok.o)[0, 0]
     elif isinstance(tok, Ball):
         r = (arb_mat(f) * tok.v)[0, 0]
+        if tok.o is not None:
+            r = r + (f * tok.o)[0, 0]
     else:
         fr = tok.frame
         if id(f) not in fr.reads:
@@ -134,7 +153,7 @@ def _read(tok, f: fmpq_mat):
 def _affine(tok, M: fmpq_mat, v: fmpq_mat):
     """The exact affine map x ↦ M·x + v applied to a token, keeping its form."""
     if isinstance(tok, Ball):
-        return Ball(arb_mat(M) * tok.v + arb_mat(v))
+        return Ball(arb_mat(M) * tok.v, v if tok.o is None else M * tok.o + v)
     if isinstance(tok, Exact):
         return Exact(M * tok.o + v)
     img = _frame_or_point(M * tok.frame.o + v, M * tok.frame.e)
@@ -395,7 +414,7 @@ class Run:
             if isinstance(tok, Line):
                 img = ff.line_image(k, tok.frame, S)
                 return img if isinstance(img, Exact) else Line(img, tok.s)
-            return self._ball_piece(p, tok.v)
+            return self._ball_piece(p, tok)
         if self.first_doubt is None:
             self.first_doubt = (f"a ReLU sign in block {k} (0-based) is undecided for pair {j} "
                                 f"at {self.bits} bits")
@@ -404,14 +423,16 @@ class Run:
         r = arb_mat(ff.w, 1, [_relu_hull(z[i, 0]) for i in range(ff.w)])
         return Ball(v * arb(ff.eta) + self.arb(ff.W) * r)
 
-    def _ball_piece(self, p: _Piece, v: arb_mat):
+    def _ball_piece(self, p: _Piece, tok: Ball):
+        """The exact piece x ↦ M·x + v on o + ball: M·o + v stays exact, M acts on the ball."""
         if p.kind == "zero":
             return p.point
         if p.kind == "rank1":
-            return Line(p.frame, (self.arb(p.g) * v)[0, 0])
+            s = (self.arb(p.g) * tok.v)[0, 0]
+            return Line(p.frame, s if tok.o is None else s + (p.g * tok.o)[0, 0])
         if p.kind == "identity":
-            return Ball(v + self.arb(p.v))
-        return Ball(self.arb(p.M) * v + self.arb(p.v))
+            return _ball_or_point(tok.v, p.v if tok.o is None else tok.o + p.v)
+        return _ball_or_point(self.arb(p.M) * tok.v, p.v if tok.o is None else p.M * tok.o + p.v)
 
     # -------------------------------------------------------------------------- SA
     def _sa(self, sa: _SAq, seq: _Seq) -> list:
@@ -428,15 +449,17 @@ class Run:
         X = arb_mat(n, d, [c[i, 0] for c in cols for i in range(d)])
         out = X * arb(sa.rho)
         for h in sa.heads:
-            Y = self._average(h, X, seq, arb(sa.tau))
-            out = out + Y * arb(h.beta) + (Y * self.arb(h.q)) * self.arb(h.p).transpose()
+            values = X * arb(h.beta) + (X * self.arb(h.q)) * self.arb(h.p).transpose()
+            out = out + self._average(h, X, values, seq, arb(sa.tau))
         return [Ball(arb_mat(d, 1, [out[i, t] for t in range(d)])) for i in range(n)]
 
-    def _average(self, h: _HeadQ, X: arb_mat, seq: _Seq, tau: arb) -> arb_mat:
-        """One head's softmax averages in balls: each row is its dominant token plus the
-        weighted differences to the others (weights from scores shifted by the dominant score's
-        midpoint), so a saturated row stays as tight as its dominant token. A causal row i
-        weighs the keys l ≤ i only."""
+    def _average(self, h: _HeadQ, X: arb_mat, values: arb_mat, seq: _Seq, tau: arb
+                 ) -> arb_mat:
+        """One head's softmax averages of the rows of ``values`` (V·x_l, formed before the
+        average: a value that V makes ≥ 0 on every row keeps a lower bound ≥ 0), in balls: each
+        row is its dominant token's value plus the weighted differences to the others (weights
+        from scores shifted by the dominant score's midpoint), so a saturated row stays as tight
+        as its dominant token. A causal row i weighs the keys l ≤ i only."""
         n, d = X.nrows(), X.ncols()
         S = (X * self.arb(h.c)) * (X * self.arb(h.a)).transpose()
         if h.alpha != 0:
@@ -452,13 +475,14 @@ class Run:
             refs.append(ref)
             weights.append([arb(0) if l == ref or l not in E else E[l] / D for l in range(n)])
         rows = [None] * n
+        V = values
         for ref in set(refs):
-            diff = arb_mat(n, d, [arb(0) if l == ref else X[l, t] - X[ref, t]
+            diff = arb_mat(n, d, [arb(0) if l == ref else V[l, t] - V[ref, t]
                                   for l in range(n) for t in range(d)])
             mine = [i for i in range(n) if refs[i] == ref]
             Y = arb_mat(len(mine), n, [w for i in mine for w in weights[i]]) * diff
             for r, i in enumerate(mine):
-                rows[i] = [X[ref, t] + Y[r, t] for t in range(d)]
+                rows[i] = [V[ref, t] + Y[r, t] for t in range(d)]
         return arb_mat(n, d, [v for row in rows for v in row])
 
 

@@ -1,0 +1,146 @@
+"""Keyed softmax set models: the keyed construction with softmax attention (docs/keyed.md#softmax).
+
+Tagging and the separation tests are those of the keyed hardmax model (``keyed.prepare``).
+Softmax attention never picks one row, so every attention output is a little off the hardmax
+one; the construction bounds by how much and makes every later unit blind to it:
+
+* **Separation** scores β_s·height: each token of a sequence gets the same weights, so its
+  signature is the same real number for every token of the sequence, within a bound of the
+  hardmax signature.
+* **Data reset.** Before the collapse, one unit per data coordinate sets every token's data
+  to a dyadic point ``floor`` below all of them (x − relu(x − floor)), exactly.
+* **Collapse** (ρ = 0) with the hardmax scores times β_c and V = I + C·(code indicator)·e_oneᵀ:
+  each token becomes its leader tag's state within a bound, its data exactly ``floor`` (every
+  row has it), its code entries shifted into [0, 2C] so that nothing is near a ReLU's kink.
+* **Moves** are clip pairs relu(2a − ½) − relu(2a − 3/2) of the hardmax move's argument a
+  (1 at its own state, ≤ −1 elsewhere, off by < 1/16 after the softmax layers): exactly 1 or
+  0 in real arithmetic, they write target − floor and mark the token as moved.
+* **Reset.** One unit relu(x_c)·(−e_c) per coordinate of the model's own (all ≥ 0) ends with
+  each token exactly its target and the model's coordinates exactly 0.
+
+β_s and β_c are powers of two chosen from the data's sizes so that the bounds hold.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from ..model import SA, Block, ScoreMatrix, ValueMatrix
+from ..numbers import num, to_fraction, zeros
+from .gadgets import power_of_two_below
+from .keyed import (Built, Prepared, code_reader, ff_layer, move_weight, on_code, phases,
+                    prepare, rounds, schedule, target_slots, vec)
+
+BLUR = 32  # every softmax layer moves a move's argument by less than 1/BLUR
+
+
+def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exact: bool,
+          width: int, seed: int, progress: bool = False) -> Built:
+    """The keyed softmax model of the data (τ = 1, the score scales folded into A)."""
+    floor = data_floor(inputs, exact)
+    prep = prepare(inputs, m, exact, width, seed, progress, softmax=True, floor=floor)
+    p, lay = prep.p, prep.lay
+    beta_s, beta_c = score_scales(prep, max(len(x) for x in inputs), exact)
+    sep = rounds(p, lay, prep.word, prep.scales, prep.sig.lam, exact, score=beta_s)
+    reset = [ff_layer(units, exact) for units in _chunks(_data_reset(lay, floor, exact), width)]
+    collapse = [Block(ff, None) for ff in reset[:-1]] + \
+        [Block(reset[-1], _collapse(prep, beta_c, exact))]
+    moves = _moves(prep, targets, floor, width, exact)
+    own = [Block(ff_layer(units, exact), None) for units in _chunks(_own_reset(lay, exact),
+                                                                    width)]
+    blocks = prep.tag_layers + sep + collapse + moves + own
+    keyed = {**prep.keyed, "scores": [str(beta_s), str(beta_c)]}
+    return Built(blocks, lay.D, phases(prep, len(sep), len(collapse), len(blocks)),
+                 len(p.rounds), keyed)
+
+
+def data_floor(inputs: list[np.ndarray], exact: bool) -> np.ndarray:
+    """Per data coordinate a dyadic number (an integer times a power of two, which ball
+    arithmetic holds exactly) at or below every token's: the point the data reset sets."""
+    out = []
+    for v in np.min(np.vstack(inputs), axis=0):
+        v = to_fraction(v)
+        step = power_of_two_below(max(abs(v), Fraction(1))) * Fraction(1, 1 << 20)
+        out.append(num(math.floor(v / step) * step, exact))
+    return np.array(out, dtype=object if exact else float)
+
+
+def score_scales(prep: Prepared, n: int, exact: bool) -> tuple:
+    """(β_s, β_c), powers of two. A round's average height falls short of the highest by at
+    most (n − 1)·e^(−β_s), which moves a move's argument by at most 2·|g|₁·λ·R·(n − 1)·e^(−β_s);
+    the collapse mixes other rows in with weights ≤ e^(−β_c/2) (its score margins are ≥ ½),
+    which moves it by at most 2·K·q·(n − 1)·e^(−β_c/2). Each is kept below 1/BLUR."""
+    gs = [g for batches in prep.orders.values() for batch in batches for _, g in batch]
+    g1 = max((abs(g[0]) + abs(g[1]) for g in gs), default=1)
+    top = int(np.abs(prep.sig.values).max(initial=0))
+    K = max((float(move_weight(g, top, False)) for g in gs), default=1.0)
+    lam = int(np.abs(prep.sig.lam).max(initial=1))
+    R = max(len(prep.p.rounds), 1)
+    two = num(2, exact)
+    beta_s = two ** math.ceil(math.log2(math.log(2 * BLUR * g1 * lam * R * n)))
+    beta_c = two ** math.ceil(math.log2(2 * math.log(2 * BLUR * K * prep.lay.q * n)))
+    return beta_s, beta_c
+
+
+def _chunks(units: list, width: int) -> list[list]:
+    return [units[i:i + width] for i in range(0, len(units), width)]
+
+
+def _data_reset(lay, floor: np.ndarray, exact: bool) -> list:
+    """x_c − relu(x_c − floor_c) = floor_c on every token (x_c ≥ floor_c)."""
+    return [(vec(lay.D, {c: 1}, exact), -floor[c], vec(lay.D, {c: -1}, exact))
+            for c in range(lay.d)]
+
+
+def _collapse(prep: Prepared, beta, exact: bool) -> SA:
+    """The hardmax collapse's scores (keyed.py) times β, ρ = 0, and V = I + C·1_code·e_oneᵀ:
+    each row becomes the average of its sequence's rows with every code entry raised by C."""
+    lay, sc = prep.lay, prep.scales
+    a = on_code(lay, sc.g, beta / sc.C, exact)
+    a[lay.mark] = num(sc.G, exact) * beta
+    shift = on_code(lay, np.ones(lay.q, dtype=np.int64), sc.C, exact)
+    return SA(num(0, exact),
+              ScoreMatrix(beta / sc.M, a, vec(lay.D, {lay.one: 1}, exact)),
+              ValueMatrix(num(1, exact), shift, vec(lay.D, {lay.one: 1}, exact)))
+
+
+def _moves(prep: Prepared, targets: list[np.ndarray], floor: np.ndarray, width: int,
+           exact: bool) -> list[Block]:
+    """One clip pair per (leader tag, holding sequence), in the hardmax model's hull batches
+    and schedule (two units per state)."""
+    p, sig, lay = prep.p, prep.sig, prep.lay
+    top = int(np.abs(sig.values).max(initial=0))
+    slot_of = target_slots(prep.table, p, targets)
+    queues = [[[_clip_pair(prep, t, g, j, targets[j][slot_of[(j, t)]] - floor, top, exact)
+                for j, g in batch] for batch in prep.orders[t]] for t in p.leader_tags]
+    return [Block(ff_layer([u for pair in pairs for u in pair], exact), None)
+            for pairs in schedule(queues, width // 2)]
+
+
+def _clip_pair(prep: Prepared, t: int, g, j: int, move, top: int, exact: bool) -> list:
+    """The hardmax move's argument a = K·(ς·(code − C)/C − w) + 2·g·(σ − σ_j) + 1, less
+    2K·moved, as relu(2a − ½) − relu(2a − 3/2) times (move on the data, 1 on moved)."""
+    lay, sc, word = prep.lay, prep.scales, prep.word[t]
+    K = move_weight(g, top, exact)
+    u = code_reader(lay, word, sc, K, exact)
+    for c, gc in zip(lay.sigma, g, strict=True):
+        u[c] = num(2 * gc, exact) / sc.sig_unit
+    u[lay.moved] = -2 * K
+    bias = num(1 - 2 * int(np.dot(g, prep.sig.values[j])), exact) - K * (sc.w + int(word.sum()))
+    out = zeros(lay.D, exact)
+    out[:lay.d] = move
+    out[lay.moved] = num(1, exact)
+    half = num(Fraction(1, 2), exact)
+    return [(2 * u, 2 * bias - half, out), (2 * u, 2 * bias - 3 * half, -out)]
+
+
+def _own_reset(lay, exact: bool) -> list:
+    """relu(x_c)·(−e_c) on every coordinate of the model's own that may be nonzero: each is ≥ 0
+    after the collapse (codes shifted), so the unit sets it to exactly 0."""
+    coords = [lay.one, lay.height, *lay.sigma, lay.mark, lay.peel,
+              *range(lay.code.start, lay.code.stop), lay.moved]
+    return [(vec(lay.D, {c: 1}, exact), num(0, exact), vec(lay.D, {c: -1}, exact))
+            for c in coords]
