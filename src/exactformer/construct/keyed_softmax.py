@@ -31,8 +31,20 @@ import numpy as np
 from ..model import SA, Block, ScoreMatrix, ValueMatrix
 from ..numbers import num, to_fraction, zeros
 from .gadgets import power_of_two_below
-from .keyed import (Built, Prepared, code_reader, ff_layer, move_weight, on_code, phases,
-                    prepare, rounds, schedule, target_slots, vec)
+from .keyed import (
+    Built,
+    Prepared,
+    code_reader,
+    ff_layer,
+    move_weight,
+    on_code,
+    phases,
+    prepare,
+    rounds,
+    schedule,
+    target_slots,
+    vec,
+)
 
 BLUR = 32  # every softmax layer moves a move's argument by less than 1/BLUR
 
@@ -111,7 +123,7 @@ def _moves(prep: Prepared, targets: list[np.ndarray], floor: np.ndarray, width: 
            exact: bool) -> list[Block]:
     """One clip pair per (leader tag, holding sequence), in the hardmax model's hull batches
     and schedule (two units per state)."""
-    p, sig, lay = prep.p, prep.sig, prep.lay
+    p, sig = prep.p, prep.sig
     top = int(np.abs(sig.values).max(initial=0))
     slot_of = target_slots(prep.table, p, targets)
     queues = [[[_clip_pair(prep, t, g, j, targets[j][slot_of[(j, t)]] - floor, top, exact)
