@@ -39,12 +39,13 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def constructed_norms(data) -> dict[str, tuple[int, float]]:
-    """(L, ‖θ*‖²) of the constructed interpolants (hats, hardmax and softmax, and the keyed
-    hardmax model) in the ρ/η layout, the architecture of the bound ε‖θ*‖² they give: no
+    """(L, ‖θ*‖²) of the constructed interpolants (hats and keyed models, hardmax and
+    softmax) in the ρ/η layout, the architecture of the bound ε‖θ*‖² they give: no
     generator needed (docs/numerics.md#conditioning)."""
     out = {}
     for label, attention, keys in (("hardmax", "hardmax", False), ("softmax", "softmax", False),
-                                   ("keyed hardmax", "hardmax", True)):  # docs/keyed.md
+                                   ("keyed hardmax", "hardmax", True),  # docs/keyed.md
+                                   ("keyed softmax", "softmax", True)):
         model = ef.compile(data, attention=attention, exact=False, keys=keys)
         out[label] = (model.n_blocks, float(tr.norm_sq(to_rho_eta(model)).detach()))
     return out

@@ -684,8 +684,17 @@ def _collapse(lay: Layout, sc: _Scales, exact: bool) -> SA:
     (docs/keyed.md#collapse)."""
     a = on_code(lay, sc.g, 1 / sc.C, exact)
     a[lay.mark] = num(sc.G, exact)
-    return SA(num(0, exact), ScoreMatrix(1 / sc.M, a, vec(lay.D, {lay.one: 1}, exact)),
+    return SA(num(0, exact), priority_scores(1 / sc.M, a, lay, exact),
               ValueMatrix(num(1, exact), zeros(lay.D, exact), zeros(lay.D, exact)))
+
+
+def priority_scores(alpha, a: np.ndarray, lay: Layout, exact: bool) -> ScoreMatrix:
+    """A = α·I + (a/t)·(t·e_one)ᵀ, t the power of two nearest √|a|: the scores of
+    α·I + a·e_oneᵀ (t cancels exactly in binary arithmetic) with |a/t|² + t² near its
+    smallest, the two rows the ρ/η layout's W_q and W_k hold."""
+    size = math.sqrt(sum(float(v) ** 2 for v in a))
+    t = num(2, exact) ** (round(math.log2(size) / 2) if size > 0 else 0)
+    return ScoreMatrix(alpha, a / t, vec(lay.D, {lay.one: t}, exact))
 
 
 def _moves(prep: Prepared, targets: list[np.ndarray], width: int, exact: bool

@@ -28,7 +28,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..model import SA, Block, ScoreMatrix, ValueMatrix
+from ..model import SA, Block, ValueMatrix
 from ..numbers import num, to_fraction, zeros
 from .gadgets import power_of_two_below
 from .keyed import (
@@ -40,6 +40,7 @@ from .keyed import (
     on_code,
     phases,
     prepare,
+    priority_scores,
     rounds,
     schedule,
     target_slots,
@@ -114,8 +115,7 @@ def _collapse(prep: Prepared, beta, exact: bool) -> SA:
     a = on_code(lay, sc.g, beta / sc.C, exact)
     a[lay.mark] = num(sc.G, exact) * beta
     shift = on_code(lay, np.ones(lay.q, dtype=np.int64), sc.C, exact)
-    return SA(num(0, exact),
-              ScoreMatrix(beta / sc.M, a, vec(lay.D, {lay.one: 1}, exact)),
+    return SA(num(0, exact), priority_scores(beta / sc.M, a, lay, exact),
               ValueMatrix(num(1, exact), shift, vec(lay.D, {lay.one: 1}, exact)))
 
 
