@@ -157,18 +157,14 @@ def _softmax_verdict(model, dataset, limit, digits, tau, snapped, extra, progres
     """(within per pair, undecided pairs, arithmetic, proved, proof) of a softmax model,
     decided by the ball bound. One mpmath pass at ``digits`` digits is reported beside it
     (``hausdorff_mp``), and its positions on the snap line give the snap margins
-    (``snapped``: the first snap block and the float pass's snapshots)."""
-    snap, snaps_f = snapped
-    at = {snap} if snap is not None else set()
-    xs, ys = dataset.fractions()
-    outs, snaps = forward(model, xs, "mp", dps=digits, progress=progress, tau=tau,
-                          snapshots=at, workers=workers)
-    extra["hausdorff_mp"] = _mp_errors(outs, ys, digits)
-    extra["mp digits"] = digits
-    if snap is not None and snap in snaps_f:
-        extra.update(snap_margins(model, snap, snaps[snap], snaps_f[snap],
-                                  safe_float(scale) or 1.0))
+    (``snapped``: the first snap block and the float pass's snapshots). A model without a
+    snap line that the bound proves exact gets no mpmath pass: it would only measure the 0
+    the proof shows (keyed softmax models, docs/keyed.md#softmax)."""
     b = bound_set(model, dataset, limit, digits, tau)
+    if snapped[0] is not None or not b.proof.proved:
+        _mp_measurement(model, dataset, digits, tau, snapped, extra, progress, workers, scale)
+    else:
+        extra["mp digits"] = "not run: proved exact by the ball bound"
     extra["hausdorff_bound"] = b.upper
     within = [s == "within" for s in b.status]
     undecided = [j for j, s in enumerate(b.status) if s == "undecided"]
@@ -184,6 +180,21 @@ def _softmax_verdict(model, dataset, limit, digits, tau, snapped, extra, progres
                                    "so in real arithmetic the outputs miss the targets "
                                    "slightly)")
     return within, undecided, f"ball{b.bits}", False, f"not proved: {b.proof.reason}{note}"
+
+
+def _mp_measurement(model, dataset, digits, tau, snapped, extra, progress, workers, scale
+                    ) -> None:
+    """The report's mpmath pass: ``hausdorff_mp`` per pair and the snap margins."""
+    snap, snaps_f = snapped
+    at = {snap} if snap is not None else set()
+    xs, ys = dataset.fractions()
+    outs, snaps = forward(model, xs, "mp", dps=digits, progress=progress, tau=tau,
+                          snapshots=at, workers=workers)
+    extra["hausdorff_mp"] = _mp_errors(outs, ys, digits)
+    extra["mp digits"] = digits
+    if snap is not None and snap in snaps_f:
+        extra.update(snap_margins(model, snap, snaps[snap], snaps_f[snap],
+                                  safe_float(scale) or 1.0))
 
 
 def _mp_errors(outs, ys, digits: int) -> list[float]:

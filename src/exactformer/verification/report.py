@@ -149,10 +149,10 @@ class Report(_Verdict):
         if "hausdorff_exact" in self.extra:
             return (f"max Hausdorff error ≤ {fmt(worst(self.extra['hausdorff_exact']))} in exact "
                     f"arithmetic on the stored floats {limit}")
+        measured = (f" (measured {fmt(worst(self.extra['hausdorff_mp']))} at "
+                    f"{self.extra['mp digits']} digits)" if "hausdorff_mp" in self.extra else "")
         return (f"max Hausdorff error ≤ {fmt(worst(self.extra['hausdorff_bound']))} in ball "
-                f"arithmetic at {self.arithmetic[4:]} bits (measured "
-                f"{fmt(worst(self.extra['hausdorff_mp']))} at {self.extra['mp digits']} "
-                f"digits) {limit}")
+                f"arithmetic at {self.arithmetic[4:]} bits{measured} {limit}")
 
 
 @dataclass
