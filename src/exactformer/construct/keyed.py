@@ -1,4 +1,4 @@
-"""Keyed set models: hardmax models whose every gadget after the first reads exact small numbers.
+"""Keyed set models: models whose every gadget after the first reads exact small numbers.
 
 The hat construction (docs/hardmax.md) reads every gadget on a projected line whose gaps shrink
 like 1/(number of points)², and a hat is zero beyond its window only because large ReLU terms
@@ -23,6 +23,9 @@ two, which every binary format represents and adds exactly (docs/keyed.md):
 Every inactive unit adds exactly 0 and every active one after the caps computes its argument
 without rounding, so a float32 pass errs only in the data it reads and in its one write of
 target − token (docs/numerics.md#keyed-models-the-bound-for-set-data).
+
+This module holds the plan and the gadgets both keyed models share (``prepare``) and the
+hardmax model's collapse and moves (``build``); ``keyed_softmax`` holds the softmax model's.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ class Layout:
     d: int
     slots: int  # cap outputs awaiting their clip, ``slots`` per parity of the layer index
     q: int  # code length
-    done: bool = False  # softmax models: a last coordinate, 1 once a token has moved
+    with_moved: bool = False  # softmax models: a last coordinate, 1 once a token has moved
 
     @property
     def one(self) -> int:
@@ -97,12 +100,12 @@ class Layout:
     @property
     def moved(self) -> int:
         """Softmax models: 1 exactly on a token whose move has acted (docs/keyed.md#softmax)."""
-        assert self.done
+        assert self.with_moved
         return self.D - 1
 
     @property
     def D(self) -> int:
-        return self.d + 6 + 2 * self.slots + self.q + int(self.done)
+        return self.d + 6 + 2 * self.slots + self.q + int(self.with_moved)
 
 
 # ----------------------------------------------------------------------------- codes
@@ -567,7 +570,7 @@ def vec(D: int, entries: dict, exact: bool) -> np.ndarray:
 
 
 def tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: bool
-             ) -> list[Block]:
+            ) -> list[Block]:
     """The tagging layers: the unit writing 1 to the ``one`` coordinate, then per exposure
     step its tags (a cap to a slot, then a clip to the code and the mark, and the slot reset,
     one layer later) and its peels (a cap to the mark)."""
@@ -669,7 +672,7 @@ def rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exact
                             vec(D, {lay.one: 1}, exact)),
                 ValueMatrix(num(0, exact),
                             vec(D, {lay.sigma[0]: int(lam[r, 0]) * sc.sig_unit,
-                                     lay.sigma[1]: int(lam[r, 1]) * sc.sig_unit}, exact),
+                                    lay.sigma[1]: int(lam[r, 1]) * sc.sig_unit}, exact),
                             vec(D, {lay.height: 1}, exact)))
         blocks.append(Block(ff_layer(units, exact), sa))
     return blocks
