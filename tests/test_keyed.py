@@ -85,10 +85,10 @@ def float_error(model, data, dtype) -> float:
     return worst
 
 
-def mp_error(model, data, digits: int = 60) -> float:
+def mp_error(model, data, digits: int = 60, pairs: int = 8) -> float:
     """The same dense pass in mpmath at ``digits`` digits, from the exact parameters and data:
-    the largest Hausdorff distance to the exact targets (a measurement, independent of the
-    package's ball arithmetic)."""
+    the largest Hausdorff distance to the exact targets over the first ``pairs`` pairs (a
+    measurement, independent of the package's ball arithmetic; object arrays are slow)."""
     def mp(v):
         f = Fraction(v)
         return mpmath.mpf(f.numerator) / f.denominator
@@ -99,7 +99,7 @@ def mp_error(model, data, digits: int = 60) -> float:
     xs, ys = data.fractions()
     worst = mpmath.mpf(0)
     with mpmath.workdps(digits):
-        for x, y in zip(xs, ys, strict=True):
+        for x, y in zip(xs[:pairs], ys[:pairs], strict=True):
             o = dense_pass(model, np.asarray(x, dtype=object), object, arr,
                            np.vectorize(mpmath.exp))[-1]
             Y = np.pad(arr(y), ((0, 0), (0, model.d - data.d)), constant_values=mpmath.mpf(0))
@@ -452,3 +452,65 @@ def test_softmax_transformer_lens_float32():
     model = ef.compile(data, attention="softmax", keys=True)
     verdict = lens_verdict(to_lens(model, "float32"), data)
     assert verdict.interpolates and verdict.error <= 1e-5 * data.coordinate_scale()
+
+
+# ------------------------------------------------------------------------------ collapse margins
+def collapse_margins(model, data) -> list:
+    """Per row of the exact states before the collapse, its best stored collapse score less
+    its second best (rows of one-token sequences skipped), the softmax score scale divided
+    out."""
+    c = model.record.phase("collapse")
+    head = Transformer(d=model.d, attention=model.attention, blocks=model.blocks[:c.end - 1],
+                       exact=True, tau=model.tau)
+    sa = model.blocks[c.end - 1]
+    xs, _ = data.fractions()
+    states = ef.forward(head, xs, arithmetic="exact") if model.attention == "hardmax" else \
+        [np.asarray(s, dtype=object) for s in _exact_before_collapse(model, xs)]
+    if sa.ff is not None:  # a softmax model's last data-reset layer shares the block
+        states = [_ff_exact(sa.ff, X) for X in states]
+    A = sa.sa.heads[0].A.dense()
+    scale = Fraction(model.record.keyed["scores"][1]) if model.attention == "softmax" else 1
+    out = []
+    for X in states:
+        S = (X @ A.T) @ X.T
+        for row in S:
+            best = sorted(row, reverse=True)
+            if len(best) > 1:
+                out.append((best[0] - best[1]) / scale)
+    return out
+
+
+def _ff_exact(ff, X):
+    H = X @ ff.U.T + ff.b
+    H = np.where(H > 0, H, Fraction(0))
+    return X * ff.eta + H @ ff.W.T
+
+
+def _exact_before_collapse(model, xs):
+    """A softmax model's states before its collapse with every softmax average replaced by the
+    hardmax one: the states the collapse's margins are stated for (docs/keyed.md#collapse)."""
+    c = model.record.phase("collapse")
+    hard = Transformer(d=model.d, attention="hardmax", blocks=model.blocks[:c.end - 1],
+                       exact=True)
+    return ef.forward(hard, xs, arithmetic="exact")
+
+
+@SETTINGS
+@given(ds=datasets(), seed=seeds, width=widths)
+def test_collapse_margins(ds, seed, width):
+    """Every row's best collapse score beats its second by at least ½ (docs/keyed.md#collapse),
+    with the last round's heights still in the states."""
+    model = ef.compile(ds, seed=seed, width=width, keys=True)
+    assert min(collapse_margins(model, ds), default=1) >= Fraction(1, 2)
+
+
+@pytest.mark.parametrize("attention", ["hardmax", "softmax"])
+def test_collapse_margins_with_a_tall_round(attention):
+    """nested(30, 3) at width 64 holds one round of 29 tests: heights up to 29 sit in the
+    states the collapse scores, and the margins must allow for them."""
+    data = builtin.nested(30, 3)
+    model = ef.compile(data, attention=attention, width=64, keys=True)
+    xs, _ = data.fractions()
+    states = _exact_before_collapse(model, xs)
+    assert max(max(X[:, data.d + 1]) for X in states) >= 20  # the height coordinate
+    assert min(collapse_margins(model, data)) >= Fraction(1, 2)

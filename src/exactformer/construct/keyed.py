@@ -423,7 +423,8 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, see
               for t in p.leader_tags}
     points = table.points if floor is None else np.vstack([table.points, floor[None, :]])
     scales = _Scales.of(points, w, g, words[:len(p.leader_tags)],
-                        int(sig.values.max(initial=0)), exact)
+                        int(sig.values.max(initial=0)), max(map(len, p.rounds), default=0),
+                        exact)
     tag_layers = tagging(p, lay, word, scales, width, exact)
     margin = _smallest_margin(p, table.points)
     if margin < FLOAT32_MARGIN:
@@ -500,12 +501,15 @@ class _Scales:
 
     @classmethod
     def of(cls, points: np.ndarray, w: int, g: np.ndarray, leader_words: np.ndarray,
-           top_sigma: int, exact: bool) -> _Scales:
+           top_sigma: int, tallest: int, exact: bool) -> _Scales:
+        """``tallest``: the most tests of a round, the largest height a state holds at the
+        collapse."""
         top = float(np.max(np.linalg.norm(safe_floats(points).astype(float), axis=1),
                            initial=0.0))
         if not math.isfinite(top):
             raise NotKeyable("tokens too large for float64")
-        B = top * top + 10  # bounds |state|² outside the code coordinates (docs/keyed.md)
+        # |state|² outside the code: data, one, height, σ, mark and peel (docs/keyed.md)
+        B = top * top + tallest * tallest + 10
         two = num(2, exact)
         M = two ** math.ceil(math.log2(4 * B))
         spread = int(np.abs(leader_words @ g).max(initial=0))
