@@ -274,3 +274,26 @@ def test_no_ok_that_the_reference_contradicts(case):
     model, data = case
     report = check(model, data)  # asserts inside: every OK is within the limit at 600 digits
     event(f"{'causal' if model.causal else 'set'}: {report.verdict()}")
+
+
+def test_a_ball_centred_on_its_target_gets_a_finite_bound():
+    """A ball whose midpoint is exactly its target's coordinate (1/3 − 1/3): python-flint's
+    power returns its square as nan, which left the pair unbounded (UNDECIDED). On a keyed
+    softmax model with one weight off by 10⁻⁵⁰ the bound closes at the true error, far inside
+    the limit of 10⁻⁴⁰ × scale: OK."""
+    from flint import arb, arb_mat, fmpq, fmpq_mat
+
+    from exactformer.verification.balls import Ball
+    from exactformer.verification.bound import _squared
+    lo, hi, _ = _squared(Ball(arb_mat(1, 1, [arb(fmpq(1, 3))])), fmpq_mat(1, 1, [fmpq(1, 3)]))
+    assert lo == 0 and hi is not None and 0 <= hi < fmpq(1, 10 ** 30)
+    F = Fraction
+    data = ef.Dataset.from_arrays(
+        [[[F(1, 3), F(-2, 7)], [F(0), F(5, 3)]], [[F(1, 3), F(-2, 7)]],
+         [[F(2, 3), F(1, 5)], [F(0), F(5, 3)]]],
+        [[[F(1, 3), F(1, 3)]], [[F(-1, 3), F(2, 9)]], [[F(0), F(5, 3)], [F(1, 7), F(1, 11)]]])
+    model = ef.compile(data, attention="softmax", keys=True)
+    model.blocks[5].ff.U[1, 3] += F(1, 10 ** 50)  # a tagging unit's weight
+    report = ef.verify(model, data)
+    assert report.verdict() == "OK" and not report.proved
+    assert max(report.extra["hausdorff_bound"]) < 1e-45

@@ -456,10 +456,10 @@ class Run:
     def _average(self, h: _HeadQ, X: arb_mat, values: arb_mat, seq: _Seq, tau: arb
                  ) -> arb_mat:
         """One head's softmax averages of the rows of ``values`` (V·x_l, formed before the
-        average: a value that V makes ≥ 0 on every row keeps a lower bound ≥ 0), in balls: each
-        row is its dominant token's value plus the weighted differences to the others (weights
-        from scores shifted by the dominant score's midpoint), so a saturated row stays as tight
-        as its dominant token. A causal row i weighs the keys l ≤ i only."""
+        average: an entry V makes exactly ≥ 0 on every row keeps a lower bound ≥ 0), in balls:
+        each row is its dominant token's value plus the weighted differences to the others
+        (weights from scores shifted by the dominant score's midpoint), so a saturated row
+        stays as tight as its dominant token. A causal row i weighs the keys l ≤ i only."""
         n, d = X.nrows(), X.ncols()
         S = (X * self.arb(h.c)) * (X * self.arb(h.a)).transpose()
         if h.alpha != 0:

@@ -102,7 +102,8 @@ def _squared(tok, y) -> tuple[fmpq, fmpq | None, float]:
                 fmpq(0))
         return v, v, _root_up(v)
     diff = as_ball(tok) - arb_mat(y)
-    sq = sum((diff[t, 0] ** 2 for t in range(diff.nrows())), arb(0))
+    # x·x, not x**2: python-flint's power gives nan for a ball with midpoint exactly 0
+    sq = sum((diff[t, 0] * diff[t, 0] for t in range(diff.nrows())), arb(0))
     lo, hi = _endpoints(sq)
     mids = [float(diff[t, 0].mid()) for t in range(diff.nrows())]  # inf beyond float64
     with np.errstate(over="ignore"):
