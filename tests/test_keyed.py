@@ -466,7 +466,7 @@ def collapse_margins(model, data) -> list:
     xs, _ = data.fractions()
     states = ef.forward(head, xs, arithmetic="exact") if model.attention == "hardmax" else \
         [np.asarray(s, dtype=object) for s in _exact_before_collapse(model, xs)]
-    if sa.ff is not None:  # a softmax model's last data-reset layer shares the block
+    if sa.ff is not None:  # the block's FF: heights cleared (softmax: the last data reset)
         states = [_ff_exact(sa.ff, X) for X in states]
     A = sa.sa.heads[0].A.dense()
     scale = Fraction(model.record.keyed["scores"][1]) if model.attention == "softmax" else 1
@@ -498,16 +498,16 @@ def _exact_before_collapse(model, xs):
 @SETTINGS
 @given(ds=datasets(), seed=seeds, width=widths)
 def test_collapse_margins(ds, seed, width):
-    """Every row's best collapse score beats its second by at least ½ (docs/keyed.md#collapse),
-    with the last round's heights still in the states."""
+    """Every row's best collapse score beats its second by at least ½ (docs/keyed.md#collapse)
+    on the exact states the collapse head scores."""
     model = ef.compile(ds, seed=seed, width=width, keys=True)
     assert min(collapse_margins(model, ds), default=1) >= Fraction(1, 2)
 
 
 @pytest.mark.parametrize("attention", ["hardmax", "softmax"])
 def test_collapse_margins_with_a_tall_round(attention):
-    """nested(30, 3) at width 64 holds one round of 29 tests: heights up to 29 sit in the
-    states the collapse scores, and the margins must allow for them."""
+    """nested(30, 3) at width 64 holds one round of 29 tests: heights up to 29 reach the
+    collapse block, whose FF must clear them before its head scores the states."""
     data = builtin.nested(30, 3)
     model = ef.compile(data, attention=attention, width=64, keys=True)
     xs, _ = data.fractions()

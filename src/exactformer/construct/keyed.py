@@ -13,10 +13,11 @@ two, which every binary format represents and adds exactly (docs/keyed.md):
 2. **Separation.** Round r sets heights 1, 2, … on its tagged tests; a rank-one hardmax head
    adds λ_r·(the height of the highest test the sequence holds) to two signature
    coordinates.
-3. **Collapse.** One hardmax head (A = I + a·cᵀ, V = I, ρ = 0): every tagged token attends to
-   itself, every other token to the tagged token of its sequence with the highest priority
-   (its exact tag mark plus a small integer direction on its code). Each sequence is now a
-   set of copies of its tagged tokens.
+3. **Collapse.** A unit clears the last round's heights, then one hardmax head
+   (A = I/M + a·cᵀ, V = I, ρ = 0): every tagged token attends to itself, every other token
+   to the tagged token of its sequence with the highest priority (its exact tag mark plus a
+   small integer direction on its code). Each sequence is now a set of copies of its tagged
+   tokens.
 4. **Moves.** One ReLU per (tagged token, sequence): it reads the code and the signature and
    writes target − token, and sets every coordinate of the model's own to 0.
 
@@ -423,8 +424,7 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, see
               for t in p.leader_tags}
     points = table.points if floor is None else np.vstack([table.points, floor[None, :]])
     scales = _Scales.of(points, w, g, words[:len(p.leader_tags)],
-                        int(sig.values.max(initial=0)), max(map(len, p.rounds), default=0),
-                        exact)
+                        int(sig.values.max(initial=0)), exact)
     tag_layers = tagging(p, lay, word, scales, width, exact)
     margin = _smallest_margin(p, table.points)
     if margin < FLOAT32_MARGIN:
@@ -455,7 +455,8 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     prep = prepare(inputs, m, exact, width, seed, progress)
     p, lay, sc = prep.p, prep.lay, prep.scales
     sep = rounds(p, lay, prep.word, sc, prep.sig.lam, exact)
-    collapse = Block(None, _collapse(lay, sc, exact))
+    clear = ff_layer([height_reset(lay, exact)], exact) if p.rounds else None
+    collapse = Block(clear, _collapse(lay, sc, exact))
     moves = _moves(prep, targets, width, exact)
     blocks = prep.tag_layers + sep + [collapse] + moves
     return Built(blocks, lay.D, phases(prep, len(sep), 1, len(blocks)), len(p.rounds),
@@ -501,15 +502,13 @@ class _Scales:
 
     @classmethod
     def of(cls, points: np.ndarray, w: int, g: np.ndarray, leader_words: np.ndarray,
-           top_sigma: int, tallest: int, exact: bool) -> _Scales:
-        """``tallest``: the most tests of a round, the largest height a state holds at the
-        collapse."""
+           top_sigma: int, exact: bool) -> _Scales:
         top = float(np.max(np.linalg.norm(safe_floats(points).astype(float), axis=1),
                            initial=0.0))
         if not math.isfinite(top):
             raise NotKeyable("tokens too large for float64")
-        # |state|² outside the code: data, one, height, σ, mark and peel (docs/keyed.md)
-        B = top * top + tallest * tallest + 10
+        # |state|² outside the code at the collapse: data, one, σ, mark, peel (docs/keyed.md)
+        B = top * top + 10
         two = num(2, exact)
         M = two ** math.ceil(math.log2(4 * B))
         spread = int(np.abs(leader_words @ g).max(initial=0))
@@ -669,8 +668,7 @@ def rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exact
                 out[lay.height], out[lay.mark] = num(height, exact), num(-1, exact)
             units.append((code_reader(lay, word[t], sc, two, exact), 1 - two * sc.w, out))
         if r > 0:
-            units.append((vec(D, {lay.height: 1}, exact), num(0, exact),
-                          vec(D, {lay.height: -1}, exact)))
+            units.append(height_reset(lay, exact))
         sa = SA(num(1, exact),
                 ScoreMatrix(num(0, exact), vec(D, {lay.height: score}, exact),
                             vec(D, {lay.one: 1}, exact)),
@@ -680,6 +678,13 @@ def rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exact
                             vec(D, {lay.height: 1}, exact)))
         blocks.append(Block(ff_layer(units, exact), sa))
     return blocks
+
+
+def height_reset(lay: Layout, exact: bool) -> tuple:
+    """relu(height)·(−e_height): sets the heights of a round (all ≥ 0) back to 0; before the
+    collapse, so that no height enters its scores."""
+    return (vec(lay.D, {lay.height: 1}, exact), num(0, exact),
+            vec(lay.D, {lay.height: -1}, exact))
 
 
 def _collapse(lay: Layout, sc: _Scales, exact: bool) -> SA:
@@ -712,25 +717,18 @@ def _moves(prep: Prepared, targets: list[np.ndarray], width: int, exact: bool
     p, sig, table = prep.p, prep.sig, prep.table
     top = int(np.abs(sig.values).max(initial=0))
     slot_of = target_slots(table, p, targets)
-    last = {t: h for h, t in enumerate(p.rounds[-1], start=1)} if p.rounds else {}
-    queues = []
-    for t in p.leader_tags:
-        queue = []
-        for batch in prep.orders[t]:
-            queue.append([_move_unit(prep.lay, prep.word[t], prep.scales, top, g,
-                                     sig.values[j],
-                                     targets[j][slot_of[(j, t)]] - table.points[t],
-                                     last.get(t, 0), exact) for j, g in batch])
-        queues.append(queue)
+    queues = [[[_move_unit(prep.lay, prep.word[t], prep.scales, top, g, sig.values[j],
+                           targets[j][slot_of[(j, t)]] - table.points[t], exact)
+                for j, g in batch] for batch in prep.orders[t]] for t in p.leader_tags]
     return [Block(ff_layer(units, exact), None) for units in schedule(queues, width)]
 
 
-def _move_unit(lay: Layout, word: np.ndarray, sc: _Scales, top: int, g, sigma, move, height,
+def _move_unit(lay: Layout, word: np.ndarray, sc: _Scales, top: int, g, sigma, move,
                exact: bool):
     """The unit of one (tag, sequence) state: K·(ς·code/C − w) + 2·g·(σ − σ_j) + 1 is 1 at
     it and ≤ −1 at every other state present, K the smallest power of two above
     2·|g|₁·(largest signature entry) + 1, which any other code's −K outweighs. It adds
-    ``move`` to the data coordinates and sets code, signature, one, mark and height to 0."""
+    ``move`` to the data coordinates and sets code, signature, one and mark to 0."""
     K = move_weight(g, top, exact)
     u = code_reader(lay, word, sc, K, exact)
     for c, gc in zip(lay.sigma, g, strict=True):
@@ -739,7 +737,6 @@ def _move_unit(lay: Layout, word: np.ndarray, sc: _Scales, top: int, g, sigma, m
     out = on_code(lay, word, -sc.C, exact)
     out[:lay.d] = move
     out[lay.one] = out[lay.mark] = num(-1, exact)
-    out[lay.height] = num(-height, exact)
     for c, v in zip(lay.sigma, sigma, strict=True):
         out[c] = -num(int(v), exact) * sc.sig_unit
     return u, bias, out

@@ -8,7 +8,8 @@ one; the construction bounds by how much and makes every later unit blind to it:
   signature is the same real number for every token of the sequence, within a bound of the
   hardmax signature.
 * **Data reset.** Before the collapse, one unit per data coordinate sets every token's data
-  to a dyadic point ``floor`` below all of them (x − relu(x − floor)), exactly.
+  to a dyadic point ``floor`` below all of them (x − relu(x − floor)), exactly, and one unit
+  clears the last round's heights.
 * **Collapse** (ρ = 0) with the hardmax scores times β_c and V = I + C·(code indicator)·e_oneᵀ:
   each token becomes its leader tag's state within a bound, its data exactly ``floor`` (every
   row has it), its code entries shifted into [0, 2C] so that nothing is near a ReLU's kink.
@@ -36,6 +37,7 @@ from .keyed import (
     Prepared,
     code_reader,
     ff_layer,
+    height_reset,
     move_weight,
     on_code,
     phases,
@@ -58,7 +60,9 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     p, lay = prep.p, prep.lay
     beta_s, beta_c = score_scales(prep, max(len(x) for x in inputs), exact)
     sep = rounds(p, lay, prep.word, prep.scales, prep.sig.lam, exact, score=beta_s)
-    reset = [ff_layer(units, exact) for units in _chunks(_data_reset(lay, floor, exact), width)]
+    clear = [height_reset(lay, exact)] if p.rounds else []
+    reset = [ff_layer(units, exact)
+             for units in _chunks(_data_reset(lay, floor, exact) + clear, width)]
     collapse = [Block(ff, None) for ff in reset[:-1]] + \
         [Block(reset[-1], _collapse(prep, beta_c, exact))]
     moves = _moves(prep, targets, floor, width, exact)
@@ -152,7 +156,7 @@ def _clip_pair(prep: Prepared, t: int, g, j: int, move, top: int, exact: bool) -
 def _own_reset(lay, exact: bool) -> list:
     """relu(x_c)·(−e_c) on every coordinate of the model's own that may be nonzero: each is ≥ 0
     after the collapse (codes shifted), so the unit sets it to exactly 0."""
-    coords = [lay.one, lay.height, *lay.sigma, lay.mark, lay.peel,
+    coords = [lay.one, *lay.sigma, lay.mark, lay.peel,
               *range(lay.code.start, lay.code.stop), lay.moved]
     return [(vec(lay.D, {c: 1}, exact), num(0, exact), vec(lay.D, {c: -1}, exact))
             for c in coords]
