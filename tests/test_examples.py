@@ -51,3 +51,12 @@ def test_interpret_draws_patterns_and_interpolates(tmp_path):
     assert out.stat().st_size > 0 and result["interpolates"] and result["error"] <= 1e-9
     for pattern in result["patterns"].values():  # hardmax: one key per query, weight exactly 1
         assert ((pattern == 0) | (pattern == 1)).all() and (pattern.sum(axis=1) == 1).all()
+
+
+def test_float32_runtime_small():
+    pytest.importorskip("torch")
+    rows = load("float32_runtime").main(N=12, vocab=10, n=5, m=2, d=4)
+    assert [r["model"] for r in rows] == ["hats, hardmax", "keyed, hardmax", "keyed, softmax"]
+    assert all(r["ok"] for r in rows) and rows[0]["verdict"] == "PROVED EXACT"
+    assert rows[1]["verdict"] == rows[2]["verdict"] == "PROVED EXACT"
+    assert rows[1]["float32"] <= 1e-5 and rows[2]["float32"] <= 1e-5
