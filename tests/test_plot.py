@@ -185,3 +185,16 @@ def test_cli_plot_causal(tmp_path, capsys):
     assert cli.main(["plot", str(plain), "-o", str(out), "--float"]) == 2  # read as set data
     assert cli.main(["plot", str(plain), "-o", str(out), "--float", "--causal"]) == 0
     assert "causal hardmax" in capsys.readouterr().out
+
+
+def test_keyed_panels_name_the_collapse_block(tmp_path):
+    """A keyed model's collapse phase ends in a block whose FF clears heights (softmax: also
+    resets the data) before its ρ = 0 head: one panel before that head, one after."""
+    data = small_d2()
+    model = ef.compile(data, attention="softmax", keys=True)
+    fig = plot_phases(model, data, tmp_path / "fig.png")
+    expected = ["input", "after tagging", "after separation", "before the collapse",
+                "after the collapse", "after interpolation"]
+    assert len(fig.axes) == len(expected)
+    for ax, title in zip(fig.axes, expected, strict=True):
+        assert ax.get_title().startswith(title)

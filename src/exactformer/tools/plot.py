@@ -81,7 +81,9 @@ def stages(model: Transformer) -> tuple[Transformer, list[Stage]]:
     for name, (a, b) in phases.items():
         label = _blocks_label(a, b)
         if b in ends:
-            out.append(Stage(f"after {name} ({label}),\nbefore the collapse", where[b] - 1, name))
+            before = f"before the collapse\n(FF of block {b})" if name == "collapse" else \
+                f"after {name} ({label}),\nbefore the collapse"
+            out.append(Stage(before, where[b] - 1, name))
             out.append(Stage(f"after the collapse\n(attention of block {b}, ρ = 0)", where[b],
                              name))
         else:
