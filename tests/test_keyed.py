@@ -515,3 +515,28 @@ def test_collapse_margins_with_a_tall_round(attention):
     states = _exact_before_collapse(model, xs)
     assert max(max(X[:, data.d + 1]) for X in states) >= 20  # the height coordinate
     assert min(collapse_margins(model, data)) >= Fraction(1, 2)
+
+
+@pytest.mark.parametrize("scale", [1e-12, 1e-8, 1e8])
+def test_softmax_tiny_and_huge_scales(scale):
+    """Data and targets at scale 10⁻¹² … 10⁸: the data reset's dyadic point lies within the
+    data's own extent, so each write f + (target − f) rounds at the data's scale (an absolute
+    step of 2⁻²⁰ once made it 10⁻² of the scale at 10⁻¹²)."""
+    rng = np.random.default_rng(3)
+    P = rng.standard_normal((8, 2)) * scale
+    picks = [[0, 1, 2], [1, 3], [4, 5, 6], [2, 7], [0, 5], [3, 6, 7]]
+    data = make_dataset([P[k] for k in picks],
+                        [rng.standard_normal((1, 2)) * scale for _ in picks])
+    model = ef.compile(data, attention="softmax", keys=True, exact=False)
+    s = data.coordinate_scale()
+    assert ef.verify(model, data).ok
+    assert float_error(model, data, np.float64) <= 1e-12 * s
+    assert float_error(model, data, np.float32) <= 1e-5 * s
+
+
+@pytest.mark.parametrize("attention", ["hardmax", "softmax"])
+def test_tokens_beyond_float64_squares_are_refused_clearly(attention):
+    """|x|² of 10¹⁶⁰ overflows float64, which every cap and collapse score would read."""
+    data = make_dataset([[[1e160, 0], [0, 1e160]], [[1e160, 0]]], [[[1, 1]], [[2, 2]]])
+    with pytest.raises(keyed.NotKeyable, match="too large for float64"):
+        ef.compile(data, attention=attention, keys=True)

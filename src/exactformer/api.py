@@ -37,7 +37,7 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     if keys and (causal or isinstance(dataset, CausalDataset)):
         raise ValueError("keys=True builds set models (causal models key their positions by "
                          "themselves, docs/causal.md#position-keys)")
-    if keys and tau is not None:
+    if keys and tau is not None and attention == "softmax":
         raise ValueError("keys=True builds softmax models at tau = 1 (their score scales are "
                          "in the attention matrices, docs/keyed.md#softmax)")
     if causal or isinstance(dataset, CausalDataset):

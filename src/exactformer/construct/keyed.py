@@ -406,6 +406,10 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, see
     of the data (docs/keyed.md); NotKeyable where it does not apply. ``floor``: a point every
     state's data coordinates may hold at the collapse (softmax models reset them to it)."""
     table = TokenTable.build(inputs)
+    with np.errstate(over="ignore"):
+        if not np.isfinite(np.square(safe_floats(table.points).astype(float)).sum(axis=1)).all():
+            raise NotKeyable("tokens too large for float64: their squared norms overflow, and "
+                             "every cap and score reads them")
     p = plan(table, m, exact, width - 1, progress)
     tested = [t for r in p.rounds for t in r]
     every_tag = p.leader_tags + [t for t in dict.fromkeys(tested) if t not in
@@ -505,8 +509,6 @@ class _Scales:
            top_sigma: int, exact: bool) -> _Scales:
         top = float(np.max(np.linalg.norm(safe_floats(points).astype(float), axis=1),
                            initial=0.0))
-        if not math.isfinite(top):
-            raise NotKeyable("tokens too large for float64")
         # |state|² outside the code at the collapse: data, one, σ, mark, peel (docs/keyed.md)
         B = top * top + 10
         two = num(2, exact)

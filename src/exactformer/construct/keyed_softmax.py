@@ -75,13 +75,20 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
 
 
 def data_floor(inputs: list[np.ndarray], exact: bool) -> np.ndarray:
-    """Per data coordinate a dyadic number (an integer times a power of two, which ball
-    arithmetic holds exactly) at or below every token's: the point the data reset sets."""
+    """Per data coordinate a dyadic number at or below every token's: the largest multiple of
+    2⁻²⁰ of the coordinate's extent (a power of two at or below its largest |x_c|) not above
+    its smallest x_c, so ball arithmetic holds it exactly and a move's f + (target − f) rounds
+    at the data's own scale. 0 for a coordinate that is 0 on every token."""
+    X = np.vstack(inputs)
     out = []
-    for v in np.min(np.vstack(inputs), axis=0):
-        v = to_fraction(v)
-        step = power_of_two_below(max(abs(v), Fraction(1))) * Fraction(1, 1 << 20)
-        out.append(num(math.floor(v / step) * step, exact))
+    for c in range(X.shape[1]):
+        column = [to_fraction(v) for v in X[:, c]]
+        extent = max(abs(v) for v in column)
+        if extent == 0:
+            out.append(num(0, exact))
+            continue
+        step = max(power_of_two_below(extent), Fraction(1, 1 << 1000)) * Fraction(1, 1 << 20)
+        out.append(num(math.floor(min(column) / step) * step, exact))
     return np.array(out, dtype=object if exact else float)
 
 

@@ -80,8 +80,9 @@ def _prove(model: Transformer, dataset: Dataset, max_bits: int) -> Proof:
         proof = judge(run.outputs(xs), targets, bits, run.first_doubt)
         if proof.proved or proof.refuted or run.first_doubt is None or bits * 2 > max_bits:
             if not proof.proved and not model.exact:
-                proof.reason += (" (float64 parameters: rounded snaps are not exactly flat, so "
-                                 "in real arithmetic the outputs miss the targets slightly)")
+                proof.reason += (" (float64 parameters: their rounding, of a snap or of a "
+                                 "move's target, leaves the outputs slightly off the targets in "
+                                 "real arithmetic)")
             return proof
         bits *= 2
 

@@ -176,9 +176,9 @@ def _softmax_verdict(model, dataset, limit, digits, tau, snapped, extra, progres
             "not proved (evaluated at another temperature)"
     if b.proof.proved:
         return within, undecided, f"ball{b.bits}", True, f"ball arithmetic at {b.bits} bits"
-    note = "" if model.exact else (" (float64 parameters: rounded snaps are not exactly flat, "
-                                   "so in real arithmetic the outputs miss the targets "
-                                   "slightly)")
+    note = "" if model.exact else (" (float64 parameters: their rounding, of a snap or of a "
+                                   "move's target, leaves the outputs slightly off the targets "
+                                   "in real arithmetic)")
     return within, undecided, f"ball{b.bits}", False, f"not proved: {b.proof.reason}{note}"
 
 
