@@ -428,7 +428,7 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, see
               for t in p.leader_tags}
     points = table.points if floor is None else np.vstack([table.points, floor[None, :]])
     scales = _Scales.of(points, w, g, words[:len(p.leader_tags)],
-                        int(sig.values.max(initial=0)), exact)
+                        sig.top, exact)
     tag_layers = tagging(p, lay, word, scales, width, exact)
     margin = _smallest_margin(p, table.points)
     if margin < FLOAT32_MARGIN:
@@ -524,6 +524,11 @@ class _Signatures:
     lam: np.ndarray  # R × 2 integer multipliers
     values: np.ndarray  # N × 2 integer signatures (the representatives' rows; others 0)
     moves: int
+
+    @property
+    def top(self) -> int:
+        """The largest signature entry (entries are ≥ 0)."""
+        return int(self.values.max(initial=0))
 
 
 def _signatures(table: TokenTable, p: Plan, seed: int) -> _Signatures:
@@ -652,10 +657,10 @@ def code_reader(lay: Layout, word: np.ndarray, sc: _Scales, weight, exact: bool)
 
 
 def rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exact: bool,
-           score=1) -> list[Block]:
+           score_scale=1) -> list[Block]:
     """Round r: clear the previous round's heights, set height i on its i-th test (erasing, at
     its last round, the code of a test that is no leader tag); then σ += λ_r·(largest height
-    in the sequence), by scores ``score``·height (docs/keyed.md#separation)."""
+    in the sequence), by scores ``score_scale``·height (docs/keyed.md#separation)."""
     D = lay.D
     leaders = set(p.leader_tags)
     last_use = {t: r for r, tests in enumerate(p.rounds) for t in tests}
@@ -672,7 +677,7 @@ def rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exact
         if r > 0:
             units.append(height_reset(lay, exact))
         sa = SA(num(1, exact),
-                ScoreMatrix(num(0, exact), vec(D, {lay.height: score}, exact),
+                ScoreMatrix(num(0, exact), vec(D, {lay.height: score_scale}, exact),
                             vec(D, {lay.one: 1}, exact)),
                 ValueMatrix(num(0, exact),
                             vec(D, {lay.sigma[0]: int(lam[r, 0]) * sc.sig_unit,
@@ -683,8 +688,8 @@ def rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exact
 
 
 def height_reset(lay: Layout, exact: bool) -> tuple:
-    """relu(height)·(−e_height): sets the heights of a round (all ≥ 0) back to 0; before the
-    collapse, so that no height enters its scores."""
+    """relu(height)·(−e_height): sets a round's heights (all ≥ 0) back to 0, in the next
+    round and in the collapse block, so that no height enters the collapse's scores."""
     return (vec(lay.D, {lay.height: 1}, exact), num(0, exact),
             vec(lay.D, {lay.height: -1}, exact))
 
@@ -696,19 +701,19 @@ def _collapse(lay: Layout, sc: _Scales, exact: bool) -> SA:
     the scores ⟨x_i, x_l⟩ + M·priority_l divided by the power of two M, so every argmax is the
     same in any binary arithmetic, and the weight M stays out of the parameters
     (docs/keyed.md#collapse)."""
-    a = on_code(lay, sc.g, 1 / sc.C, exact)
-    a[lay.mark] = num(sc.G, exact)
-    return SA(num(0, exact), priority_scores(1 / sc.M, a, lay, exact),
+    return SA(num(0, exact), collapse_scores(lay, sc, num(1, exact), exact),
               ValueMatrix(num(1, exact), zeros(lay.D, exact), zeros(lay.D, exact)))
 
 
-def priority_scores(alpha, a: np.ndarray, lay: Layout, exact: bool) -> ScoreMatrix:
-    """A = α·I + (a/t)·(t·e_one)ᵀ, t the power of two nearest √|a|: the scores of
-    α·I + a·e_oneᵀ (t cancels exactly in binary arithmetic) with |a/t|² + t² near its
-    smallest, the two rows the ρ/η layout's W_q and W_k hold."""
+def collapse_scores(lay: Layout, sc: _Scales, beta, exact: bool) -> ScoreMatrix:
+    """β times the collapse scores: A = (β/M)·I + (a/t)·(t·e_one)ᵀ with a = β·(G·e_mark +
+    g·code/C), t the power of two nearest √|a|. t cancels exactly in binary arithmetic and
+    keeps |a/t|² + t², the two rows the ρ/η layout's W_q and W_k hold, near its smallest."""
+    a = on_code(lay, sc.g, beta / sc.C, exact)
+    a[lay.mark] = num(sc.G, exact) * beta
     size = math.sqrt(sum(float(v) ** 2 for v in a))
     t = num(2, exact) ** (round(math.log2(size) / 2) if size > 0 else 0)
-    return ScoreMatrix(alpha, a / t, vec(lay.D, {lay.one: t}, exact))
+    return ScoreMatrix(beta / sc.M, a / t, vec(lay.D, {lay.one: t}, exact))
 
 
 def _moves(prep: Prepared, targets: list[np.ndarray], width: int, exact: bool
@@ -716,26 +721,41 @@ def _moves(prep: Prepared, targets: list[np.ndarray], width: int, exact: bool
     """One unit per (leader tag, holding sequence), the holders of a tag taken from the
     largest g·σ down, so that each unit fires at its own state alone (docs/keyed.md#moves);
     it writes target − token and sets the model's own coordinates to 0."""
-    p, sig, table = prep.p, prep.sig, prep.table
-    top = int(np.abs(sig.values).max(initial=0))
-    slot_of = target_slots(table, p, targets)
-    queues = [[[_move_unit(prep.lay, prep.word[t], prep.scales, top, g, sig.values[j],
-                           targets[j][slot_of[(j, t)]] - table.points[t], exact)
-                for j, g in batch] for batch in prep.orders[t]] for t in p.leader_tags]
-    return [Block(ff_layer(units, exact), None) for units in schedule(queues, width)]
+    def unit(t, g, j, target):
+        return _move_unit(prep, t, g, j, target - prep.table.points[t], exact)
+
+    return [Block(ff_layer(units, exact), None)
+            for units in schedule(move_queues(prep, targets, unit), width)]
 
 
-def _move_unit(lay: Layout, word: np.ndarray, sc: _Scales, top: int, g, sigma, move,
-               exact: bool):
-    """The unit of one (tag, sequence) state: K·(ς·code/C − w) + 2·g·(σ − σ_j) + 1 is 1 at
-    it and ≤ −1 at every other state present, K the smallest power of two above
-    2·|g|₁·(largest signature entry) + 1, which any other code's −K outweighs. It adds
-    ``move`` to the data coordinates and sets code, signature, one and mark to 0."""
-    K = move_weight(g, top, exact)
+def move_queues(prep: Prepared, targets: list[np.ndarray], unit) -> list[list[list]]:
+    """Per leader tag its hull batches, each a list of ``unit(t, g, j, target)`` for its
+    (sequence j, direction g) states: what :func:`schedule` lays out."""
+    slot_of = target_slots(prep.table, prep.p, targets)
+    return [[[unit(t, g, j, targets[j][slot_of[(j, t)]]) for j, g in batch]
+             for batch in prep.orders[t]] for t in prep.p.leader_tags]
+
+
+def move_argument(prep: Prepared, t: int, g, j: int, exact: bool, shifted: bool = False):
+    """(u, b, K): the argument K·(ς·code/C − w) + 2·g·(σ − σ_j) + 1 of the (tag t, sequence j)
+    state, 1 at it and ≤ −1 at every other state present; K (:func:`move_weight`) makes any
+    other code's −K outweigh every signature term. ``shifted``: codes raised by C (the
+    softmax collapse), read as code − C."""
+    lay, sc, word = prep.lay, prep.scales, prep.word[t]
+    K = move_weight(g, prep.sig.top, exact)
     u = code_reader(lay, word, sc, K, exact)
     for c, gc in zip(lay.sigma, g, strict=True):
         u[c] = num(2 * gc, exact) / sc.sig_unit
-    bias = num(1 - 2 * int(np.dot(g, sigma)), exact) - K * sc.w
+    bias = num(1 - 2 * int(np.dot(g, prep.sig.values[j])), exact) - \
+        K * (sc.w + (int(word.sum()) if shifted else 0))
+    return u, bias, K
+
+
+def _move_unit(prep: Prepared, t: int, g, j: int, move, exact: bool):
+    """The (tag t, sequence j) state's unit on its :func:`move_argument`: it adds ``move`` to
+    the data coordinates and sets code, signature, one and mark to 0."""
+    lay, sc, word, sigma = prep.lay, prep.scales, prep.word[t], prep.sig.values[j]
+    u, bias, _ = move_argument(prep, t, g, j, exact)
     out = on_code(lay, word, -sc.C, exact)
     out[:lay.d] = move
     out[lay.one] = out[lay.mark] = num(-1, exact)

@@ -34,18 +34,19 @@ from ..numbers import num, to_fraction, zeros
 from .gadgets import power_of_two_below
 from .keyed import (
     Built,
+    Layout,
     Prepared,
-    code_reader,
+    collapse_scores,
     ff_layer,
     height_reset,
+    move_argument,
+    move_queues,
     move_weight,
     on_code,
     phases,
     prepare,
-    priority_scores,
     rounds,
     schedule,
-    target_slots,
     vec,
 )
 
@@ -59,7 +60,7 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     prep = prepare(inputs, m, exact, width, seed, progress, softmax=True, floor=floor)
     p, lay = prep.p, prep.lay
     beta_s, beta_c = score_scales(prep, max(len(x) for x in inputs), exact)
-    sep = rounds(p, lay, prep.word, prep.scales, prep.sig.lam, exact, score=beta_s)
+    sep = rounds(p, lay, prep.word, prep.scales, prep.sig.lam, exact, score_scale=beta_s)
     clear = [height_reset(lay, exact)] if p.rounds else []
     reset = [ff_layer(units, exact)
              for units in _chunks(_data_reset(lay, floor, exact) + clear, width)]
@@ -99,8 +100,7 @@ def score_scales(prep: Prepared, n: int, exact: bool) -> tuple:
     which moves it by at most 2·K·q·(n − 1)·e^(−β_c/2). Each is kept below 1/BLUR."""
     gs = [g for batches in prep.orders.values() for batch in batches for _, g in batch]
     g1 = max((abs(g[0]) + abs(g[1]) for g in gs), default=1)
-    top = int(np.abs(prep.sig.values).max(initial=0))
-    K = max((float(move_weight(g, top, False)) for g in gs), default=1.0)
+    K = max((float(move_weight(g, prep.sig.top, False)) for g in gs), default=1.0)
     lam = int(np.abs(prep.sig.lam).max(initial=1))
     R = max(len(prep.p.rounds), 1)
     two = num(2, exact)
@@ -110,10 +110,11 @@ def score_scales(prep: Prepared, n: int, exact: bool) -> tuple:
 
 
 def _chunks(units: list, width: int) -> list[list]:
+    """``units`` in layers of at most ``width``."""
     return [units[i:i + width] for i in range(0, len(units), width)]
 
 
-def _data_reset(lay, floor: np.ndarray, exact: bool) -> list:
+def _data_reset(lay: Layout, floor: np.ndarray, exact: bool) -> list:
     """x_c − relu(x_c − floor_c) = floor_c on every token (x_c ≥ floor_c)."""
     return [(vec(lay.D, {c: 1}, exact), -floor[c], vec(lay.D, {c: -1}, exact))
             for c in range(lay.d)]
@@ -123,10 +124,8 @@ def _collapse(prep: Prepared, beta, exact: bool) -> SA:
     """The hardmax collapse's scores (keyed.py) times β, ρ = 0, and V = I + C·1_code·e_oneᵀ:
     each row becomes the average of its sequence's rows with every code entry raised by C."""
     lay, sc = prep.lay, prep.scales
-    a = on_code(lay, sc.g, beta / sc.C, exact)
-    a[lay.mark] = num(sc.G, exact) * beta
     shift = on_code(lay, np.ones(lay.q, dtype=np.int64), sc.C, exact)
-    return SA(num(0, exact), priority_scores(beta / sc.M, a, lay, exact),
+    return SA(num(0, exact), collapse_scores(lay, sc, beta, exact),
               ValueMatrix(num(1, exact), shift, vec(lay.D, {lay.one: 1}, exact)))
 
 
@@ -134,25 +133,19 @@ def _moves(prep: Prepared, targets: list[np.ndarray], floor: np.ndarray, width: 
            exact: bool) -> list[Block]:
     """One clip pair per (leader tag, holding sequence), in the hardmax model's hull batches
     and schedule (two units per state)."""
-    p, sig = prep.p, prep.sig
-    top = int(np.abs(sig.values).max(initial=0))
-    slot_of = target_slots(prep.table, p, targets)
-    queues = [[[_clip_pair(prep, t, g, j, targets[j][slot_of[(j, t)]] - floor, top, exact)
-                for j, g in batch] for batch in prep.orders[t]] for t in p.leader_tags]
-    return [Block(ff_layer([u for pair in pairs for u in pair], exact), None)
-            for pairs in schedule(queues, width // 2)]
+    def pair(t, g, j, target):
+        return _clip_pair(prep, t, g, j, target - floor, exact)
+
+    return [Block(ff_layer([u for p in pairs for u in p], exact), None)
+            for pairs in schedule(move_queues(prep, targets, pair), width // 2)]
 
 
-def _clip_pair(prep: Prepared, t: int, g, j: int, move, top: int, exact: bool) -> list:
-    """The hardmax move's argument a = K·(ς·(code − C)/C − w) + 2·g·(σ − σ_j) + 1, less
+def _clip_pair(prep: Prepared, t: int, g, j: int, move, exact: bool) -> list:
+    """The hardmax move's argument a (``move_argument``, codes read as code − C), less
     2K·moved, as relu(2a − ½) − relu(2a − 3/2) times (move on the data, 1 on moved)."""
-    lay, sc, word = prep.lay, prep.scales, prep.word[t]
-    K = move_weight(g, top, exact)
-    u = code_reader(lay, word, sc, K, exact)
-    for c, gc in zip(lay.sigma, g, strict=True):
-        u[c] = num(2 * gc, exact) / sc.sig_unit
+    lay = prep.lay
+    u, bias, K = move_argument(prep, t, g, j, exact, shifted=True)
     u[lay.moved] = -2 * K
-    bias = num(1 - 2 * int(np.dot(g, prep.sig.values[j])), exact) - K * (sc.w + int(word.sum()))
     out = zeros(lay.D, exact)
     out[:lay.d] = move
     out[lay.moved] = num(1, exact)
@@ -160,7 +153,7 @@ def _clip_pair(prep: Prepared, t: int, g, j: int, move, top: int, exact: bool) -
     return [(2 * u, 2 * bias - half, out), (2 * u, 2 * bias - 3 * half, -out)]
 
 
-def _own_reset(lay, exact: bool) -> list:
+def _own_reset(lay: Layout, exact: bool) -> list:
     """relu(x_c)·(−e_c) on every coordinate of the model's own that may be nonzero: each is ≥ 0
     after the collapse (codes shifted), so the unit sets it to exactly 0."""
     coords = [lay.one, *lay.sigma, lay.mark, lay.peel,

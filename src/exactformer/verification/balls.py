@@ -475,7 +475,7 @@ class Run:
             refs.append(ref)
             weights.append([arb(0) if l == ref or l not in E else E[l] / D for l in range(n)])
         rows = [None] * n
-        V = values
+        V = values  # the rows averaged: V·x_l
         for ref in set(refs):
             diff = arb_mat(n, d, [arb(0) if l == ref else V[l, t] - V[ref, t]
                                   for l in range(n) for t in range(d)])

@@ -164,7 +164,7 @@ def _softmax_verdict(model, dataset, limit, digits, tau, snapped, extra, progres
     if snapped[0] is not None or not b.proof.proved:
         _mp_measurement(model, dataset, digits, tau, snapped, extra, progress, workers, scale)
     else:
-        extra["mp digits"] = "not run: proved exact by the ball bound"
+        extra["mp pass"] = "not run: proved exact by the ball bound"
     extra["hausdorff_bound"] = b.upper
     within = [s == "within" for s in b.status]
     undecided = [j for j, s in enumerate(b.status) if s == "undecided"]
