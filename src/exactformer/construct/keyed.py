@@ -188,11 +188,13 @@ def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, progress:
     missing = [t for t in dict.fromkeys(tests) if t not in done]
     while missing:
         caps = _exposed(X, unmarked, table.points, exact)
-        tags = [c for c in caps if c.token in set(missing)]
+        wanted = set(missing)
+        tags = [c for c in caps if c.token in wanted]
         peels = [] if tags else caps
         steps.append((tags, peels))
         unmarked[[c.token for c in tags + peels]] = False
-        missing = [t for t in missing if t not in {c.token for c in tags}]
+        done = {c.token for c in tags}
+        missing = [t for t in missing if t not in done]
     return Plan(steps, chosen, rounds, reps, owners)
 
 
@@ -242,14 +244,10 @@ def _farthest_cap(points: np.ndarray, ids: np.ndarray, exact: bool) -> Cap:
     P = points[ids]
     c = P.sum(axis=0) / len(ids)
     far = max(range(len(ids)), key=lambda i: float(np.dot(P[i] - c, P[i] - c)))
-    t = int(ids[far])
-    f = P[far] - c
-    values = points @ f
-    g = values[t] - max((values[i] for i in ids if i != t), default=values[t] - 1)
-    if not _clear(g, values, exact):
+    cap = _cap_along(int(ids[far]), P[far] - c, points, ids, exact)
+    if cap is None:
         raise NotKeyable("two tokens are too close together for a cap in float64")
-    b = values[t] - g / 2
-    return Cap(t, f, b, power_of_two_below(num(4, exact) / g), values.max())
+    return cap
 
 
 def _clear(g, values: np.ndarray, exact: bool) -> bool:
@@ -297,6 +295,14 @@ def _cap(t: int, f_float: np.ndarray, points: np.ndarray, ids: np.ndarray, exact
     f = np.round(f_float * scale) / scale
     if exact:
         f = np.array([Fraction(v) for v in f], dtype=object)
+    return _cap_along(t, f, points, ids, exact)
+
+
+def _cap_along(t: int, f: np.ndarray, points: np.ndarray, ids: np.ndarray, exact: bool
+               ) -> Cap | None:
+    """The cap of token t in the exact direction f against the unmarked tokens ``ids``: its
+    margin g computed in the model's arithmetic, b halfway, s with s·g/2 ∈ (1, 2]; None
+    without a usable margin (:func:`_clear`)."""
     values = points @ f
     own = values[t]
     others = values[ids[ids != t]]
@@ -304,9 +310,7 @@ def _cap(t: int, f_float: np.ndarray, points: np.ndarray, ids: np.ndarray, exact
     g = own - second
     if not _clear(g, values, exact):
         return None
-    b = own - g / 2
-    s = power_of_two_below(num(4, exact) / g)  # s·g/2 ∈ (1, 2]
-    return Cap(t, f, b, s, values.max())
+    return Cap(t, f, own - g / 2, power_of_two_below(num(4, exact) / g), values.max())
 
 
 def _cover(caps: list[Cap], owners: list[np.ndarray], need: np.ndarray) -> list[Cap]:
@@ -400,11 +404,11 @@ class Prepared:
 
 
 def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, seed: int,
-            progress: bool, softmax: bool = False, floor: np.ndarray | None = None
-            ) -> Prepared:
+            progress: bool, floor: np.ndarray | None = None) -> Prepared:
     """Plan, codes, signatures, hull batches, scales and tagging layers of the keyed model
-    of the data (docs/keyed.md); NotKeyable where it does not apply. ``floor``: a point every
-    state's data coordinates may hold at the collapse (softmax models reset them to it)."""
+    of the data (docs/keyed.md); NotKeyable where it does not apply. ``floor``: softmax
+    models only, the point their data reset sets every token's data to before the collapse
+    (the layout then has the ``moved`` coordinate)."""
     table = TokenTable.build(inputs)
     with np.errstate(over="ignore"):
         if not np.isfinite(np.square(safe_floats(table.points).astype(float)).sum(axis=1)).all():
@@ -412,23 +416,21 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, see
                              "every cap and score reads them")
     p = plan(table, m, exact, width - 1, progress)
     tested = [t for r in p.rounds for t in r]
-    every_tag = p.leader_tags + [t for t in dict.fromkeys(tested) if t not in
-                                 set(p.leader_tags)]
+    leaders = set(p.leader_tags)
+    every_tag = p.leader_tags + [t for t in dict.fromkeys(tested) if t not in leaders]
     q, w = code_size(len(every_tag))
     words = code_words(len(every_tag), q, w).astype(np.int64)
     word = dict(zip(every_tag, words, strict=True))
     index = {t: i for i, t in enumerate(every_tag)}
-    leaders = set(p.leader_tags)
     groups = [[index[t] for t in s.tolist() if t in leaders]
               for j, s in enumerate(table.seqs()) if p.reps[j] == j]
     g = priority_direction(words[:len(p.leader_tags)], groups, seed)
-    lay = Layout(table.points.shape[1], min(width // 4, 4), q, softmax)
+    lay = Layout(table.points.shape[1], min(width // 4, 4), q, floor is not None)
     sig = _signatures(table, p, seed)
     orders = {t: list(hull_batches(sig.values[p.owners[t]], p.owners[t]))
               for t in p.leader_tags}
     points = table.points if floor is None else np.vstack([table.points, floor[None, :]])
-    scales = _Scales.of(points, w, g, words[:len(p.leader_tags)],
-                        sig.top, exact)
+    scales = _Scales.of(points, w, g, words[:len(p.leader_tags)], sig.top, exact)
     tag_layers = tagging(p, lay, word, scales, width, exact)
     margin = _smallest_margin(p, table.points)
     if margin < FLOAT32_MARGIN:
@@ -632,15 +634,26 @@ def _exclusion(cap: Cap):
 
 
 def _clip(slot: int, lay: Layout, word: np.ndarray, sc: _Scales, exact: bool) -> list:
-    """relu(2v − ½) − relu(2v − 3/2) times (code, mark), exactly 1 times them for a slot value
-    v ≥ ¾ and 0 for v = 0, and relu(v) times −e_slot, which sets the slot back to 0."""
-    D = lay.D
+    """The clip pair of the slot value v times (code, mark), exactly 1 times them for v ≥ ¾
+    and 0 for v = 0, and the reset that sets the slot back to 0."""
     out = on_code(lay, word, sc.C, exact)
     out[lay.mark] = num(1, exact)
-    two = vec(D, {slot: 2}, exact)
+    return clip_pair(vec(lay.D, {slot: 1}, exact), num(0, exact), out, exact) + \
+        [reset_unit(lay, slot, exact)]
+
+
+def clip_pair(u: np.ndarray, b, out: np.ndarray, exact: bool) -> list:
+    """relu(2a − ½) − relu(2a − 3/2) of the argument a = u·x + b, times ``out``: exactly 1 for
+    a ≥ ¾ and 0 for a ≤ ¼."""
     half = num(Fraction(1, 2), exact)
-    return [(two, -half, out), (two, -3 * half, -out),
-            (vec(D, {slot: 1}, exact), num(0, exact), vec(D, {slot: -1}, exact))]
+    return [(2 * u, 2 * b - half, out), (2 * u, 2 * b - 3 * half, -out)]
+
+
+def reset_unit(lay: Layout, c: int, exact: bool, to=None) -> tuple:
+    """x_c − relu(x_c − to)·1 = ``to`` (default 0) on every token with x_c ≥ ``to``: the
+    coordinate set to a constant, exactly in real arithmetic (and in floats for to = 0)."""
+    to = num(0, exact) if to is None else to
+    return vec(lay.D, {c: 1}, exact), num(0, exact) - to, vec(lay.D, {c: -1}, exact)
 
 
 def on_code(lay: Layout, word: np.ndarray, factor, exact: bool) -> np.ndarray:
@@ -688,10 +701,9 @@ def rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exact
 
 
 def height_reset(lay: Layout, exact: bool) -> tuple:
-    """relu(height)·(−e_height): sets a round's heights (all ≥ 0) back to 0, in the next
-    round and in the collapse block, so that no height enters the collapse's scores."""
-    return (vec(lay.D, {lay.height: 1}, exact), num(0, exact),
-            vec(lay.D, {lay.height: -1}, exact))
+    """Sets a round's heights (all ≥ 0) back to 0, in the next round and in the collapse
+    block, so that no height enters the collapse's scores."""
+    return reset_unit(lay, lay.height, exact)
 
 
 def _collapse(lay: Layout, sc: _Scales, exact: bool) -> SA:

@@ -36,6 +36,7 @@ from .keyed import (
     Built,
     Layout,
     Prepared,
+    clip_pair,
     collapse_scores,
     ff_layer,
     height_reset,
@@ -45,6 +46,7 @@ from .keyed import (
     on_code,
     phases,
     prepare,
+    reset_unit,
     rounds,
     schedule,
     vec,
@@ -57,7 +59,7 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
           width: int, seed: int, progress: bool = False) -> Built:
     """The keyed softmax model of the data (τ = 1, the score scales folded into A)."""
     floor = data_floor(inputs, exact)
-    prep = prepare(inputs, m, exact, width, seed, progress, softmax=True, floor=floor)
+    prep = prepare(inputs, m, exact, width, seed, progress, floor=floor)
     p, lay = prep.p, prep.lay
     beta_s, beta_c = score_scales(prep, max(len(x) for x in inputs), exact)
     sep = rounds(p, lay, prep.word, prep.scales, prep.sig.lam, exact, score_scale=beta_s)
@@ -80,16 +82,15 @@ def data_floor(inputs: list[np.ndarray], exact: bool) -> np.ndarray:
     2⁻²⁰ of the coordinate's extent (a power of two at or below its largest |x_c|) not above
     its smallest x_c, so ball arithmetic holds it exactly and a move's f + (target − f) rounds
     at the data's own scale. 0 for a coordinate that is 0 on every token."""
-    X = np.vstack(inputs)
+    X = np.vstack(inputs)  # each column's extremes first: one exact conversion per value kept
     out = []
-    for c in range(X.shape[1]):
-        column = [to_fraction(v) for v in X[:, c]]
-        extent = max(abs(v) for v in column)
+    for lo, extent in zip(X.min(axis=0), np.abs(X).max(axis=0), strict=True):
+        lo, extent = to_fraction(lo), to_fraction(extent)
         if extent == 0:
             out.append(num(0, exact))
             continue
         step = max(power_of_two_below(extent), Fraction(1, 1 << 1000)) * Fraction(1, 1 << 20)
-        out.append(num(math.floor(min(column) / step) * step, exact))
+        out.append(num(math.floor(lo / step) * step, exact))
     return np.array(out, dtype=object if exact else float)
 
 
@@ -115,9 +116,8 @@ def _chunks(units: list, width: int) -> list[list]:
 
 
 def _data_reset(lay: Layout, floor: np.ndarray, exact: bool) -> list:
-    """x_c − relu(x_c − floor_c) = floor_c on every token (x_c ≥ floor_c)."""
-    return [(vec(lay.D, {c: 1}, exact), -floor[c], vec(lay.D, {c: -1}, exact))
-            for c in range(lay.d)]
+    """Every data coordinate set to floor_c (every token has x_c ≥ floor_c)."""
+    return [reset_unit(lay, c, exact, to=floor[c]) for c in range(lay.d)]
 
 
 def _collapse(prep: Prepared, beta, exact: bool) -> SA:
@@ -149,14 +149,12 @@ def _clip_pair(prep: Prepared, t: int, g, j: int, move, exact: bool) -> list:
     out = zeros(lay.D, exact)
     out[:lay.d] = move
     out[lay.moved] = num(1, exact)
-    half = num(Fraction(1, 2), exact)
-    return [(2 * u, 2 * bias - half, out), (2 * u, 2 * bias - 3 * half, -out)]
+    return clip_pair(u, bias, out, exact)
 
 
 def _own_reset(lay: Layout, exact: bool) -> list:
-    """relu(x_c)·(−e_c) on every coordinate of the model's own that may be nonzero: each is ≥ 0
-    after the collapse (codes shifted), so the unit sets it to exactly 0."""
+    """Every coordinate of the model's own that may be nonzero set to 0: each is ≥ 0 after the
+    collapse (codes shifted), so x_c − relu(x_c) is exactly 0."""
     coords = [lay.one, *lay.sigma, lay.mark, lay.peel,
               *range(lay.code.start, lay.code.stop), lay.moved]
-    return [(vec(lay.D, {c: 1}, exact), num(0, exact), vec(lay.D, {c: -1}, exact))
-            for c in coords]
+    return [reset_unit(lay, c, exact) for c in coords]

@@ -28,11 +28,11 @@ def paper_bound(attention: str, N: int, sum_m: int) -> int:
 def design_bound(model: Transformer, N: int, sum_m: int, k: int | None = None) -> int | None:
     """The construction's block count with k = width/4 hats per layer (default: the model's):
     R + (1 + ⌈(M − 1)/k⌉ leader layers, 1 when M = Σm − N = 0) + ⌈Σm/k⌉, plus the softmax
-    projection; see docs/heads.md. A keyed model: its tagging layers + R + 1 + its move
-    layers (docs/keyed.md#size)."""
+    projection; see docs/heads.md. A keyed model: the blocks of its phases (tagging,
+    separation, collapse, interpolation; docs/keyed.md#size)."""
     if model.record is None:
         return None
-    if getattr(model.record, "keyed", None) is not None:  # docs/keyed.md#size
+    if getattr(model.record, "keyed", None) is not None:  # causal records have none
         return sum(p.end - p.start for p in model.record.phases)
     k = hats_of(model) if k is None else k
     R, moves = model.record.R, sum_m - N
