@@ -102,7 +102,7 @@ def datasets(quick: bool) -> list[tuple[str, object, bool]]:
 
 def measure(label: str, data, exact: bool, attention: str, width: int, keys: bool) -> dict:
     causal = isinstance(data, ef.CausalDataset)
-    heads = width // 4 if width > 4 and not keys else 1
+    heads = width // 4 if width > 4 else 1
     t0 = time.perf_counter()
     model = ef.compile(data, attention=attention, exact=exact, width=width, heads=heads,
                        keys=keys)
@@ -113,7 +113,9 @@ def measure(label: str, data, exact: bool, attention: str, width: int, keys: boo
     errors = [max_error(m, data) for m in modules]
     return {"data": label + (" (float64 build)" if not exact else ""),
             "attention": attention + (", keyed" if keys else ""),
-            "width": f"{width}" + ("" if causal or heads == 1 else f", {heads} heads"),
+            "width": f"{width}" + ("" if causal or heads == 1 else f", {heads} heads")
+            + ("" if causal or model.max_heads() in (0, heads) else
+               f" ({model.max_heads()} used)"),
             "L": model.n_blocks, "P": model.n_params(), "max|θ|": f"{stats.max_abs:.2g}",
             "‖θ‖²/s²": f"{stats.norm_sq / scale ** 2:.2g}",
             "max |u|·|w|": f"{stats.max_slope:.2g}",

@@ -33,6 +33,7 @@ SETTINGS = settings(max_examples=30, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 seeds = st.integers(0, 2**31 - 1)
 widths = st.sampled_from([4, 8, 16, 64])
+heads = st.sampled_from([1, 2, 16])  # separation rounds that may share an attention layer
 
 
 # ------------------------------------------------------------------------------ the dense pass
@@ -142,9 +143,52 @@ def check_keyed_softmax(model, data) -> None:
 
 # ------------------------------------------------------------------------------ properties
 @SETTINGS
-@given(ds=datasets(), seed=seeds, width=widths)
-def test_random_shared_pools(ds, seed, width):
-    check_keyed(ef.compile(ds, seed=seed, width=width, keys=True), ds)
+@given(ds=datasets(), seed=seeds, width=widths, h=heads)
+def test_random_shared_pools(ds, seed, width, h):
+    check_keyed(ef.compile(ds, seed=seed, width=width, heads=h, keys=True), ds)
+
+
+@SETTINGS
+@given(ds=datasets(), seed=seeds, width=widths, h=st.sampled_from([2, 3, 16]))
+def test_heads_share_separation_layers(ds, seed, width, h):
+    """With heads, consecutive rounds share a separation layer, a head and a height coordinate
+    each: the same rounds, tags and moves, and one block fewer per round that joined a layer."""
+    one = ef.compile(ds, seed=seed, width=width, keys=True)
+    many = ef.compile(ds, seed=seed, width=width, heads=h, keys=True)
+    sep = many.record.phase("separation")
+    layers = [len(many.blocks[i].sa.heads) for i in range(sep.start, sep.end)]
+    assert sum(layers) == many.record.R == one.record.R
+    assert many.n_blocks == one.n_blocks - (one.record.R - len(layers))
+    assert max(layers, default=1) == many.record.keyed["heights"] <= min(h, width)
+    assert many.d == one.d + many.record.keyed["heights"] - 1
+    for name in ("tagging", "collapse", "interpolation"):
+        a, b = one.record.phase(name), many.record.phase(name)
+        assert a.end - a.start == b.end - b.start
+    for i in range(sep.start, sep.end):
+        assert len(many.blocks[i].ff.b) <= width
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(1, 63), max_size=12), width=st.sampled_from([4, 8, 64]),
+       h=st.integers(1, 16))
+def test_packed_rounds_fit_their_layer_and_are_packed_greedily(sizes, width, h):
+    """Layers take consecutive rounds, at most h, with their tests and the resets of the
+    height coordinates they reuse in ``width`` units; a round starts a new layer only when it
+    does not fit the current one."""
+    rounds = [list(range(min(n, width - 1))) for n in sizes]
+    layers = keyed.pack_rounds(rounds, width, h)
+    assert [r for layer in layers for r in layer] == list(range(len(rounds)))
+
+    def units(layer, dirty):
+        return sum(len(rounds[r]) for r in layer) + min(len(layer), dirty)
+
+    dirty = 0
+    for i, layer in enumerate(layers):
+        assert 1 <= len(layer) <= h and units(layer, dirty) <= width
+        if i + 1 < len(layers):
+            grown = layer + [layers[i + 1][0]]
+            assert len(grown) > h or units(grown, dirty) > width
+        dirty = max(dirty, len(layer))
 
 
 @SETTINGS
@@ -191,14 +235,14 @@ def float_datasets(draw):
 
 
 @SETTINGS
-@given(data=float_datasets(), width=widths)
-def test_float32_dense_pass_meets_the_goal(data, width):
+@given(data=float_datasets(), width=widths, h=heads)
+def test_float32_dense_pass_meets_the_goal(data, width, h):
     """A float64 build of generic float data: float64 within 1e-12 of the scale, and the
     float32 dense pass of the test within 1e-5 (docs/numerics.md bounds it by about 3·2⁻²⁴)
     whenever every cap's margin is at least 2^-16 of the extent, as the build reports."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        model = ef.compile(data, exact=False, width=width, keys=True)
+        model = ef.compile(data, exact=False, width=width, heads=h, keys=True)
     scale = data.coordinate_scale()
     assert float_error(model, data, np.float64) <= 1e-12 * scale
     if float(model.record.keyed["cap_margin"]) >= keyed.FLOAT32_MARGIN:
@@ -279,7 +323,8 @@ def test_the_check_can_fail():
 
 def test_record_round_trip(tmp_path):
     data = builtin.demo()
-    model = ef.compile(data, keys=True)
+    model = ef.compile(data, keys=True, width=64, heads=16)
+    assert model.record.keyed["heights"] == 3  # demo's three rounds share one layer
     path = tmp_path / "m.json"
     save_model(model, path)
     back = load_model(path)
@@ -287,9 +332,13 @@ def test_record_round_trip(tmp_path):
     assert [p.name for p in back.record.phases] == ["tagging", "separation", "collapse",
                                                      "interpolation"]
     meta = json.loads(path.read_text())["meta"]
-    meta["keyed"]["tags"] = "7"
-    with pytest.raises(RecordError, match="meta.keyed"):
-        record_from_meta(meta)
+    del meta["keyed"]["heights"]  # files written before heads: one height coordinate
+    assert record_from_meta(meta).keyed["heights"] == 1
+    for field, bad in (("tags", "7"), ("heights", -1)):
+        broken = json.loads(path.read_text())["meta"]
+        broken["keyed"][field] = bad
+        with pytest.raises(RecordError, match=f"meta.keyed.{field}"):
+            record_from_meta(broken)
 
 
 def test_refused_combinations():
@@ -366,12 +415,12 @@ def test_close_tokens_warn_that_float32_may_misfire():
 # ------------------------------------------------------------------------------ softmax
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(ds=datasets(), seed=seeds, width=widths)
-def test_softmax_random_shared_pools(ds, seed, width):
+@given(ds=datasets(), seed=seeds, width=widths, h=heads)
+def test_softmax_random_shared_pools(ds, seed, width, h):
     """Rational coordinates (denominators up to 7) included: their targets are no binary
     numbers, so the ball pass proves them through its exact parts."""
-    check_keyed_softmax(ef.compile(ds, attention="softmax", seed=seed, width=width, keys=True),
-                        ds)
+    check_keyed_softmax(ef.compile(ds, attention="softmax", seed=seed, width=width, heads=h,
+                                   keys=True), ds)
 
 
 @settings(max_examples=8, deadline=None,
@@ -384,13 +433,14 @@ def test_softmax_small_cases(ds, seed):
 
 @settings(max_examples=10, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(data=float_datasets(), width=widths)
-def test_softmax_float32_dense_pass_meets_the_goal(data, width):
+@given(data=float_datasets(), width=widths, h=heads)
+def test_softmax_float32_dense_pass_meets_the_goal(data, width, h):
     """A float64 softmax build of generic float data, d = 2 … 16: verify's bound decides it
     OK, float64 within 1e-12 and float32 within 1e-5 of the scale (under the caps' margin)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        model = ef.compile(data, attention="softmax", exact=False, width=width, keys=True)
+        model = ef.compile(data, attention="softmax", exact=False, width=width, heads=h,
+                           keys=True)
     scale = data.coordinate_scale()
     assert ef.verify(model, data).ok
     assert float_error(model, data, np.float64) <= 1e-12 * scale

@@ -328,7 +328,8 @@ def _width_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=_positive_int, default=None, help="at most this many "
                    "blocks: the width (and heads, if --heads is 1) are chosen to fit")
     p.add_argument("--heads", type=int, default=1, help="attention heads a separation round "
-                   "may use (at most d - 1)")
+                   "may use (at most d - 1); with --keys, separation rounds sharing an "
+                   "attention layer, a head each (docs/keyed.md#heads)")
 
 
 def _add_progress(p: argparse.ArgumentParser) -> None:

@@ -38,12 +38,13 @@ def compile_hardmax(dataset: Dataset, exact: bool = True, seed: int = 0,
     """Construct the hardmax transformer; rational parameters if ``exact``, else float64.
     ``width`` (a multiple of 4) is the widest FF layer: width/4 hats share a layer; ``heads``
     (at most d − 1 used) lets a separation round read tests on free coordinates. ``keys``:
-    the keyed model of docs/keyed.md instead of hats (one head)."""
+    the keyed model of docs/keyed.md instead of hats, up to ``heads`` separation rounds to an
+    attention layer (docs/keyed.md#heads)."""
     k = hats_per_layer(width)
     inputs, targets = dataset.fractions() if exact else dataset.floats()
     check_heads(heads)
     if keys:
-        return compile_keyed(dataset, inputs, targets, exact, seed, progress, width)
+        return compile_keyed(dataset, inputs, targets, exact, seed, progress, width, heads)
     draws = Draws(seed, exact)
     table = TokenTable.build(inputs)
     sep = separate(table, draws, progress=progress, per_round=k, heads=heads)
@@ -72,9 +73,10 @@ def compile_hardmax(dataset: Dataset, exact: bool = True, seed: int = 0,
 
 
 def compile_keyed(dataset: Dataset, inputs, targets, exact: bool, seed: int, progress: bool,
-                  width: int) -> Transformer:
+                  width: int, heads: int) -> Transformer:
     """The keyed hardmax model (docs/keyed.md), wider than the data by its own coordinates;
     NotKeyable where no cap isolates a token or no multipliers separate the holders of a
     tag."""
-    built = keyed.build(inputs, targets, dataset.target_lengths, exact, width, seed, progress)
+    built = keyed.build(inputs, targets, dataset.target_lengths, exact, width, heads, seed,
+                        progress)
     return keyed.model_of(built, dataset.N, dataset.total_m, seed, exact, "hardmax")

@@ -12,7 +12,7 @@ two, which every binary format represents and adds exactly (docs/keyed.md):
    by a cap alone (a *peel*).
 2. **Separation.** Round r sets heights 1, 2, … on its tagged tests; a rank-one hardmax head
    adds λ_r·(the height of the highest test the sequence holds) to two signature
-   coordinates.
+   coordinates. With several heads, consecutive rounds share a layer, a head each.
 3. **Collapse.** A unit clears the last round's heights, then one hardmax head
    (A = I/M + a·cᵀ, V = I, ρ = 0): every tagged token attends to itself, every other token
    to the tagged token of its sequence with the highest priority (its exact tag mark plus a
@@ -40,7 +40,7 @@ from itertools import combinations
 import numpy as np
 from tqdm import tqdm
 
-from ..model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
+from ..model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 from ..numbers import num, safe_floats, zeros
 from ..record import Construction, Span
 from .gadgets import balance_scale, power_of_two_below
@@ -52,6 +52,7 @@ SIGNATURE_BITS = 16  # signatures below 2^16: every move's argument is exact in 
 DRAWS = 64  # multiplier draws tried before giving up
 EXPOSED = 2.0 ** -30  # a cap needs a margin of at least this much of the data's extent
 FLOAT32_MARGIN = 2.0 ** -16  # below this (of |f|·extent) a float32 cap may misfire
+SLOTS = 8  # at most this many tags per layer: each holds a slot coordinate for one layer
 
 
 class NotKeyable(ConstructionError):
@@ -64,38 +65,42 @@ class Layout:
     """Where the model's own coordinates sit after the d data coordinates."""
 
     d: int
-    slots: int  # cap outputs awaiting their clip, ``slots`` per parity of the layer index
+    slots: int  # cap outputs awaiting their clip (one layer each)
     q: int  # code length
     with_moved: bool = False  # softmax models: a last coordinate, 1 once a token has moved
+    heights: int = 1  # one height coordinate per head of a separation layer
 
     @property
     def one(self) -> int:
         return self.d
 
-    @property
-    def height(self) -> int:
-        return self.d + 1
+    def height(self, h: int = 0) -> int:
+        """The heights that the rounds read by head h of a separation layer set."""
+        assert 0 <= h < self.heights
+        return self.d + 1 + h
 
     @property
     def sigma(self) -> tuple[int, int]:
-        return self.d + 2, self.d + 3
+        return self.d + self.heights + 1, self.d + self.heights + 2
 
     @property
     def mark(self) -> int:
         """1 exactly on a tagged token (a clip writes it)."""
-        return self.d + 4
+        return self.d + self.heights + 3
 
     @property
     def peel(self) -> int:
         """A peel's cap value, in (1, 2] (inexact in floats; the collapse overwrites it)."""
-        return self.d + 5
+        return self.d + self.heights + 4
 
-    def slot(self, layer: int, i: int) -> int:
-        return self.d + 6 + (layer % 2) * self.slots + i
+    def slot(self, i: int) -> int:
+        """A cap writes its value here; in the next layer its clip reads it and resets it to
+        0 while another cap may write it again, at another token (docs/keyed.md#tagging)."""
+        return self.d + self.heights + 5 + i
 
     @property
     def code(self) -> slice:
-        start = self.d + 6 + 2 * self.slots
+        start = self.d + self.heights + 5 + self.slots
         return slice(start, start + self.q)
 
     @property
@@ -106,7 +111,7 @@ class Layout:
 
     @property
     def D(self) -> int:
-        return self.d + 6 + 2 * self.slots + self.q + int(self.with_moved)
+        return self.code.stop + int(self.with_moved)
 
 
 # ----------------------------------------------------------------------------- codes
@@ -399,16 +404,18 @@ class Prepared:
     scales: _Scales
     sig: _Signatures
     orders: dict  # leader tag → its hull batches of (sequence, g)
+    sep_layers: list[list[int]]  # the rounds of each separation layer, one head each
     tag_layers: list[Block]
     keyed: dict  # the record's "keyed" object, without the fields a tail adds
 
 
-def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, seed: int,
-            progress: bool, floor: np.ndarray | None = None) -> Prepared:
+def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, heads: int,
+            seed: int, progress: bool, floor: np.ndarray | None = None) -> Prepared:
     """Plan, codes, signatures, hull batches, scales and tagging layers of the keyed model
-    of the data (docs/keyed.md); NotKeyable where it does not apply. ``floor``: softmax
-    models only, the point their data reset sets every token's data to before the collapse
-    (the layout then has the ``moved`` coordinate)."""
+    of the data (docs/keyed.md); NotKeyable where it does not apply. Up to ``heads`` rounds
+    share a separation layer. ``floor``: softmax models only, the point their data reset sets
+    every token's data to before the collapse (the layout then has the ``moved``
+    coordinate)."""
     table = TokenTable.build(inputs)
     with np.errstate(over="ignore"):
         if not np.isfinite(np.square(safe_floats(table.points).astype(float)).sum(axis=1)).all():
@@ -425,7 +432,9 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, see
     groups = [[index[t] for t in s.tolist() if t in leaders]
               for j, s in enumerate(table.seqs()) if p.reps[j] == j]
     g = priority_direction(words[:len(p.leader_tags)], groups, seed)
-    lay = Layout(table.points.shape[1], min(width // 4, 4), q, floor is not None)
+    sep_layers = pack_rounds(p.rounds, width, min(heads, width))
+    lay = Layout(table.points.shape[1], min(width // 4, SLOTS), q, floor is not None,
+                 max(map(len, sep_layers), default=1))
     sig = _signatures(table, p, seed)
     orders = {t: list(hull_batches(sig.values[p.owners[t]], p.owners[t]))
               for t in p.leader_tags}
@@ -440,9 +449,10 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, see
                       stacklevel=6)
     peels = sum(len(pe) for _, pe in p.steps)
     record = {"coordinates": q, "weight": w, "tags": len(every_tag), "peels": peels,
-              "moves": sig.moves, "tag_layers": len(tag_layers), "scale": str(scales.C),
+              "moves": sig.moves, "tag_layers": len(tag_layers), "heights": lay.heights,
+              "scale": str(scales.C),
               "cap_margin": f"{margin:.3g}"}
-    return Prepared(table, p, lay, word, scales, sig, orders, tag_layers, record)
+    return Prepared(table, p, lay, word, scales, sig, orders, sep_layers, tag_layers, record)
 
 
 def phases(prep: Prepared, n_rounds: int, n_collapse: int, total: int
@@ -455,13 +465,13 @@ def phases(prep: Prepared, n_rounds: int, n_collapse: int, total: int
 
 
 def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exact: bool,
-          width: int, seed: int, progress: bool = False) -> Built:
+          width: int, heads: int, seed: int, progress: bool = False) -> Built:
     """The keyed hardmax model of the data (docs/keyed.md); NotKeyable where it does not
     apply."""
-    prep = prepare(inputs, m, exact, width, seed, progress)
+    prep = prepare(inputs, m, exact, width, heads, seed, progress)
     p, lay, sc = prep.p, prep.lay, prep.scales
-    sep = rounds(p, lay, prep.word, sc, prep.sig.lam, exact)
-    clear = ff_layer([height_reset(lay, exact)], exact) if p.rounds else None
+    sep = rounds(prep, exact)
+    clear = ff_layer(height_resets(lay, exact), exact) if p.rounds else None
     collapse = Block(clear, _collapse(lay, sc, exact))
     moves = _moves(prep, targets, width, exact)
     blocks = prep.tag_layers + sep + [collapse] + moves
@@ -609,10 +619,10 @@ def tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: bo
             u = zeros(D, exact)
             u[:lay.d] = cap.f * cap.s
             # marked: the mark, or a slot the layer before wrote (its clip acts in this layer)
-            for i in [lay.mark, lay.peel] + [lay.slot(layer + 1, i) for i in range(lay.slots)]:
+            for i in [lay.mark, lay.peel] + [lay.slot(i) for i in range(lay.slots)]:
                 u[i] = -M
             if is_tag:
-                slot = lay.slot(layer, slots_used[layer])
+                slot = lay.slot(slots_used[layer])
                 slots_used[layer] += 1
                 layers[layer].append((u, -cap.b * cap.s, vec(D, {slot: 1}, exact)))
                 layers[layer + 1] += _clip(slot, lay, word[cap.token], sc, exact)
@@ -669,41 +679,63 @@ def code_reader(lay: Layout, word: np.ndarray, sc: _Scales, weight, exact: bool)
     return on_code(lay, word, weight / sc.C, exact)
 
 
-def rounds(p: Plan, lay: Layout, word: dict, sc: _Scales, lam: np.ndarray, exact: bool,
-           score_scale=1) -> list[Block]:
-    """Round r: clear the previous round's heights, set height i on its i-th test (erasing, at
-    its last round, the code of a test that is no leader tag); then σ += λ_r·(largest height
-    in the sequence), by scores ``score_scale``·height (docs/keyed.md#separation)."""
+def pack_rounds(rounds: list[list[int]], width: int, heads: int) -> list[list[int]]:
+    """The separation layers: consecutive rounds sharing one layer, at most ``heads`` of them,
+    each read by a head of its own on a height coordinate of its own. A layer's FF holds its
+    rounds' tests and a reset of every height coordinate it reuses (one an earlier layer set),
+    at most ``width`` units; a round has at most width − 1 tests, so it fits a layer alone."""
+    layers: list[list[int]] = []
+    dirty = 0  # height coordinates the layers before the current one set: 0, 1, …
+    for r, tests in enumerate(rounds):
+        cur = layers[-1] if layers else []
+        units = sum(len(rounds[i]) for i in cur) + len(tests) + min(len(cur) + 1, dirty)
+        if cur and len(cur) < heads and units <= width:
+            cur.append(r)
+            continue
+        dirty = max(dirty, len(cur))
+        layers.append([r])
+    return layers
+
+
+def rounds(prep: Prepared, exact: bool, score_scale=1) -> list[Block]:
+    """The separation layers (``prep.sep_layers``). Head h of a layer reads round r: its FF
+    sets height i on the round's i-th test in height coordinate h (erasing, at its last
+    round, the code of a test that is no leader tag) and resets the coordinate if an earlier
+    layer set it; then σ += λ_r·(largest height in the sequence), by scores
+    ``score_scale``·height (docs/keyed.md#separation)."""
+    p, lay, word, sc, lam = prep.p, prep.lay, prep.word, prep.scales, prep.sig.lam
     D = lay.D
     leaders = set(p.leader_tags)
     last_use = {t: r for r, tests in enumerate(p.rounds) for t in tests}
     two = num(2, exact)
-    blocks = []
-    for r, tests in enumerate(p.rounds):
-        units = []
-        for height, t in enumerate(tests, start=1):
-            out = vec(D, {lay.height: height}, exact)
-            if t not in leaders and last_use[t] == r:  # no longer tagged
-                out = on_code(lay, word[t], -sc.C, exact)
-                out[lay.height], out[lay.mark] = num(height, exact), num(-1, exact)
-            units.append((code_reader(lay, word[t], sc, two, exact), 1 - two * sc.w, out))
-        if r > 0:
-            units.append(height_reset(lay, exact))
-        sa = SA(num(1, exact),
-                ScoreMatrix(num(0, exact), vec(D, {lay.height: score_scale}, exact),
-                            vec(D, {lay.one: 1}, exact)),
-                ValueMatrix(num(0, exact),
-                            vec(D, {lay.sigma[0]: int(lam[r, 0]) * sc.sig_unit,
-                                    lay.sigma[1]: int(lam[r, 1]) * sc.sig_unit}, exact),
-                            vec(D, {lay.height: 1}, exact)))
-        blocks.append(Block(ff_layer(units, exact), sa))
+    blocks, dirty = [], 0
+    for group in prep.sep_layers:
+        units, heads = [], []
+        for h, r in enumerate(group):
+            at = lay.height(h)
+            for height, t in enumerate(p.rounds[r], start=1):
+                out = vec(D, {at: height}, exact)
+                if t not in leaders and last_use[t] == r:  # no longer tagged
+                    out = on_code(lay, word[t], -sc.C, exact)
+                    out[at], out[lay.mark] = num(height, exact), num(-1, exact)
+                units.append((code_reader(lay, word[t], sc, two, exact), 1 - two * sc.w, out))
+            heads.append(Head(ScoreMatrix(num(0, exact), vec(D, {at: score_scale}, exact),
+                                          vec(D, {lay.one: 1}, exact)),
+                              ValueMatrix(num(0, exact),
+                                          vec(D, {lay.sigma[0]: int(lam[r, 0]) * sc.sig_unit,
+                                                  lay.sigma[1]: int(lam[r, 1]) * sc.sig_unit},
+                                              exact),
+                                          vec(D, {at: 1}, exact))))
+        units += [reset_unit(lay, lay.height(h), exact) for h in range(min(len(group), dirty))]
+        dirty = max(dirty, len(group))
+        blocks.append(Block(ff_layer(units, exact), SA(num(1, exact), heads=heads)))
     return blocks
 
 
-def height_reset(lay: Layout, exact: bool) -> tuple:
-    """Sets a round's heights (all ≥ 0) back to 0, in the next round and in the collapse
-    block, so that no height enters the collapse's scores."""
-    return reset_unit(lay, lay.height, exact)
+def height_resets(lay: Layout, exact: bool) -> list:
+    """Every height coordinate (all ≥ 0) set back to 0, in the collapse block, so that no
+    height enters the collapse's scores."""
+    return [reset_unit(lay, lay.height(h), exact) for h in range(lay.heights)]
 
 
 def _collapse(lay: Layout, sc: _Scales, exact: bool) -> SA:

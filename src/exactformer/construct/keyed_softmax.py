@@ -39,7 +39,7 @@ from .keyed import (
     clip_pair,
     collapse_scores,
     ff_layer,
-    height_reset,
+    height_resets,
     move_argument,
     move_queues,
     move_weight,
@@ -56,14 +56,15 @@ BLUR = 32  # every softmax layer moves a move's argument by less than 1/BLUR
 
 
 def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exact: bool,
-          width: int, seed: int, progress: bool = False) -> Built:
-    """The keyed softmax model of the data (τ = 1, the score scales folded into A)."""
+          width: int, heads: int, seed: int, progress: bool = False) -> Built:
+    """The keyed softmax model of the data (τ = 1, the score scales folded into A), up to
+    ``heads`` rounds to a separation layer."""
     floor = data_floor(inputs, exact)
-    prep = prepare(inputs, m, exact, width, seed, progress, floor=floor)
+    prep = prepare(inputs, m, exact, width, heads, seed, progress, floor=floor)
     p, lay = prep.p, prep.lay
     beta_s, beta_c = score_scales(prep, max(len(x) for x in inputs), exact)
-    sep = rounds(p, lay, prep.word, prep.scales, prep.sig.lam, exact, score_scale=beta_s)
-    clear = [height_reset(lay, exact)] if p.rounds else []
+    sep = rounds(prep, exact, score_scale=beta_s)
+    clear = height_resets(lay, exact) if p.rounds else []
     reset = [ff_layer(units, exact)
              for units in _chunks(_data_reset(lay, floor, exact) + clear, width)]
     collapse = [Block(ff, None) for ff in reset[:-1]] + \

@@ -101,12 +101,14 @@ def compile_softmax(dataset: Dataset, exact: bool = True, seed: int = 0, tau=Non
 
 
 def compile_keyed_softmax(dataset: Dataset, exact: bool = True, seed: int = 0,
-                          progress: bool = False, width: int = 4) -> Transformer:
+                          progress: bool = False, width: int = 4, heads: int = 1
+                          ) -> Transformer:
     """The keyed softmax model (docs/keyed.md#softmax): τ = 1, no simulation, exact in real
-    arithmetic and within float32's rounding in a plain dense float32 pass."""
+    arithmetic and within float32's rounding in a plain dense float32 pass; up to ``heads``
+    separation rounds share an attention layer (docs/keyed.md#heads)."""
     inputs, targets = dataset.fractions() if exact else dataset.floats()
-    built = keyed_softmax.build(inputs, targets, dataset.target_lengths, exact, width, seed,
-                                progress)
+    built = keyed_softmax.build(inputs, targets, dataset.target_lengths, exact, width, heads,
+                                seed, progress)
     return keyed.model_of(built, dataset.N, dataset.total_m, seed, exact, "softmax")
 
 
