@@ -160,12 +160,28 @@ def test_heads_share_separation_layers(ds, seed, width, h):
     assert sum(layers) == many.record.R == one.record.R
     assert many.n_blocks == one.n_blocks - (one.record.R - len(layers))
     assert max(layers, default=1) == many.record.keyed["heights"] <= min(h, width)
-    assert many.d == one.d + many.record.keyed["heights"] - 1
+    slots = min(width // 4, keyed.SLOTS)  # the heights reuse the slots
+    assert many.d == one.d + max(0, many.record.keyed["heights"] - slots)
     for name in ("tagging", "collapse", "interpolation"):
         a, b = one.record.phase(name), many.record.phase(name)
         assert a.end - a.start == b.end - b.start
     for i in range(sep.start, sep.end):
         assert len(many.blocks[i].ff.b) <= width
+
+
+@SETTINGS
+@given(ds=datasets(), seed=seeds, width=widths, h=heads)
+def test_every_slot_is_zero_when_the_tagging_ends(ds, seed, width, h):
+    """The separation's heights live in the tagging's slots, so every slot must be exactly 0
+    on every token after the tagging layers (and every height 0 before them)."""
+    model = ef.compile(ds, seed=seed, width=width, heads=h, keys=True)
+    tagging = model.record.phase("tagging")
+    head = Transformer(d=model.d, attention="hardmax", blocks=model.blocks[:tagging.end],
+                       exact=True)
+    work = slice(ds.d + 5, ds.d + 5 + max(min(width // 4, keyed.SLOTS),
+                                          model.record.keyed["heights"]))
+    for x in ef.forward(head, ds.fractions()[0], arithmetic="exact"):
+        assert (np.asarray(x)[:, work] == 0).all()
 
 
 @settings(max_examples=200, deadline=None)
@@ -563,7 +579,7 @@ def test_collapse_margins_with_a_tall_round(attention):
     model = ef.compile(data, attention=attention, width=64, keys=True)
     xs, _ = data.fractions()
     states = _exact_before_collapse(model, xs)
-    assert max(max(X[:, data.d + 1]) for X in states) >= 20  # the height coordinate
+    assert max(max(X[:, data.d + 5]) for X in states) >= 20  # the first height coordinate
     assert min(collapse_margins(model, data)) >= Fraction(1, 2)
 
 

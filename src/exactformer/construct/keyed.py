@@ -62,7 +62,9 @@ class NotKeyable(ConstructionError):
 # ----------------------------------------------------------------------------- coordinates
 @dataclass(frozen=True)
 class Layout:
-    """Where the model's own coordinates sit after the d data coordinates."""
+    """Where the model's own coordinates sit after the d data coordinates. The tagging's slots
+    and the separation's heights share the *work* coordinates: every slot is 0 again when the
+    tagging ends (docs/keyed.md#coordinates)."""
 
     d: int
     slots: int  # cap outputs awaiting their clip (one layer each)
@@ -74,33 +76,34 @@ class Layout:
     def one(self) -> int:
         return self.d
 
-    def height(self, h: int = 0) -> int:
-        """The heights that the rounds read by head h of a separation layer set."""
-        assert 0 <= h < self.heights
-        return self.d + 1 + h
-
     @property
     def sigma(self) -> tuple[int, int]:
-        return self.d + self.heights + 1, self.d + self.heights + 2
+        return self.d + 1, self.d + 2
 
     @property
     def mark(self) -> int:
         """1 exactly on a tagged token (a clip writes it)."""
-        return self.d + self.heights + 3
+        return self.d + 3
 
     @property
     def peel(self) -> int:
         """A peel's cap value, in (1, 2] (inexact in floats; the collapse overwrites it)."""
-        return self.d + self.heights + 4
+        return self.d + 4
 
     def slot(self, i: int) -> int:
         """A cap writes its value here; in the next layer its clip reads it and resets it to
         0 while another cap may write it again, at another token (docs/keyed.md#tagging)."""
-        return self.d + self.heights + 5 + i
+        assert 0 <= i < self.slots
+        return self.d + 5 + i
+
+    def height(self, h: int = 0) -> int:
+        """The heights that the rounds read by head h of a separation layer set."""
+        assert 0 <= h < self.heights
+        return self.d + 5 + h
 
     @property
     def code(self) -> slice:
-        start = self.d + self.heights + 5 + self.slots
+        start = self.d + 5 + max(self.slots, self.heights)
         return slice(start, start + self.q)
 
     @property
