@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import warnings
 from fractions import Fraction
+from itertools import combinations
 
 import mpmath
 import numpy as np
@@ -152,14 +153,19 @@ def test_random_shared_pools(ds, seed, width, h):
 @given(ds=datasets(), seed=seeds, width=widths, h=st.sampled_from([2, 3, 16]))
 def test_heads_share_separation_layers(ds, seed, width, h):
     """With heads, consecutive rounds share a separation layer, a head and a height coordinate
-    each: the same rounds, tags and moves, and one block fewer per round that joined a layer."""
+    each: the same rounds, tags and moves, and one block fewer per round that joined a layer.
+    Bent signatures take two heads a round, and only where they save blocks."""
     one = ef.compile(ds, seed=seed, width=width, keys=True)
     many = ef.compile(ds, seed=seed, width=width, heads=h, keys=True)
+    bent = many.record.keyed["bent"]
     sep = many.record.phase("separation")
-    layers = [len(many.blocks[i].sa.heads) for i in range(sep.start, sep.end)]
+    layers = [len(many.blocks[i].sa.heads) // (1 + bent) for i in range(sep.start, sep.end)]
     assert sum(layers) == many.record.R == one.record.R
+    assert max(layers, default=1) == many.record.keyed["heights"] <= min(h, width) // (1 + bent)
+    if bent:
+        assert many.n_blocks < one.n_blocks
+        return
     assert many.n_blocks == one.n_blocks - (one.record.R - len(layers))
-    assert max(layers, default=1) == many.record.keyed["heights"] <= min(h, width)
     slots = min(width // 4, keyed.SLOTS)  # the heights reuse the slots
     assert many.d == one.d + max(0, many.record.keyed["heights"] - slots)
     for name in ("tagging", "collapse", "interpolation"):
@@ -182,6 +188,57 @@ def test_every_slot_is_zero_when_the_tagging_ends(ds, seed, width, h):
                                           model.record.keyed["heights"]))
     for x in ef.forward(head, ds.fractions()[0], arithmetic="exact"):
         assert (np.asarray(x)[:, work] == 0).all()
+
+
+@SETTINGS
+@given(N=st.integers(8, 24), d=st.integers(2, 5), seed=seeds, width=st.sampled_from([16, 64]),
+       h=st.sampled_from([2, 5, 16]), attention=st.sampled_from(["hardmax", "softmax"]))
+def test_bent_signatures_on_nested_data(N, d, seed, width, h, attention):
+    """Nested sets (a shared core and one token of each sequence's own) need one tall round,
+    whose plain signatures are collinear: its holders would move two per layer. Bent
+    signatures put them in convex position, every tag's holders move in one batch, and the
+    model is exact with fewer blocks than the one-head model: wherever one tag's chain, not
+    the width, sets the move layers (a softmax move takes two units, so width 64 there)."""
+    ds = builtin.nested(N, d, seed=seed % 1000)
+    width = 64 if attention == "softmax" else width
+    model = ef.compile(ds, attention=attention, seed=seed, width=width, heads=h, keys=True)
+    assert model.record.keyed["bent"]
+    sep = model.record.phase("separation")
+    assert all(len(model.blocks[i].sa.heads) % 2 == 0 for i in range(sep.start, sep.end))
+    one = ef.compile(ds, attention=attention, seed=seed, width=width, keys=True)
+    assert model.n_blocks < one.n_blocks
+    (check_keyed if attention == "hardmax" else check_keyed_softmax)(model, ds)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pts=st.lists(st.tuples(st.integers(-40, 40), st.integers(-40, 40)), min_size=1,
+                    max_size=12, unique=True))
+def test_hull_normals_isolate_every_vertex(pts):
+    """Each direction hull_normals gives makes its point the unique largest, and it gives one
+    for every strict vertex: every point in no closed triangle (or segment) of three (two)
+    others, checked here with exact cross products."""
+    P = np.array(pts, dtype=np.int64)
+    normals = keyed.hull_normals(P)
+    for i, g in normals.items():
+        proj = P @ np.array(g)
+        assert (proj[i] > np.delete(proj, i)).all()
+
+    def cross(o, a, b):
+        return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+    def inside(x, tri):
+        signs = [cross(tri[k], tri[(k + 1) % 3], x) for k in range(3)]
+        if all(s == 0 for s in signs):  # a degenerate triangle: on one of its segments
+            return any(cross(a, b, x) == 0 and min(a[0], b[0]) <= x[0] <= max(a[0], b[0])
+                       and min(a[1], b[1]) <= x[1] <= max(a[1], b[1])
+                       for a, b in combinations(tri, 2))
+        return all(s >= 0 for s in signs) or all(s <= 0 for s in signs)
+
+    for i, x in enumerate(pts):
+        others = pts[:i] + pts[i + 1:]
+        hidden = any(inside(x, tri) for tri in combinations(others, 3)) or \
+            any(inside(x, (a, b, b)) for a, b in combinations(others, 2))
+        assert (i in normals) == (len(pts) > 1 and not hidden)
 
 
 @settings(max_examples=200, deadline=None)

@@ -124,6 +124,7 @@ class Construction:
             kr = _Reader(keyed, "meta.keyed")
             rec.keyed = {**{f: kr.integer(f) for f in cls.KEYED_FIELDS},
                          "heights": kr.integer("heights") if "heights" in keyed else 1,
+                         "bent": kr.get("bent", bool, False),
                          "scale": kr.get("scale", str), "cap_margin": kr.get("cap_margin", str)}
             scores = kr.get("scores", (list, type(None)), None)  # softmax: (β_s, β_c)
             if scores is not None:

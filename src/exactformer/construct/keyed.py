@@ -70,7 +70,8 @@ class Layout:
     slots: int  # cap outputs awaiting their clip (one layer each)
     q: int  # code length
     with_moved: bool = False  # softmax models: a last coordinate, 1 once a token has moved
-    heights: int = 1  # one height coordinate per head of a separation layer
+    heights: int = 1  # the most rounds of a separation layer: a height coordinate each
+    bent: bool = False  # bent signatures: each round also has a bend coordinate
 
     @property
     def one(self) -> int:
@@ -101,9 +102,19 @@ class Layout:
         assert 0 <= h < self.heights
         return self.d + 5 + h
 
+    def bend(self, h: int = 0) -> int:
+        """Bent signatures: b(height) = height·(height − 1)/2 of the round at head slot h."""
+        assert self.bent and 0 <= h < self.heights
+        return self.d + 5 + self.heights + h
+
+    def separation_coordinates(self) -> list[int]:
+        """The work coordinates the separation sets: heights, and bends if bent."""
+        return [self.height(h) for h in range(self.heights)] + \
+            ([self.bend(h) for h in range(self.heights)] if self.bent else [])
+
     @property
     def code(self) -> slice:
-        start = self.d + 5 + max(self.slots, self.heights)
+        start = self.d + 5 + max(self.slots, self.heights * (1 + self.bent))
         return slice(start, start + self.q)
 
     @property
@@ -407,7 +418,7 @@ class Prepared:
     scales: _Scales
     sig: _Signatures
     orders: dict  # leader tag → its hull batches of (sequence, g)
-    sep_layers: list[list[int]]  # the rounds of each separation layer, one head each
+    sep_layers: list[list[int]]  # the rounds of each separation layer
     tag_layers: list[Block]
     keyed: dict  # the record's "keyed" object, without the fields a tail adds
 
@@ -435,12 +446,9 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, hea
     groups = [[index[t] for t in s.tolist() if t in leaders]
               for j, s in enumerate(table.seqs()) if p.reps[j] == j]
     g = priority_direction(words[:len(p.leader_tags)], groups, seed)
-    sep_layers = pack_rounds(p.rounds, width, min(heads, width))
+    sep_layers, sig, orders = separation(table, p, width, heads, w, seed, floor is not None)
     lay = Layout(table.points.shape[1], min(width // 4, SLOTS), q, floor is not None,
-                 max(map(len, sep_layers), default=1))
-    sig = _signatures(table, p, seed)
-    orders = {t: list(hull_batches(sig.values[p.owners[t]], p.owners[t]))
-              for t in p.leader_tags}
+                 max(map(len, sep_layers), default=1), sig.bent)
     points = table.points if floor is None else np.vstack([table.points, floor[None, :]])
     scales = _Scales.of(points, w, g, words[:len(p.leader_tags)], sig.top, exact)
     tag_layers = tagging(p, lay, word, scales, width, exact)
@@ -453,7 +461,7 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, hea
     peels = sum(len(pe) for _, pe in p.steps)
     record = {"coordinates": q, "weight": w, "tags": len(every_tag), "peels": peels,
               "moves": sig.moves, "tag_layers": len(tag_layers), "heights": lay.heights,
-              "scale": str(scales.C),
+              "bent": sig.bent, "scale": str(scales.C),
               "cap_margin": f"{margin:.3g}"}
     return Prepared(table, p, lay, word, scales, sig, orders, sep_layers, tag_layers, record)
 
@@ -539,6 +547,7 @@ class _Signatures:
     lam: np.ndarray  # R × 2 integer multipliers
     values: np.ndarray  # N × 2 integer signatures (the representatives' rows; others 0)
     moves: int
+    bent: bool  # σ₂ sums b(height) = height·(height − 1)/2 instead of the height
 
     @property
     def top(self) -> int:
@@ -546,28 +555,70 @@ class _Signatures:
         return int(self.values.max(initial=0))
 
 
-def _signatures(table: TokenTable, p: Plan, seed: int) -> _Signatures:
+def bend(height):
+    """b(h) = h·(h − 1)/2: the outcomes (h, b(h)) of a round lie on a strictly convex chain,
+    so each is a vertex of their hull (docs/keyed.md#bent-signatures)."""
+    return height * (height - 1) // 2
+
+
+def separation(table: TokenTable, p: Plan, width: int, heads: int, w: int, seed: int,
+               softmax: bool) -> tuple[list[list[int]], _Signatures, dict]:
+    """The separation layers, the signatures and each leader tag's hull batches. With two
+    heads or more, bent signatures (two heads a round) are taken when they save blocks:
+    their holders of one tag are in convex position, so fewer hull batches need ordering.
+    The blocks counted: separation, collapse (a softmax model's data reset and separation
+    clear, ``width`` units a layer) and moves (two units a move in a softmax model)."""
+    options = [False, True] if heads >= 2 and p.rounds else [False]
+    best = None
+    for bent in options:
+        layers = pack_rounds(p.rounds, width, min(heads, width) // (1 + bent), 1 + bent)
+        if layers is None:
+            continue
+        sig = _signatures(table, p, seed, bent)
+        reach = _reach(w, sig.top)
+        orders = {t: list(hull_batches(sig.values[p.owners[t]], p.owners[t], reach))
+                  for t in p.leader_tags}
+        queues = [[list(batch) for batch in orders[t]] for t in p.leader_tags]
+        clears = max(map(len, layers), default=0) * (1 + bent)
+        collapse = -(-(table.points.shape[1] + clears) // width) if softmax else 1
+        blocks = len(layers) + collapse + len(schedule(queues, width // (1 + softmax)))
+        if best is None or blocks < best[0]:
+            best = (blocks, layers, sig, orders)
+    return best[1:]
+
+
+def _reach(w: int, top: int) -> int:
+    """The largest |g|₁ of a hull normal: its move weight K (≤ 2·(2·|g|₁·top + 2)) keeps
+    K·(2w + 1), the reach of a move argument's partial sums, within 2^23, so float32 computes
+    every argument exactly (docs/keyed.md#moves)."""
+    return max(8, ((1 << 23) // (2 * w + 1) // 2 - 2) // (2 * max(top, 1)))
+
+
+def _signatures(table: TokenTable, p: Plan, seed: int, bent: bool) -> _Signatures:
     """Multipliers λ_r (two per round, integers in [1, top]) such that the sequences holding a
-    common leader tag get distinct signature pairs Σ_r λ_r·(outcome of round r), each below 2^16;
-    top is doubled from 2 until a draw works."""
+    common leader tag get distinct signature pairs Σ_r λ_r·(outcome of round r), each below
+    2^16 (``bent``: the second entry sums λ_r2·b(outcome)); top is doubled from 2 until a draw
+    works."""
     R = len(p.rounds)
     held = np.zeros((table.N, R), dtype=np.int64)  # each representative's outcome per round
     for r, tests in enumerate(p.rounds):
         for height, t in enumerate(tests, start=1):
             held[p.owners[t], r] = height
+    second = bend(held) if bent else held
     owners = p.owners
     rng = np.random.default_rng(seed)
     tallest = max((len(r) for r in p.rounds), default=1)
+    tallest = max(tallest, bend(tallest)) if bent else tallest
     top, limit = 1, max(1, ((1 << SIGNATURE_BITS) - 1) // (max(R, 1) * tallest))
     while True:  # the smallest range that works: small signatures keep the moves' weights small
         top = min(2 * top, limit)
         for _ in range(DRAWS // 8 if top < limit else DRAWS):
             lam = rng.integers(1, top + 1, size=(R, 2))
-            values = held @ lam
+            values = np.stack([held @ lam[:, 0], second @ lam[:, 1]], axis=1)
             if all(len({tuple(v) for v in values[owners[t]]}) == len(owners[t])
                    for t in p.leader_tags):
                 moves = sum(len(owners[t]) for t in p.leader_tags)
-                return _Signatures(lam, values, moves)
+                return _Signatures(lam, values, moves, bent)
         if top == limit:
             break
     raise NotKeyable(f"no multipliers among {DRAWS} draws told apart the holders of a tag")
@@ -682,31 +733,37 @@ def code_reader(lay: Layout, word: np.ndarray, sc: _Scales, weight, exact: bool)
     return on_code(lay, word, weight / sc.C, exact)
 
 
-def pack_rounds(rounds: list[list[int]], width: int, heads: int) -> list[list[int]]:
-    """The separation layers: consecutive rounds sharing one layer, at most ``heads`` of them,
-    each read by a head of its own on a height coordinate of its own. A layer's FF holds its
-    rounds' tests and a reset of every height coordinate it reuses (one an earlier layer set),
-    at most ``width`` units; a round has at most width − 1 tests, so it fits a layer alone."""
+def pack_rounds(rounds: list[list[int]], width: int, per_layer: int, coordinates: int = 1
+                ) -> list[list[int]] | None:
+    """The separation layers: consecutive rounds sharing one layer, at most ``per_layer`` of
+    them, each with ``coordinates`` work coordinates of its own (its height, and its bend
+    when bent). A layer's FF holds its rounds' tests and a reset of every coordinate it
+    reuses (one an earlier layer set), at most ``width`` units; a round that does not fit
+    the current layer starts one of its own. None if a round does not fit a layer alone: a
+    round has at most width − 1 tests, so that happens only with two coordinates a round."""
     layers: list[list[int]] = []
-    dirty = 0  # height coordinates the layers before the current one set: 0, 1, …
+    dirty = 0  # rounds' coordinate sets the layers before the current one used: 0, 1, …
     for r, tests in enumerate(rounds):
         cur = layers[-1] if layers else []
-        units = sum(len(rounds[i]) for i in cur) + len(tests) + min(len(cur) + 1, dirty)
-        if cur and len(cur) < heads and units <= width:
+        units = sum(len(rounds[i]) for i in cur) + len(tests) + \
+            coordinates * min(len(cur) + 1, dirty)
+        if cur and len(cur) < per_layer and units <= width:
             cur.append(r)
             continue
         dirty = max(dirty, len(cur))
+        if len(tests) + coordinates * min(1, dirty) > width:
+            return None
         layers.append([r])
     return layers
 
 
 def rounds(prep: Prepared, exact: bool, score_scale=1) -> list[Block]:
-    """The separation layers (``prep.sep_layers``). Head h of a layer reads round r: its FF
-    sets height i on the round's i-th test in height coordinate h (erasing, at its last
-    round, the code of a test that is no leader tag) and resets the coordinate if an earlier
-    layer set it; then σ += λ_r·(largest height in the sequence), by scores
-    ``score_scale``·height (docs/keyed.md#separation)."""
-    p, lay, word, sc, lam = prep.p, prep.lay, prep.word, prep.scales, prep.sig.lam
+    """The separation layers (``prep.sep_layers``). The round at head slot h of a layer: its FF
+    sets height i on the round's i-th test in height coordinate h, and b(i) in bend
+    coordinate h if bent (erasing, at its last round, the code of a test that is no leader
+    tag), and resets the coordinates if an earlier layer set them; then σ += λ_r·(largest
+    height in the sequence), by scores ``score_scale``·height (docs/keyed.md#separation)."""
+    p, lay, word, sc = prep.p, prep.lay, prep.word, prep.scales
     D = lay.D
     leaders = set(p.leader_tags)
     last_use = {t: r for r, tests in enumerate(p.rounds) for t in tests}
@@ -715,30 +772,45 @@ def rounds(prep: Prepared, exact: bool, score_scale=1) -> list[Block]:
     for group in prep.sep_layers:
         units, heads = [], []
         for h, r in enumerate(group):
-            at = lay.height(h)
             for height, t in enumerate(p.rounds[r], start=1):
-                out = vec(D, {at: height}, exact)
+                out = vec(D, {lay.height(h): height}, exact)
                 if t not in leaders and last_use[t] == r:  # no longer tagged
                     out = on_code(lay, word[t], -sc.C, exact)
-                    out[at], out[lay.mark] = num(height, exact), num(-1, exact)
+                    out[lay.height(h)], out[lay.mark] = num(height, exact), num(-1, exact)
+                if lay.bent:
+                    out[lay.bend(h)] = num(bend(height), exact)
                 units.append((code_reader(lay, word[t], sc, two, exact), 1 - two * sc.w, out))
-            heads.append(Head(ScoreMatrix(num(0, exact), vec(D, {at: score_scale}, exact),
-                                          vec(D, {lay.one: 1}, exact)),
-                              ValueMatrix(num(0, exact),
-                                          vec(D, {lay.sigma[0]: int(lam[r, 0]) * sc.sig_unit,
-                                                  lay.sigma[1]: int(lam[r, 1]) * sc.sig_unit},
-                                              exact),
-                                          vec(D, {at: 1}, exact))))
-        units += [reset_unit(lay, lay.height(h), exact) for h in range(min(len(group), dirty))]
+            heads += _round_heads(lay, sc, prep.sig.lam[r], h, score_scale, exact)
+        reused = [c for h in range(min(len(group), dirty))
+                  for c in [lay.height(h)] + ([lay.bend(h)] if lay.bent else [])]
+        units += [reset_unit(lay, c, exact) for c in reused]
         dirty = max(dirty, len(group))
         blocks.append(Block(ff_layer(units, exact), SA(num(1, exact), heads=heads)))
     return blocks
 
 
+def _round_heads(lay: Layout, sc: _Scales, lam: np.ndarray, h: int, score_scale, exact: bool
+                 ) -> list[Head]:
+    """The heads of the round at head slot h, scores ``score_scale``·height_l: one head adding
+    λ·height to (σ₁, σ₂), or, bent, one adding λ₁·height to σ₁ and one λ₂·bend to σ₂."""
+    D = lay.D
+    scores = ScoreMatrix(num(0, exact), vec(D, {lay.height(h): score_scale}, exact),
+                         vec(D, {lay.one: 1}, exact))
+
+    def head(into: dict, read: int) -> Head:
+        return Head(scores, ValueMatrix(num(0, exact), vec(D, into, exact),
+                                        vec(D, {read: 1}, exact)))
+
+    s1, s2 = (int(v) * sc.sig_unit for v in lam)
+    if not lay.bent:
+        return [head({lay.sigma[0]: s1, lay.sigma[1]: s2}, lay.height(h))]
+    return [head({lay.sigma[0]: s1}, lay.height(h)), head({lay.sigma[1]: s2}, lay.bend(h))]
+
+
 def height_resets(lay: Layout, exact: bool) -> list:
-    """Every height coordinate (all ≥ 0) set back to 0, in the collapse block, so that no
-    height enters the collapse's scores."""
-    return [reset_unit(lay, lay.height(h), exact) for h in range(lay.heights)]
+    """Every coordinate the separation set (all ≥ 0) back to 0, in the collapse block, so that
+    none enters the collapse's scores."""
+    return [reset_unit(lay, c, exact) for c in lay.separation_coordinates()]
 
 
 def _collapse(lay: Layout, sc: _Scales, exact: bool) -> SA:
@@ -854,11 +926,12 @@ DIRECTIONS = sorted(((a, b) for a in range(-4, 5) for b in range(-4, 5)
                     key=lambda g: (abs(g[0]) + abs(g[1]), g))
 
 
-def hull_batches(values: np.ndarray, owners: np.ndarray):
+def hull_batches(values: np.ndarray, owners: np.ndarray, reach: int):
     """Batches of (sequence, g): each pair of a batch is the unique largest g·σ over the pairs
-    not yet taken (before the batch), g a small integer direction (smallest |g|₁ first), so
-    the batch's units can act in one layer. A set none of these orders (every vertex of its
-    hull with a narrow cone of directions) gives its lexicographic largest pair alone."""
+    not yet taken (before the batch), so the batch's units can act in one layer. g is a small
+    integer direction (smallest |g|₁ first), else a normal of the pairs' convex hull at the
+    pair, of |g|₁ ≤ ``reach`` (points in convex position all go in one batch). A set none of
+    these orders gives its lexicographic largest pair alone."""
     left = list(range(len(owners)))
     while left:
         batch: dict[int, tuple] = {}
@@ -866,6 +939,11 @@ def hull_batches(values: np.ndarray, owners: np.ndarray):
             proj = values[left] @ np.array(g)
             if _one_top(proj):
                 batch.setdefault(left[int(np.argmax(proj))], g)
+        for i, g in hull_normals(values[left]).items():
+            proj = values[left] @ np.array(g)
+            if left[i] not in batch and abs(g[0]) + abs(g[1]) <= reach and _one_top(proj) \
+                    and int(np.argmax(proj)) == i:
+                batch[left[i]] = g
         if not batch:  # lexicographic: (B, 1) with B above every spread of the second entry
             spread = int(np.ptp(values[left][:, 1])) + 1
             g = (spread, 1)
@@ -873,3 +951,35 @@ def hull_batches(values: np.ndarray, owners: np.ndarray):
             batch[left[int(np.argmax(proj))]] = g
         yield [(int(owners[i]), g) for i, g in batch.items()]
         left = [i for i in left if i not in batch]
+
+
+def hull_normals(points: np.ndarray) -> dict[int, tuple[int, int]]:
+    """Per vertex of the convex hull of distinct integer points (its row index), an integer
+    direction g at which it is the unique largest g·x: the sum of the outward normals of its
+    two edges, which lies strictly inside its normal cone (the two ends, with the edge
+    itself, when the points are collinear)."""
+    order = sorted(range(len(points)), key=lambda i: (int(points[i][0]), int(points[i][1])))
+    if len(order) < 2:
+        return {}
+
+    def cross(o, a, b):
+        (ox, oy), (ax, ay), (bx, by) = (points[o], points[a], points[b])
+        return int(ax - ox) * int(by - oy) - int(ay - oy) * int(bx - ox)
+
+    hull: list[int] = []
+    for sweep in (order, order[::-1]):  # Andrew's monotone chain: lower, then upper hull
+        start = len(hull)
+        for i in sweep:
+            while len(hull) >= start + 2 and cross(hull[-2], hull[-1], i) <= 0:
+                hull.pop()
+            hull.append(i)
+        hull.pop()
+    out = {}
+    for k, v in enumerate(hull):
+        before = points[hull[k - 1]] - points[v]
+        after = points[hull[(k + 1) % len(hull)]] - points[v]
+        g = (int(after[1] - before[1]), int(before[0] - after[0])) if len(hull) > 2 else \
+            (int(-before[0]), int(-before[1]))
+        c = math.gcd(*g)
+        out[v] = (g[0] // c, g[1] // c)
+    return out
