@@ -470,6 +470,16 @@ def test_dense_enclosure_keeps_no_radius_around_a_nan():
     assert np.isnan(out[0, 1]) and not rad[0, 1] < np.inf
 
 
+def test_moves_beyond_float32s_exact_range_warn():
+    """A move direction whose weight K puts K·(2w + 1) at 2^24 or more (a lexicographic one on
+    spread signatures) is named; the small directions the builds use stay silent."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keyed.warn_wide_moves({0: [[(0, (4, 4))]]}, (1 << 16) - 1, 4)
+    with pytest.warns(RuntimeWarning, match="2\\^24"):
+        keyed.warn_wide_moves({0: [[(0, (1 << 16, 1))]]}, (1 << 16) - 1, 4)
+
+
 def test_close_tokens_warn_that_float32_may_misfire():
     """Tokens about 1e-6 apart (of a scale about 2.4): the caps' margins fall below 2^-16
     of the extent, where float32 can tag the wrong token; the build says so, and the model

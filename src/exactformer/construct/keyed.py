@@ -458,6 +458,7 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, hea
                       "2^-16, so a float32 pass may tag the wrong token there (rational and "
                       "float64 passes are unaffected; docs/keyed.md#tagging)", RuntimeWarning,
                       stacklevel=6)
+    warn_wide_moves(orders, sig.top, w)
     peels = sum(len(pe) for _, pe in p.steps)
     record = {"coordinates": q, "weight": w, "tags": len(every_tag), "peels": peels,
               "moves": sig.moves, "tag_layers": len(tag_layers), "heights": lay.heights,
@@ -585,6 +586,18 @@ def separation(table: TokenTable, p: Plan, width: int, heads: int, w: int, seed:
         if best is None or blocks < best[0]:
             best = (blocks, layers, sig, orders)
     return best[1:]
+
+
+def warn_wide_moves(orders: dict, top: int, w: int) -> None:
+    """Warn when a move's weight K makes K·(2w + 1) reach 2^24: a float32 pass may then round
+    that move's argument (a lexicographic direction on widely spread signatures)."""
+    K = max((float(move_weight(g, top, False)) for batches in orders.values()
+             for batch in batches for _, g in batch), default=1.0)
+    if K * (2 * w + 1) >= 2.0 ** 24:
+        warnings.warn(f"keyed model: a move's weight K = 2^{math.log2(K):.0f} makes "
+                      "K·(2w + 1) reach 2^24, so a float32 pass may round its argument "
+                      "(rational and float64 passes are unaffected; docs/keyed.md#moves)",
+                      RuntimeWarning, stacklevel=7)
 
 
 def _reach(w: int, top: int) -> int:
