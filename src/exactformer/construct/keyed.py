@@ -564,19 +564,20 @@ def bend(height):
 
 def separation(table: TokenTable, p: Plan, width: int, heads: int, w: int, seed: int,
                softmax: bool) -> tuple[list[list[int]], _Signatures, dict]:
-    """The separation layers, the signatures and each leader tag's hull batches. With two
-    heads or more, bent signatures (two heads a round) are taken when they save blocks:
-    their holders of one tag are in convex position, so fewer hull batches need ordering.
-    The blocks counted: separation, collapse (a softmax model's data reset and separation
+    """The separation layers, the signatures and each leader tag's hull batches: of plain
+    signatures with small directions, plain ones with hull normals too, and (two heads or
+    more) bent ones (two heads a round, a tag's holders in convex position) with hull
+    normals, the first with the fewest blocks; hull normals cost larger move weights. The
+    blocks counted: separation, collapse (a softmax model's data reset and separation
     clear, ``width`` units a layer) and moves (two units a move in a softmax model)."""
-    options = [False, True] if heads >= 2 and p.rounds else [False]
+    options = [(False, False), (False, True)] + ([(True, True)] if heads >= 2 else [])
     best = None
-    for bent in options:
+    for bent, normals in options if p.rounds else options[:1]:
         layers = pack_rounds(p.rounds, width, min(heads, width) // (1 + bent), 1 + bent)
         if layers is None:
             continue
         sig = _signatures(table, p, seed, bent)
-        reach = _reach(w, sig.top)
+        reach = _reach(w, sig.top) if normals else 0
         orders = {t: list(hull_batches(sig.values[p.owners[t]], p.owners[t], reach))
                   for t in p.leader_tags}
         queues = [[list(batch) for batch in orders[t]] for t in p.leader_tags]
@@ -943,8 +944,8 @@ def hull_batches(values: np.ndarray, owners: np.ndarray, reach: int):
     """Batches of (sequence, g): each pair of a batch is the unique largest g·σ over the pairs
     not yet taken (before the batch), so the batch's units can act in one layer. g is a small
     integer direction (smallest |g|₁ first), else a normal of the pairs' convex hull at the
-    pair, of |g|₁ ≤ ``reach`` (points in convex position all go in one batch). A set none of
-    these orders gives its lexicographic largest pair alone."""
+    pair, of |g|₁ ≤ ``reach`` (points in convex position all go in one batch; 0: none). A
+    set none of these orders gives its lexicographic largest pair alone."""
     left = list(range(len(owners)))
     while left:
         batch: dict[int, tuple] = {}
@@ -952,7 +953,7 @@ def hull_batches(values: np.ndarray, owners: np.ndarray, reach: int):
             proj = values[left] @ np.array(g)
             if _one_top(proj):
                 batch.setdefault(left[int(np.argmax(proj))], g)
-        for i, g in hull_normals(values[left]).items():
+        for i, g in (hull_normals(values[left]) if reach else {}).items():
             proj = values[left] @ np.array(g)
             if left[i] not in batch and abs(g[0]) + abs(g[1]) <= reach and _one_top(proj) \
                     and int(np.argmax(proj)) == i:
