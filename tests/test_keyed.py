@@ -470,14 +470,17 @@ def test_dense_enclosure_keeps_no_radius_around_a_nan():
     assert np.isnan(out[0, 1]) and not rad[0, 1] < np.inf
 
 
-def test_moves_beyond_float32s_exact_range_warn():
-    """A move direction whose weight K puts K·(2w + 1) at 2^24 or more (a lexicographic one on
-    spread signatures) is named; the small directions the builds use stay silent."""
+def test_moves_beyond_float32s_faithful_range_warn():
+    """A move direction whose weight K is beyond what float32 reads faithfully (a
+    lexicographic one on spread signatures) is named; the small directions the builds use
+    stay silent. A softmax argument is rounded, so its limit is lower."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        keyed.warn_wide_moves({0: [[(0, (4, 4))]]}, (1 << 16) - 1, 4)
-    with pytest.warns(RuntimeWarning, match="2\\^24"):
-        keyed.warn_wide_moves({0: [[(0, (1 << 16, 1))]]}, (1 << 16) - 1, 4)
+        keyed.warn_wide_moves({0: [[(0, (4, 4))]]}, 1000, 2, softmax=False)
+        keyed.warn_wide_moves({0: [[(0, (4, 4))]]}, 1000, 2, softmax=True)
+    for softmax, g in ((False, (1 << 16, 1)), (True, (64, 1))):
+        with pytest.warns(RuntimeWarning, match="float32 pass reads faithfully"):
+            keyed.warn_wide_moves({0: [[(0, g)]]}, 1000, 2, softmax)
 
 
 def test_close_tokens_warn_that_float32_may_misfire():

@@ -458,7 +458,7 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, hea
                       "2^-16, so a float32 pass may tag the wrong token there (rational and "
                       "float64 passes are unaffected; docs/keyed.md#tagging)", RuntimeWarning,
                       stacklevel=6)
-    warn_wide_moves(orders, sig.top, w)
+    warn_wide_moves(orders, sig.top, w, floor is not None)
     peels = sum(len(pe) for _, pe in p.steps)
     record = {"coordinates": q, "weight": w, "tags": len(every_tag), "peels": peels,
               "moves": sig.moves, "tag_layers": len(tag_layers), "heights": lay.heights,
@@ -577,7 +577,7 @@ def separation(table: TokenTable, p: Plan, width: int, heads: int, w: int, seed:
         if layers is None:
             continue
         sig = _signatures(table, p, seed, bent)
-        reach = _reach(w, sig.top) if normals else 0
+        reach = _reach(w, sig.top, softmax) if normals else 0
         orders = {t: list(hull_batches(sig.values[p.owners[t]], p.owners[t], reach))
                   for t in p.leader_tags}
         queues = [[list(batch) for batch in orders[t]] for t in p.leader_tags]
@@ -589,23 +589,30 @@ def separation(table: TokenTable, p: Plan, width: int, heads: int, w: int, seed:
     return best[1:]
 
 
-def warn_wide_moves(orders: dict, top: int, w: int) -> None:
-    """Warn when a move's weight K makes K·(2w + 1) reach 2^24: a float32 pass may then round
-    that move's argument (a lexicographic direction on widely spread signatures)."""
+def move_limit(w: int, softmax: bool) -> float:
+    """The largest move weight K that a float32 pass reads faithfully. A hardmax move's
+    argument is an integer, exact while K·(2w + 1) < 2^24 (the limit keeps a factor 2 below).
+    A softmax one carries the softmax blur, so float32 rounds it: by at most about
+    (w + 4)·2⁻²⁴·4wK, its w + 4 terms summing to about 4wK, which K·w·(w + 4) ≤ 2^18 keeps
+    within 1/16 (the clip pairs absorb 3/16; docs/keyed.md#moves)."""
+    return 2.0 ** 18 / (w * (w + 4)) if softmax else 2.0 ** 23 / (2 * w + 1)
+
+
+def warn_wide_moves(orders: dict, top: int, w: int, softmax: bool) -> None:
+    """Warn when a move's weight K is beyond :func:`move_limit`: a float32 pass may then
+    misread that move's argument (a lexicographic direction on widely spread signatures)."""
     K = max((float(move_weight(g, top, False)) for batches in orders.values()
              for batch in batches for _, g in batch), default=1.0)
-    if K * (2 * w + 1) >= 2.0 ** 24:
-        warnings.warn(f"keyed model: a move's weight K = 2^{math.log2(K):.0f} makes "
-                      "K·(2w + 1) reach 2^24, so a float32 pass may round its argument "
-                      "(rational and float64 passes are unaffected; docs/keyed.md#moves)",
-                      RuntimeWarning, stacklevel=7)
+    if K > move_limit(w, softmax):
+        warnings.warn(f"keyed model: a move's weight K = 2^{math.log2(K):.0f} is beyond what "
+                      "a float32 pass reads faithfully (rational and float64 passes are "
+                      "unaffected; docs/keyed.md#moves)", RuntimeWarning, stacklevel=7)
 
 
-def _reach(w: int, top: int) -> int:
-    """The largest |g|₁ of a hull normal: its move weight K (≤ 2·(2·|g|₁·top + 2)) keeps
-    K·(2w + 1), the reach of a move argument's partial sums, within 2^23, so float32 computes
-    every argument exactly (docs/keyed.md#moves)."""
-    return max(8, ((1 << 23) // (2 * w + 1) // 2 - 2) // (2 * max(top, 1)))
+def _reach(w: int, top: int, softmax: bool) -> int:
+    """The largest |g|₁ of a hull normal: its move weight K ≤ 2·(2·|g|₁·top + 2) stays
+    within :func:`move_limit`; at least 8, as the small directions."""
+    return max(8, int(move_limit(w, softmax) / 2 - 2) // (2 * max(top, 1)))
 
 
 def _signatures(table: TokenTable, p: Plan, seed: int, bent: bool) -> _Signatures:
