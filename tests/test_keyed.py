@@ -210,6 +210,19 @@ def test_bent_signatures_on_nested_data(N, d, seed, width, h, attention):
     (check_keyed if attention == "hardmax" else check_keyed_softmax)(model, ds)
 
 
+@pytest.mark.parametrize("T", [1, 2, 3, 7, 29, 63, 120])
+def test_bent_levels_are_a_convex_chain_with_rising_heights(T):
+    """Every outcome of a bent round (ranks 0 … T) is a strict vertex of their hull, heights
+    rise with the rank (the highest test keeps the highest score), and the entries stay within
+    T^1.5 (the parabola h·(h − 1)/2 reaches T²/2); plain levels are the ranks themselves."""
+    lv = keyed.levels(T, bent=True)
+    assert lv.shape == (T + 1, 2) and (lv[0] == 0).all()
+    assert (np.diff(lv[:, 0]) >= 1).all()
+    assert sorted(keyed.hull_normals(lv)) == list(range(T + 1))
+    assert lv.max() <= max(1.0, T ** 1.5)
+    assert (keyed.levels(T, bent=False) == np.arange(T + 1)[:, None]).all()
+
+
 @settings(max_examples=300, deadline=None)
 @given(pts=st.lists(st.tuples(st.integers(-40, 40), st.integers(-40, 40)), min_size=1,
                     max_size=12, unique=True))

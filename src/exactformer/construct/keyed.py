@@ -548,7 +548,8 @@ class _Signatures:
     lam: np.ndarray  # R × 2 integer multipliers
     values: np.ndarray  # N × 2 integer signatures (the representatives' rows; others 0)
     moves: int
-    bent: bool  # σ₂ sums b(height) = height·(height − 1)/2 instead of the height
+    bent: bool  # σ₂ sums the bend of the outcome instead of its height
+    levels: np.ndarray  # (T + 1) × 2: the height and the bend a test of rank 0 … T sets
 
     @property
     def top(self) -> int:
@@ -556,10 +557,26 @@ class _Signatures:
         return int(self.values.max(initial=0))
 
 
-def bend(height):
-    """b(h) = h·(h − 1)/2: the outcomes (h, b(h)) of a round lie on a strictly convex chain,
-    so each is a vertex of their hull (docs/keyed.md#bent-signatures)."""
-    return height * (height - 1) // 2
+def levels(T: int, bent: bool) -> np.ndarray:
+    """Row i: the height and the bend that the test of rank i of a round sets (row 0: no
+    test held). Plain: (i, i). Bent: the partial sums of the T primitive integer vectors
+    (x ≥ 1, y ≥ 0) of smallest norm, in order of slope, a strictly convex chain with
+    strictly increasing heights, so each outcome of a round is a vertex of their hull and the
+    highest test still has the highest height; its entries grow like T^1.5, not like the
+    parabola's T² (docs/keyed.md#bent-signatures)."""
+    if not bent:
+        return np.repeat(np.arange(T + 1, dtype=np.int64)[:, None], 2, axis=1)
+    r = 1
+    while True:
+        vs = sorted(((x, y) for x in range(1, r + 1) for y in range(r + 1)
+                     if math.gcd(x, y) == 1), key=lambda v: (v[0] ** 2 + v[1] ** 2, v[1]))[:T]
+        if len(vs) == T and vs[-1][0] ** 2 + vs[-1][1] ** 2 <= r * r:
+            break  # every vector shorter than the T-th is in the box
+        r *= 2
+    vs.sort(key=lambda v: Fraction(v[1], v[0]))
+    out = np.zeros((T + 1, 2), dtype=np.int64)
+    out[1:] = np.cumsum(np.array(vs, dtype=np.int64).reshape(-1, 2), axis=0)
+    return out
 
 
 def separation(table: TokenTable, p: Plan, width: int, heads: int, w: int, seed: int,
@@ -618,18 +635,18 @@ def _reach(w: int, top: int, softmax: bool) -> int:
 def _signatures(table: TokenTable, p: Plan, seed: int, bent: bool) -> _Signatures:
     """Multipliers λ_r (two per round, integers in [1, top]) such that the sequences holding a
     common leader tag get distinct signature pairs Σ_r λ_r·(outcome of round r), each below
-    2^16 (``bent``: the second entry sums λ_r2·b(outcome)); top is doubled from 2 until a draw
-    works."""
+    2^16, an outcome being the :func:`levels` of the rank of the highest test held (``bent``:
+    the second entry sums its bends); top is doubled from 2 until a draw works."""
     R = len(p.rounds)
-    held = np.zeros((table.N, R), dtype=np.int64)  # each representative's outcome per round
+    rank = np.zeros((table.N, R), dtype=np.int64)  # each representative's outcome per round
     for r, tests in enumerate(p.rounds):
-        for height, t in enumerate(tests, start=1):
-            held[p.owners[t], r] = height
-    second = bend(held) if bent else held
+        for i, t in enumerate(tests, start=1):
+            rank[p.owners[t], r] = i
+    lv = levels(max((len(r) for r in p.rounds), default=1), bent)
+    held, second = lv[rank, 0], lv[rank, 1]
     owners = p.owners
     rng = np.random.default_rng(seed)
-    tallest = max((len(r) for r in p.rounds), default=1)
-    tallest = max(tallest, bend(tallest)) if bent else tallest
+    tallest = int(lv[-1].max())
     top, limit = 1, max(1, ((1 << SIGNATURE_BITS) - 1) // (max(R, 1) * tallest))
     while True:  # the smallest range that works: small signatures keep the moves' weights small
         top = min(2 * top, limit)
@@ -639,7 +656,7 @@ def _signatures(table: TokenTable, p: Plan, seed: int, bent: bool) -> _Signature
             if all(len({tuple(v) for v in values[owners[t]]}) == len(owners[t])
                    for t in p.leader_tags):
                 moves = sum(len(owners[t]) for t in p.leader_tags)
-                return _Signatures(lam, values, moves, bent)
+                return _Signatures(lam, values, moves, bent, lv)
         if top == limit:
             break
     raise NotKeyable(f"no multipliers among {DRAWS} draws told apart the holders of a tag")
@@ -793,13 +810,14 @@ def rounds(prep: Prepared, exact: bool, score_scale=1) -> list[Block]:
     for group in prep.sep_layers:
         units, heads = [], []
         for h, r in enumerate(group):
-            for height, t in enumerate(p.rounds[r], start=1):
+            for i, t in enumerate(p.rounds[r], start=1):
+                height, bend = (int(v) for v in prep.sig.levels[i])
                 out = vec(D, {lay.height(h): height}, exact)
                 if t not in leaders and last_use[t] == r:  # no longer tagged
                     out = on_code(lay, word[t], -sc.C, exact)
                     out[lay.height(h)], out[lay.mark] = num(height, exact), num(-1, exact)
                 if lay.bent:
-                    out[lay.bend(h)] = num(bend(height), exact)
+                    out[lay.bend(h)] = num(bend, exact)
                 units.append((code_reader(lay, word[t], sc, two, exact), 1 - two * sc.w, out))
             heads += _round_heads(lay, sc, prep.sig.lam[r], h, score_scale, exact)
         reused = [c for h in range(min(len(group), dirty))

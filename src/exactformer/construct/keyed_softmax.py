@@ -97,17 +97,18 @@ def data_floor(inputs: list[np.ndarray], exact: bool) -> np.ndarray:
 
 def score_scales(prep: Prepared, n: int, exact: bool) -> tuple:
     """(β_s, β_c), powers of two. A round's average height falls short of the highest by at
-    most (n − 1)·e^(−β_s), and its average bend (bent signatures) by at most T times that,
-    T the most tests of a round (b(a) − b(c) ≤ (a − c)·T); that moves a move's argument by at
-    most 2·|g|₁·λ·R·T·(n − 1)·e^(−β_s) (T = 1 unbent). The collapse mixes other rows in with
-    weights ≤ e^(−β_c/2) (its score margins are ≥ ½), which moves it by at most
-    2·K·q·(n − 1)·e^(−β_c/2). Each is kept below 1/BLUR."""
+    most (n − 1)·e^(−β_s) (heights of tests differ by at least 1), and its average bend (bent
+    signatures) by at most T times that, T the steepest slope of the bend against the height
+    (T = 1 unbent); that moves a move's argument by at most 2·|g|₁·λ·R·T·(n − 1)·e^(−β_s). The
+    collapse mixes other rows in with weights ≤ e^(−β_c/2) (its score margins are ≥ ½), which
+    moves it by at most 2·K·q·(n − 1)·e^(−β_c/2). Each is kept below 1/BLUR."""
     gs = [g for batches in prep.orders.values() for batch in batches for _, g in batch]
     g1 = max((abs(g[0]) + abs(g[1]) for g in gs), default=1)
     K = max((float(move_weight(g, prep.sig.top, False)) for g in gs), default=1.0)
     lam = int(np.abs(prep.sig.lam).max(initial=1))
     R = max(len(prep.p.rounds), 1)
-    T = max(map(len, prep.p.rounds), default=1) if prep.sig.bent else 1
+    steps = np.diff(prep.sig.levels, axis=0)
+    T = max(1, math.ceil(max((b / a for a, b in steps), default=1))) if prep.sig.bent else 1
     two = num(2, exact)
     beta_s = two ** math.ceil(math.log2(math.log(2 * BLUR * g1 * lam * R * T * n)))
     beta_c = two ** math.ceil(math.log2(2 * math.log(2 * BLUR * K * prep.lay.q * n)))
