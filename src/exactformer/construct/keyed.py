@@ -584,19 +584,28 @@ def separation(table: TokenTable, p: Plan, width: int, heads: int, w: int, seed:
     """The separation layers, the signatures and each leader tag's hull batches: of plain
     signatures with small directions, plain ones with hull normals too, and (two heads or
     more) bent ones (two heads a round, a tag's holders in convex position) with hull
-    normals, the first with the fewest blocks; hull normals cost larger move weights. The
-    blocks counted: separation, collapse (a softmax model's data reset and separation
-    clear, ``width`` units a layer) and moves (two units a move in a softmax model)."""
+    normals, the first with the fewest blocks; hull normals cost larger move weights, so an
+    alternative to the first is kept only while every move weight is within
+    :func:`move_limit` (and where its multipliers are found). The blocks counted:
+    separation, collapse (a softmax model's data reset and separation clear, ``width`` units
+    a layer) and moves (two units a move in a softmax model)."""
     options = [(False, False), (False, True)] + ([(True, True)] if heads >= 2 else [])
     best = None
     for bent, normals in options if p.rounds else options[:1]:
         layers = pack_rounds(p.rounds, width, min(heads, width) // (1 + bent), 1 + bent)
         if layers is None:
             continue
-        sig = _signatures(table, p, seed, bent)
+        try:
+            sig = _signatures(table, p, seed, bent)
+        except NotKeyable:
+            if best is None:  # the plain signatures: nothing to fall back on
+                raise
+            continue
         reach = _reach(w, sig.top, softmax) if normals else 0
         orders = {t: list(hull_batches(sig.values[p.owners[t]], p.owners[t], reach))
                   for t in p.leader_tags}
+        if best is not None and _widest_move(orders, sig.top) > move_limit(w, softmax):
+            continue  # an alternative to the plain signatures must keep float32 faithful
         queues = [[list(batch) for batch in orders[t]] for t in p.leader_tags]
         clears = max(map(len, layers), default=0) * (1 + bent)
         collapse = -(-(table.points.shape[1] + clears) // width) if softmax else 1
@@ -618,12 +627,17 @@ def move_limit(w: int, softmax: bool) -> float:
 def warn_wide_moves(orders: dict, top: int, w: int, softmax: bool) -> None:
     """Warn when a move's weight K is beyond :func:`move_limit`: a float32 pass may then
     misread that move's argument (a lexicographic direction on widely spread signatures)."""
-    K = max((float(move_weight(g, top, False)) for batches in orders.values()
-             for batch in batches for _, g in batch), default=1.0)
+    K = _widest_move(orders, top)
     if K > move_limit(w, softmax):
         warnings.warn(f"keyed model: a move's weight K = 2^{math.log2(K):.0f} is beyond what "
                       "a float32 pass reads faithfully (rational and float64 passes are "
                       "unaffected; docs/keyed.md#moves)", RuntimeWarning, stacklevel=7)
+
+
+def _widest_move(orders: dict, top: int) -> float:
+    """The largest move weight K over every state's direction."""
+    return max((float(move_weight(g, top, False)) for batches in orders.values()
+                for batch in batches for _, g in batch), default=1.0)
 
 
 def _reach(w: int, top: int, softmax: bool) -> int:
