@@ -21,8 +21,9 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     :class:`CausalDataset` implies it. width: the widest FF layer, a multiple of 4:
     width/4 hats (or snaps, or separation tests) share a layer, for about 4/width as many
     blocks (docs/heads.md; causal models: docs/causal.md#width-and-heads). heads: attention
-    heads a separation round may use (at most d − 1 are used); in a keyed model, separation
-    rounds that share one attention layer, a head each (at most ``width``).
+    heads a separation round may use (at most d − 1 are used); in a keyed model, the heads of a
+    separation layer (at most ``width``): consecutive rounds share it, a head each, or two
+    with bent signatures (docs/keyed.md#heads).
     n_layers: at most this many blocks; the width (and, if ``heads`` is left at 1, the heads)
     are then chosen (:func:`fit_layers`) and ``width`` must be left at 4.
     keys: a keyed set model (docs/keyed.md): wider than the data, exact to float32's rounding

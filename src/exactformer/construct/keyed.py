@@ -103,7 +103,7 @@ class Layout:
         return self.d + 5 + h
 
     def bend(self, h: int = 0) -> int:
-        """Bent signatures: b(height) = height·(height − 1)/2 of the round at head slot h."""
+        """Bent signatures: the bend (:func:`levels`) of the round at head slot h."""
         assert self.bent and 0 <= h < self.heights
         return self.d + 5 + self.heights + h
 
@@ -811,10 +811,11 @@ def pack_rounds(rounds: list[list[int]], width: int, per_layer: int, coordinates
 
 def rounds(prep: Prepared, exact: bool, score_scale=1) -> list[Block]:
     """The separation layers (``prep.sep_layers``). The round at head slot h of a layer: its FF
-    sets height i on the round's i-th test in height coordinate h, and b(i) in bend
-    coordinate h if bent (erasing, at its last round, the code of a test that is no leader
-    tag), and resets the coordinates if an earlier layer set them; then σ += λ_r·(largest
-    height in the sequence), by scores ``score_scale``·height (docs/keyed.md#separation)."""
+    sets the height of rank i (:func:`levels`) on the round's i-th test in height coordinate
+    h, and its bend in bend coordinate h if bent (erasing, at its last round, the code of a
+    test that is no leader tag), and resets the coordinates if an earlier layer set them; then
+    σ += λ_r·(the highest test's height, and bend), by scores ``score_scale``·height
+    (docs/keyed.md#separation)."""
     p, lay, word, sc = prep.p, prep.lay, prep.word, prep.scales
     D = lay.D
     leaders = set(p.leader_tags)
