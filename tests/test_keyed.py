@@ -290,6 +290,30 @@ def test_packed_rounds_fit_their_layer_and_are_packed_greedily(sizes, width, h, 
         dirty = max(dirty, len(layer))
 
 
+@SETTINGS
+@given(ds=datasets(d=2, N=8, max_pool=4), seed=seeds)
+def test_dimension_two_few_tokens(ds, seed):
+    check_keyed(ef.compile(ds, seed=seed, keys=True), ds)
+
+
+@SETTINGS
+@given(ds=datasets(m_equals_n=True), seed=seeds, width=widths)
+def test_targets_as_long_as_inputs(ds, seed, width):
+    check_keyed(ef.compile(ds, seed=seed, width=width, keys=True), ds)
+
+
+@SETTINGS
+@given(ds=datasets(N=1), seed=seeds)
+def test_one_sequence(ds, seed):
+    check_keyed(ef.compile(ds, seed=seed, keys=True), ds)
+
+
+@SETTINGS
+@given(ds=datasets(single_token=True), seed=seeds)
+def test_single_token_inputs(ds, seed):
+    check_keyed(ef.compile(ds, seed=seed, keys=True), ds)
+
+
 @st.composite
 def float_datasets(draw):
     """Generic float data in R^d, d = 2 … 16: tokens from a shared pool (so sequences share
