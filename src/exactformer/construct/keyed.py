@@ -107,6 +107,11 @@ class Layout:
         assert self.bent and 0 <= h < self.heights
         return self.d + 5 + self.heights + h
 
+    def round_coordinates(self, h: int) -> list[int]:
+        """The work coordinates the round at head slot h sets: its height, and its bend if
+        bent."""
+        return [self.height(h)] + ([self.bend(h)] if self.bent else [])
+
     def separation_coordinates(self) -> list[int]:
         """The work coordinates the separation sets: heights, and bends if bent."""
         return [self.height(h) for h in range(self.heights)] + \
@@ -604,7 +609,7 @@ def separation(table: TokenTable, p: Plan, width: int, heads: int, w: int, seed:
         reach = _reach(w, sig.top, softmax) if normals else 0
         orders = {t: list(hull_batches(sig.values[p.owners[t]], p.owners[t], reach))
                   for t in p.leader_tags}
-        if best is not None and _widest_move(orders, sig.top) > move_limit(w, softmax):
+        if best is not None and widest_move(orders, sig.top) > move_limit(w, softmax):
             continue  # an alternative to the plain signatures must keep float32 faithful
         queues = [[list(batch) for batch in orders[t]] for t in p.leader_tags]
         clears = max(map(len, layers), default=0) * (1 + bent)
@@ -627,14 +632,14 @@ def move_limit(w: int, softmax: bool) -> float:
 def warn_wide_moves(orders: dict, top: int, w: int, softmax: bool) -> None:
     """Warn when a move's weight K is beyond :func:`move_limit`: a float32 pass may then
     misread that move's argument (a lexicographic direction on widely spread signatures)."""
-    K = _widest_move(orders, top)
+    K = widest_move(orders, top)
     if K > move_limit(w, softmax):
         warnings.warn(f"keyed model: a move's weight K = 2^{math.log2(K):.0f} is beyond what "
                       "a float32 pass reads faithfully (rational and float64 passes are "
                       "unaffected; docs/keyed.md#moves)", RuntimeWarning, stacklevel=7)
 
 
-def _widest_move(orders: dict, top: int) -> float:
+def widest_move(orders: dict, top: int) -> float:
     """The largest move weight K over every state's direction."""
     return max((float(move_weight(g, top, False)) for batches in orders.values()
                 for batch in batches for _, g in batch), default=1.0)
@@ -835,8 +840,7 @@ def rounds(prep: Prepared, exact: bool, score_scale=1) -> list[Block]:
                     out[lay.bend(h)] = num(bend, exact)
                 units.append((code_reader(lay, word[t], sc, two, exact), 1 - two * sc.w, out))
             heads += _round_heads(lay, sc, prep.sig.lam[r], h, score_scale, exact)
-        reused = [c for h in range(min(len(group), dirty))
-                  for c in [lay.height(h)] + ([lay.bend(h)] if lay.bent else [])]
+        reused = [c for h in range(min(len(group), dirty)) for c in lay.round_coordinates(h)]
         units += [reset_unit(lay, c, exact) for c in reused]
         dirty = max(dirty, len(group))
         blocks.append(Block(ff_layer(units, exact), SA(num(1, exact), heads=heads)))

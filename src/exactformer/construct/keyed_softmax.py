@@ -42,7 +42,6 @@ from .keyed import (
     height_resets,
     move_argument,
     move_queues,
-    move_weight,
     on_code,
     phases,
     prepare,
@@ -50,6 +49,7 @@ from .keyed import (
     rounds,
     schedule,
     vec,
+    widest_move,
 )
 
 BLUR = 32  # every softmax layer moves a move's argument by less than 1/BLUR
@@ -104,7 +104,7 @@ def score_scales(prep: Prepared, n: int, exact: bool) -> tuple:
     moves it by at most 2·K·q·(n − 1)·e^(−β_c/2). Each is kept below 1/BLUR."""
     gs = [g for batches in prep.orders.values() for batch in batches for _, g in batch]
     g1 = max((abs(g[0]) + abs(g[1]) for g in gs), default=1)
-    K = max((float(move_weight(g, prep.sig.top, False)) for g in gs), default=1.0)
+    K = widest_move(prep.orders, prep.sig.top)
     lam = int(np.abs(prep.sig.lam).max(initial=1))
     R = max(len(prep.p.rounds), 1)
     steps = np.diff(prep.sig.levels, axis=0)

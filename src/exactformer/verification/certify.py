@@ -24,6 +24,9 @@ from ..evaluate import forward
 from ..model import Transformer
 from .balls import Exact, Layers, Line, Run, as_fmpq, column
 
+FLOAT64_NOTE = (" (float64 parameters: their rounding, of a snap or of a move's target, "
+                "leaves the outputs slightly off the targets in real arithmetic)")
+
 START_BITS = 64
 
 
@@ -80,9 +83,7 @@ def _prove(model: Transformer, dataset: Dataset, max_bits: int) -> Proof:
         proof = judge(run.outputs(xs), targets, bits, run.first_doubt)
         if proof.proved or proof.refuted or run.first_doubt is None or bits * 2 > max_bits:
             if not proof.proved and not model.exact:
-                proof.reason += (" (float64 parameters: their rounding, of a snap or of a "
-                                 "move's target, leaves the outputs slightly off the targets in "
-                                 "real arithmetic)")
+                proof.reason += FLOAT64_NOTE
             return proof
         bits *= 2
 

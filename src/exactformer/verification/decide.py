@@ -48,6 +48,7 @@ from ..model import Transformer
 from ..numbers import safe_float, safe_floats, to_fraction_array
 from ..record import CausalConstruction
 from .bound import bound_causal, bound_set
+from .certify import FLOAT64_NOTE
 from .margins import snap_margins, snap_start
 from .report import CausalReport, Report, fmt
 from .shape import causal_sizes, hats_of, model_fields
@@ -176,9 +177,7 @@ def _softmax_verdict(model, dataset, limit, digits, tau, snapped, extra, progres
             "not proved (evaluated at another temperature)"
     if b.proof.proved:
         return within, undecided, f"ball{b.bits}", True, f"ball arithmetic at {b.bits} bits"
-    note = "" if model.exact else (" (float64 parameters: their rounding, of a snap or of a "
-                                   "move's target, leaves the outputs slightly off the targets "
-                                   "in real arithmetic)")
+    note = "" if model.exact else FLOAT64_NOTE
     return within, undecided, f"ball{b.bits}", False, f"not proved: {b.proof.reason}{note}"
 
 
