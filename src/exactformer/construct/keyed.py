@@ -72,6 +72,7 @@ class Layout:
     with_moved: bool = False  # softmax models: a last coordinate, 1 once a token has moved
     heights: int = 1  # the most rounds of a separation layer: a height coordinate each
     bent: bool = False  # bent signatures: each round also has a bend coordinate
+    keys: int = 0  # causal models: the position key's length, after the code
 
     @property
     def one(self) -> int:
@@ -123,6 +124,12 @@ class Layout:
         return slice(start, start + self.q)
 
     @property
+    def key(self) -> slice:
+        """Causal models: c·σ_i of position i, stored with the positions
+        (docs/causal.md#keyed-causal-models)."""
+        return slice(self.code.stop, self.code.stop + self.keys)
+
+    @property
     def moved(self) -> int:
         """Softmax models: 1 exactly on a token whose move has acted (docs/keyed.md#softmax)."""
         assert self.with_moved
@@ -130,7 +137,7 @@ class Layout:
 
     @property
     def D(self) -> int:
-        return self.code.stop + int(self.with_moved)
+        return self.key.stop + int(self.with_moved)
 
 
 # ----------------------------------------------------------------------------- codes
@@ -209,17 +216,28 @@ def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, progress:
     steps = [(tags + [c for c in peels if c.token in wanted],
               [c for c in peels if c.token not in wanted]) for tags, peels in steps]
     done = {c.token for tags, _ in steps for c in tags}
-    missing = [t for t in dict.fromkeys(tests) if t not in done]
+    steps += tag_steps(X, table.points, [t for t in dict.fromkeys(tests) if t not in done],
+                       unmarked, exact)
+    return Plan(steps, chosen, rounds, reps, owners)
+
+
+def tag_steps(X: np.ndarray, points: np.ndarray, wanted: list[int], unmarked: np.ndarray,
+              exact: bool) -> list[tuple[list[Cap], list[Cap]]]:
+    """Exposure steps until every token of ``wanted`` is tagged: a step tags the wanted
+    tokens that are exposed among the ``unmarked`` ones (updated in place), or, when none
+    is, peels every exposed token."""
+    steps: list = []
+    missing = list(wanted)
     while missing:
-        caps = _exposed(X, unmarked, table.points, exact)
-        wanted = set(missing)
-        tags = [c for c in caps if c.token in wanted]
+        caps = _exposed(X, unmarked, points, exact)
+        want = set(missing)
+        tags = [c for c in caps if c.token in want]
         peels = [] if tags else caps
         steps.append((tags, peels))
         unmarked[[c.token for c in tags + peels]] = False
         done = {c.token for c in tags}
         missing = [t for t in missing if t not in done]
-    return Plan(steps, chosen, rounds, reps, owners)
+    return steps
 
 
 def _representatives(seqs: list[np.ndarray]) -> np.ndarray:
@@ -456,8 +474,8 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, hea
                  max(map(len, sep_layers), default=1), sig.bent)
     points = table.points if floor is None else np.vstack([table.points, floor[None, :]])
     scales = _Scales.of(points, w, g, words[:len(p.leader_tags)], sig.top, exact)
-    tag_layers = tagging(p, lay, word, scales, width, exact)
-    margin = _smallest_margin(p, table.points)
+    tag_layers = tagging(p.steps, lay, word, scales.C, width, exact)
+    margin = smallest_margin(p.steps, table.points)
     if margin < FLOAT32_MARGIN:
         warnings.warn(f"keyed model: a cap's margin is {margin:.2g} of the data's extent, below "
                       "2^-16, so a float32 pass may tag the wrong token there (rational and "
@@ -509,12 +527,12 @@ def model_of(built: Built, N: int, sum_m: int, seed: int, exact: bool, attention
                        tau=num(1, exact) if softmax else None, exact=exact, record=record)
 
 
-def _smallest_margin(p: Plan, points: np.ndarray) -> float:
+def smallest_margin(steps: list, points: np.ndarray) -> float:
     """The smallest cap margin g over |f|·(the data's largest |coordinate|): g > 2/s since
     s·g/2 > 1. A float32 cap errs by about 2⁻²⁴·8·|f|·|x|/g, which the clip absorbs while it
     is below ¼."""
     extent = float(np.abs(safe_floats(points)).max(initial=0.0)) or 1.0
-    caps = [c for tags, peels in p.steps for c in tags + peels]
+    caps = [c for tags, peels in steps for c in tags + peels]
     return min((2 / float(c.s)) / (float(np.linalg.norm(safe_floats(c.f))) * extent)
                for c in caps)
 
@@ -662,23 +680,36 @@ def _signatures(table: TokenTable, p: Plan, seed: int, bent: bool) -> _Signature
         for i, t in enumerate(tests, start=1):
             rank[p.owners[t], r] = i
     lv = levels(max((len(r) for r in p.rounds), default=1), bent)
-    held, second = lv[rank, 0], lv[rank, 1]
     owners = p.owners
+
+    def apart(values: np.ndarray) -> bool:
+        return all(len({tuple(v) for v in values[owners[t]]}) == len(owners[t])
+                   for t in p.leader_tags)
+
+    lam, values = draw_multipliers(lv[rank, 0], lv[rank, 1], int(lv[-1].max()), apart, seed,
+                                   "the holders of a tag")
+    return _Signatures(lam, values, sum(len(owners[t]) for t in p.leader_tags), bent, lv)
+
+
+def draw_multipliers(held: np.ndarray, second: np.ndarray, tallest: int, apart, seed: int,
+                     what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Multipliers λ (R × 2 integers in [1, top]) and the signatures (held @ λ₀, second @
+    λ₁) (``held``, ``second``: one row of R outcomes per row told apart, entries at most
+    ``tallest``) that ``apart`` accepts, each entry below 2^16; top is doubled from 2 until a
+    draw works, since small signatures keep the moves' weights small."""
+    R = held.shape[1]
     rng = np.random.default_rng(seed)
-    tallest = int(lv[-1].max())
     top, limit = 1, max(1, ((1 << SIGNATURE_BITS) - 1) // (max(R, 1) * tallest))
-    while True:  # the smallest range that works: small signatures keep the moves' weights small
+    while True:
         top = min(2 * top, limit)
         for _ in range(DRAWS // 8 if top < limit else DRAWS):
             lam = rng.integers(1, top + 1, size=(R, 2))
             values = np.stack([held @ lam[:, 0], second @ lam[:, 1]], axis=1)
-            if all(len({tuple(v) for v in values[owners[t]]}) == len(owners[t])
-                   for t in p.leader_tags):
-                moves = sum(len(owners[t]) for t in p.leader_tags)
-                return _Signatures(lam, values, moves, bent, lv)
+            if apart(values):
+                return lam, values
         if top == limit:
             break
-    raise NotKeyable(f"no multipliers among {DRAWS} draws told apart the holders of a tag")
+    raise NotKeyable(f"no multipliers among {DRAWS} draws told apart {what}")
 
 
 def ff_layer(units: list[tuple[np.ndarray, object, np.ndarray]], exact: bool) -> FF:
@@ -702,16 +733,15 @@ def vec(D: int, entries: dict, exact: bool) -> np.ndarray:
     return v
 
 
-def tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: bool
-            ) -> list[Block]:
+def tagging(steps: list, lay: Layout, word: dict, C, width: int, exact: bool) -> list[Block]:
     """The tagging layers: the unit writing 1 to the ``one`` coordinate, then per exposure
-    step its tags (a cap to a slot, then a clip to the code and the mark, and the slot reset,
-    one layer later) and its peels (a cap to the mark)."""
+    step its tags (a cap to a slot, then a clip to the code C·ς and the mark, and the slot
+    reset, one layer later) and its peels (a cap to the mark)."""
     D = lay.D
     layers: list[list] = [[(zeros(D, exact), num(1, exact), vec(D, {lay.one: 1}, exact))]]
     slots_used: list[int] = [0]
     layer = 0
-    for tags, peels in p.steps:
+    for tags, peels in steps:
         last = layer
         for cap, is_tag in [(c, True) for c in tags] + [(c, False) for c in peels]:
             while True:
@@ -736,7 +766,7 @@ def tagging(p: Plan, lay: Layout, word: dict, sc: _Scales, width: int, exact: bo
                 slot = lay.slot(slots_used[layer])
                 slots_used[layer] += 1
                 layers[layer].append((u, -cap.b * cap.s, vec(D, {slot: 1}, exact)))
-                layers[layer + 1] += _clip(slot, lay, word[cap.token], sc, exact)
+                layers[layer + 1] += _clip(slot, lay, word[cap.token], C, exact)
             else:
                 layers[layer].append((u, -cap.b * cap.s, vec(D, {lay.peel: 1}, exact)))
             last = max(last, layer)
@@ -754,10 +784,10 @@ def _exclusion(cap: Cap):
     return power_of_two_below((cap.s * (cap.top - cap.b) + 1) * 5 / 4) * 2
 
 
-def _clip(slot: int, lay: Layout, word: np.ndarray, sc: _Scales, exact: bool) -> list:
-    """The clip pair of the slot value v times (code, mark), exactly 1 times them for v ≥ ¾
-    and 0 for v = 0, and the reset that sets the slot back to 0."""
-    out = on_code(lay, word, sc.C, exact)
+def _clip(slot: int, lay: Layout, word: np.ndarray, C, exact: bool) -> list:
+    """The clip pair of the slot value v times (code C·ς, mark), exactly 1 times them for
+    v ≥ ¾ and 0 for v = 0, and the reset that sets the slot back to 0."""
+    out = on_code(lay, word, C, exact)
     out[lay.mark] = num(1, exact)
     return clip_pair(vec(lay.D, {slot: 1}, exact), num(0, exact), out, exact) + \
         [reset_unit(lay, slot, exact)]
@@ -815,31 +845,44 @@ def pack_rounds(rounds: list[list[int]], width: int, per_layer: int, coordinates
 
 
 def rounds(prep: Prepared, exact: bool, score_scale=1) -> list[Block]:
-    """The separation layers (``prep.sep_layers``). The round at head slot h of a layer: its FF
-    sets the height of rank i (:func:`levels`) on the round's i-th test in height coordinate
-    h, and its bend in bend coordinate h if bent (erasing, at its last round, the code of a
-    test that is no leader tag), and resets the coordinates if an earlier layer set them; then
-    σ += λ_r·(the highest test's height, and bend), by scores ``score_scale``·height
-    (docs/keyed.md#separation)."""
+    """The separation layers (``prep.sep_layers``) of a set model: the i-th test of a round
+    is a tagged token, read by its code (erased, at its last round, from a test that is no
+    leader tag); see :func:`separation_layers` and docs/keyed.md#separation."""
     p, lay, word, sc = prep.p, prep.lay, prep.word, prep.scales
-    D = lay.D
     leaders = set(p.leader_tags)
     last_use = {t: r for r, tests in enumerate(p.rounds) for t in tests}
     two = num(2, exact)
+
+    def test_unit(r: int, t: int, out: np.ndarray) -> tuple:
+        if t not in leaders and last_use[t] == r:  # no longer tagged
+            out = out + on_code(lay, word[t], -sc.C, exact)
+            out[lay.mark] = num(-1, exact)
+        return code_reader(lay, word[t], sc, two, exact), 1 - two * sc.w, out
+
+    return separation_layers(prep.sep_layers, p.rounds, prep.sig, lay, sc.sig_unit, test_unit,
+                             score_scale, exact)
+
+
+def separation_layers(sep_layers: list[list[int]], tests: list[list[int]], sig: _Signatures,
+                      lay: Layout, sig_unit, test_unit, score_scale, exact: bool
+                      ) -> list[Block]:
+    """One block per separation layer. The round at head slot h of a layer: its FF sets the
+    height of rank i (:func:`levels`) on the round's i-th test in height coordinate h, and its
+    bend in bend coordinate h if bent, by ``test_unit(round, test, out)`` → (u, b, out'),
+    whose argument is 1 at the test and ≤ −1 elsewhere; the FF also resets the coordinates an
+    earlier layer set. Then σ += λ_r·(the highest test's height, and bend), by scores
+    ``score_scale``·height (docs/keyed.md#separation)."""
     blocks, dirty = [], 0
-    for group in prep.sep_layers:
+    for group in sep_layers:
         units, heads = [], []
         for h, r in enumerate(group):
-            for i, t in enumerate(p.rounds[r], start=1):
-                height, bend = (int(v) for v in prep.sig.levels[i])
-                out = vec(D, {lay.height(h): height}, exact)
-                if t not in leaders and last_use[t] == r:  # no longer tagged
-                    out = on_code(lay, word[t], -sc.C, exact)
-                    out[lay.height(h)], out[lay.mark] = num(height, exact), num(-1, exact)
+            for i, t in enumerate(tests[r], start=1):
+                height, bend = (int(v) for v in sig.levels[i])
+                out = vec(lay.D, {lay.height(h): height}, exact)
                 if lay.bent:
                     out[lay.bend(h)] = num(bend, exact)
-                units.append((code_reader(lay, word[t], sc, two, exact), 1 - two * sc.w, out))
-            heads += _round_heads(lay, sc, prep.sig.lam[r], h, score_scale, exact)
+                units.append(test_unit(r, t, out))
+            heads += round_heads(lay, sig_unit, sig.lam[r], h, score_scale, exact)
         reused = [c for h in range(min(len(group), dirty)) for c in lay.round_coordinates(h)]
         units += [reset_unit(lay, c, exact) for c in reused]
         dirty = max(dirty, len(group))
@@ -847,8 +890,8 @@ def rounds(prep: Prepared, exact: bool, score_scale=1) -> list[Block]:
     return blocks
 
 
-def _round_heads(lay: Layout, sc: _Scales, lam: np.ndarray, h: int, score_scale, exact: bool
-                 ) -> list[Head]:
+def round_heads(lay: Layout, sig_unit, lam: np.ndarray, h: int, score_scale, exact: bool
+                ) -> list[Head]:
     """The heads of the round at head slot h, scores ``score_scale``·height_l: one head adding
     λ·height to (σ₁, σ₂), or, bent, one adding λ₁·height to σ₁ and one λ₂·bend to σ₂."""
     D = lay.D
@@ -859,7 +902,7 @@ def _round_heads(lay: Layout, sc: _Scales, lam: np.ndarray, h: int, score_scale,
         return Head(scores, ValueMatrix(num(0, exact), vec(D, into, exact),
                                         vec(D, {read: 1}, exact)))
 
-    s1, s2 = (int(v) * sc.sig_unit for v in lam)
+    s1, s2 = (int(v) * sig_unit for v in lam)
     if not lay.bent:
         return [head({lay.sigma[0]: s1, lay.sigma[1]: s2}, lay.height(h))]
     return [head({lay.sigma[0]: s1}, lay.height(h)), head({lay.sigma[1]: s2}, lay.bend(h))]

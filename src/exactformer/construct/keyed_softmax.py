@@ -110,9 +110,15 @@ def score_scales(prep: Prepared, n: int, exact: bool) -> tuple:
     steps = np.diff(prep.sig.levels, axis=0)
     T = max(1, math.ceil(max((b / a for a, b in steps), default=1))) if prep.sig.bent else 1
     two = num(2, exact)
-    beta_s = two ** math.ceil(math.log2(math.log(2 * BLUR * g1 * lam * R * T * n)))
     beta_c = two ** math.ceil(math.log2(2 * math.log(2 * BLUR * K * prep.lay.q * n)))
-    return beta_s, beta_c
+    return separation_scale(g1 * lam * R * T, n, exact), beta_c
+
+
+def separation_scale(spread: int, n: int, exact: bool):
+    """β_s: the smallest power of two with e^(β_s) ≥ 2·BLUR·spread·n, which keeps the rounds'
+    shift of a move's argument, at most 2·spread·(n − 1)·e^(−β_s) (spread = |g|₁·λ·R·T), below
+    1/BLUR."""
+    return num(2, exact) ** math.ceil(math.log2(math.log(2 * BLUR * spread * n)))
 
 
 def _chunks(units: list, width: int) -> list[list]:
