@@ -67,6 +67,11 @@ def test_conditioning_benchmark_row():
     assert keyed["attention"] == "hardmax, keyed"
     assert keyed["L"] == ef.compile(data, keys=True).n_blocks
     assert float(keyed["float32"]) <= 1e-5  # the keyed model is faithful in float32
+    texts = bench.sentences(4, 12, generic=True)  # causal texts that disagree at a position
+    hat = bench.measure("texts", texts, True, "hardmax", 4, False)
+    causal = bench.measure("texts", texts, True, "hardmax", 4, True)
+    assert causal["L"] == ef.compile(texts, keys=True).n_blocks < hat["L"]
+    assert float(causal["float32"]) <= 1e-5 < float(hat["float32"])
 
 
 def markdown_rows(text: str, columns: list[str]) -> list[dict]:

@@ -444,9 +444,10 @@ def test_refused_combinations():
     data = builtin.demo()
     with pytest.raises(ValueError, match="tau = 1"):
         ef.compile(data, attention="softmax", keys=True, tau=0.5)
-    causal = ef.CausalDataset.from_arrays([[[0, 1], [1, 0]]], [[[1, 1], [0, 0]]])
-    with pytest.raises(ValueError, match="set models"):
-        ef.compile(causal, keys=True)
+    causal = ef.CausalDataset.from_arrays([[[0, 1], [1, 0]], [[0, 1], [1, 1]]],
+                                          [[[1, 1], [0, 0]], [[1, 1], [2, 0]]])
+    with pytest.raises(ValueError, match="tau = 1"):
+        ef.compile(causal, attention="softmax", keys=True, tau=0.5)
 
 
 def test_cli_build_keys(tmp_path, capsys):

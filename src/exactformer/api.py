@@ -26,9 +26,10 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     with bent signatures (docs/keyed.md#heads).
     n_layers: at most this many blocks; the width (and, if ``heads`` is left at 1, the heads)
     are then chosen (:func:`fit_layers`) and ``width`` must be left at 4.
-    keys: a keyed set model (docs/keyed.md): wider than the data, exact to float32's rounding
-    in a plain float32 pass, hardmax or softmax (at tau = 1); ConstructionError where no cap
-    isolates the tokens it needs.
+    keys: a keyed model (set data: docs/keyed.md; causal data: docs/causal.md#keyed-causal-
+    models): wider than the data, exact to float32's rounding in a plain float32 pass,
+    hardmax or softmax (at tau = 1); ConstructionError where no cap isolates the tokens it
+    needs. Causal data that position keys serve get position keys with or without it.
     """
     if n_layers is not None:
         if width != 4:
@@ -36,9 +37,6 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
         return fit_layers(lambda w, h: compile(dataset, attention, exact, seed, tau, progress,
                                                causal, w, h, keys=keys), dataset, n_layers,
                           heads)
-    if keys and (causal or isinstance(dataset, CausalDataset)):
-        raise ValueError("keys=True builds set models (causal models key their positions by "
-                         "themselves, docs/causal.md#position-keys)")
     if keys and tau is not None and attention == "softmax":
         raise ValueError("keys=True builds softmax models at tau = 1 (their score scales are "
                          "in the attention matrices, docs/keyed.md#softmax)")
@@ -49,7 +47,7 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
         if not exact and dataset.exact:
             dataset.check_float64()
         return compile_causal(dataset, attention=attention, exact=exact, seed=seed, tau=tau,
-                              progress=progress, width=width, heads=heads)
+                              progress=progress, width=width, heads=heads, keys=keys)
     if not isinstance(dataset, Dataset):
         raise TypeError("compile expects an exactformer.Dataset (see Dataset.from_arrays)")
     if not exact and dataset.exact:

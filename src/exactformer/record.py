@@ -175,8 +175,10 @@ class CausalConstruction:
     theta: str | None = None
     folded: bool | None = None
     position_code: dict | None = None  # {"coordinates": q, "weight": w, "scale": c}: keys
+    keyed: dict | None = None  # keyed causal models: tags and rounds (docs/causal.md)
 
     KINDS = ("causal-hardmax", "causal-softmax")
+    KEYED_FIELDS = ("coordinates", "weight", "tags", "peels", "rounds", "tag_layers", "heights")
 
     def phase(self, name: str) -> Span | None:
         return next((p for p in self.phases if p.name == name), None)
@@ -194,6 +196,8 @@ class CausalConstruction:
             meta["interpolation_direction"] = self.interpolation_direction
         if self.position_code is not None:
             meta["position_code"] = dict(self.position_code)
+        if self.keyed is not None:
+            meta["keyed"] = dict(self.keyed)
         if self.kind == "causal-softmax" and self.position_code is None:
             meta.update({"theta": self.theta, "folded": self.folded,
                          "snap_windows": [list(w) for w in self.snap_windows]})
@@ -224,6 +228,13 @@ class CausalConstruction:
             cr = _Reader(code, "meta.position_code")
             rec.position_code = {"coordinates": cr.integer("coordinates"),
                                  "weight": cr.integer("weight"), "scale": cr.get("scale", str)}
+        keyed = r.get("keyed", (dict, type(None)), None)
+        if keyed is not None:
+            kr = _Reader(keyed, "meta.keyed")
+            rec.keyed = {**{f: kr.integer(f) for f in cls.KEYED_FIELDS},
+                         "cap_margin": kr.get("cap_margin", str)}
+            if "scores" in keyed:  # softmax: the rounds' score scale β
+                rec.keyed["scores"] = _opt_strings(kr.get("scores", list), "meta.keyed.scores")
         if kind == "causal-softmax":
             rec.theta = r.get("theta", (str, type(None)), None)
             rec.folded = r.get("folded", (bool, type(None)), None)

@@ -25,10 +25,9 @@ L = R_c + ⌈moves/k⌉ (hardmax) or R_c + 1 + ⌈snaps/k⌉ (softmax).
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
-from itertools import accumulate
 
 import numpy as np
 from sortedcontainers import SortedList
@@ -39,6 +38,8 @@ from ..evaluate import forward_causal, with_positions
 from ..model import SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 from ..numbers import as_number_array, num, unit
 from ..record import CausalConstruction, CausalLift, Span
+from . import keyed_causal
+from .causal_rounds import Contexts, Round, conflicted, contexts, plan_round, prefix_max, refine
 from .gadgets import ff_from_units, hat_units, projection_unit
 from .generic import (
     ConstructionError,
@@ -54,27 +55,11 @@ from .separation import TokenTable, project
 from .softmax import TargetInSnapWindow, parse_tau, project_and_snap
 
 REDRAWS = 20  # fresh positions (and everything after) on a coincidence of generic choices
-PAIR_SAMPLE = 200  # conflicting pairs looked at when choosing a test point
 THETA_MIN = 2.0 ** -40
 
 
 class _Redraw(ConstructionError):
     """A coincidence of the generic choices (a target on a state to move): draw again."""
-
-
-@dataclass
-class _Contexts:
-    """The data in the construction's arithmetic, with a point id per context."""
-
-    xs: list[np.ndarray]
-    ys: list[np.ndarray]
-    known: list[np.ndarray]
-    pid: list[np.ndarray]  # per sequence: the point (token, position) of each position
-    first: list[tuple[int, int]]  # per point: a context where it occurs
-    exact: bool
-    d: int
-    per_layer: int = 1  # hats, snaps and separation tests per layer (width/4)
-    channels: int = 1  # separation registers, one head each (docs/causal.md)
 
 
 @dataclass
@@ -86,10 +71,11 @@ class _Separation:
 
 def compile_causal(dataset: CausalDataset, attention: str = "hardmax", exact: bool = True,
                    seed: int = 0, tau=None, progress: bool = False, width: int = 4,
-                   heads: int = 1) -> Transformer:
+                   heads: int = 1, keys: bool = False) -> Transformer:
     """A causal transformer whose output at every constrained position equals its target.
     ``width``/4 hats, snaps or separation tests share a layer; a separation round reads up to
-    min(``heads``, d − 1) channels, one head each (docs/causal.md)."""
+    min(``heads``, d − 1) channels, one head each (docs/causal.md). Position keys wherever
+    they apply; elsewhere ``keys`` builds the keyed causal model (construct/keyed_causal.py)."""
     if attention not in ("hardmax", "softmax"):
         raise ValueError(f"attention must be 'hardmax' or 'softmax', got {attention!r}")
     if attention == "hardmax" and tau is not None:
@@ -102,7 +88,9 @@ def compile_causal(dataset: CausalDataset, attention: str = "hardmax", exact: bo
         model = _build_keyed(found, len(xs), dataset, attention, exact, width, tau)
         model.record.seed = seed
         return model
-    ctx = _contexts(xs, ys, list(dataset.known), exact, dataset.d)
+    if keys:
+        return keyed_causal.build(dataset, attention, exact, width, heads, seed)
+    ctx = contexts(xs, ys, list(dataset.known), exact, dataset.d)
     ctx.per_layer, ctx.channels = k, max(1, min(heads, dataset.d - 1))  # x[0] is u, x[1] is v
     draws = Draws(seed, exact)
     for _ in range(REDRAWS):
@@ -139,22 +127,7 @@ def _build_keyed(found, N: int, dataset: CausalDataset, attention: str, exact: b
                        num(1 if tau is None else parse_tau(tau), exact))
 
 
-def _contexts(xs, ys, known, exact: bool, d: int) -> _Contexts:
-    ids: dict[tuple, int] = {}
-    pid, first = [], []
-    for j, x in enumerate(xs):
-        row = np.empty(len(x), dtype=np.int64)
-        for i, tok in enumerate(x):
-            key = (i, tuple(tok.tolist()))
-            if key not in ids:
-                ids[key] = len(first)
-                first.append((j, i))
-            row[i] = ids[key]
-        pid.append(row)
-    return _Contexts(xs, ys, known, pid, first, exact, d)
-
-
-def _draw_positions(ctx: _Contexts, draws: Draws) -> np.ndarray:
+def _draw_positions(ctx: Contexts, draws: Draws) -> np.ndarray:
     """Generic dyadic rows of size about a quarter of the coordinate scale."""
     n = max(len(x) for x in ctx.xs)
     scale = max([1.0] + [float(abs(v)) for x in ctx.xs for v in x.flat])
@@ -165,100 +138,12 @@ def _draw_positions(ctx: _Contexts, draws: Draws) -> np.ndarray:
     return P
 
 
-def _points(ctx: _Contexts, zs: list[np.ndarray]) -> np.ndarray:
+def _points(ctx: Contexts, zs: list[np.ndarray]) -> np.ndarray:
     return np.array([zs[j][i] for j, i in ctx.first], dtype=zs[0].dtype)
 
 
 # ------------------------------------------------------------------------------ separation
-def _conflicted(ctx: _Contexts, cls: list[np.ndarray]) -> list[list[list[tuple[int, int]]]]:
-    """Per class with two or more different targets: its contexts grouped by target."""
-    groups: dict[int, dict[tuple, list]] = defaultdict(dict)
-    for j, (c, k) in enumerate(zip(cls, ctx.known, strict=True)):
-        for i in np.flatnonzero(k).tolist():
-            groups[int(c[i])].setdefault(tuple(ctx.ys[j][i].tolist()), []).append((j, i))
-    return [list(g.values()) for g in groups.values() if len(g) > 1]
-
-
-def _conflict_weight(conflicts) -> int:
-    """The number of pairs of contexts in one class with different targets: 0 iff no class
-    conflicts, and it drops whenever a refinement splits such a pair."""
-    return sum(sum(map(len, g)) ** 2 - sum(len(x) ** 2 for x in g) for g in conflicts) // 2
-
-
-def _prefix_max(ctx: _Contexts, u: np.ndarray) -> list[list]:
-    return [list(accumulate(u[p].tolist(), max)) for p in ctx.pid]
-
-
-def _refine(cls: list[np.ndarray], M: list[list]) -> list[np.ndarray]:
-    ids: dict[tuple, int] = {}
-    return [np.array([ids.setdefault((int(c), m), len(ids)) for c, m in zip(cj, mj, strict=True)],
-                     dtype=np.int64) for cj, mj in zip(cls, M, strict=True)]
-
-
-def _choose_test(ctx: _Contexts, conflicts, draws: Draws, skip=frozenset()) -> int | None:
-    """The point, not in ``skip``, in the most symmetric differences of sampled conflicting
-    pairs' prefixes (None when there is none)."""
-    pairs = [(g[0], h[0]) for groups in conflicts
-             for a, g in enumerate(groups) for h in groups[a + 1:]]
-    if len(pairs) > PAIR_SAMPLE:
-        pairs = draws.rng.sample(pairs, PAIR_SAMPLE)
-    votes: Counter = Counter()
-    for (j, i), (k, _) in pairs:
-        a, b = ctx.pid[j][: i + 1], ctx.pid[k][: i + 1]
-        diff = np.flatnonzero(a != b)
-        votes.update(a[diff].tolist())
-        votes.update(b[diff].tolist())
-    return min((t for t in votes if t not in skip), key=lambda t: (-votes[t], t), default=None)
-
-
-@dataclass
-class _Round:
-    """A planned round: its tests (channel, point) in lift order, the registers after it and
-    the prefix maxima of the channels it reads (0 first), and the classes after it."""
-
-    tests: list[tuple[int, int]]
-    regs: dict[int, np.ndarray]
-    maxima: dict[int, list[list]]
-    cls: list[np.ndarray]
-    weight: int
-
-
-def _outcome(ctx: _Contexts, cls, regs: dict, tests, top) -> _Round:
-    """Lift the i-th test to height top + i in its channel; every context's outcome per
-    channel read is the prefix maximum of that channel's register (docs/causal.md)."""
-    new = {c: regs[c] if c in regs else regs[0] * 0 for c in {0} | {c for c, _ in tests}}
-    for i, (c, p) in enumerate(tests):
-        new[c] = new[c].copy()
-        new[c][p] = top + i
-    maxima = {c: _prefix_max(ctx, new[c]) for c in sorted(new)}
-    refined = cls
-    for m in maxima.values():
-        refined = _refine(refined, m)
-    return _Round(tests, new, maxima, refined, _conflict_weight(_conflicted(ctx, refined)))
-
-
-def _plan_round(ctx: _Contexts, cls, regs: dict, conflicts, draws: Draws, top) -> _Round:
-    """A round's tests: the greedy test in channel 0 (it splits a conflicting pair, since it
-    goes above every register), then up to ``ctx.per_layer`` − 1 more, each the greedy test on
-    the classes so far, in the channel (one used, or a fresh one up to ``ctx.channels``) whose
-    true outcome lowers the conflict weight most; a test that lowers nothing ends the round."""
-    best = _outcome(ctx, cls, regs, [(0, _choose_test(ctx, conflicts, draws))], top)
-    while len(best.tests) < ctx.per_layer and best.weight:
-        q = _choose_test(ctx, _conflicted(ctx, best.cls), draws,
-                         skip={p for _, p in best.tests})
-        if q is None:
-            break
-        used = sorted({c for c, _ in best.tests} | {c for c in regs if c})
-        fresh = [max(used) + 1] if max(used) + 1 < ctx.channels else []
-        trial = min((_outcome(ctx, cls, regs, best.tests + [(c, q)], top)
-                     for c in used + fresh), key=lambda r: r.weight)
-        if trial.weight >= best.weight:
-            break
-        best = trial
-    return best
-
-
-def _separate(ctx: _Contexts, points: np.ndarray, draws: Draws, score_scale,
+def _separate(ctx: Contexts, points: np.ndarray, draws: Draws, score_scale,
               progress: bool) -> _Separation:
     """Rounds until no class holds two different targets; see the module docstring. The rounds
     are planned first (their tests, registers and prefix maxima), then the multipliers are
@@ -266,15 +151,15 @@ def _separate(ctx: _Contexts, points: np.ndarray, draws: Draws, score_scale,
     a, a0, u = project(TokenTable.build([points]), draws)  # the points are distinct
     regs = {0: as_number_array(u, ctx.exact)}
     top = max(regs[0]) + 1
-    rounds = [_Round([], regs, {0: _prefix_max(ctx, regs[0])}, [], 0)]
-    cls = _refine(ctx.pid, rounds[0].maxima[0])
+    rounds = [Round([], regs, {0: prefix_max(ctx, regs[0])}, [], 0)]
+    cls = refine(ctx.pid, rounds[0].maxima[0])
     bar = tqdm(desc="causal separation rounds", unit="round", disable=not progress,
                leave=False, delay=1)
-    while conflicts := _conflicted(ctx, cls):
+    while conflicts := conflicted(ctx, cls):
         if len(rounds) > sum(map(len, ctx.pid)):  # each round splits a class of contexts
             raise ConstructionError("causal separation did not finish in one round per context")
         bar.update()
-        rounds.append(_plan_round(ctx, cls, regs, conflicts, draws, top))
+        rounds.append(plan_round(ctx, cls, regs, conflicts, draws, top))
         regs = {**regs, **rounds[-1].regs}
         cls, top = rounds[-1].cls, top + len(rounds[-1].tests)
     bar.close()
@@ -284,7 +169,7 @@ def _separate(ctx: _Contexts, points: np.ndarray, draws: Draws, score_scale,
     return _Separation(blocks, cls, lifts)
 
 
-def _round_blocks(ctx: _Contexts, rounds: list[_Round], projection, lams, score_scale):
+def _round_blocks(ctx: Contexts, rounds: list[Round], projection, lams, score_scale):
     """One block per round: the projection (first) or the round's lift hats, each on its
     point's half-gap window of u (pairwise disjoint, so they share a layer), and one causal
     rank-one head per channel read, adding λ·(the prefix max of the channel) to v = x[1].
@@ -314,7 +199,7 @@ def _round_blocks(ctx: _Contexts, rounds: list[_Round], projection, lams, score_
     return blocks, lifts
 
 
-def _multipliers(ctx: _Contexts, cls, history, draws: Draws, top) -> list:
+def _multipliers(ctx: Contexts, cls, history, draws: Draws, top) -> list:
     """λ_r such that distinct signatures (M_0..M_R) at one point give distinct v = Σ λ_r M_r
     (exactly, or apart by more than float64 rounding), the widest of a few draws."""
     sig: dict[int, tuple[int, tuple]] = {}
@@ -342,7 +227,7 @@ def _multipliers(ctx: _Contexts, cls, history, draws: Draws, top) -> list:
                      what="separation multipliers")
 
 
-def _states(ctx: _Contexts, P, blocks: list[Block], attention: str, tau, arithmetic: str):
+def _states(ctx: Contexts, P, blocks: list[Block], attention: str, tau, arithmetic: str):
     """Every context's point after the separation blocks (the positioned inputs if none)."""
     if not blocks:
         return with_positions(P, ctx.xs)
@@ -351,7 +236,7 @@ def _states(ctx: _Contexts, P, blocks: list[Block], attention: str, tau, arithme
     return forward_causal(model, ctx.xs, arithmetic)
 
 
-def _targeted_classes(ctx: _Contexts, cls) -> dict[int, tuple[tuple[int, int], np.ndarray]]:
+def _targeted_classes(ctx: Contexts, cls) -> dict[int, tuple[tuple[int, int], np.ndarray]]:
     """Class id → (its first constrained context, its target), for classes with a target."""
     out: dict = {}
     for j, (c, k) in enumerate(zip(cls, ctx.known, strict=True)):
@@ -360,19 +245,19 @@ def _targeted_classes(ctx: _Contexts, cls) -> dict[int, tuple[tuple[int, int], n
     return out
 
 
-def _separation_phase(ctx: _Contexts, draws: Draws, score_scale, progress: bool):
+def _separation_phase(ctx: Contexts, draws: Draws, score_scale, progress: bool):
     P = _draw_positions(ctx, draws)
     zs = with_positions(P, ctx.xs)
     points = _points(ctx, zs)
     if len({tuple(z.tolist()) for z in points}) < len(points):
         raise _Redraw("positions made two points coincide")
-    sep = _Separation(cls=ctx.pid) if not _conflicted(ctx, ctx.pid) else \
+    sep = _Separation(cls=ctx.pid) if not conflicted(ctx, ctx.pid) else \
         _separate(ctx, points, draws, score_scale, progress)
     return P, sep
 
 
 # ------------------------------------------------------------------------------ hardmax
-def _build_hardmax(ctx: _Contexts, draws: Draws, progress: bool) -> Transformer:
+def _build_hardmax(ctx: Contexts, draws: Draws, progress: bool) -> Transformer:
     exact, d = ctx.exact, ctx.d
     P, sep = _separation_phase(ctx, draws, num(1, exact), progress)
     states = _states(ctx, P, sep.blocks, "hardmax", None, "exact" if exact else "float")
@@ -392,7 +277,7 @@ def _build_hardmax(ctx: _Contexts, draws: Draws, progress: bool) -> Transformer:
                        positions=P, record=record)
 
 
-def _interpolate(ctx: _Contexts, moving, fixed, draws: Draws, progress: bool):
+def _interpolate(ctx: Contexts, moving, fixed, draws: Draws, progress: bool):
     """The shared interpolation (construct/interpolation.py): one hat per (state, target) to
     move, ``ctx.per_layer`` to a layer; states already on their targets stay put."""
     if not moving:
@@ -406,7 +291,7 @@ def _interpolate(ctx: _Contexts, moving, fixed, draws: Draws, progress: bool):
         raise _Redraw("a target coincides with a state still to move") from None
 
 
-def _record(ctx: _Contexts, kind: str, P, R: int, moves: int, phases: list[Span],
+def _record(ctx: Contexts, kind: str, P, R: int, moves: int, phases: list[Span],
             sep: _Separation) -> CausalConstruction:
     """The construction record (the seed is filled in by :func:`compile_causal`)."""
     return CausalConstruction(kind=kind, seed=0, N=len(ctx.xs),
@@ -426,7 +311,7 @@ def _check_classes(states, cls) -> None:
 
 
 # ------------------------------------------------------------------------------ softmax
-def _build_softmax(ctx: _Contexts, draws: Draws, tau, progress: bool) -> Transformer:
+def _build_softmax(ctx: Contexts, draws: Draws, tau, progress: bool) -> Transformer:
     """Separation with softmax attention at temperature θ (folded into A when ``tau`` is
     None: the largest θ = 2^-k that keeps every state's blob apart), then project and snap."""
     exact = ctx.exact
@@ -445,7 +330,7 @@ class _Overlap(ConstructionError):
     """Blobs of different states overlap on every line tried at this temperature."""
 
 
-def _softmax_at(ctx: _Contexts, draws: Draws, theta: Fraction, fold: bool,
+def _softmax_at(ctx: Contexts, draws: Draws, theta: Fraction, fold: bool,
                 progress: bool) -> Transformer:
     exact, d = ctx.exact, ctx.d
     scale = num(1 / theta, exact) if fold else num(1, exact)
@@ -471,7 +356,7 @@ def _softmax_at(ctx: _Contexts, draws: Draws, theta: Fraction, fold: bool,
                        causal=True, positions=P, record=record)
 
 
-def _snaps(ctx: _Contexts, blobs, targets, draws: Draws):
+def _snaps(ctx: Contexts, blobs, targets, draws: Draws):
     """The shared projection and snaps (construct/softmax.py), ``ctx.per_layer`` snaps to a
     layer; nothing when no state has a target."""
     if not blobs:

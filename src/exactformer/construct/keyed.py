@@ -1002,21 +1002,26 @@ def target_slots(table: TokenTable, p: Plan, targets: list[np.ndarray]) -> dict:
     return out
 
 
-def schedule(queues: list[list[list]], width: int) -> list[list]:
-    """Layers of at most ``width`` units. Each queue is one tag's batches: the units of a batch
-    may share a layer (each fires at its own state alone while the batch's states are all
-    present), but a batch starts only after the one before it has acted. Longest queues
-    first."""
+def schedule(queues: list[list[list]], width: int, size=None) -> list[list]:
+    """Layers of at most ``width`` units, an item taking ``size(item)`` of them (default 1).
+    Each queue is one tag's batches: the items of a batch may share a layer (each fires at
+    its own state alone while the batch's states are all present), but a batch starts only
+    after the one before it has acted. Longest queues first."""
+    size = size or (lambda item: 1)
     layers = []
     while any(queues):
         layer: list = []
+        room = width
         for q in sorted((q for q in queues if q), key=lambda q: -sum(map(len, q))):
-            take = q[0][:width - len(layer)]
-            layer += take
-            del q[0][:len(take)]
+            take = 0
+            while take < len(q[0]) and size(q[0][take]) <= room:
+                room -= size(q[0][take])
+                take += 1
+            layer += q[0][:take]
+            del q[0][:take]
             if not q[0]:
                 q.pop(0)
-            if len(layer) == width:
+            if room == 0:
                 break
         layers.append(layer)
     return layers

@@ -125,7 +125,10 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
 
 def _blocks_design(rec: CausalConstruction, model: Transformer) -> int:
     """The blocks the construction's record accounts for: R_c + ⌈moves/k⌉ (+ 1 projection
-    in softmax), or ⌈moves/width⌉ for position keys (one unit per move, docs/causal.md)."""
+    in softmax), ⌈moves/width⌉ for position keys (one unit per move, docs/causal.md), or
+    the blocks of a keyed causal model's phases (tagging, separation, moves and resets)."""
+    if rec.keyed is not None:
+        return sum(p.end - p.start for p in rec.phases)
     if rec.position_code is not None:
         return -(-rec.moves // model.max_width())
     return rec.R + -(-rec.moves // hats_of(model)) + \
@@ -382,7 +385,8 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         attention=model.attention, N=dataset.N,
         tokens=dataset.total_n, constrained=dataset.constrained, blocks=model.n_blocks,
         blocks_design=None if rec is None else _blocks_design(rec, model),
-        position_keys=rec is not None and rec.position_code is not None,
+        position_keys=rec is not None and rec.position_code is not None and rec.keyed is None,
+        keyed=rec is not None and rec.keyed is not None,
         R=None if rec is None else rec.R, max_width=model.max_width(),
         params=model.n_params(), params_dense=model.n_params_dense(),
         position_params=0 if model.positions is None else int(np.size(model.positions)),

@@ -195,6 +195,7 @@ class CausalReport(_Verdict):
     bound_exact: bool = False  # softmax: every constrained output shown to equal its target
     d_model: int | None = None  # the model's width, where the data (d < d_model) were padded
     position_keys: bool = False  # built from position keys (docs/causal.md#position-keys)
+    keyed: bool = False  # a keyed causal model (docs/causal.md#keyed-causal-models)
 
     @property
     def ok(self) -> bool:
@@ -233,6 +234,8 @@ class CausalReport(_Verdict):
             ("tokens / constrained positions", f"{self.tokens} / {self.constrained}"),
             ("blocks L", f"{self.blocks}  (design ⌈moves/width⌉ = {self.blocks_design}, "
                          "position keys)" if self.position_keys else
+             f"{self.blocks}  (design tagging + separation + moves = {self.blocks_design}, "
+             f"keyed, R_c = {self.R})" if self.keyed else
              f"{self.blocks}  (design R_c + ⌈moves/k⌉ = {self.blocks_design}, R_c = {self.R})"),
             ("max FF width", str(self.max_width)),
             ("parameters (structured / dense)", f"{self.params} / {self.params_dense}  "
