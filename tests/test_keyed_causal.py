@@ -289,3 +289,17 @@ def test_close_tokens_warn_that_float32_may_misfire():
     with pytest.warns(RuntimeWarning, match="float32 pass may tag the wrong token"):
         model = ef.compile(data, causal=True, keys=True, exact=False)
     assert ef.verify(model, data).ok
+
+
+@pytest.mark.parametrize("attention", ["hardmax", "softmax"])
+def test_transformer_lens_float32(attention):
+    """The tool users run: a keyed causal model as a TransformerLens bridge in float32 stays
+    within 1e-5 of the scale at every constrained position (the hat model does not)."""
+    pytest.importorskip("transformer_lens")
+    from exactformer.export import lens_verdict, to_lens
+    data = conflict_data(seed=5, n=8, length=6)
+    verdict = lens_verdict(to_lens(ef.compile(data, keys=True, attention=attention),
+                                   "float32"), data)
+    assert verdict.interpolates and verdict.error <= 1e-5 * data.coordinate_scale()
+    hat = lens_verdict(to_lens(ef.compile(data, attention=attention), "float32"), data)
+    assert hat.error > 1e-5 * data.coordinate_scale()

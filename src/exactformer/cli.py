@@ -432,8 +432,9 @@ def _construction_options(p: argparse.ArgumentParser, output: str) -> None:
                    help="softmax temperature, an exact positive number (default 1)")
     p.add_argument("--causal", action="store_true", help="causal data: a target or null per "
                    "position (implied by a dataset marked \"causal\": true)")
-    p.add_argument("--keys", action="store_true", help="a keyed set model (hardmax or "
-                   "softmax), exact to rounding in a plain float32 pass (docs/keyed.md)")
+    p.add_argument("--keys", action="store_true", help="a keyed model (hardmax or softmax), "
+                   "exact to rounding in a plain float32 pass (docs/keyed.md; causal data: "
+                   "docs/causal.md#keyed-causal-models)")
     _width_options(p)
     _add_progress(p)
 
