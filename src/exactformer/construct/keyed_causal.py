@@ -13,11 +13,12 @@ docs/causal.md#keyed-causal-models):
    code, 1 at the point and ≤ −1 at every other, and sets the test's rank in its round as a
    height; a causal rank-one hardmax head adds λ·(the height of the highest test in the
    prefix) to the signature σ. Rounds go on until every two constrained contexts at one point
-   with different targets hold different signatures (the planner of construct/causal.py).
+   with different targets hold different signatures (construct/causal_rounds.py plans them).
 3. **Moves.** A *cell* is a position with one constrained token, or a (position, token) at a
    position with several. One unit per state (cell, σ) reads the key, the code where the
    cell has one, and σ where the cell has several states (taken in hull batches, as in the
-   set model); it writes target − token and sets key, code, mark and one to 0.
+   set model); it writes target − token and sets key, code, mark and one to 0. A clip pair
+   replaces it where an unconstrained row could fire above 1, so no row fires twice.
 4. **Resets.** σ, the heights and the peel coordinate (all ≥ 0) back to 0.
 
 A softmax model has the same layers, its rounds' scores scaled by β, and a clip pair for
@@ -266,23 +267,33 @@ def build(dataset: CausalDataset, attention: str, exact: bool, width: int, heads
     moves = [[u for item in layer for u in item] for layer in schedule(queues, width, len)]
     moves = _with_resets(moves, _resets(co.lay, tests, steps, exact), width)
     blocks = tag_layers + sep + [Block(ff_layer(units, exact), None) for units in moves]
-    a, b = len(tag_layers), len(tag_layers) + len(sep)
-    record = CausalConstruction(
-        kind=f"causal-{attention}", seed=seed, N=len(data.ctx.xs),
-        constrained=dataset.constrained, stored_positions=len(co.keys), R=len(sep),
-        moves=sum(len(cell.states) for cell in cells),
-        phases=[Span("tagging", 0, a), Span("separation", a, b),
-                Span("interpolation", b, len(blocks))],
+    return Transformer(d=co.lay.D, attention=attention, blocks=blocks, exact=exact,
+                       causal=True, positions=_positions(co, exact),
+                       record=_record(dataset, attention, seed, co, steps, tests, cells,
+                                      (len(tag_layers), len(sep), len(blocks)),
+                                      beta if softmax else None),
+                       tau=num(1, exact) if softmax else None)
+
+
+def _record(dataset: CausalDataset, attention: str, seed: int, co: _Codes, steps: list,
+            tests: list, cells: list[_Cell], sizes: tuple[int, int, int], beta
+            ) -> CausalConstruction:
+    """The record: phases tagging, separation, interpolation (``sizes``: tagging and
+    separation layers, all blocks), the position code and the ``keyed`` object."""
+    a, r, total = sizes
+    keyed = {"coordinates": co.lay.q, "weight": co.w_code, "tags": len(co.word),
+             "peels": sum(len(pe) for _, pe in steps), "rounds": len(tests), "tag_layers": a,
+             "heights": co.lay.heights, "cap_margin": f"{co.margin:.3g}"}
+    if beta is not None:
+        keyed["scores"] = [str(beta)]
+    return CausalConstruction(
+        kind=f"causal-{attention}", seed=seed, N=dataset.N, constrained=dataset.constrained,
+        stored_positions=len(co.keys), R=r, moves=sum(len(cell.states) for cell in cells),
+        phases=[Span("tagging", 0, a), Span("separation", a, a + r),
+                Span("interpolation", a + r, total)],
         position_code={"coordinates": co.keys.shape[1], "weight": co.w_key,
                        "scale": str(co.c)},
-        keyed={"coordinates": co.lay.q, "weight": co.w_code, "tags": len(co.word),
-               "peels": sum(len(pe) for _, pe in steps), "rounds": len(tests),
-               "tag_layers": a, "heights": co.lay.heights,
-               "cap_margin": f"{co.margin:.3g}",
-               **({"scores": [str(beta)]} if softmax else {})})
-    return Transformer(d=co.lay.D, attention=attention, blocks=blocks, exact=exact,
-                       causal=True, positions=_positions(co, exact), record=record,
-                       tau=num(1, exact) if softmax else None)
+        keyed=keyed)
 
 
 def _test_reader(data: _Data, co: _Codes, p: int, exact: bool) -> tuple:
