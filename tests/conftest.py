@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import warnings
 from fractions import Fraction
 
@@ -17,6 +18,52 @@ from exactformer.data import DuplicatePairWarning
 # machine those threads wait on each other and one op takes ~1000× longer (24 ms, not 24 µs).
 # The tests' tensors are tiny: one thread. Set before any test module imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def dense_pass(model, x: np.ndarray, dtype, arr=None, exp=np.exp, pre=None
+               ) -> list[np.ndarray]:
+    """The model on one sequence in ``dtype`` (states after every block), a reference written
+    from the layer definitions alone: the tokens zero-padded and the stored positions added,
+    every FF as η·x + W·relu(U·x + b), every attention as ρ·x + V·(average of the rows of
+    highest score ⟨A x_i, x_l⟩, over l ≤ i in a causal model; hardmax ties averaged) or their
+    softmax average at the model's τ. ``arr`` converts parameters (default: through float64),
+    ``exp`` is the softmax's exponential, ``pre`` a list that receives each block's FF
+    pre-activations (None for a block without FF)."""
+    if arr is None:
+        def arr(a):
+            return np.asarray(np.asarray(a, dtype=float), dtype=dtype)
+
+    X = np.zeros((len(x), model.d), dtype=dtype)
+    X[:, :x.shape[1]] = arr(x)
+    if model.positions is not None:
+        X = X + arr(model.positions[:len(x)])
+    seen = np.tril(np.ones((len(x), len(x)), dtype=bool)) if model.causal else \
+        np.ones((len(x), len(x)), dtype=bool)
+    states = []
+    for blk in model.blocks:
+        Z = None
+        if blk.ff is not None:
+            f = blk.ff
+            Z = X @ arr(f.U).T + arr(f.b)
+            X = X * arr(f.eta) + np.maximum(Z, arr(0)) @ arr(f.W).T
+        if pre is not None:
+            pre.append(Z)
+        if blk.sa is not None:
+            out = X * arr(blk.sa.rho)
+            for h in blk.sa.heads:
+                S = (X @ arr(h.A.dense()).T) @ X.T
+                S = np.where(seen, S, S.min() - 1)  # later rows: below every score
+                if model.attention == "softmax":
+                    E = exp((S - S.max(axis=1, keepdims=True)) / arr(model.tau))
+                    E = np.where(seen, E, arr(0))
+                    weights = E / E.sum(axis=1, keepdims=True)
+                else:
+                    top = S == S.max(axis=1, keepdims=True)
+                    weights = top.astype(dtype) / top.sum(axis=1, keepdims=True).astype(dtype)
+                out = out + (weights @ X) @ arr(h.V.dense()).T
+            X = out
+        states.append(X)
+    return states
 
 
 def token_set(a) -> set:
@@ -107,3 +154,21 @@ def datasets(draw, N=None, d=None, rational=None, single_token=False, m_equals_n
         ys = draw(st.lists(st.sampled_from(target_pool), min_size=m, max_size=m, unique=True))
         targets.append([tok(y) for y in ys])
     return make_dataset(inputs, targets)
+
+
+def conflict_data(seed: int = 0, n: int = 14, length: int = 6, d: int = 4) -> ef.CausalDataset:
+    """Random sequences over three tokens in R^d with a random target per ordered prefix: many
+    contexts at one point with different targets, so separation takes several rounds."""
+    rng = random.Random(seed)
+    pool: list[list[int]] = []
+    while len(pool) < 3:  # distinct tokens: equal ones would make equal prefixes disagree
+        v = [rng.randint(-3, 3) for _ in range(d)]
+        if v not in pool:
+            pool.append(v)
+    outs = [[rng.randint(-3, 3) for _ in range(d)] for _ in range(4)]
+    seqs = [[rng.randrange(3) for _ in range(length)] for _ in range(n)]
+    by_prefix: dict[tuple, list] = {}
+    return ef.CausalDataset.from_arrays(
+        [[pool[t] for t in s] for s in seqs],
+        [[by_prefix.setdefault(tuple(s[: i + 1]), rng.choice(outs)) for i in range(len(s))]
+         for s in seqs])

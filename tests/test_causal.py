@@ -9,11 +9,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import random
 from fractions import Fraction
 
 import numpy as np
 import pytest
+from conftest import conflict_data
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -490,20 +490,6 @@ def wide(data, k: int, heads: int, **kw):
     assert model.max_heads() <= max(1, min(heads, data.d - 1))
     assert ef.verify(model, data).blocks_design == model.n_blocks  # the report's bound agrees
     return model
-
-
-def conflict_data(seed: int = 0, n: int = 14, length: int = 6) -> CausalDataset:
-    """Random sequences over three tokens in R^4 with a random target per ordered prefix: many
-    contexts at one point with different targets, so separation takes several rounds."""
-    rng = random.Random(seed)
-    pool = [[rng.randint(-3, 3) for _ in range(4)] for _ in range(3)]
-    outs = [[rng.randint(-3, 3) for _ in range(4)] for _ in range(4)]
-    seqs = [[rng.randrange(3) for _ in range(length)] for _ in range(n)]
-    by_prefix: dict[tuple, list] = {}
-    return CausalDataset.from_arrays(
-        [[pool[t] for t in s] for s in seqs],
-        [[by_prefix.setdefault(tuple(s[: i + 1]), rng.choice(outs)) for i in range(len(s))]
-         for s in seqs])
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -17,7 +17,7 @@ from itertools import combinations
 import mpmath
 import numpy as np
 import pytest
-from conftest import datasets, make_dataset, token_set
+from conftest import datasets, dense_pass, make_dataset, token_set
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,39 +38,6 @@ heads = st.sampled_from([1, 2, 16])  # separation rounds that may share an atten
 
 
 # ------------------------------------------------------------------------------ the dense pass
-def dense_pass(model, x: np.ndarray, dtype, arr=None, exp=np.exp) -> list[np.ndarray]:
-    """The model on one sequence in ``dtype`` (states after every block), hardmax ties
-    averaged, softmax at the model's τ: a reference written from the layer definitions
-    alone. ``arr`` converts parameters (default: through float64), ``exp`` is the softmax's
-    exponential."""
-    if arr is None:
-        def arr(a):
-            return np.asarray(np.asarray(a, dtype=float), dtype=dtype)
-
-    X = np.zeros((len(x), model.d), dtype=dtype)
-    X[:, :x.shape[1]] = arr(x)
-    states = []
-    for blk in model.blocks:
-        if blk.ff is not None:
-            f = blk.ff
-            H = np.maximum(X @ arr(f.U).T + arr(f.b), arr(0))
-            X = X * arr(f.eta) + H @ arr(f.W).T
-        if blk.sa is not None:
-            out = X * arr(blk.sa.rho)
-            for h in blk.sa.heads:
-                S = (X @ arr(h.A.dense()).T) @ X.T
-                if model.attention == "softmax":
-                    E = exp((S - S.max(axis=1, keepdims=True)) / arr(model.tau))
-                    weights = E / E.sum(axis=1, keepdims=True)
-                else:
-                    top = S == S.max(axis=1, keepdims=True)
-                    weights = top.astype(dtype) / top.sum(axis=1, keepdims=True).astype(dtype)
-                out = out + (weights @ X) @ arr(h.V.dense()).T
-            X = out
-        states.append(X)
-    return states
-
-
 def padded_targets(model, data) -> list[np.ndarray]:
     _, ys = data.floats()
     return [np.pad(y, ((0, 0), (0, model.d - y.shape[1]))) for y in ys]

@@ -12,6 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from conftest import conflict_data, dense_pass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -65,52 +66,10 @@ def texts(draw, max_d=16, max_len=8, max_texts=8):
     return data
 
 
-def conflict_data(seed: int = 0, n: int = 14, length: int = 6, d: int = 4) -> CausalDataset:
-    """Random texts over three tokens with a random target per ordered prefix."""
-    rng = random.Random(seed)
-    pool = [[rng.randint(-3, 3) for _ in range(d)] for _ in range(3)]
-    outs = [[rng.randint(-3, 3) for _ in range(d)] for _ in range(4)]
-    seqs = [[rng.randrange(3) for _ in range(length)] for _ in range(n)]
-    by_prefix: dict[tuple, list] = {}
-    return CausalDataset.from_arrays(
-        [[pool[t] for t in s] for s in seqs],
-        [[by_prefix.setdefault(tuple(s[: i + 1]), rng.choice(outs)) for i in range(len(s))]
-         for s in seqs])
-
-
 # ------------------------------------------------------------------------------ the dense pass
-def dense_causal_pass(model, x: np.ndarray, dtype) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The model on one text in ``dtype``: the positions added, every FF as
-    η·x + W·relu(U·x + b), every attention as ρ·x + V·(average over l ≤ i of the rows of
-    highest score, or their softmax average). Per block: (pre-activations, state)."""
-    def arr(a):
-        return np.asarray(np.asarray(a, dtype=float), dtype=dtype)
-
-    X = np.zeros((len(x), model.d), dtype=dtype)
-    X[:, :x.shape[1]] = arr(x)
-    X = X + arr(model.positions[:len(x)])
-    mask = np.tril(np.ones((len(x), len(x)), dtype=bool))
-    out = []
-    for blk in model.blocks:
-        Z = None
-        if blk.ff is not None:
-            f = blk.ff
-            Z = X @ arr(f.U).T + arr(f.b)
-            X = X * arr(f.eta) + np.maximum(Z, arr(0)) @ arr(f.W).T
-        if blk.sa is not None:
-            new = X * arr(blk.sa.rho)
-            for h in blk.sa.heads:
-                S = np.where(mask, (X @ arr(h.A.dense()).T) @ X.T, -np.inf)
-                if model.attention == "softmax":
-                    E = np.exp((S - S.max(axis=1, keepdims=True)) / arr(model.tau))
-                    weights = E / E.sum(axis=1, keepdims=True)
-                else:
-                    top = S == S.max(axis=1, keepdims=True)
-                    weights = top.astype(dtype) / top.sum(axis=1, keepdims=True).astype(dtype)
-                new = new + (weights @ X) @ arr(h.V.dense()).T
-            X = new
-        out.append((Z, X))
-    return out
+def fractions(a) -> np.ndarray:
+    """Parameters as they are stored (Fractions in a rational model): an exact dense pass."""
+    return np.asarray(a, dtype=object)
 
 
 def dense_error(model, data, dtype) -> float:
@@ -119,7 +78,7 @@ def dense_error(model, data, dtype) -> float:
     xs, ys = data.floats()
     worst = 0.0
     for x, y, k in zip(xs, ys, data.known, strict=True):
-        o = dense_causal_pass(model, x, dtype)[-1][1].astype(float)
+        o = dense_pass(model, x, dtype)[-1].astype(float)
         Y = np.pad(y, ((0, 0), (0, model.d - y.shape[1])))
         worst = max([worst] + np.linalg.norm(o[k] - Y[k], axis=1).tolist())
     return worst
@@ -185,17 +144,18 @@ def test_every_argument_after_the_tagging_is_exact_in_float32(data, width):
     tagged = model.record.phase("tagging").end
     xs, _ = data.fractions()
     for x in xs:
-        exact = dense_causal_pass(model, np.asarray(x, dtype=object), object)
-        f32 = dense_causal_pass(model.to_float(), np.asarray(x, dtype=float), np.float32)
+        pre_exact, pre_f32 = [], []
+        dense_pass(model, np.asarray(x, dtype=object), object, fractions, pre=pre_exact)
+        f32 = dense_pass(model.to_float(), np.asarray(x, dtype=float), np.float32,
+                         pre=pre_f32)
         for k in range(tagged, model.n_blocks):
-            Ze, (Zf, Xf) = exact[k][0], f32[k]
-            if Ze is None:
+            if pre_exact[k] is None:
                 continue
-            assert np.array_equal(np.vectorize(Fraction)(Zf.astype(float)), Ze), k
-            before = f32[k - 1][1]
+            Zf = pre_f32[k]
+            assert np.array_equal(np.vectorize(Fraction)(Zf.astype(float)), pre_exact[k]), k
             quiet = (Zf <= 0).all(axis=1)
             if model.blocks[k].sa is None:
-                assert np.array_equal(Xf[quiet], before[quiet])  # bit for bit
+                assert np.array_equal(f32[k][quiet], f32[k - 1][quiet])  # bit for bit
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -209,7 +169,7 @@ def test_every_row_fires_at_most_once_and_exactly(data, width, h):
     one = data.d  # the coordinate after the data (docs/keyed.md#coordinates)
     xs, _ = data.fractions()
     for x, k in zip(xs, data.known, strict=True):
-        final = dense_causal_pass(model, np.asarray(x, dtype=object), object)[-1][1]
+        final = dense_pass(model, np.asarray(x, dtype=object), object, fractions)[-1]
         assert set(final[:, one].tolist()) <= {0, 1}
         assert all(v == 0 for v in final[k, one])
 
