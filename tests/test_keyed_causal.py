@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -263,3 +264,50 @@ def test_transformer_lens_float32(attention):
     assert verdict.interpolates and verdict.error <= 1e-5 * data.coordinate_scale()
     hat = lens_verdict(to_lens(ef.compile(data, attention=attention), "float32"), data)
     assert hat.error > 1e-5 * data.coordinate_scale()
+
+
+def test_a_free_row_above_two_states_of_a_batch_fires_once():
+    """Row (1, 2) has no target and is above two states of one hull batch of the cell
+    (2, C); the batch is split so that it fires at one unit, exactly once."""
+    A, B, C = [-3, 2], [-1, -1], [0, 1]
+    data = CausalDataset.from_arrays(
+        [[A, B, C], [C, B, C], [B, A, C], [B, B, C]],
+        [[None, [-1, 3], [-3, 2]], [None, [-1, 3], None], [None, None, [-1, -1]],
+         [None, [0, 1], [0, 1]]])
+    model = ef.compile(data, causal=True, keys=True, width=16, heads=2, seed=497)
+    outs = ef.forward(model, data.fractions()[0], arithmetic="exact")
+    assert {o[i][data.d] for o in outs for i in range(len(o))} <= {0, 1}
+    assert exact_outputs_hit(model, data)
+
+
+def test_huge_coordinates_stay_finite_in_a_float32_export():
+    """Keyed heads have α = 0: a torch export must not form 0·⟨x_i, x_l⟩, which is nan once
+    |x|² overflows float32 (here |x| ≈ 1e19)."""
+    torch = pytest.importorskip("torch")
+    from exactformer.export import apply, to_torch
+    s = 1e19
+    a, b = [s, .5 * s], [.25 * s, s]
+    data = CausalDataset.from_arrays([[a, a], [b, a]],
+                                     [[[0, s], [s, s]], [[0, s], [2 * s, .5 * s]]])
+    model = ef.compile(data, causal=True, keys=True)
+    outs = apply(to_torch(model.to_float(), torch.float32, ff="dense"), data.floats()[0])
+    _, ys = data.floats()
+    for o, y in zip(outs, ys, strict=True):
+        assert np.isfinite(o).all()
+        assert np.abs(np.asarray(o)[:, :data.d] - y).max() <= 1e-5 * s
+
+
+def test_a_lone_token_cap_has_a_margin_of_the_data_scale():
+    """The last unmarked token's cap takes a margin of the data's size: at coordinates of 2^24
+    a margin of 1 fell below float32's rounding and the cap missed its token."""
+    s = 2.0 ** 24
+    a, b, c = [s, -2 * s], [s, -s], [s, 3 * s]
+    data = CausalDataset.from_arrays(
+        [[a, b], [a, a], [c, c, a, a], [c, c], [b, b, c]],
+        [[None, None], [None, None], [[s, -s], [s, -s], [s, 3 * s], [s, -s]], [None, None],
+         [[s, -s], None, [s, -2 * s]]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no float32 warning: every margin is wide
+        model = ef.compile(data, causal=True, keys=True, width=64, seed=995)
+    assert float(model.record.keyed["cap_margin"]) > 2.0 ** -16
+    assert dense_error(model.to_float(), data, np.float32) <= 1e-5 * data.coordinate_scale()

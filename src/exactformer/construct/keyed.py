@@ -348,7 +348,11 @@ def _cap_along(t: int, f: np.ndarray, points: np.ndarray, ids: np.ndarray, exact
     values = points @ f
     own = values[t]
     others = values[ids[ids != t]]
-    second = others.max() if len(others) else own - 1
+    if len(others):
+        second = others.max()
+    else:  # alone: any margin of the data's own size (marks keep the others below the cap)
+        spread = max(abs(v) for v in values)
+        second = own - (spread if spread > 0 else num(1, exact))
     g = own - second
     if not _clear(g, values, exact):
         return None

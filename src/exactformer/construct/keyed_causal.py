@@ -172,8 +172,29 @@ def _cells(data: _Data, every: np.ndarray, tagged: dict, reach: int) -> list[_Ce
             sig = np.array([s for s, _, _ in listed], dtype=np.int64)
             batches = [list(b) for b in hull_batches(sig, np.arange(len(listed)), reach)]
         match = free & (data.every_pos == p) & (True if t is None else data.every_token == t)
-        cells.append(_Cell(p, t, listed, batches, every[match]))
+        loose = every[match]
+        cells.append(_Cell(p, t, listed, [sub for batch in batches
+                                          for sub in _one_hit(batch, listed, loose)], loose))
     return cells
+
+
+def _one_hit(batch: list, states: list, loose: np.ndarray) -> list[list]:
+    """``batch`` split, first fit, so that every unconstrained row of the cell is at or above
+    (in the state's direction g) at most one state of each part. Such a row fires at that
+    state's unit alone, at activation exactly 1, and with its key then 0 at no later unit; two
+    units of one layer would both fire at it. A part of a hull batch is still one: each of
+    its states is the largest among those not yet moved."""
+    parts: list[tuple[list, np.ndarray]] = []
+    for s, g in batch:
+        hits = loose @ np.asarray(g) >= int(np.dot(g, states[s][0]))
+        for items, taken in parts:
+            if not (taken & hits).any():
+                items.append((s, g))
+                taken |= hits
+                break
+        else:
+            parts.append(([(s, g)], hits.copy()))
+    return [items for items, _ in parts]
 
 
 @dataclass
@@ -251,18 +272,19 @@ def build(dataset: CausalDataset, attention: str, exact: bool, width: int, heads
     data = _data(dataset, exact)
     tests, outcomes = _rounds(data, width - 1, seed)
     sig, every = _signatures(data, tests, outcomes, seed)
+    top = int(every.max(initial=0))  # unconstrained rows too: K must outweigh their σ
     layers = pack_rounds(tests, width, min(heads, width))
-    co, steps = _codes(data, tests, layers, width, sig.top, exact)
+    co, steps = _codes(data, tests, layers, width, top, exact)
     w = co.w_key + co.w_code
-    cells = _cells(data, every, co.word, _reach(w, sig.top, softmax))
+    cells = _cells(data, every, co.word, _reach(w, top, softmax))
     orders = {k: cell.batches for k, cell in enumerate(cells)}
-    warn_wide_moves(orders, sig.top, w, softmax)
+    warn_wide_moves(orders, top, w, softmax)
     beta = _score_scale(data, tests, sig, orders, exact) if softmax else num(1, exact)
     tag_layers = tagging(steps, co.lay, co.word, co.c, width, exact)
     sep = separation_layers(layers, tests, sig, co.lay, co.sig_unit,
                             lambda r, p, out: (*_test_reader(data, co, p, exact), out),
                             beta, exact)
-    queues = [[[_move_units(data, co, cells[k], s, g, sig.top, softmax, exact)
+    queues = [[[_move_units(data, co, cells[k], s, g, top, softmax, exact)
                 for s, g in batch] for batch in orders[k]] for k in range(len(cells))]
     moves = [[u for item in layer for u in item] for layer in schedule(queues, width, len)]
     moves = _with_resets(moves, _resets(co.lay, tests, steps, exact), width)

@@ -120,7 +120,8 @@ class LowRankSA(nn.Module):
             alpha, a, c, beta, p, q = (t[h] if stacked else t for t in
                                        (self.alpha, self.a, self.c, self.beta, self.p, self.q))
             S = (x @ c)[..., :, None] * (keys @ a)[..., None, :]
-            S = S + alpha * (x @ keys.transpose(-1, -2))
+            if alpha.item() != 0:  # an α = 0 head has no ⟨x_i, x_l⟩ term: 0·inf would be nan
+                S = S + alpha * (x @ keys.transpose(-1, -2))
             y = attention_weights(S, mask, attention, tau, causal) @ keys
             out = out + beta * y + (y @ q)[..., None] * p
         return out
