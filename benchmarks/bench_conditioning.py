@@ -8,17 +8,19 @@ form) in float64, float32 and bfloat16. Causal rows measure the largest distance
 constrained position instead. See docs/numerics.md#conditioning. Writes
 benchmarks/results/conditioning.md (or the file given by --out).
 
-    python benchmarks/bench_conditioning.py            # the families of issue 20
+    python benchmarks/bench_conditioning.py            # the families of issue 20, keyed and hats
     python benchmarks/bench_conditioning.py --quick    # small sizes (about a minute)
     python benchmarks/bench_conditioning.py --only recite --out /tmp/recite.md  # some rows
-    python benchmarks/bench_conditioning.py --keys --out /tmp/keyed.md  # keyed models
+    python benchmarks/bench_conditioning.py --keys --out /tmp/keyed.md  # keyed models only
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import multiprocessing
 import platform
+import queue
 import re
 import sys
 import time
@@ -158,37 +160,95 @@ def decoded(module, data: ef.CausalDataset) -> str:
     return f"{right}/{total}"
 
 
+GOAL = {"float32": 1e-5, "float64": 1e-12}  # the largest error over the scale (issue 20)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes")
     ap.add_argument("--widths", default="4,64", help="FF widths, comma-separated")
     ap.add_argument("--attention", default="hardmax,softmax")
     ap.add_argument("--only", default="", help="only the data whose label contains this")
-    ap.add_argument("--keys", action="store_true",
-                    help="keyed models instead (docs/keyed.md, docs/causal.md#keyed-causal-"
-                    "models)")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--keys", action="store_true", help="keyed models only (docs/keyed.md, "
+                       "docs/causal.md#keyed-causal-models); default: keyed and hat models")
+    which.add_argument("--hats", action="store_true", help="hat models only")
+    ap.add_argument("--row-timeout", type=float, default=900,
+                    help="seconds a row may take before it is reported unfinished")
     ap.add_argument("--out", default=str(RESULTS / "conditioning.md"))
     ap.add_argument("--title", default="Conditioning of constructed models")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    keyed = [True] if args.keys else [False] if args.hats else [True, False]
     rows = []
     sets = [s for s in datasets(args.quick) if args.only in s[0]]
     for attention in args.attention.split(","):  # every hardmax row first: they are quick
         for label, data, exact in sets:
             for width in (int(w) for w in args.widths.split(",")):
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    try:
-                        row = measure(label, data, exact, attention, width, args.keys)
-                    except (ValueError, ef.DatasetError, RuntimeError) as exc:
-                        print(f"{label}, {attention}, width {width}: skipped ({exc})",
-                              flush=True)
+                for keys in keyed:
+                    row = run_row(label, data, exact, attention, width, keys,
+                                  args.row_timeout)
+                    if row is None:
                         continue
-                rows.append(row)
-                print(" | ".join(str(row[c]) for c in COLUMNS), flush=True)
-                write(args, rows)  # after every row: a long run that is stopped keeps its rows
+                    rows.append(row)
+                    print(" | ".join(str(row[c]) for c in COLUMNS), flush=True)
+                    write(args, rows)  # after every row: a stopped run keeps its rows
+    print(goal_summary(rows))
     print(f"written to {args.out}")
     return 0
+
+
+def run_row(label: str, data, exact: bool, attention: str, width: int, keys: bool,
+            timeout: float) -> dict | None:
+    """:func:`measure` in a child process of its own; a row that says so when it takes more
+    than ``timeout`` seconds, None (and a line) when the construction refuses the data."""
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    child = ctx.Process(target=_measure_into,
+                        args=(results, label, data, exact, attention, width, keys))
+    child.start()
+    try:
+        kind, value = results.get(timeout=timeout)
+    except queue.Empty:
+        child.kill()
+        child.join()
+        return {c: "" for c in COLUMNS} | {
+            "data": label + (" (float64 build)" if not exact else ""),
+            "attention": attention + (", keyed" if keys else ""), "width": str(width),
+            "build s": f"did not finish in {timeout:.0f} s"}
+    child.join()
+    if kind == "skipped":
+        print(f"{label}, {attention}, width {width}: skipped ({value})", flush=True)
+        return None
+    return value
+
+
+def _measure_into(results, *args) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            results.put(("row", measure(*args)))
+        except (ValueError, ef.DatasetError, RuntimeError) as exc:
+            results.put(("skipped", str(exc)))
+
+
+def goal_summary(rows: list[dict]) -> str:
+    """Per construction, the largest float32 and float64 errors of the finished rows and how
+    many rows meet the goal (:data:`GOAL`), computed from the rows themselves."""
+    lines = []
+    for name, mine in (("keyed", lambda r: r["attention"].endswith("keyed")),
+                       ("hat", lambda r: not r["attention"].endswith("keyed"))):
+        done = [r for r in rows if mine(r) and r["float32"]]
+        if not done:
+            continue
+        worst = {k: max(float(r[k]) for r in done) for k in GOAL}
+        meet = sum(all(float(r[k]) <= v for k, v in GOAL.items()) for r in done)
+        left = sum(1 for r in rows if mine(r) and not r["float32"])
+        lines.append(f"* {name} models: {meet} of {len(done)} finished rows meet the goal "
+                     f"(float32 ≤ 1e-5 and float64 ≤ 1e-12 × scale); largest float32 error "
+                     f"{worst['float32']:.2g}, float64 {worst['float64']:.2g}"
+                     + (f"; {left} rows did not finish" if left else ""))
+    return "\n".join(lines)
 
 
 def write(args, rows: list[dict]) -> None:
@@ -197,7 +257,8 @@ def write(args, rows: list[dict]) -> None:
             "coordinate scale s of a plain dense pass (native module, ff=\"dense\"); causal "
             "rows: largest distance at a constrained position over s. ‖θ‖² counts every "
             "parameter (positions of causal models included).")
-    text = "\n\n".join([f"# {args.title}", head, markdown_table(rows, COLUMNS)]) + "\n"
+    text = "\n\n".join([f"# {args.title}", head, goal_summary(rows),
+                         markdown_table(rows, COLUMNS)]) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.out, text)
 

@@ -74,6 +74,23 @@ def test_conditioning_benchmark_row():
     assert float(causal["float32"]) <= 1e-5 < float(hat["float32"])
 
 
+def test_conditioning_benchmark_runs_rows_apart_and_sums_up_the_goal():
+    """A row runs in a child process: one past its time limit is reported unfinished; the
+    summary counts the rows that meet the goal from the rows themselves."""
+    pytest.importorskip("torch")
+    from exactformer.data import builtin
+    bench = load("bench_conditioning")
+    data = builtin.demo()
+    keyed = bench.run_row("demo", data, True, "hardmax", 4, True, 600)
+    hat = keyed | {"attention": "hardmax", "float32": "2.0e-04"}  # a hat row off the goal
+    late = bench.run_row("demo", data, True, "hardmax", 4, False, 1e-3)
+    assert keyed["L"] == ef.compile(data, keys=True).n_blocks
+    assert late["build s"].startswith("did not finish") and late["float32"] == ""
+    summary = bench.goal_summary([keyed, hat, late])
+    assert "keyed models: 1 of 1 finished rows meet the goal" in summary
+    assert "hat models: 0 of 1 finished rows" in summary and "1 rows did not finish" in summary
+
+
 def markdown_rows(text: str, columns: list[str]) -> list[dict]:
     """The rows of the Markdown table with these columns, as dicts of stripped strings."""
     lines = text.splitlines()
