@@ -89,7 +89,7 @@ def compile_causal(dataset: CausalDataset, attention: str = "hardmax", exact: bo
         model.record.seed = seed
         return model
     if keys:
-        return keyed_causal.build(dataset, attention, exact, width, heads, seed)
+        return keyed_causal.build(dataset, attention, exact, width, heads, seed, progress)
     ctx = contexts(xs, ys, list(dataset.known), exact, dataset.d)
     ctx.per_layer, ctx.channels = k, max(1, min(heads, dataset.d - 1))  # x[0] is u, x[1] is v
     draws = Draws(seed, exact)

@@ -443,7 +443,7 @@ class Prepared:
     lay: Layout
     word: dict
     scales: _Scales
-    sig: _Signatures
+    sig: Signatures
     orders: dict  # leader tag → its hull batches of (sequence, g)
     sep_layers: list[list[int]]  # the rounds of each separation layer
     tag_layers: list[Block]
@@ -571,7 +571,7 @@ class _Scales:
 
 
 @dataclass
-class _Signatures:
+class Signatures:
     lam: np.ndarray  # R × 2 integer multipliers
     values: np.ndarray  # N × 2 integer signatures (the representatives' rows; others 0)
     moves: int
@@ -607,7 +607,7 @@ def levels(T: int, bent: bool) -> np.ndarray:
 
 
 def separation(table: TokenTable, p: Plan, width: int, heads: int, w: int, seed: int,
-               softmax: bool) -> tuple[list[list[int]], _Signatures, dict]:
+               softmax: bool) -> tuple[list[list[int]], Signatures, dict]:
     """The separation layers, the signatures and each leader tag's hull batches: of plain
     signatures with small directions, plain ones with hull normals too, and (two heads or
     more) bent ones (two heads a round, a tag's holders in convex position) with hull
@@ -628,7 +628,7 @@ def separation(table: TokenTable, p: Plan, width: int, heads: int, w: int, seed:
             if best is None:  # the plain signatures: nothing to fall back on
                 raise
             continue
-        reach = _reach(w, sig.top, softmax) if normals else 0
+        reach = normal_reach(w, sig.top, softmax) if normals else 0
         orders = {t: list(hull_batches(sig.values[p.owners[t]], p.owners[t], reach))
                   for t in p.leader_tags}
         if best is not None and widest_move(orders, sig.top) > move_limit(w, softmax):
@@ -667,13 +667,13 @@ def widest_move(orders: dict, top: int) -> float:
                 for batch in batches for _, g in batch), default=1.0)
 
 
-def _reach(w: int, top: int, softmax: bool) -> int:
+def normal_reach(w: int, top: int, softmax: bool) -> int:
     """The largest |g|₁ of a hull normal: its move weight K ≤ 2·(2·|g|₁·top + 2) stays
     within :func:`move_limit`; at least 8, as the small directions."""
     return max(8, int(move_limit(w, softmax) / 2 - 2) // (2 * max(top, 1)))
 
 
-def _signatures(table: TokenTable, p: Plan, seed: int, bent: bool) -> _Signatures:
+def _signatures(table: TokenTable, p: Plan, seed: int, bent: bool) -> Signatures:
     """Multipliers λ_r (two per round, integers in [1, top]) such that the sequences holding a
     common leader tag get distinct signature pairs Σ_r λ_r·(outcome of round r), each below
     2^16, an outcome being the :func:`levels` of the rank of the highest test held (``bent``:
@@ -692,7 +692,7 @@ def _signatures(table: TokenTable, p: Plan, seed: int, bent: bool) -> _Signature
 
     lam, values = draw_multipliers(lv[rank, 0], lv[rank, 1], int(lv[-1].max()), apart, seed,
                                    "the holders of a tag")
-    return _Signatures(lam, values, sum(len(owners[t]) for t in p.leader_tags), bent, lv)
+    return Signatures(lam, values, sum(len(owners[t]) for t in p.leader_tags), bent, lv)
 
 
 def draw_multipliers(held: np.ndarray, second: np.ndarray, tallest: int, apart, seed: int,
@@ -867,7 +867,7 @@ def rounds(prep: Prepared, exact: bool, score_scale=1) -> list[Block]:
                              score_scale, exact)
 
 
-def separation_layers(sep_layers: list[list[int]], tests: list[list[int]], sig: _Signatures,
+def separation_layers(sep_layers: list[list[int]], tests: list[list[int]], sig: Signatures,
                       lay: Layout, sig_unit, test_unit, score_scale, exact: bool
                       ) -> list[Block]:
     """One block per separation layer. The round at head slot h of a layer: its FF sets the

@@ -31,6 +31,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+from tqdm import tqdm
 
 from ..data import CausalDataset
 from ..model import Block, Transformer
@@ -42,14 +43,14 @@ from .keyed import (
     FLOAT32_MARGIN,
     SLOTS,
     Layout,
-    _reach,
-    _Signatures,
+    Signatures,
     clip_pair,
     draw_multipliers,
     ff_layer,
     hull_batches,
     levels,
     move_weight,
+    normal_reach,
     on_code,
     pack_rounds,
     reset_unit,
@@ -100,7 +101,8 @@ def _data(dataset: CausalDataset, exact: bool) -> _Data:
                  table.token_of[flat], np.concatenate(ctx.pid)[flat], target, targets)
 
 
-def _rounds(data: _Data, per_round: int, seed: int) -> tuple[list[list[int]], np.ndarray]:
+def _rounds(data: _Data, per_round: int, seed: int, progress: bool
+            ) -> tuple[list[list[int]], np.ndarray]:
     """The rounds' test points (lowest height first) and every context's outcome per round
     (rows in sequence order): the rank of the highest test its prefix holds, 0 if none. Each
     round's heights are fresh, so a round is planned on zero registers with its tests at
@@ -110,18 +112,22 @@ def _rounds(data: _Data, per_round: int, seed: int) -> tuple[list[list[int]], np
     draws = Draws(seed, ctx.exact)
     zero = {0: np.zeros(len(ctx.first), dtype=np.int64)}
     cls, tests, outcomes = ctx.pid, [], []
-    while conflicts := conflicted(ctx, cls):
+    bar = tqdm(desc="keyed causal separation rounds", unit="round", disable=not progress,
+               leave=False, delay=1)
+    while conflicts := conflicted(ctx, cls):  # each round splits a conflicting pair
         rnd = plan_round(ctx, cls, zero, conflicts, draws, 1)
         tests.append([p for _, p in rnd.tests])
         outcomes.append(np.concatenate([np.asarray(m, dtype=np.int64) for m in rnd.maxima[0]]))
         cls = rnd.cls
+        bar.update()
+    bar.close()
     rows = sum(map(len, ctx.xs))
     return tests, (np.stack(outcomes, axis=1) if outcomes else
                    np.zeros((rows, 0), dtype=np.int64))
 
 
 def _signatures(data: _Data, tests: list[list[int]], outcomes: np.ndarray, seed: int
-                ) -> tuple[_Signatures, np.ndarray]:
+                ) -> tuple[Signatures, np.ndarray]:
     """Multipliers such that constrained contexts at one point with different targets hold
     different signature pairs (keyed.draw_multipliers), and every context's signature pair
     (rows in sequence order)."""
@@ -136,7 +142,7 @@ def _signatures(data: _Data, tests: list[list[int]], outcomes: np.ndarray, seed:
     lam, values = draw_multipliers(mine, mine, int(lv[-1].max()), apart, seed,
                                    "the contexts of a point")
     every = np.stack([outcomes @ lam[:, 0], outcomes @ lam[:, 1]], axis=1)
-    return _Signatures(lam, values, 0, False, lv), every
+    return Signatures(lam, values, 0, False, lv), every
 
 
 @dataclass
@@ -264,19 +270,19 @@ def _move_units(data: _Data, co: _Codes, cell: _Cell, state: int, g, top: int, s
 
 
 def build(dataset: CausalDataset, attention: str, exact: bool, width: int, heads: int,
-          seed: int) -> Transformer:
+          seed: int, progress: bool = False) -> Transformer:
     """The keyed causal model of ``dataset`` (see the module docstring): up to ``heads``
     rounds share a separation layer, ``width`` units a layer; NotKeyable where a cap cannot
     isolate a token it needs."""
     softmax = attention == "softmax"
     data = _data(dataset, exact)
-    tests, outcomes = _rounds(data, width - 1, seed)
+    tests, outcomes = _rounds(data, width - 1, seed, progress)
     sig, every = _signatures(data, tests, outcomes, seed)
     top = int(every.max(initial=0))  # unconstrained rows too: K must outweigh their σ
     layers = pack_rounds(tests, width, min(heads, width))
     co, steps = _codes(data, tests, layers, width, top, exact)
     w = co.w_key + co.w_code
-    cells = _cells(data, every, co.word, _reach(w, top, softmax))
+    cells = _cells(data, every, co.word, normal_reach(w, top, softmax))
     orders = {k: cell.batches for k, cell in enumerate(cells)}
     warn_wide_moves(orders, top, w, softmax)
     beta = _score_scale(data, tests, sig, orders, exact) if softmax else num(1, exact)
@@ -324,7 +330,7 @@ def _test_reader(data: _Data, co: _Codes, p: int, exact: bool) -> tuple:
     return _reader(co, i, int(data.tok[j][i]), num(2, exact), exact)
 
 
-def _score_scale(data: _Data, tests: list, sig: _Signatures, orders: dict, exact: bool):
+def _score_scale(data: _Data, tests: list, sig: Signatures, orders: dict, exact: bool):
     """β: the rounds' scores β·height keep every move's argument within 1/BLUR of its
     hardmax value (keyed_softmax.separation_scale with |g|₁ the largest of the moves)."""
     g1 = max((abs(g[0]) + abs(g[1]) for batches in orders.values() for batch in batches
