@@ -121,9 +121,21 @@ def datasets(quick: bool) -> list[tuple[str, object, bool]]:
              sentences(20, 60, True), False)]
 
 
+def heads_of(width: int) -> int:
+    """The heads a row's model may use: width/4 above width 4 (docs/heads.md)."""
+    return width // 4 if width > 4 else 1
+
+
+def width_label(width: int, data) -> str:
+    """The width column: the width, and the heads of a set model that may use several."""
+    heads = heads_of(width)
+    return f"{width}" + ("" if isinstance(data, ef.CausalDataset) or heads == 1 else
+                         f", {heads} heads")
+
+
 def measure(label: str, data, exact: bool, attention: str, width: int, keys: bool) -> dict:
     causal = isinstance(data, ef.CausalDataset)
-    heads = width // 4 if width > 4 else 1
+    heads = heads_of(width)
     t0 = time.perf_counter()
     model = ef.compile(data, attention=attention, exact=exact, width=width, heads=heads,
                        keys=keys)
@@ -134,9 +146,8 @@ def measure(label: str, data, exact: bool, attention: str, width: int, keys: boo
     errors = [max_error(m, data) for m in modules]
     return {"data": label + (" (float64 build)" if not exact else ""),
             "attention": attention + (", keyed" if keys else ""),
-            "width": f"{width}" + ("" if causal or heads == 1 else f", {heads} heads")
-            + ("" if causal or model.max_heads() in (0, heads) else
-               f" ({model.max_heads()} used)"),
+            "width": width_label(width, data) + ("" if causal or model.max_heads() in (0, heads)
+                                                 else f" ({model.max_heads()} used)"),
             "L": model.n_blocks, "P": model.n_params(), "max|θ|": f"{stats.max_abs:.2g}",
             "‖θ‖²/s²": f"{stats.norm_sq / scale ** 2:.2g}",
             "max |u|·|w|": f"{stats.max_slope:.2g}",
@@ -214,7 +225,8 @@ def run_row(label: str, data, exact: bool, attention: str, width: int, keys: boo
         child.join()
         return {c: "" for c in COLUMNS} | {
             "data": label + (" (float64 build)" if not exact else ""),
-            "attention": attention + (", keyed" if keys else ""), "width": str(width),
+            "attention": attention + (", keyed" if keys else ""),
+            "width": width_label(width, data),
             "build s": f"did not finish in {timeout:.0f} s"}
     child.join()
     if kind == "skipped":
