@@ -133,6 +133,16 @@ def width_label(width: int, data) -> str:
                          f", {heads} heads")
 
 
+def construction(model) -> str:
+    """The attention column's suffix: ", keyed" (docs/keyed.md, causal too), ", position
+    keys" (docs/causal.md#position-keys, what causal data one text serves get either way) or
+    "" for the hat construction."""
+    rec = model.record
+    if getattr(rec, "keyed", None) is not None:
+        return ", keyed"
+    return ", position keys" if getattr(rec, "position_code", None) is not None else ""
+
+
 def measure(label: str, data, exact: bool, attention: str, width: int, keys: bool) -> dict:
     causal = isinstance(data, ef.CausalDataset)
     heads = heads_of(width)
@@ -145,7 +155,7 @@ def measure(label: str, data, exact: bool, attention: str, width: int, keys: boo
     modules = [to_torch(model, dt, ff="dense") for dt in DTYPES]
     errors = [max_error(m, data) for m in modules]
     return {"data": label + (" (float64 build)" if not exact else ""),
-            "attention": attention + (", keyed" if keys else ""),
+            "attention": attention + construction(model),
             "width": width_label(width, data) + ("" if causal or model.max_heads() in (0, heads)
                                                  else f" ({model.max_heads()} used)"),
             "L": model.n_blocks, "P": model.n_params(), "max|θ|": f"{stats.max_abs:.2g}",
@@ -204,6 +214,8 @@ def main(argv=None) -> int:
                     rows.append(row)
                     print(" | ".join(str(row[c]) for c in COLUMNS), flush=True)
                     write(args, rows)  # after every row: a stopped run keeps its rows
+                    if row["attention"].endswith("position keys"):
+                        break  # the same model with or without keys
     print(goal_summary(rows))
     print(f"written to {args.out}")
     return 0
@@ -249,7 +261,8 @@ def goal_summary(rows: list[dict]) -> str:
     many rows meet the goal (:data:`GOAL`), computed from the rows themselves."""
     lines = []
     for name, mine in (("keyed", lambda r: r["attention"].endswith("keyed")),
-                       ("hat", lambda r: not r["attention"].endswith("keyed"))):
+                       ("position-key", lambda r: r["attention"].endswith("position keys")),
+                       ("hat", lambda r: "," not in r["attention"])):
         done = [r for r in rows if mine(r) and r["float32"]]
         if not done:
             continue
