@@ -480,11 +480,7 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, hea
     scales = _Scales.of(points, w, g, words[:len(p.leader_tags)], sig.top, exact)
     tag_layers = tagging(p.steps, lay, word, scales.C, width, exact)
     margin = smallest_margin(p.steps, table.points)
-    if margin < FLOAT32_MARGIN:
-        warnings.warn(f"keyed model: a cap's margin is {margin:.2g} of the data's extent, below "
-                      "2^-16, so a float32 pass may tag the wrong token there (rational and "
-                      "float64 passes are unaffected; docs/keyed.md#tagging)", RuntimeWarning,
-                      stacklevel=6)
+    warn_narrow_caps(margin, stacklevel=7)
     warn_wide_moves(orders, sig.top, w, floor is not None)
     peels = sum(len(pe) for _, pe in p.steps)
     record = {"coordinates": q, "weight": w, "tags": len(every_tag), "peels": peels,
@@ -529,6 +525,16 @@ def model_of(built: Built, N: int, sum_m: int, seed: int, exact: bool, attention
                           folded=True if softmax else None)
     return Transformer(d=built.D, attention=attention, blocks=built.blocks,
                        tau=num(1, exact) if softmax else None, exact=exact, record=record)
+
+
+def warn_narrow_caps(margin: float, stacklevel: int) -> None:
+    """Warn when the smallest cap margin (:func:`smallest_margin`) is below FLOAT32_MARGIN:
+    a float32 pass may then tag the wrong token."""
+    if margin < FLOAT32_MARGIN:
+        warnings.warn(f"keyed model: a cap's margin is {margin:.2g} of the data's extent, below "
+                      "2^-16, so a float32 pass may tag the wrong token there (rational and "
+                      "float64 passes are unaffected; docs/keyed.md#tagging)", RuntimeWarning,
+                      stacklevel=stacklevel)
 
 
 def smallest_margin(steps: list, points: np.ndarray) -> float:
@@ -651,14 +657,16 @@ def move_limit(w: int, softmax: bool) -> float:
     return 2.0 ** 18 / (w * (w + 4)) if softmax else 2.0 ** 23 / (2 * w + 1)
 
 
-def warn_wide_moves(orders: dict, top: int, w: int, softmax: bool) -> None:
+def warn_wide_moves(orders: dict, top: int, w: int, softmax: bool, stacklevel: int = 7
+                    ) -> None:
     """Warn when a move's weight K is beyond :func:`move_limit`: a float32 pass may then
     misread that move's argument (a lexicographic direction on widely spread signatures)."""
     K = widest_move(orders, top)
     if K > move_limit(w, softmax):
         warnings.warn(f"keyed model: a move's weight K = 2^{math.log2(K):.0f} is beyond what "
                       "a float32 pass reads faithfully (rational and float64 passes are "
-                      "unaffected; docs/keyed.md#moves)", RuntimeWarning, stacklevel=7)
+                      "unaffected; docs/keyed.md#moves)", RuntimeWarning,
+                      stacklevel=stacklevel)
 
 
 def widest_move(orders: dict, top: int) -> float:

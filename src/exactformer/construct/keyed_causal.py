@@ -27,7 +27,6 @@ every unit that reads σ, which the softmax blur reaches (docs/causal.md#keyed-c
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +39,6 @@ from ..record import CausalConstruction, Span
 from .causal_rounds import Contexts, conflicted, contexts, plan_round
 from .generic import Draws
 from .keyed import (
-    FLOAT32_MARGIN,
     SLOTS,
     Layout,
     Signatures,
@@ -59,6 +57,7 @@ from .keyed import (
     smallest_margin,
     tag_steps,
     tagging,
+    warn_narrow_caps,
     warn_wide_moves,
 )
 from .keyed_softmax import separation_scale
@@ -284,7 +283,7 @@ def build(dataset: CausalDataset, attention: str, exact: bool, width: int, heads
     w = co.w_key + co.w_code
     cells = _cells(data, every, co.word, normal_reach(w, top, softmax))
     orders = {k: cell.batches for k, cell in enumerate(cells)}
-    warn_wide_moves(orders, top, w, softmax)
+    warn_wide_moves(orders, top, w, softmax, stacklevel=5)
     beta = _score_scale(data, tests, sig, orders, exact) if softmax else num(1, exact)
     tag_layers = tagging(steps, co.lay, co.word, co.c, width, exact)
     sep = separation_layers(layers, tests, sig, co.lay, co.sig_unit,
@@ -377,11 +376,7 @@ def _codes(data: _Data, tests: list[list[int]], layers: list[list[int]], width: 
     co = _Codes(lay, key_scale(every, exact), code_words(n, q_p, w_p).astype(np.int64),
                 dict(zip(tagged, code_words(len(tagged), q, w).astype(np.int64), strict=True)),
                 w_p, w, two ** -int(np.ceil(np.log2(top + 1))), smallest_margin(steps, X))
-    if co.margin < FLOAT32_MARGIN:
-        warnings.warn(f"keyed model: a cap's margin is {co.margin:.2g} of the data's extent, "
-                      "below 2^-16, so a float32 pass may tag the wrong token there (rational "
-                      "and float64 passes are unaffected; docs/keyed.md#tagging)",
-                      RuntimeWarning, stacklevel=4)
+    warn_narrow_caps(co.margin, stacklevel=6)
     return co, steps
 
 
