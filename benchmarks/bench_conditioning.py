@@ -126,6 +126,11 @@ def heads_of(width: int) -> int:
     return width // 4 if width > 4 else 1
 
 
+def data_label(label: str, exact: bool) -> str:
+    """The data column: the family, and whether its model has float64 parameters."""
+    return label + ("" if exact else " (float64 build)")
+
+
 def width_label(width: int, data) -> str:
     """The width column: the width, and the heads of a set model that may use several."""
     heads = heads_of(width)
@@ -154,7 +159,7 @@ def measure(label: str, data, exact: bool, attention: str, width: int, keys: boo
     scale = float(data.coordinate_scale()) or 1.0
     modules = [to_torch(model, dt, ff="dense") for dt in DTYPES]
     errors = [max_error(m, data) for m in modules]
-    return {"data": label + (" (float64 build)" if not exact else ""),
+    return {"data": data_label(label, exact),
             "attention": attention + construction(model),
             "width": width_label(width, data) + ("" if causal or model.max_heads() in (0, heads)
                                                  else f" ({model.max_heads()} used)"),
@@ -236,7 +241,7 @@ def run_row(label: str, data, exact: bool, attention: str, width: int, keys: boo
         child.kill()
         child.join()
         return {c: "" for c in COLUMNS} | {
-            "data": label + (" (float64 build)" if not exact else ""),
+            "data": data_label(label, exact),
             "attention": attention + (", keyed" if keys else ""),
             "width": width_label(width, data),
             "build s": f"did not finish in {timeout:.0f} s"}

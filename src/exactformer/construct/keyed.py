@@ -669,6 +669,12 @@ def warn_wide_moves(orders: dict, top: int, w: int, softmax: bool, stacklevel: i
                       stacklevel=stacklevel)
 
 
+def widest_direction(orders: dict) -> int:
+    """The largest |g|₁ over every state's direction, at least 1."""
+    return max([1] + [abs(g[0]) + abs(g[1]) for batches in orders.values()
+                      for batch in batches for _, g in batch])
+
+
 def widest_move(orders: dict, top: int) -> float:
     """The largest move weight K over every state's direction."""
     return max((float(move_weight(g, top, False)) for batches in orders.values()
@@ -894,7 +900,7 @@ def separation_layers(sep_layers: list[list[int]], tests: list[list[int]], sig: 
                 if lay.bent:
                     out[lay.bend(h)] = num(bend, exact)
                 units.append(test_unit(r, t, out))
-            heads += round_heads(lay, sig_unit, sig.lam[r], h, score_scale, exact)
+            heads += _round_heads(lay, sig_unit, sig.lam[r], h, score_scale, exact)
         reused = [c for h in range(min(len(group), dirty)) for c in lay.round_coordinates(h)]
         units += [reset_unit(lay, c, exact) for c in reused]
         dirty = max(dirty, len(group))
@@ -902,7 +908,7 @@ def separation_layers(sep_layers: list[list[int]], tests: list[list[int]], sig: 
     return blocks
 
 
-def round_heads(lay: Layout, sig_unit, lam: np.ndarray, h: int, score_scale, exact: bool
+def _round_heads(lay: Layout, sig_unit, lam: np.ndarray, h: int, score_scale, exact: bool
                 ) -> list[Head]:
     """The heads of the round at head slot h, scores ``score_scale``·height_l: one head adding
     λ·height to (σ₁, σ₂), or, bent, one adding λ₁·height to σ₁ and one λ₂·bend to σ₂."""

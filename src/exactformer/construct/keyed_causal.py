@@ -59,6 +59,7 @@ from .keyed import (
     tagging,
     warn_narrow_caps,
     warn_wide_moves,
+    widest_direction,
 )
 from .keyed_softmax import separation_scale
 from .position_keys import code_size, code_words, key_scale
@@ -81,6 +82,7 @@ class _Data:
     point: np.ndarray
     target: np.ndarray
     targets: list  # target vectors by id
+    shared: set[int]  # positions whose constrained contexts hold more than one token
 
 
 def _data(dataset: CausalDataset, exact: bool) -> _Data:
@@ -96,8 +98,11 @@ def _data(dataset: CausalDataset, exact: bool) -> _Data:
     targets = [None] * len(ids)
     for r, t in zip(flat.tolist(), target.tolist(), strict=True):
         targets[t] = Y[r]
-    return _Data(ctx, table, table.seqs(), every_pos, table.token_of, flat, every_pos[flat],
-                 table.token_of[flat], np.concatenate(ctx.pid)[flat], target, targets)
+    pos, token = every_pos[flat], table.token_of[flat]
+    pairs = np.unique(np.stack([pos, token], axis=1), axis=0).reshape(-1, 2)
+    at, count = np.unique(pairs[:, 0], return_counts=True)
+    return _Data(ctx, table, table.seqs(), every_pos, table.token_of, flat, pos, token,
+                 np.concatenate(ctx.pid)[flat], target, targets, set(at[count > 1].tolist()))
 
 
 def _rounds(data: _Data, per_round: int, seed: int, progress: bool
@@ -161,13 +166,17 @@ def _cells(data: _Data, every: np.ndarray, tagged: dict, reach: int) -> list[_Ce
     """The cells of the constrained contexts, in position order. A cell reads the code of its
     token wherever the token is tagged (at a shared position it always is), so that a row
     of another tagged token never fires its units."""
-    shared = _shared_positions(data)
     found: dict[tuple, dict] = {}
     for r, (p, t) in enumerate(zip(data.pos.tolist(), data.token.tolist(), strict=True)):
-        states = found.setdefault((p, t if p in shared or t in tagged else None), {})
+        states = found.setdefault((p, t if p in data.shared or t in tagged else None), {})
         states.setdefault(tuple(int(v) for v in every[data.flat[r]]), (int(data.target[r]), t))
     free = np.ones(len(every), dtype=bool)
     free[data.flat] = False
+    loose: dict[tuple, list[int]] = {}  # unconstrained rows by (position,) and (position, token)
+    for r in np.flatnonzero(free).tolist():
+        p, t = int(data.every_pos[r]), int(data.every_token[r])
+        loose.setdefault((p, None), []).append(r)
+        loose.setdefault((p, t), []).append(r)
     cells = []
     for (p, t), states in sorted(found.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         listed = [(s, tg, tk) for s, (tg, tk) in states.items()]
@@ -176,10 +185,9 @@ def _cells(data: _Data, every: np.ndarray, tagged: dict, reach: int) -> list[_Ce
         else:
             sig = np.array([s for s, _, _ in listed], dtype=np.int64)
             batches = [list(b) for b in hull_batches(sig, np.arange(len(listed)), reach)]
-        match = free & (data.every_pos == p) & (True if t is None else data.every_token == t)
-        loose = every[match]
+        rows = every[loose.get((p, t), [])].reshape(-1, 2)
         cells.append(_Cell(p, t, listed, [sub for batch in batches
-                                          for sub in _one_hit(batch, listed, loose)], loose))
+                                          for sub in _one_hit(batch, listed, rows)], rows))
     return cells
 
 
@@ -332,9 +340,7 @@ def _test_reader(data: _Data, co: _Codes, p: int, exact: bool) -> tuple:
 def _score_scale(data: _Data, tests: list, sig: Signatures, orders: dict, exact: bool):
     """β: the rounds' scores β·height keep every move's argument within 1/BLUR of its
     hardmax value (keyed_softmax.separation_scale with |g|₁ the largest of the moves)."""
-    g1 = max((abs(g[0]) + abs(g[1]) for batches in orders.values() for batch in batches
-              for _, g in batch), default=1)
-    return separation_scale(max(g1, 1) * int(np.abs(sig.lam).max(initial=1)) *
+    return separation_scale(widest_direction(orders) * int(np.abs(sig.lam).max(initial=1)) *
                             max(len(tests), 1), max(map(len, data.ctx.xs)), exact)
 
 
@@ -359,8 +365,7 @@ def _codes(data: _Data, tests: list[list[int]], layers: list[list[int]], width: 
     """The layout, the keys and words, and the tagging's exposure steps: the tokens of the
     tests and of the shared positions are tagged."""
     wanted = {int(data.tok[j][i]) for r in tests for p in r for j, i in [data.ctx.first[p]]}
-    shared = _shared_positions(data)
-    wanted |= {int(t) for t, p in zip(data.token, data.pos, strict=True) if int(p) in shared}
+    wanted |= {int(t) for t, p in zip(data.token, data.pos, strict=True) if int(p) in data.shared}
     X = safe_floats(data.table.points).astype(float)
     unmarked = np.ones(len(X), dtype=bool)
     steps = tag_steps(X, data.table.points, sorted(wanted), unmarked, exact)
@@ -378,12 +383,6 @@ def _codes(data: _Data, tests: list[list[int]], layers: list[list[int]], width: 
                 w_p, w, two ** -int(np.ceil(np.log2(top + 1))), smallest_margin(steps, X))
     warn_narrow_caps(co.margin, stacklevel=6)
     return co, steps
-
-
-def _shared_positions(data: _Data) -> set[int]:
-    """Positions whose constrained contexts hold more than one token."""
-    return {int(p) for p in np.unique(data.pos)
-            if len(np.unique(data.token[data.pos == p])) > 1}
 
 
 def _positions(co: _Codes, exact: bool) -> np.ndarray:

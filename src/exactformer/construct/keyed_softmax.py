@@ -49,6 +49,7 @@ from .keyed import (
     rounds,
     schedule,
     vec,
+    widest_direction,
     widest_move,
 )
 
@@ -102,8 +103,7 @@ def score_scales(prep: Prepared, n: int, exact: bool) -> tuple:
     (T = 1 unbent); that moves a move's argument by at most 2·|g|₁·λ·R·T·(n − 1)·e^(−β_s). The
     collapse mixes other rows in with weights ≤ e^(−β_c/2) (its score margins are ≥ ½), which
     moves it by at most 2·K·q·(n − 1)·e^(−β_c/2). Each is kept below 1/BLUR."""
-    gs = [g for batches in prep.orders.values() for batch in batches for _, g in batch]
-    g1 = max((abs(g[0]) + abs(g[1]) for g in gs), default=1)
+    g1 = widest_direction(prep.orders)
     K = widest_move(prep.orders, prep.sig.top)
     lam = int(np.abs(prep.sig.lam).max(initial=1))
     R = max(len(prep.p.rounds), 1)
