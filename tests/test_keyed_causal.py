@@ -47,8 +47,8 @@ def texts(draw, max_d=16, max_len=8, max_texts=8):
             return [Fraction(rng.randint(-64, 64), 16) for _ in range(d)]
         return [rng.uniform(-1, 1) * scale for _ in range(d)]
 
-    vocab = []
-    while len(vocab) < draw(st.integers(1, 5)):
+    vocab, size = [], draw(st.integers(1, 5))
+    while len(vocab) < size:
         v = vector()
         if v not in vocab:
             vocab.append(v)
