@@ -73,7 +73,7 @@ class Construction:
     tau_star: float | None = None  # softmax: largest valid temperature found (inf: any)
     keyed: dict | None = None  # keyed models (docs/keyed.md): their code, counts and scores
 
-    KEYED_FIELDS = ("coordinates", "weight", "tags", "peels", "moves", "tag_layers")
+    KEYED_FIELDS = ("coordinates", "weight", "tags", "moves", "tag_layers")
 
     def phase(self, name: str) -> Span | None:
         return next((p for p in self.phases if p.name == name), None)
@@ -125,7 +125,7 @@ class Construction:
             rec.keyed = {**{f: kr.integer(f) for f in cls.KEYED_FIELDS},
                          "heights": kr.integer("heights") if "heights" in keyed else 1,
                          "bent": kr.get("bent", bool, False),
-                         "scale": kr.get("scale", str), "cap_margin": kr.get("cap_margin", str)}
+                         "scale": kr.get("scale", str), **_tag_fields(kr, keyed)}
             scores = kr.get("scores", (list, type(None)), None)  # softmax: (β_s, β_c)
             if scores is not None:
                 rec.keyed["scores"] = _opt_strings(scores, "meta.keyed.scores")
@@ -178,7 +178,7 @@ class CausalConstruction:
     keyed: dict | None = None  # keyed causal models: tags and rounds (docs/causal.md)
 
     KINDS = ("causal-hardmax", "causal-softmax")
-    KEYED_FIELDS = ("coordinates", "weight", "tags", "peels", "rounds", "tag_layers", "heights")
+    KEYED_FIELDS = ("coordinates", "weight", "tags", "rounds", "tag_layers", "heights")
 
     def phase(self, name: str) -> Span | None:
         return next((p for p in self.phases if p.name == name), None)
@@ -232,7 +232,7 @@ class CausalConstruction:
         if keyed is not None:
             kr = _Reader(keyed, "meta.keyed")
             rec.keyed = {**{f: kr.integer(f) for f in cls.KEYED_FIELDS},
-                         "cap_margin": kr.get("cap_margin", str)}
+                         **_tag_fields(kr, keyed)}
             if "scores" in keyed:  # softmax: the rounds' score scale β
                 rec.keyed["scores"] = _opt_strings(kr.get("scores", list), "meta.keyed.scores")
         if kind == "causal-softmax":
@@ -278,6 +278,15 @@ class _Reader:
         if v not in options:
             raise RecordError(f"{self.where}.{key}: must be one of {options}, got {v!r}")
         return v
+
+
+def _tag_fields(kr: _Reader, keyed: dict) -> dict:
+    """The tagging's fields of a ``keyed`` object: the smallest tag gap and, in files that
+    have it, the float32 margin (docs/keyed.md#tagging)."""
+    out = {"cap_margin": kr.get("cap_margin", str)}
+    if "float32_margin" in keyed:
+        out["float32_margin"] = kr.get("float32_margin", str)
+    return out
 
 
 def _tuple(types) -> tuple:
