@@ -149,12 +149,18 @@ def construction(model) -> str:
 
 
 def measure(label: str, data, exact: bool, attention: str, width: int, keys: bool) -> dict:
+    """The row of the model that ``keys`` chooses (the keyed or the paper's construction)."""
+    t0 = time.perf_counter()
+    model = ef.compile(data, attention=attention, exact=exact, width=width,
+                       heads=heads_of(width), keys=keys)
+    return model_row(label, data, exact, attention, width, model, time.perf_counter() - t0)
+
+
+def model_row(label: str, data, exact: bool, attention: str, width: int, model,
+              seconds: float) -> dict:
+    """The measured columns of ``model``, built at ``width`` in ``seconds``."""
     causal = isinstance(data, ef.CausalDataset)
     heads = heads_of(width)
-    t0 = time.perf_counter()
-    model = ef.compile(data, attention=attention, exact=exact, width=width, heads=heads,
-                       keys=keys)
-    seconds = time.perf_counter() - t0
     stats = conditioning(model)
     scale = float(data.coordinate_scale()) or 1.0
     modules = [to_torch(model, dt, ff="dense") for dt in DTYPES]
@@ -226,14 +232,15 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_row(label: str, data, exact: bool, attention: str, width: int, keys: bool,
-            timeout: float) -> dict | None:
-    """:func:`measure` in a child process of its own; a row that says so when it takes more
-    than ``timeout`` seconds, None (and a line) when the construction refuses the data."""
+def run_row(label: str, data, exact: bool, attention: str, width: int, keys,
+            timeout: float, row=measure) -> dict | None:
+    """``row`` (:func:`measure`) in a child process of its own; a row that says so when it
+    takes more than ``timeout`` seconds, None (and a line) when the construction refuses the
+    data."""
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
     child = ctx.Process(target=_measure_into,
-                        args=(results, label, data, exact, attention, width, keys))
+                        args=(results, row, label, data, exact, attention, width, keys))
     child.start()
     try:
         kind, value = results.get(timeout=timeout)
@@ -242,7 +249,7 @@ def run_row(label: str, data, exact: bool, attention: str, width: int, keys: boo
         child.join()
         return {c: "" for c in COLUMNS} | {
             "data": data_label(label, exact),
-            "attention": attention + (", keyed" if keys else ""),
+            "attention": attention + (", keyed" if keys in (True, "keyed") else ""),
             "width": width_label(width, data),
             "build s": f"did not finish in {timeout:.0f} s"}
     child.join()
@@ -252,11 +259,11 @@ def run_row(label: str, data, exact: bool, attention: str, width: int, keys: boo
     return value
 
 
-def _measure_into(results, *args) -> None:
+def _measure_into(results, row, *args) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            results.put(("row", measure(*args)))
+            results.put(("row", row(*args)))
         except (ValueError, ef.DatasetError, RuntimeError) as exc:
             results.put(("skipped", str(exc)))
 

@@ -47,7 +47,7 @@ def main(out: str = "interpret.png", sequence: int = 0) -> dict:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
     shown = {}
     for ax, (title, phase) in zip(axes[:2], [("first separation round", "separation"),
-                                            ("collapse onto the leaders", "leaders")],
+                                            ("collapse onto the leader tags", "collapse")],
                                   strict=True):
         start, end = phases[phase]
         layer = layers[start if phase == "separation" else end - 1]

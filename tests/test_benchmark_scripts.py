@@ -58,9 +58,10 @@ def test_conditioning_benchmark_row():
     from exactformer.data import builtin
     bench = load("bench_conditioning")
     data = builtin.demo()
-    row = bench.measure("demo", data, True, "hardmax", 4, False)
-    stats = conditioning(ef.compile(data))
-    assert row["L"] == data.total_m + data.total_m - data.N + ef.compile(data).meta["R"]
+    row = bench.measure("demo", data, True, "hardmax", 4, False)  # keys=False: the paper's
+    paper = ef.compile(data, construction="paper")
+    stats = conditioning(paper)
+    assert row["L"] == data.total_m + data.total_m - data.N + paper.meta["R"]
     assert float(row["max |u|·|w|"]) == pytest.approx(stats.max_slope, rel=0.05)
     assert float(row["float64"]) <= 1e-9  # a plain dense float64 pass interpolates
     keyed = bench.measure("demo", data, True, "hardmax", 4, True)

@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from conftest import conflict_data
+from conftest import conflict_data, paper
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -117,7 +117,7 @@ def text_data(texts: list[str], alphabet: str, d: int = 3) -> tuple[CausalDatase
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(causal_data())
 def test_hardmax_rational_is_exact_position_by_position(data):
-    model = ef.compile(data, causal=True, seed=1)
+    model = paper(data, causal=True, seed=1)
     assert model.causal and model.exact and model.positions is not None
     assert exact_mismatches(model, data) == []
     report = ef.verify(model, data)
@@ -132,7 +132,7 @@ def test_hardmax_rational_is_exact_position_by_position(data):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(causal_data())
 def test_hardmax_float64_is_accurate(data):
-    model = ef.compile(data, causal=True, exact=False, seed=2)
+    model = paper(data, causal=True, exact=False, seed=2)
     assert not model.exact
     assert max_error(model, data) <= 1e-9 * data.coordinate_scale()
     assert ef.verify(model, data).ok
@@ -141,7 +141,7 @@ def test_hardmax_float64_is_accurate(data):
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(causal_data(max_len=5))
 def test_softmax_within_50_digits(data):
-    model = ef.compile(data, attention="softmax", causal=True, seed=3)
+    model = paper(data, attention="softmax", causal=True, seed=3)
     assert model.attention == "softmax" and model.causal
     assert max_error(model, data, "mp", 50) <= 1e-40 * data.coordinate_scale()
     assert model.n_blocks <= model.record.R + model.record.moves + 2
@@ -150,9 +150,9 @@ def test_softmax_within_50_digits(data):
 
 def test_softmax_float_parameters_and_explicit_tau():
     data, _ = text_data(["abcab", "cabba", "bacab"], "abc")
-    model = ef.compile(data, attention="softmax", exact=False, causal=True)
+    model = paper(data, attention="softmax", exact=False, causal=True)
     assert ef.verify(model, data).ok and model.record.R > 0
-    fixed = ef.compile(data, attention="softmax", causal=True, tau="1/1024")
+    fixed = paper(data, attention="softmax", causal=True, tau="1/1024")
     assert fixed.tau == Fraction(1, 1024) and not fixed.record.folded
     assert ef.verify(fixed, data).ok
 
@@ -164,14 +164,14 @@ def test_order_matters_and_repeats_are_told_apart():
     data = CausalDataset.from_arrays(
         [[a, b, c], [b, a, c], [a, a, a, a]],
         [[None, None, y1], [None, None, y2], [y1, y2, y3, y1]])
-    model = ef.compile(data, seed=0)
+    model = paper(data, seed=0)
     assert model.record.R >= 1
     assert exact_mismatches(model, data) == []
 
 
 def test_outputs_depend_on_the_prefix_only():
     data, _ = text_data(["abcabca", "cabbac"], "abc")
-    model = ef.compile(data)
+    model = paper(data)
     xs = data.fractions()[0]
     full = forward_causal(model, xs, "exact")
     for i in range(1, len(xs[0]) + 1):
@@ -181,7 +181,7 @@ def test_outputs_depend_on_the_prefix_only():
 
 def test_verify_names_the_first_failing_position():
     data, _ = text_data(["abcab", "bacba"], "abc")
-    model = ef.compile(data)
+    model = paper(data)
     last = model.blocks[-1].ff
     last.W = last.W * Fraction(1, 2)  # the last hat now moves its state halfway
     report = ef.verify(model, data)
@@ -193,11 +193,11 @@ def test_verify_names_the_first_failing_position():
 
 def test_a_causal_model_is_verified_on_causal_data_only():
     data, _ = text_data(["abc"], "abc")
-    model = ef.compile(data)
+    model = paper(data)
     with pytest.raises(ValueError, match="causal"):
         ef.verify(model, ef.Dataset.from_arrays([[[1, 0]]], [[[0, 1]]]))
     with pytest.raises(TypeError, match="CausalDataset"):
-        ef.compile(ef.Dataset.from_arrays([[[1, 0]]], [[[0, 1]]]), causal=True)
+        paper(ef.Dataset.from_arrays([[[1, 0]]], [[[0, 1]]]), causal=True)
 
 
 # ------------------------------------------------------------------------------ data rules
@@ -253,7 +253,7 @@ def test_generation_reproduces_training_texts(texts, exact):
     texts = [f"{k}{t}" for k, t in enumerate(texts)]  # a distinct first character each
     alphabet = "".join(sorted(set("".join(texts))))
     data, vocab = text_data(texts, alphabet)
-    model = ef.compile(data, exact=exact)
+    model = paper(data, exact=exact)
     for j, t in enumerate(texts):
         out = generate(model, data.inputs[j][:1], len(t) - 1, vocabulary=vocab)
         got = "".join(alphabet[int(np.flatnonzero((vocab == np.asarray(r, float)).all(1))[0])]
@@ -278,13 +278,13 @@ def assert_decoder_matches_the_full_pass(model, data):
 def test_decoder_matches_the_full_pass():
     data, _ = text_data(["abcab", "cabba", "bacab"], "abc")
     for kw in ({}, {"attention": "softmax"}):
-        model = ef.compile(data, **kw)
+        model = paper(data, **kw)
         assert_decoder_matches_the_full_pass(model, data)
 
 
 def test_generation_errors():
     data, vocab = text_data(["abc"], "abc")
-    model = ef.compile(data)
+    model = paper(data)
     with pytest.raises(ValueError, match="beyond the model's 3 stored positions"):
         generate(model, data.inputs[0], 2)
     D = model.d
@@ -292,7 +292,7 @@ def test_generation_errors():
         generate(model, [list(range(D + 1))], 1)
     with pytest.raises(ValueError, match="n×d with n >= 1"):
         generate(model, [], 1)
-    set_model = ef.compile(ef.Dataset.from_arrays([[[1, 0, 0]]], [[[0, 1, 0]]]))
+    set_model = paper(ef.Dataset.from_arrays([[[1, 0, 0]]], [[[0, 1, 0]]]))
     with pytest.raises(ValueError, match="causal"):
         generate(set_model, [[1, 0, 0]], 1)
 
@@ -301,7 +301,7 @@ def test_generation_errors():
 def test_format_round_trip(tmp_path):
     data, _ = text_data(["abcab", "bacba"], "abc")
     for exact in (True, False):
-        model = ef.compile(data, exact=exact)
+        model = paper(data, exact=exact)
         doc = model_to_dict(model)
         assert doc["format"] == "exactformer.model/2" and doc["causal"] is True
         assert len(doc["positions"]) == 5 and all(len(r) == 3 for r in doc["positions"])
@@ -310,13 +310,13 @@ def test_format_round_trip(tmp_path):
         assert back.causal and model_to_dict(back) == doc
         assert back.positions.dtype == model.positions.dtype
         assert ef.verify(back, data).ok
-    plain = ef.compile(ef.Dataset.from_arrays([[[1, 0]]], [[[0, 1]]]))
+    plain = paper(ef.Dataset.from_arrays([[[1, 0]]], [[[0, 1]]]))
     assert model_to_dict(plain)["format"] == "exactformer.model/1"
 
 
 def test_format_rules():
     data, _ = text_data(["abc"], "abc")
-    doc = model_to_dict(ef.compile(data))
+    doc = model_to_dict(paper(data))
     for key in ("causal", "positions"):
         bad = {**doc, "format": "exactformer.model/1"}
         bad.pop("positions" if key == "causal" else "causal")
@@ -331,7 +331,7 @@ def test_format_rules():
 
 
 def test_positions_without_causal_shift_a_set_model():
-    model = ef.compile(ef.Dataset.from_arrays([[[1, 0], [0, 1]]], [[[5, 5]]]))
+    model = paper(ef.Dataset.from_arrays([[[1, 0], [0, 1]]], [[[5, 5]]]))
     shifted = model_from_dict({**model_to_dict(model), "format": "exactformer.model/2",
                                "positions": [["0", "0"], ["0", "0"]]})
     assert [tuple(r) for r in ef.predict(shifted, [[1, 0], [0, 1]])] == [(5, 5)]
@@ -386,7 +386,7 @@ def test_recite_example_small():
 def test_torch_layouts_apply_the_causal_mask_and_positions(tmp_path, attention):
     et = pytest.importorskip("exactformer.export")
     data, _ = text_data(["abcab", "cabba", "bac"], "abc")
-    model = ef.compile(data, attention=attention)
+    model = paper(data, attention=attention)
     assert model.record.R > 0  # attention layers that the mask matters for
     ref = forward_causal(model, data.floats()[0], "float")
     for layout in et.LAYOUTS:
@@ -419,7 +419,7 @@ def test_no_constrained_position_gives_an_empty_interpolation():
     data = CausalDataset.from_arrays([[[1, 0], [0, 1]], [[0, 1], [0, 1]]], [[None, None]] * 2)
     assert data.constrained == 0
     for attention in ("hardmax", "softmax"):
-        model = ef.compile(data, attention=attention)
+        model = paper(data, attention=attention)
         assert model.record.moves == 0 and ef.verify(model, data).ok
 
 
@@ -436,7 +436,7 @@ def test_positions_are_added_exactly_in_an_exact_pass(causal):
 
 def test_the_causal_record_is_type_checked_on_load():
     data, _ = text_data(["abcab", "bacba"], "abc")
-    doc = model_to_dict(ef.compile(data, attention="softmax"))
+    doc = model_to_dict(paper(data, attention="softmax"))
     rec = model_from_dict(doc).record
     assert rec.kind == "causal-softmax" and rec.constrained == data.constrained
     assert rec.stored_positions == 5 and len(rec.snap_windows) == rec.moves
@@ -478,7 +478,7 @@ def wide(data, k: int, heads: int, **kw):
     """``compile(data, width=4k, heads=heads)`` with its shape checked: L = R_c + ⌈moves/k⌉
     (+ 1 projection for softmax when anything is snapped), or ⌈moves/4k⌉ with position keys
     (one unit per move), FF width ≤ 4k, at most min(heads, d − 1) heads (docs/causal.md)."""
-    model = ef.compile(data, causal=True, width=4 * k, heads=heads, **kw)
+    model = paper(data, causal=True, width=4 * k, heads=heads, **kw)
     rec = model.record
     projection = int(model.attention == "softmax" and rec.moves > 0)
     if rec.position_code is not None:
@@ -532,9 +532,9 @@ def test_channels_put_several_tests_in_one_round():
 def test_width_and_heads_are_checked_for_causal_data():
     data = CausalDataset.from_arrays([[[0, 1], [1, 0]]], [[[2, 2], [3, 3]]])
     with pytest.raises(ValueError, match="multiple of 4"):
-        ef.compile(data, width=6)
+        paper(data, width=6)
     with pytest.raises(ValueError, match="heads must be"):
-        ef.compile(data, heads=0)
+        paper(data, heads=0)
     assert ef.verify(wide(data, 2, 5), data).proved  # d = 2: one channel, one head
 
 

@@ -7,7 +7,7 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 import pytest
-from conftest import datasets
+from conftest import datasets, paper
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,7 +42,7 @@ def assert_proved(model, data):
 @pytest.fixture(scope="module")
 def demo():
     data = builtin.demo()
-    return data, ef.compile(data, attention="softmax")
+    return data, paper(data, attention="softmax")
 
 
 def first_snap(model) -> int:
@@ -72,7 +72,7 @@ def test_proves_the_demo_softmax_model_at_64_bits(demo):
 @given(st.tuples(st.integers(1, 3), st.integers(2, 4)).flatmap(
     lambda nd: datasets(N=nd[0], d=nd[1], max_pool=4)), st.integers(0, 2))
 def test_proves_random_softmax_models(data, seed):
-    assert_proved(ef.compile(data, attention="softmax", seed=seed), data)
+    assert_proved(paper(data, attention="softmax", seed=seed), data)
 
 
 def test_proof_does_not_read_meta(demo):
@@ -87,7 +87,7 @@ def test_proof_does_not_read_meta(demo):
 
 def test_proves_hardmax_models_with_the_exact_pass():
     data = builtin.demo()
-    proof = prove(ef.compile(data, attention="hardmax"), data)
+    proof = prove(paper(data, attention="hardmax"), data)
     assert proof.proved and proof.bits is None
 
 
@@ -130,7 +130,7 @@ def _number_paths(doc, path=()):
 def small():
     data = ef.Dataset.from_arrays([[[0, 1], [2, 3], [4, 1]], [[2, 3], [5, 5]], [[4, 1]]],
                                   [[[1, 1], [0, 0]], [[7, 7]], [[0, 0]]])
-    return data, model_to_dict(ef.compile(data, attention="softmax"))
+    return data, model_to_dict(paper(data, attention="softmax"))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -189,14 +189,14 @@ def test_refuses_a_wrong_model_file_with_forged_meta(demo):
 
 def test_float64_models_are_not_proved(demo):
     data, _ = demo
-    model = ef.compile(data, attention="softmax", exact=False)
+    model = paper(data, attention="softmax", exact=False)
     proof = prove(model, data)
     assert not proof.proved and "float64 parameters" in proof.reason
 
 
 def test_wrong_hardmax_model_is_refuted():
     data = builtin.demo()
-    model = ef.compile(data, attention="hardmax")
+    model = paper(data, attention="hardmax")
     xs, ys = data.fractions()
     assert prove(model, ef.Dataset.from_arrays(xs, [ys[1], ys[0]] + ys[2:])).refuted
 

@@ -63,7 +63,8 @@ def test_build_then_verify(tmp_path, data, capsys):
     assert rc == 0, err
     assert "built hardmax model" in out and str(model) in out
     m = load_model(model)
-    assert m.attention == "hardmax" and m.exact and m.d == 2 and m.meta["seed"] == 3
+    assert m.attention == "hardmax" and m.exact and m.d > 2 and m.meta["seed"] == 3
+    assert m.record.keyed is not None  # the default construction
     rc, out, err = run(capsys, "verify", model, data)
     assert rc == 0, err
     assert "EXACT" in out and "3/3 pairs equal as sets" in out
@@ -187,8 +188,8 @@ def test_verify_with_a_broken_model_exits_2(tmp_path, data, capsys):
 
 
 def test_verify_with_wrong_dimension_exits_2(tmp_path, data, capsys):
-    model = tmp_path / "model.json"
-    assert run(capsys, "build", data, "-o", model)[0] == 0
+    model = tmp_path / "model.json"  # the paper's construction: d_model = d = 2
+    assert run(capsys, "build", data, "-o", model, "--construction", "paper")[0] == 0
     d3 = write(tmp_path / "d3.json", {"inputs": [[[0, 1, 2]]], "targets": [[[0, 0, 0]]]})
     rc, _, err = run(capsys, "verify", model, d3)
     assert rc == 2 and "d = 3" in err and "d_model = 2" in err
@@ -220,7 +221,8 @@ def test_duplicate_pairs_warn_and_build(tmp_path, capsys):
 
 def test_softmax_build_then_verify(tmp_path, data, capsys):
     model = tmp_path / "model.json"
-    rc, out, err = run(capsys, "build", data, "-o", model, "--attention", "softmax")
+    rc, out, err = run(capsys, "build", data, "-o", model, "--attention", "softmax",
+                       "--construction", "paper")
     assert rc == 0, err
     assert "built softmax model" in out
     m = load_model(model)

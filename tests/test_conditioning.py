@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from conftest import datasets
+from conftest import datasets, paper
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -69,7 +69,7 @@ def relative_error(model, data, dtype) -> float:
 @given(data=datasets(max_pool=6), attention=st.sampled_from(["hardmax", "softmax"]))
 @SETTINGS
 def test_statistics_are_the_parameters_norms_and_largest_unit_slope(data, attention):
-    model = ef.compile(data, attention=attention)
+    model = paper(data, attention=attention)
     stats = conditioning(model)
     values = [float(v) for v in model.parameters()]
     assert stats.norm_sq == pytest.approx(sum(v * v for v in values), rel=1e-12)
@@ -127,7 +127,7 @@ def test_balancing_shrinks_the_largest_parameter_by_orders_of_magnitude():
     """On the vocabulary model of issue 20 the hat weights |D|/h no longer appear as one
     parameter: max|θ| ≤ sqrt of the largest unit slope, up to the biases' size and a factor 2."""
     data = builtin.vocabulary(30, 20, 6, 2, 4, seed=3)
-    model = ef.compile(data)
+    model = paper(data)
     stats = conditioning(model)
     assert stats.max_abs <= 8 * max(stats.max_slope ** 0.5, 1) * float(data.coordinate_scale())
     assert ef.verify(model, data).ok
@@ -137,7 +137,7 @@ def test_balancing_shrinks_the_largest_parameter_by_orders_of_magnitude():
 @given(data=datasets(max_pool=6), width=st.sampled_from([4, 8]), heads=st.integers(1, 2))
 @SETTINGS
 def test_plain_dense_float64_pass_interpolates(data, width, heads):
-    model = ef.compile(data, width=width, heads=heads)
+    model = paper(data, width=width, heads=heads)
     assert relative_error(model, data, np.float64) <= 1e-9
 
 
@@ -146,7 +146,7 @@ def test_plain_dense_float64_pass_interpolates(data, width, heads):
 def test_a_token_on_the_inactive_side_of_a_window_passes_bit_for_bit(data):
     """Every residual hat layer adds exactly 0.0 in float32 to a token below its window (all
     its units read f with k = +1 there, so every ReLU returns exactly 0)."""
-    model = ef.compile(data)
+    model = paper(data)
     rng = np.random.default_rng(0)
     checked = 0
     for blk in model.blocks:
@@ -171,4 +171,4 @@ def test_a_token_on_the_inactive_side_of_a_window_passes_bit_for_bit(data):
                    "large terms, docs/numerics.md#conditioning")
 def test_plain_dense_float32_pass_meets_the_goal():
     data = builtin.demo()
-    assert relative_error(ef.compile(data), data, np.float32) <= 1e-5
+    assert relative_error(paper(data), data, np.float32) <= 1e-5

@@ -16,7 +16,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from conftest import datasets, make_dataset
+from conftest import datasets, make_dataset, paper
 from conftest import hausdorff as float_hausdorff
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
@@ -192,7 +192,7 @@ DATA = st.one_of(datasets(N=None, max_pool=5), datasets(d=2, max_pool=5),
 
 def compiled(data, width: int, heads: int) -> Transformer:
     try:
-        return ef.compile(data, exact=False, seed=0, width=width, heads=heads)
+        return paper(data, exact=False, seed=0, width=width, heads=heads)
     except (ConstructionError, ef.DatasetError):
         assume(False)  # data the float64 construction refuses (docs/verification.md)
 
@@ -517,7 +517,7 @@ def test_data_at_extreme_scales(exponent, rational):
         xs = [[[v * s * unit for v in r] for r in x] for x in ints]
     ys = [[[Fraction(float(v * s)) for v in r] for r in y] for y in targets]
     data = pairs_of(xs, ys)
-    model = ef.compile(data, exact=True, seed=0).to_float()
+    model = paper(data, exact=True, seed=0).to_float()
     assert check_containment(model, xs) > 0  # at 10^200 some float64 values overflow
     assert_verdict_is_exact(model, data)  # float64 overflows at 10^200: FAILED as non-finite
     scale = max(abs(v) for y in ys for r in y for v in r)
@@ -621,7 +621,7 @@ def test_attention_written_in_small_chunks_equals_one_chunk(data, shape, chunk):
     chunk size gives the same float outputs and radii, bit for bit (separation, ρ = 1, and
     the collapse, ρ = 0, with one or two heads)."""
     try:
-        model = ef.compile(data, exact=False, width=shape[0], heads=shape[1])
+        model = paper(data, exact=False, width=shape[0], heads=shape[1])
     except (ConstructionError, ef.DatasetError):
         assume(False)
     xs = data.floats()[0]

@@ -23,6 +23,7 @@ from conftest import (
     exact_outputs,
     hausdorff,
     make_dataset,
+    paper,
     token_set,
 )
 from hypothesis import HealthCheck, given, settings
@@ -47,10 +48,10 @@ def check_exact_model(model, ds):
     assert report.arithmetic == "exact"
     assert report.exact_equal == [True] * ds.N
     R = model.meta["R"]
-    design, paper = block_bounds(model, ds)
+    design, bound = block_bounds(model, ds)
     assert 0 <= R <= max(0, ds.N - 1)
-    assert model.n_blocks <= design < paper
-    assert report.blocks == model.n_blocks and report.blocks_paper == paper
+    assert model.n_blocks <= design < bound
+    assert report.blocks == model.n_blocks and report.blocks_paper == bound
     assert report.blocks_design == design
     widths = [b.ff.U.shape[0] for b in model.blocks if b.ff is not None]
     assert max(widths) <= 4 and model.max_width() == max(widths) and report.max_width <= 4
@@ -78,7 +79,7 @@ def shares_a_token(ds) -> bool:
 @SETTINGS
 @given(ds=datasets(), seed=seeds)
 def test_random_shared_pool_interpolates_exactly(ds, seed):
-    model = ef.compile(ds, attention="hardmax", exact=True, seed=seed)
+    model = paper(ds, attention="hardmax", exact=True, seed=seed)
     check_exact_model(model, ds)
     if not shares_a_token(ds):
         assert model.meta["R"] == 0
@@ -87,13 +88,13 @@ def test_random_shared_pool_interpolates_exactly(ds, seed):
 @SLOW
 @given(ds=datasets(rational=True), seed=seeds)
 def test_rational_coordinates(ds, seed):
-    check_exact_model(ef.compile(ds, exact=True, seed=seed), ds)
+    check_exact_model(paper(ds, exact=True, seed=seed), ds)
 
 
 @FEW
 @given(ds=datasets(N=8, d=2, max_pool=4), seed=seeds)
 def test_many_sequences_few_tokens_d2(ds, seed):
-    model = ef.compile(ds, exact=True, seed=seed)
+    model = paper(ds, exact=True, seed=seed)
     check_exact_model(model, ds)
     assert model.meta["R"] >= 1  # 8 distinct subsets of at most 4 tokens must share some
 
@@ -101,7 +102,7 @@ def test_many_sequences_few_tokens_d2(ds, seed):
 @FEW
 @given(ds=datasets(single_token=True), seed=seeds)
 def test_single_token_inputs(ds, seed):
-    model = ef.compile(ds, exact=True, seed=seed)
+    model = paper(ds, exact=True, seed=seed)
     check_exact_model(model, ds)
     assert model.meta["R"] == 0
 
@@ -109,13 +110,13 @@ def test_single_token_inputs(ds, seed):
 @FEW
 @given(ds=datasets(m_equals_n=True), seed=seeds)
 def test_targets_as_long_as_inputs(ds, seed):
-    check_exact_model(ef.compile(ds, exact=True, seed=seed), ds)
+    check_exact_model(paper(ds, exact=True, seed=seed), ds)
 
 
 @FEW
 @given(ds=datasets(N=1), seed=seeds)
 def test_one_sequence(ds, seed):
-    model = ef.compile(ds, exact=True, seed=seed)
+    model = paper(ds, exact=True, seed=seed)
     check_exact_model(model, ds)
     assert model.meta["R"] == 0
 
@@ -123,25 +124,25 @@ def test_one_sequence(ds, seed):
 @FEW
 @given(ds=datasets(d=2), seed=seeds)
 def test_dimension_two(ds, seed):
-    check_exact_model(ef.compile(ds, exact=True, seed=seed), ds)
+    check_exact_model(paper(ds, exact=True, seed=seed), ds)
 
 
 def test_smallest_dataset():
     ds = make_dataset([[[0, 0]]], [[[0, 0]]])
-    model = ef.compile(ds, exact=True, seed=0)
+    model = paper(ds, exact=True, seed=0)
     check_exact_model(model, ds)
 
 
 def test_target_equal_to_input_tokens():
     xs = [[[1, 0], [0, 1], [2, 2]], [[0, 1], [2, 2]], [[2, 2]]]
     ys = [[[0, 1], [1, 0]], [[2, 2]], [[0, 1]]]
-    check_exact_model(ef.compile(make_dataset(xs, ys), exact=True, seed=3), make_dataset(xs, ys))
+    check_exact_model(paper(make_dataset(xs, ys), exact=True, seed=3), make_dataset(xs, ys))
 
 
 def test_readme_example():
     ds = ef.Dataset.from_arrays(inputs=[[[0, 1], [2, 3], [4, 1]], [[2, 3], [5, 5]]],
                                 targets=[[[1, 1], [0, 0]], [[7, 7]]])
-    model = ef.compile(ds, attention="hardmax", exact=True, seed=0)
+    model = paper(ds, attention="hardmax", exact=True, seed=0)
     check_exact_model(model, ds)
     assert model.meta["R"] == 1  # the two inputs share (2, 3)
     got = ef.predict(model, [[0, 1], [2, 3], [4, 1]])
@@ -164,7 +165,7 @@ FAMILIES = {
 def test_adversarial_families(family, N, d, seed):
     ds = FAMILIES[family](N, d, seed)
     assert ds.N == N
-    model = ef.compile(ds, exact=True, seed=seed)
+    model = paper(ds, exact=True, seed=seed)
     check_exact_model(model, ds)
     assert model.meta["R"] >= 1  # every family shares tokens between sequences
     for x, y in list(zip(ds.inputs, ds.targets, strict=True))[:3]:
@@ -175,25 +176,25 @@ def test_adversarial_families(family, N, d, seed):
 @pytest.mark.parametrize("base", [1, 4])
 def test_nested_family_with_other_bases(base):
     ds = builtin.nested(7, 3, base=base, seed=5)
-    check_exact_model(ef.compile(ds, exact=True, seed=11), ds)
+    check_exact_model(paper(ds, exact=True, seed=11), ds)
 
 
 def test_demo_data():
     ds = builtin.demo()
-    model = ef.compile(ds, exact=True, seed=0)
+    model = paper(ds, exact=True, seed=0)
     check_exact_model(model, ds)
     assert model.n_blocks == block_bounds(model, ds)[0]
 
 
 def test_shared_pool_with_targets_as_long_as_inputs():
     ds = builtin.shared_pool(N=10, d=2, pool=5, n_max=4, seed=8, m_equals_n=True)
-    check_exact_model(ef.compile(ds, exact=True, seed=2), ds)
+    check_exact_model(paper(ds, exact=True, seed=2), ds)
 
 
 def test_shared_pool_thirty_sequences():
     # regression: integer targets made every small-lattice interpolation direction collide
     ds = builtin.shared_pool(N=30, d=3, pool=6, n_max=5, m_max=3, seed=7)
-    check_exact_model(ef.compile(ds, exact=True, seed=1), ds)
+    check_exact_model(paper(ds, exact=True, seed=1), ds)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -202,7 +203,7 @@ def test_integer_grid_input(seed):
     # |a_i| <= 8 has a·x = a·x' for the two grid points x' = x + (a_1, -a_0), so directions
     # drawn from that small lattice never separate them (fixed by finer generic directions)
     ds = make_dataset([[[i, j] for i in range(9) for j in range(9)]], [[[0, 0]]])
-    check_exact_model(ef.compile(ds, exact=True, seed=seed), ds)
+    check_exact_model(paper(ds, exact=True, seed=seed), ds)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -211,14 +212,14 @@ def test_integer_grid_targets(seed):
     xs = [[[k, k * k]] for k in range(81)]
     ys = [[[i, j]] for i in range(9) for j in range(9)]
     ds = make_dataset(xs, ys)
-    check_exact_model(ef.compile(ds, exact=True, seed=seed), ds)
+    check_exact_model(paper(ds, exact=True, seed=seed), ds)
 
 
 # ------------------------------------------------------------------------------ predict
 @FEW
 @given(ds=datasets(), seed=seeds)
 def test_predict_returns_the_distinct_target_tokens(ds, seed):
-    model = ef.compile(ds, exact=True, seed=seed)
+    model = paper(ds, exact=True, seed=seed)
     _, ys = ds.fractions()
     for x, y in zip(ds.inputs, ys, strict=True):
         got = ef.predict(model, x)
@@ -230,7 +231,7 @@ def test_predict_returns_the_distinct_target_tokens(ds, seed):
 @FEW
 @given(ds=datasets(N=3), seed=seeds, data=st.data())
 def test_output_does_not_depend_on_token_order(ds, seed, data):
-    model = ef.compile(ds, exact=True, seed=seed)
+    model = paper(ds, exact=True, seed=seed)
     xs, _ = ds.fractions()
     perm = [x[data.draw(st.permutations(range(len(x))))] for x in xs]
     out, out_perm = ef.forward(model, xs, "exact"), ef.forward(model, perm, "exact")
@@ -242,11 +243,11 @@ def test_output_does_not_depend_on_token_order(ds, seed, data):
 @FEW
 @given(ds=datasets(), seed=seeds)
 def test_deterministic_for_a_seed(ds, seed):
-    a = json.dumps(model_to_dict(ef.compile(ds, exact=True, seed=seed)))
-    b = json.dumps(model_to_dict(ef.compile(ds, exact=True, seed=seed)))
+    a = json.dumps(model_to_dict(paper(ds, exact=True, seed=seed)))
+    b = json.dumps(model_to_dict(paper(ds, exact=True, seed=seed)))
     assert a == b
-    a = json.dumps(model_to_dict(ef.compile(ds, exact=False, seed=seed)))
-    b = json.dumps(model_to_dict(ef.compile(ds, exact=False, seed=seed)))
+    a = json.dumps(model_to_dict(paper(ds, exact=False, seed=seed)))
+    b = json.dumps(model_to_dict(paper(ds, exact=False, seed=seed)))
     assert a == b
 
 
@@ -254,7 +255,8 @@ def test_deterministic_across_processes():
     code = ("import json, exactformer as ef; from exactformer.data import builtin; "
             "from exactformer.modelio import model_to_dict; "
             "ds = builtin.shared_pool(N=9, d=3, pool=5, n_max=4, m_max=3, seed=4); "
-            "print(json.dumps(model_to_dict(ef.compile(ds, exact=True, seed=5))))")
+            "print(json.dumps([model_to_dict(ef.compile(ds, exact=True, seed=5, construction=c)) "
+            "for c in ('keyed', 'paper')]))")
     outs = []
     for hashseed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hashseed}
@@ -262,13 +264,13 @@ def test_deterministic_across_processes():
                              env=env, timeout=120)
         assert run.returncode == 0, run.stderr
         outs.append(run.stdout)
-    assert outs[0] == outs[1] and outs[0].startswith("{")
+    assert outs[0] == outs[1] and outs[0].startswith("[{")
 
 
 def test_different_seeds_give_different_models():
     ds = builtin.demo()
-    a = model_to_dict(ef.compile(ds, exact=True, seed=0))
-    b = model_to_dict(ef.compile(ds, exact=True, seed=1))
+    a = model_to_dict(paper(ds, exact=True, seed=0))
+    b = model_to_dict(paper(ds, exact=True, seed=1))
     assert a["blocks"] != b["blocks"]
 
 
@@ -276,11 +278,11 @@ def test_different_seeds_give_different_models():
 @SLOW
 @given(ds=datasets(), seed=seeds)
 def test_float64_mode_agrees(ds, seed):
-    fm = ef.compile(ds, exact=False, seed=seed)
+    fm = paper(ds, exact=False, seed=seed)
     assert not fm.exact and fm.max_width() <= 4
     assert all(isinstance(v, float) for v in fm.parameters())
-    design, paper = block_bounds(fm, ds)
-    assert fm.n_blocks <= design < paper and fm.meta["R"] <= max(0, ds.N - 1)
+    design, bound = block_bounds(fm, ds)
+    assert fm.n_blocks <= design < bound and fm.meta["R"] <= max(0, ds.N - 1)
     report = ef.verify(fm, ds)
     scale = ds.coordinate_scale()
     assert report.exact_equal is None
@@ -295,7 +297,7 @@ def test_float64_mode_agrees(ds, seed):
 @SLOW
 @given(ds=datasets(), seed=seeds)
 def test_exact_model_in_float_and_mp_agrees_with_exact(ds, seed):
-    model = ef.compile(ds, exact=True, seed=seed)
+    model = paper(ds, exact=True, seed=seed)
     scale = ds.coordinate_scale()
     exact = exact_outputs(model, ds)
     xs, _ = ds.floats()
@@ -316,11 +318,11 @@ def test_exact_model_in_float_and_mp_agrees_with_exact(ds, seed):
 
 def test_float64_mode_on_float_data():
     ds = builtin.uniform(N=40, n=6, m=3, d=4, seed=0)
-    fm = ef.compile(ds, exact=False, seed=0)
+    fm = paper(ds, exact=False, seed=0)
     report = ef.verify(fm, ds)
     assert report.ok and report.max_hausdorff_float64 <= 1e-9
     ds = builtin.vocabulary(N=30, vocab=12, n=4, m=2, d=3, seed=1)
-    fm = ef.compile(ds, exact=False, seed=0)
+    fm = paper(ds, exact=False, seed=0)
     assert fm.meta["R"] >= 1
     report = ef.verify(fm, ds)
     assert report.ok and report.max_hausdorff_float64 <= 1e-9 * ds.coordinate_scale()
@@ -336,7 +338,7 @@ def failing_pairs(model, ds):
 @FEW
 @given(ds=datasets(), seed=seeds)
 def test_removing_the_last_block_fails_verification(ds, seed):
-    model = ef.compile(ds, exact=True, seed=seed)
+    model = paper(ds, exact=True, seed=seed)
     broken = copy.deepcopy(model)
     broken.blocks.pop()
     # the last hat moves a leader onto its target; leaders never sit on a target, so the
@@ -348,7 +350,7 @@ def test_removing_the_last_block_fails_verification(ds, seed):
 @FEW
 @given(ds=datasets(), seed=seeds, data=st.data())
 def test_perturbing_one_parameter_fails_verification(ds, seed, data):
-    model = ef.compile(ds, exact=True, seed=seed)
+    model = paper(ds, exact=True, seed=seed)
     start, end = model.meta["phases"]["interpolation"]
     k = data.draw(st.integers(start, end - 1))
     broken = copy.deepcopy(model)
@@ -360,7 +362,7 @@ def test_perturbing_one_parameter_fails_verification(ds, seed, data):
 
 def test_dropping_the_collapse_fails_verification():
     ds = builtin.demo()
-    model = ef.compile(ds, exact=True, seed=0)
+    model = paper(ds, exact=True, seed=0)
     start, end = model.meta["phases"]["leaders"]
     broken = copy.deepcopy(model)
     assert broken.blocks[end - 1].sa is not None
@@ -372,7 +374,7 @@ def test_dropping_the_collapse_fails_verification():
 
 def test_model_for_other_targets_fails_verification():
     ds = builtin.demo()
-    model = ef.compile(ds, exact=True, seed=0)
+    model = paper(ds, exact=True, seed=0)
     ys = [np.array([[v + 1 for v in row] for row in y], dtype=object) for y in ds.targets]
     other = ef.Dataset.from_arrays(list(ds.inputs), ys)
     report = ef.verify(model, other)
@@ -381,7 +383,7 @@ def test_model_for_other_targets_fails_verification():
 
 def test_broken_float_model_fails_verification():
     ds = builtin.demo()
-    fm = ef.compile(ds, exact=False, seed=0)
+    fm = paper(ds, exact=False, seed=0)
     assert ef.verify(fm, ds).ok
     broken = copy.deepcopy(fm)
     broken.blocks[-1].ff.W[:, 0] += 1e-3
@@ -391,13 +393,13 @@ def test_broken_float_model_fails_verification():
 
 def test_float64_mode_on_tokens_that_coincide_in_float():
     ds = make_dataset([[["1/3", 0]], [["0.33333333333333333333333", 0]]], [[[1, 1]], [[2, 2]]])
-    check_exact_model(ef.compile(ds, exact=True, seed=0), ds)  # exact mode is fine
+    check_exact_model(paper(ds, exact=True, seed=0), ds)  # exact mode is fine
     with pytest.raises((DatasetError, ConstructionError)):
-        ef.compile(ds, exact=False, seed=0)
+        paper(ds, exact=False, seed=0)
 
 
 def test_verify_rejects_dimension_mismatch():
-    model = ef.compile(builtin.demo(), exact=True, seed=0)
+    model = paper(builtin.demo(), exact=True, seed=0)
     with pytest.raises(ValueError, match="d = 4, more than the model's width d_model = 3"):
         ef.verify(model, make_dataset([[[0, 0, 0, 0]]], [[[1, 1, 1, 1]]]))
 
@@ -405,7 +407,7 @@ def test_verify_rejects_dimension_mismatch():
 # ------------------------------------------------------------------------------ report
 def test_report_contents():
     ds = builtin.demo()
-    model = ef.compile(ds, exact=True, seed=0)
+    model = paper(ds, exact=True, seed=0)
     report = ef.verify(model, ds)
     d = report.to_dict()
     assert d["ok"] is True and d["N"] == ds.N and d["sum_m"] == ds.total_m
@@ -421,7 +423,7 @@ def test_report_contents():
 
 
 def test_parameter_counts():
-    model = ef.compile(builtin.demo(), exact=True, seed=0)
+    model = paper(builtin.demo(), exact=True, seed=0)
     d = model.d
     structured = dense = 0
     for b in model.blocks:

@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from conftest import assert_interpolates_exactly, datasets, make_dataset, token_set
+from conftest import assert_interpolates_exactly, datasets, make_dataset, paper, token_set
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -39,8 +39,8 @@ def ceil_div(a: int, b: int) -> int:
 @SETTINGS
 def test_wide_hardmax_is_exact_and_shallower(data, width, heads, seed):
     k = width // 4
-    narrow = ef.compile(data, seed=seed)
-    wide = ef.compile(data, seed=seed, width=width, heads=heads)
+    narrow = paper(data, seed=seed)
+    wide = paper(data, seed=seed, width=width, heads=heads)
     assert_interpolates_exactly(wide, data)
     report = ef.verify(wide, data)
     assert report.ok and report.exact_equal == [True] * data.N
@@ -58,7 +58,7 @@ def test_wide_hardmax_is_exact_and_shallower(data, width, heads, seed):
 @given(data=datasets(max_pool=8, rational=False), width=widths, heads=st.integers(1, 3))
 @settings(SETTINGS, max_examples=10)
 def test_wide_float64_build_interpolates(data, width, heads):
-    model = ef.compile(data, exact=False, width=width, heads=heads)
+    model = paper(data, exact=False, width=width, heads=heads)
     assert not model.exact
     report = ef.verify(model, data)
     assert report.ok, report.max_hausdorff_float64
@@ -66,7 +66,7 @@ def test_wide_float64_build_interpolates(data, width, heads):
 
 def test_width_one_is_todays_model():
     data = builtin.vocabulary(20, 6, 3, 2, 3, seed=1)
-    a, b = ef.compile(data), ef.compile(data, width=4)
+    a, b = paper(data), paper(data, width=4)
     assert model_to_dict(a) == model_to_dict(b)
 
 
@@ -74,22 +74,22 @@ def test_width_one_is_todays_model():
 def test_heads_must_be_a_positive_integer(heads):
     data = make_dataset([[[0, 1]], [[1, 0]]], [[[2, 2]], [[3, 3]]])
     with pytest.raises(ValueError, match="heads must be"):
-        ef.compile(data, heads=heads, width=8)
+        paper(data, heads=heads, width=8)
 
 
 @pytest.mark.parametrize("width", [0, 3, 6, -4, 4.0, True])
 def test_width_must_be_a_multiple_of_four(width):
     data = make_dataset([[[0, 1]], [[1, 0]]], [[[2, 2]], [[3, 3]]])
     with pytest.raises(ValueError, match="multiple of 4"):
-        ef.compile(data, width=width)
+        paper(data, width=width)
 
 
 @given(data=datasets(max_pool=6),
        width=st.sampled_from([8, 16]), heads=st.integers(1, 3))
 @settings(SETTINGS, max_examples=4)
 def test_wide_softmax_is_proved(data, width, heads):
-    narrow = ef.compile(data, attention="softmax")
-    wide = ef.compile(data, attention="softmax", width=width, heads=heads)
+    narrow = paper(data, attention="softmax")
+    wide = paper(data, attention="softmax", width=width, heads=heads)
     proof = prove(wide, data)
     assert proof.proved, proof.reason
     report = ef.verify(wide, data)
@@ -101,7 +101,7 @@ def test_wide_softmax_is_proved(data, width, heads):
 def test_multi_head_softmax_proof_can_fail():
     """The ball proof sums the heads: dropping one head's value breaks a proved model."""
     data = builtin.vocabulary(12, 6, 4, 2, 4, seed=5)
-    model = ef.compile(data, attention="softmax", width=16, heads=3)
+    model = paper(data, attention="softmax", width=16, heads=3)
     assert model.max_heads() > 1 and prove(model, data).proved
     blk = next(b for b in model.blocks if b.sa is not None and len(b.sa.heads) > 1)
     blk.sa.heads[-1].V.p = blk.sa.heads[-1].V.p * 0
@@ -118,18 +118,18 @@ def test_many_shared_tokens_need_fewer_rounds():
     xs = [pool[list(s)] for s in sets]
     ys = [np.array([[i, 100]]) for i in range(len(xs))]
     data = make_dataset(xs, ys)
-    R = ef.compile(data).meta["R"]
-    Rk = ef.compile(data, width=16).meta["R"]
+    R = paper(data).meta["R"]
+    Rk = paper(data, width=16).meta["R"]
     assert Rk < R
-    assert_interpolates_exactly(ef.compile(data, width=16), data)
+    assert_interpolates_exactly(paper(data, width=16), data)
 
 
 def test_heads_read_tests_on_free_coordinates():
     """With d − 1 ≥ 2 channels a round also lifts tests onto free coordinates, each read by its
     own head: fewer rounds than one channel, still exact, and the file says /2."""
     data = builtin.vocabulary(30, 8, 4, 2, 5, seed=2)
-    one = ef.compile(data, width=16)
-    many = ef.compile(data, width=16, heads=4)
+    one = paper(data, width=16)
+    many = paper(data, width=16, heads=4)
     assert many.meta["R"] < one.meta["R"] and many.max_heads() > 1
     assert any(x.get("channel") for x in many.meta["lifts"])
     assert_interpolates_exactly(many, data)
@@ -205,7 +205,7 @@ def test_format_round_trip_with_heads():
 
 def test_one_head_files_stay_format_one():
     data = make_dataset([[[0, 1], [1, 1]], [[1, 0], [1, 1]]], [[[2, 2]], [[3, 3]]])
-    doc = model_to_dict(ef.compile(data, width=8))
+    doc = model_to_dict(paper(data, width=8))
     assert doc["format"] == "exactformer.model/1"
     assert all(b["sa"] is None or "heads" not in b["sa"] for b in doc["blocks"])
 
@@ -246,7 +246,7 @@ def test_cli_build_width_and_info(tmp_path, capsys):
 def test_torch_layouts_carry_every_head(tmp_path, attention, layout):
     et = pytest.importorskip("exactformer.export")
     data = builtin.vocabulary(12, 6, 4, 2, 4, seed=5)
-    model = ef.compile(data, attention=attention, width=16, heads=3)
+    model = paper(data, attention=attention, width=16, heads=3)
     assert model.max_heads() > 1
     assert et.max_error(et.convert(model, layout), data) < 1e-9
     path = tmp_path / "m.safetensors"
@@ -276,7 +276,7 @@ def test_plot_title_names_width_and_heads(tmp_path):
     pytest.importorskip("matplotlib")
     from exactformer.tools import plot
     data = builtin.vocabulary(10, 6, 4, 2, 4, seed=1)
-    model = ef.compile(data, width=16, heads=3)
+    model = paper(data, width=16, heads=3)
     fig = plot.plot_phases(model, data, tmp_path / "p.png")
     assert f"width 16, {model.max_heads()} heads" in fig._suptitle.get_text()
     assert (tmp_path / "p.png").stat().st_size > 0

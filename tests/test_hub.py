@@ -49,7 +49,7 @@ def test_the_folder_holds_config_weights_card_and_the_exact_model(tmp_path):
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["README.md", "config.json", "model.json", "model.safetensors"]
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["layout"] == "native" and config["d"] == data.d
+    assert config["layout"] == "native" and config["d"] == model.d > data.d  # keyed: wider
     card = (tmp_path / "README.md").read_text()
     assert data_hash(data) in card and f"| sequences N | {data.N} |" in card
     assert f"| blocks L | {model.n_blocks} |" in card and "PROVED EXACT" in card

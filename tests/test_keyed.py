@@ -17,7 +17,7 @@ from itertools import combinations
 import mpmath
 import numpy as np
 import pytest
-from conftest import datasets, dense_pass, float_error, make_dataset, token_set
+from conftest import conflict_data, datasets, dense_pass, float_error, make_dataset, token_set
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -390,14 +390,18 @@ def test_record_round_trip(tmp_path):
             record_from_meta(broken)
 
 
-def test_refused_combinations():
-    data = builtin.demo()
-    with pytest.raises(ValueError, match="tau = 1"):
-        ef.compile(data, attention="softmax", keys=True, tau=0.5)
-    causal = ef.CausalDataset.from_arrays([[[0, 1], [1, 0]], [[0, 1], [1, 1]]],
-                                          [[[1, 1], [0, 0]], [[1, 1], [2, 0]]])
-    with pytest.raises(ValueError, match="tau = 1"):
-        ef.compile(causal, attention="softmax", keys=True, tau=0.5)
+def test_keyed_causal_softmax_takes_a_temperature():
+    """Texts that disagree at a position (no position keys): the keyed causal softmax model at
+    τ = 1/2 is the τ = 1 model with every score matrix's α and a halved, proved exact."""
+    causal = conflict_data(n=4, length=4, d=2)
+    one = ef.compile(causal, attention="softmax")
+    half = ef.compile(causal, attention="softmax", tau="1/2")
+    assert one.record.keyed is not None and half.tau == Fraction(1, 2)
+    heads = [(h1.A, h2.A) for a, b in zip(one.blocks, half.blocks, strict=True) if a.sa
+             for h1, h2 in zip(a.sa.heads, b.sa.heads, strict=True)]
+    assert heads and all(A2.alpha == A1.alpha / 2 and list(A2.a) == [v / 2 for v in A1.a]
+                         for A1, A2 in heads)
+    assert ef.verify(half, causal).verdict() == "PROVED EXACT"
 
 
 def test_cli_build_keys(tmp_path, capsys):

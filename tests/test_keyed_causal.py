@@ -177,8 +177,8 @@ def test_every_row_fires_at_most_once_and_exactly(data, width, h):
 
 def test_conflicting_texts_take_fewer_blocks_than_the_hats():
     data = conflict_data()
-    hat = ef.compile(data, causal=True)
-    model = ef.compile(data, causal=True, keys=True)
+    hat = ef.compile(data, causal=True, construction="paper")
+    model = ef.compile(data, causal=True)  # the default construction
     assert model.n_blocks < hat.n_blocks
     check(model, data)
     assert dense_error(hat.to_float(), data, np.float32) > 1e-5 * data.coordinate_scale()
@@ -262,7 +262,8 @@ def test_transformer_lens_float32(attention):
     verdict = lens_verdict(to_lens(ef.compile(data, keys=True, attention=attention),
                                    "float32"), data)
     assert verdict.interpolates and verdict.error <= 1e-5 * data.coordinate_scale()
-    hat = lens_verdict(to_lens(ef.compile(data, attention=attention), "float32"), data)
+    hat = lens_verdict(to_lens(ef.compile(data, attention=attention, construction="paper"),
+                               "float32"), data)
     assert hat.error > 1e-5 * data.coordinate_scale()
 
 

@@ -90,7 +90,7 @@ def test_exact_round_trip_is_identical(tmp_path_factory, ds, seed):
     assert_identical(model, back)
     assert back.meta == json.loads(json.dumps(model.meta))
     # and the loaded model still interpolates, exactly
-    xs, ys = ds.fractions()
+    xs, ys = ds.padded(model.d).fractions()
     for o, y in zip(ef.forward(back, xs, "exact"), ys, strict=True):
         assert token_set(o) == token_set(y)
     save_model(back, path.with_name("again.json"))
@@ -176,7 +176,8 @@ def test_documented_format_keys(tmp_path):
     model = ef.compile(ds, exact=True, seed=0)
     save_model(model, tmp_path / "m.json")
     doc = json.loads((tmp_path / "m.json").read_text())
-    d = ds.d
+    d = model.d  # the model's width: the data's d plus the keyed model's own coordinates
+    assert d > ds.d
     assert doc["format"] == "exactformer.model/1" == FORMAT
     assert doc["d"] == d and doc["attention"] == "hardmax" and doc["number"] == "rational"
     assert "tau" not in doc

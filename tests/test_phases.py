@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import mpmath
 import numpy as np
-from conftest import datasets, token_set
+from conftest import datasets, paper, token_set
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -230,7 +230,7 @@ def test_collapse_leaves_exactly_the_leaders(data):
 @PHASE
 @given(datasets())
 def test_each_interpolation_hat_moves_only_its_leader(data):
-    model = ef.compile(data, seed=0)
+    model = paper(data, seed=0)
     span = model.record.phase("interpolation")
     points = {p for seq in snapshot(model, data, span.start) for p in token_set(seq)}
     _, ys = data.fractions()
@@ -250,7 +250,7 @@ def test_each_interpolation_hat_moves_only_its_leader(data):
 @given(st.tuples(st.integers(1, 4), st.integers(2, 4)).flatmap(lambda nd: datasets(*nd)),
        st.randoms(use_true_random=False))
 def test_snap_maps_its_whole_interval_onto_its_target(data, rnd):
-    model = ef.compile(data, attention="softmax", seed=0)
+    model = paper(data, attention="softmax", seed=0)
     span = model.record.phase("snap")
     proj = model.blocks[span.start - 1].ff
     e = proj.W[:, 0]  # the projection writes onto the line of e
@@ -268,7 +268,7 @@ def test_snap_maps_its_whole_interval_onto_its_target(data, rnd):
 
 def test_snaps_on_the_demo_are_flat_where_the_tokens_are():
     data = builtin.demo()
-    model = ef.compile(data, attention="softmax")
+    model = paper(data, attention="softmax")
     span = model.record.phase("snap")
     line = snapshot(model, data, span.start, "mp")
     row = model.blocks[span.start].ff.U[0]  # c·f' with f'·e = 1 (c: the layer's balancing)

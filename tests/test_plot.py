@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import paper
 from hypothesis import HealthCheck, example, given, settings
 from test_causal import causal_data
 
@@ -32,7 +33,7 @@ def small_d2():
 
 def test_hardmax_panels_png_and_gif(tmp_path):
     data = small_d2()
-    model = ef.compile(data)
+    model = paper(data)
     fig = plot_phases(model, data, tmp_path / "fig.png", animate=True)
     # input + one panel per phase, and the collapse ending the leaders phase has its own
     assert list(model.meta["phases"]) == ["separation", "leaders", "interpolation"]
@@ -55,7 +56,7 @@ def test_softmax_and_projected_panels(tmp_path, attention, phases):
     """Both attentions build (d = 3: panels are 2-D projections) and plot one panel per phase,
     plus the input and the collapse that ends the leaders phase."""
     data = builtin.shared_pool(N=4, d=3, pool=4, n_max=3, m_max=2, seed=1)
-    model = ef.compile(data, attention=attention, exact=attention == "hardmax")
+    model = paper(data, attention=attention, exact=attention == "hardmax")
     assert list(model.meta["phases"]) == phases
     fig = plot_phases(model, data, tmp_path / f"{attention}.png")
     expected = ["input", "after separation", "after leaders", "after the collapse"] + [
@@ -70,7 +71,7 @@ def test_softmax_and_projected_panels(tmp_path, attention, phases):
 
 def test_model_without_phases_gets_one_panel_per_phase(tmp_path):
     data = small_d2()
-    model = ef.compile(data)
+    model = paper(data)
     model.record = None
     fig = plot_phases(model, data, tmp_path / "plain.png")
     assert len(fig.axes) == 2  # the input and "all blocks"
@@ -82,7 +83,8 @@ def test_cli_plot(tmp_path, capsys):
     path = tmp_path / "data.json"
     path.write_text(json.dumps(small_d2().to_json_dict()))
     out = tmp_path / "fig.png"
-    assert cli.main(["plot", str(path), "-o", str(out), "--gif", str(tmp_path / "a.gif")]) == 0
+    assert cli.main(["plot", str(path), "-o", str(out), "--gif", str(tmp_path / "a.gif"),
+                     "--construction", "paper"]) == 0
     assert "5 panels" in capsys.readouterr().out
     with Image.open(out) as im:
         im.verify()
@@ -121,7 +123,7 @@ def dots(ax):
 @pytest.mark.parametrize("attention", ["hardmax", "softmax"])
 def test_causal_panels_follow_the_record_and_colour_by_position(tmp_path, attention):
     data = causal_shared()
-    model = ef.compile(data, attention=attention)
+    model = paper(data, attention=attention)
     phases = list(model.meta["phases"])
     assert model.record.R > 0 and phases[0] == "separation"
     fig = plot_phases(model, data, tmp_path / "causal.png")
@@ -148,7 +150,7 @@ def test_causal_panels_follow_the_record_and_colour_by_position(tmp_path, attent
 def test_causal_final_panel_puts_constrained_positions_on_their_targets(data):
     """Random causal data (repeats, shared and permuted prefixes, nulls): the last panel shows
     every constrained position's output on its target cross (in the panel's projection)."""
-    model = ef.compile(data)
+    model = paper(data)
     with tempfile.TemporaryDirectory() as tmp:
         fig = plot_phases(model, data, Path(tmp) / "f.png")
     last = panels(fig)[-1]
@@ -161,11 +163,11 @@ def test_causal_final_panel_puts_constrained_positions_on_their_targets(data):
 
 
 def test_causal_model_needs_causal_data(tmp_path):
-    model = ef.compile(causal_shared())
+    model = paper(causal_shared())
     with pytest.raises(ValueError, match="causal model is plotted with causal data"):
         plot_phases(model, small_d2(), tmp_path / "f.png")
     with pytest.raises(ValueError, match="set-to-set model is plotted with set-to-set data"):
-        plot_phases(ef.compile(small_d2()), causal_shared(), tmp_path / "f.png")
+        plot_phases(paper(small_d2()), causal_shared(), tmp_path / "f.png")
     assert not (tmp_path / "f.png").exists()
 
 
@@ -173,7 +175,8 @@ def test_cli_plot_causal(tmp_path, capsys):
     marked = tmp_path / "causal.json"
     marked.write_text(json.dumps(causal_shared().to_json_dict()))
     out = tmp_path / "fig.png"
-    assert cli.main(["plot", str(marked), "-o", str(out), "--gif", str(tmp_path / "a.gif")]) == 0
+    assert cli.main(["plot", str(marked), "-o", str(out), "--gif", str(tmp_path / "a.gif"),
+                     "--construction", "paper"]) == 0
     assert "3 panels (causal hardmax" in capsys.readouterr().out
     with Image.open(out) as im:
         im.verify()
@@ -183,7 +186,8 @@ def test_cli_plot_causal(tmp_path, capsys):
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps({"inputs": doc["inputs"], "targets": doc["targets"]}))
     assert cli.main(["plot", str(plain), "-o", str(out), "--float"]) == 2  # read as set data
-    assert cli.main(["plot", str(plain), "-o", str(out), "--float", "--causal"]) == 0
+    assert cli.main(["plot", str(plain), "-o", str(out), "--float", "--causal",
+                     "--construction", "paper"]) == 0
     assert "causal hardmax" in capsys.readouterr().out
 
 

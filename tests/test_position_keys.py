@@ -564,7 +564,8 @@ def test_generation_recites_the_text(seed, d, n, exact, width):
 @given(st.integers(0, 2**32 - 1), st.booleans())
 def test_a_position_with_two_constraints_falls_back_to_hats(seed, exact):
     """Two sequences with different (token, target) at one constrained position: no lookup by
-    position can serve them, so the hat construction (no code, no extra coordinates)."""
+    position can serve them, so the keyed causal model by default, and the paper's hat
+    construction (no code, no extra coordinates) on request."""
     rng = np.random.default_rng(seed)
     d, n = int(rng.integers(2, 4)), int(rng.integers(2, 6))
     vocab = rng.integers(-4, 5, (4, d)).astype(float) / 2
@@ -575,9 +576,11 @@ def test_a_position_with_two_constraints_falls_back_to_hats(seed, exact):
                                         [[*a[1:].tolist(), None], [*b[1:].tolist(), None]])
     xs, ys = data.fractions()
     assert keyed_positions(xs, ys, data.known) is None
-    model = ef.compile(data, exact=exact)
+    model = ef.compile(data, exact=exact, construction="paper")
     assert model.record.position_code is None and model.d == data.d
     assert ef.verify(model, data).ok
+    keyed = ef.compile(data, exact=exact)
+    assert keyed.record.keyed is not None and ef.verify(keyed, data).ok
 
 
 def test_snapshots_inside_and_at_the_end_of_a_key_run():

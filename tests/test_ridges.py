@@ -8,7 +8,7 @@ import math
 from unittest import mock
 
 import numpy as np
-from conftest import datasets
+from conftest import datasets, paper
 from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -431,7 +431,7 @@ def test_constructed_models_as_the_reference(data, shape, rational):
     """Constructed float64 models (width 4, or 8 with two heads) and rational constructions
     converted with ``to_float()``: the same preparation and the same enclosure."""
     try:
-        model = ef.compile(data, exact=rational, seed=0, width=shape[0], heads=shape[1])
+        model = paper(data, exact=rational, seed=0, width=shape[0], heads=shape[1])
     except (ConstructionError, ef.DatasetError):
         assume(False)
     model = model.to_float() if rational else model

@@ -6,6 +6,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from conftest import paper
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -53,7 +54,7 @@ def _check(model, data, digits=50):
 @SETTINGS
 @given(pooled(), st.integers(0, 3))
 def test_softmax_interpolates_random_pooled_data(data, seed):
-    model = ef.compile(data, attention="softmax", seed=seed)
+    model = paper(data, attention="softmax", seed=seed)
     assert model.attention == "softmax" and model.tau == 1
     assert all(isinstance(v, Fraction) for v in model.parameters())
     _check(model, data)
@@ -66,12 +67,12 @@ def test_softmax_interpolates_random_pooled_data(data, seed):
     ef.Dataset.from_arrays([[[1, 2], [3, 4]]], [[[0, 0], [5, 5]]]),  # N = 1, m = n
 ], ids=["nested", "interior", "one-token-apart", "shared-max", "m=n", "N=1"])
 def test_softmax_adversarial_families(data):
-    _check(ef.compile(data, attention="softmax"), data)
+    _check(paper(data, attention="softmax"), data)
 
 
 def test_output_equals_targets_to_40_digits_relative():
     data = builtin.demo()
-    model = ef.compile(data, attention="softmax")
+    model = paper(data, attention="softmax")
     xs, ys = data.fractions()
     outs = ef.forward(model, xs, "mp", dps=50)
     scale = data.coordinate_scale()
@@ -85,31 +86,31 @@ def test_output_equals_targets_to_40_digits_relative():
 
 def test_tau_star_reported_and_too_large_tau_is_refused():
     data = builtin.demo()
-    model = ef.compile(data, attention="softmax")
+    model = paper(data, attention="softmax")
     tau_star = model.meta["tau_star"]
     assert isinstance(tau_star, float) and tau_star > 0
     with pytest.raises(TemperatureError, match="largest workable"):
-        ef.compile(data, attention="softmax", tau=2 * tau_star)
+        paper(data, attention="softmax", tau=2 * tau_star)
 
 
 def test_explicit_temperature_below_tau_star():
     data = builtin.demo()
     tau = Fraction(1, 64)
-    model = ef.compile(data, attention="softmax", tau=tau)
+    model = paper(data, attention="softmax", tau=tau)
     assert model.tau == tau and model.meta["folded"] is False
     _check(model, data)
 
 
 def test_wrong_temperature_fails_verification():
     data = builtin.nested(5, 3, seed=7)
-    model = ef.compile(data, attention="softmax")
+    model = paper(data, attention="softmax")
     assert ef.verify(model, data).ok
     assert not ef.verify(model, data, tau=model.tau * 50).ok
 
 
 def test_softmax_json_round_trip_keeps_temperature_and_parameters():
     data = builtin.interior(4, 2, seed=9)
-    model = ef.compile(data, attention="softmax")
+    model = paper(data, attention="softmax")
     doc = model_to_dict(model)
     assert doc["attention"] == "softmax" and Fraction(doc["tau"]) == model.tau
     again = model_from_dict(doc)
@@ -121,18 +122,19 @@ def test_cli_builds_and_verifies_softmax(tmp_path):
     data = tmp_path / "data.json"
     data.write_text(json.dumps(builtin.demo().to_json_dict()))
     out = tmp_path / "m.json"
-    assert main(["build", str(data), "-o", str(out), "--attention", "softmax"]) == 0
+    assert main(["build", str(data), "-o", str(out), "--attention", "softmax",
+                 "--construction", "paper"]) == 0
     assert main(["verify", str(out), str(data)]) == 0
-    bad = tmp_path / "bad.json"
+    bad = tmp_path / "bad.json"  # above τ*: the paper's construction refuses it
     assert main(["build", str(data), "-o", str(bad), "--attention", "softmax",
-                 "--tau", "1000"]) == 2
+                 "--tau", "1000", "--construction", "paper"]) == 2
     assert not bad.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json", "m.json"]
 
 
 def test_float64_softmax_is_judged_by_the_float_tolerance():
     data = builtin.uniform(12, 5, 2, 3, seed=3)
-    model = ef.compile(data, attention="softmax", exact=False)
+    model = paper(data, attention="softmax", exact=False)
     assert not model.exact
     report = ef.verify(model, data)
     assert report.ok and report.tolerance == 1e-9
@@ -152,7 +154,7 @@ def test_tokens_far_below_float64_resolution_are_simulated_at_their_precision():
           [[base, base + 2 * eps]]]
     data = ef.Dataset.from_arrays(xs, [[[1, 2]], [[3, 4], [5, 6]], [[0, 0]]])
     assert simulation_digits(data.fractions()[0]) >= 35
-    model = ef.compile(data, attention="softmax")
+    model = paper(data, attention="softmax")
     assert prove(model, data).proved
     assert ef.verify(model, data).ok
 
@@ -160,7 +162,7 @@ def test_tokens_far_below_float64_resolution_are_simulated_at_their_precision():
 @functools.cache
 def _pool_and_tau_star():
     data = builtin.shared_pool(4, 2, 4, 3, 2, seed=3)
-    return data, ef.compile(data, attention="softmax").record.tau_star
+    return data, paper(data, attention="softmax").record.tau_star
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -169,7 +171,7 @@ def test_every_temperature_below_tau_star_builds(fraction):
     data, tau_star = _pool_and_tau_star()
     tau = Fraction(tau_star * fraction).limit_denominator(10 ** 9) if np.isfinite(tau_star) \
         else Fraction(fraction * 100).limit_denominator(1000)
-    model = ef.compile(data, attention="softmax", tau=tau)
+    model = paper(data, attention="softmax", tau=tau)
     assert model.tau == tau
     _check(model, data)
 
@@ -183,4 +185,4 @@ def test_bad_temperature_is_refused_before_any_search(tau, monkeypatch):
 
     monkeypatch.setattr(sm, "find_tau_star", no_search)
     with pytest.raises(ValueError, match="tau"):
-        ef.compile(builtin.demo(), attention="softmax", tau=tau)
+        paper(builtin.demo(), attention="softmax", tau=tau)

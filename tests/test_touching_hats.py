@@ -13,6 +13,7 @@ import math
 from fractions import Fraction
 
 import numpy as np
+from conftest import paper
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_causal import causal_data
@@ -127,7 +128,7 @@ def ref_causal(model: Transformer, xs) -> list[list[list[Fraction]]]:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=causal_data(max_len=6), width=st.sampled_from([4, 8]))
 def test_causal_enclosures_hold_the_exact_evaluation(data, width):
-    model = ef.compile(data, exact=False, causal=True, width=width)
+    model = paper(data, exact=False, causal=True, width=width)
     xs, _ = data.padded(model.d).floats()  # keyed models own coordinates beyond the data's
     ref = ref_causal(model, xs)
     mids, rads = enclose(model, xs, None)
@@ -139,7 +140,7 @@ def test_causal_enclosures_hold_the_exact_evaluation(data, width):
 
 def test_a_causal_enclosure_takes_exact_inputs_only():
     data = ef.CausalDataset.from_arrays([[[0.0, 1.0], [1.0, 0.0]]], [[[1.0, 1.0], None]])
-    model = ef.compile(data, exact=False, causal=True)
+    model = paper(data, exact=False, causal=True)
     xs, _ = data.floats()
     try:
         enclose(model, xs, [np.zeros_like(x) for x in xs])

@@ -108,7 +108,8 @@ def test_the_folder_rebuilds_with_transformer_lens_alone(tmp_path, dtype):
 
 def test_input_is_the_residual_stream_and_padding_is_masked():
     data = builtin.shared_pool(N=6, d=3, pool=7, n_max=5, m_max=2, seed=4)
-    bridge = et.to_lens(ef.compile(data, attention="softmax"))
+    model = ef.compile(data, attention="softmax")
+    bridge = et.to_lens(model)
     xs = data.floats()[0]
     assert {len(x) for x in xs} != {len(xs[0])}  # the batch is padded
     batched = et.lens_apply(bridge, xs, data.d)
@@ -116,7 +117,7 @@ def test_input_is_the_residual_stream_and_padding_is_masked():
     assert x.shape == (1, len(xs[0]), bridge.cfg.d_model) and bool(mask.all())
     with torch.no_grad():
         alone = bridge(x, return_type="logits")
-    assert alone.shape[-1] == data.d
+    assert alone.shape[-1] == model.d > data.d  # a keyed model: its own coordinates
     assert np.allclose(alone[0].double().numpy(), batched[0], rtol=0, atol=1e-12)
 
 

@@ -11,6 +11,7 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 import pytest
+from conftest import paper
 from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -229,7 +230,7 @@ def test_float_tolerance_is_compared_exactly():
 def softmax_case():
     from exactformer.data import builtin
     data = builtin.uniform(N=3, n=3, m=2, d=2, seed=0)
-    return ef.compile(data, attention="softmax", exact=True, seed=0), data
+    return paper(data, attention="softmax", exact=True, seed=0), data
 
 
 def nudged(data, by: Fraction):
@@ -254,9 +255,9 @@ def test_softmax_verdict_follows_the_ball_bound(softmax_case):
 def test_hardmax_verdicts_per_model_kind():
     from exactformer.data import builtin
     data = builtin.demo()
-    rational = ef.verify(ef.compile(data, exact=True, seed=0), data)
+    rational = ef.verify(paper(data, exact=True, seed=0), data)
     assert rational.proved and rational.verdict() == "PROVED EXACT"
-    floats = ef.verify(ef.compile(data, exact=False, seed=0), data)
+    floats = ef.verify(paper(data, exact=False, seed=0), data)
     assert floats.ok and not floats.proved and floats.verdict() == "OK"
     assert floats.to_dict()["proved"] is False
 
@@ -410,8 +411,8 @@ def test_float_construction_refuses_spacing_it_cannot_resolve():
     to the rational mode, which builds and proves the same data."""
     data = near_duplicates()
     with pytest.raises(ConstructionError, match="cannot resolve.*exact rational"):
-        ef.compile(data, exact=False, seed=0)
-    assert ef.verify(ef.compile(data, exact=True, seed=0), data).proved
+        paper(data, exact=False, seed=0)
+    assert ef.verify(paper(data, exact=True, seed=0), data).proved
 
 
 @settings(max_examples=20, deadline=None)
@@ -427,7 +428,7 @@ def test_float_construction_never_emits_a_model_that_misses(seed, digits):
     try:
         data = ef.Dataset.from_arrays([pool[list(s)] for s in seqs],
                                       [rng.random((2, 3)) for _ in seqs])
-        model = ef.compile(data, exact=False, seed=0)
+        model = paper(data, exact=False, seed=0)
     except (ConstructionError, ef.DatasetError):
         return
     assert ef.verify(model, data).ok

@@ -293,7 +293,8 @@ def test_a_ball_centred_on_its_target_gets_a_finite_bound():
          [[F(2, 3), F(1, 5)], [F(0), F(5, 3)]]],
         [[[F(1, 3), F(1, 3)]], [[F(-1, 3), F(2, 9)]], [[F(0), F(5, 3)], [F(1, 7), F(1, 11)]]])
     model = ef.compile(data, attention="softmax", keys=True)
-    model.blocks[5].ff.U[1, 3] += F(1, 10 ** 50)  # a tagging unit's weight
+    first_move = model.blocks[model.record.phase("interpolation").start]
+    first_move.ff.W[0, 0] += F(1, 10 ** 50)  # a move's write to the first data coordinate
     report = ef.verify(model, data)
     assert report.verdict() == "OK" and not report.proved
     assert max(report.extra["hausdorff_bound"]) < 1e-45

@@ -15,7 +15,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from conftest import datasets
+from conftest import datasets, paper
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -105,7 +105,7 @@ def models(draw):
     assume(exact or not data.exact or _float64_ok(data))
     wide = data.d >= 3 and draw(st.booleans())
     kw = {"width": 8, "heads": 2} if wide else {}
-    return data, ef.compile(data, attention=attention, exact=exact, seed=draw(st.integers(0, 9)),
+    return data, paper(data, attention=attention, exact=exact, seed=draw(st.integers(0, 9)),
                             **kw)
 
 
@@ -132,7 +132,7 @@ def causal_models(draw):
           for s in seqs]
     data = CausalDataset.from_arrays([[list(pool[t]) for t in s] for s in seqs], ys)
     attention = draw(st.sampled_from(["hardmax", "softmax"]))
-    return data, ef.compile(data, attention=attention, exact=draw(st.booleans()))
+    return data, paper(data, attention=attention, exact=draw(st.booleans()))
 
 
 # ------------------------------------------------------------------------------ data
@@ -190,7 +190,7 @@ def test_an_ill_conditioned_float_softmax_model_widens_too():
          [[F(3), F(3)]], [[F(3), F(0)], [F(3), F(3)]], [[F(3), F(0)]]],
         [[[F(0), F(-2)], [F(3), F(0)]], [[F(3), F(0)]], [[F(3), F(0)]],
          [[F(3), F(0)], [F(-1), F(0)]], [[F(3), F(0)]]])
-    check_padded(data, ef.compile(data, attention="softmax", exact=False, seed=2), 2)
+    check_padded(data, paper(data, attention="softmax", exact=False, seed=2), 2)
 
 
 def check_padded(data, model, k: int) -> None:
@@ -252,7 +252,7 @@ def _float_spread(model, wide, xs, k: int, scale: float) -> float:
 
 def test_data_wider_than_the_model_are_refused(tmp_path, capsys):
     data = builtin.shared_pool(N=3, d=3, pool=5, n_max=3, m_max=2, seed=0)
-    model = ef.compile(data)
+    model = paper(data)
     wide_data = data.padded(4)
     for run in (lambda: ef.verify(model, wide_data), lambda: ef.forward(model, wide_data.inputs),
                 lambda: ef.predict(model, wide_data.inputs[0])):
@@ -266,9 +266,9 @@ def test_data_wider_than_the_model_are_refused(tmp_path, capsys):
 
 def test_files_and_the_cli_keep_the_width(tmp_path, capsys):
     data = builtin.shared_pool(N=4, d=2, pool=6, n_max=3, m_max=2, seed=3)
-    model = widen(ef.compile(data), 2)
+    model = widen(paper(data), 2)
     ef.save_model(model, tmp_path / "m.json")
-    floats = widen(ef.compile(data, exact=False), 2)
+    floats = widen(paper(data, exact=False), 2)
     ef.save_model(floats, tmp_path / "m.npz")
     for path, ref in (("m.json", model), ("m.npz", floats)):
         again = ef.load_model(tmp_path / path)
@@ -315,7 +315,7 @@ def test_generation_with_a_narrow_prompt_and_vocabulary(tmp_path, capsys):
     data = CausalDataset.from_arrays([[vec[c] for c in t] for t in texts],
                                      [[vec[c] for c in t[1:]] + [None] for t in texts])
     for kw in ({}, {"attention": "softmax"}, {"exact": False}):
-        model = ef.compile(data, **kw)
+        model = paper(data, **kw)
         wide = widen(model, 3)
         for j, t in enumerate(texts):
             got = generate(wide, data.inputs[j][:1], len(t) - 1, vocabulary=vocab)
@@ -346,7 +346,7 @@ def test_plot_draws_narrow_data_in_the_models_space(tmp_path):
     pytest.importorskip("matplotlib")
     from exactformer.tools.plot import plot_phases
     data = builtin.shared_pool(N=3, d=2, pool=5, n_max=3, m_max=2, seed=1)
-    model = ef.compile(data)
+    model = paper(data)
     fig = plot_phases(widen(model, 1), data, tmp_path / "wide.png")
     assert "(data in R^2, zero-padded)" in fig.get_suptitle()
     with pytest.raises(ValueError, match="d = 3, more than the model's width d_model = 2"):
@@ -377,7 +377,7 @@ def test_transformer_lens_and_the_hub_folder_with_narrow_data(tmp_path):
     et = pytest.importorskip("exactformer.export")
     pytest.importorskip("transformer_lens")
     data = builtin.shared_pool(N=4, d=3, pool=6, n_max=3, m_max=2, seed=2)
-    model = ef.compile(data, exact=False)
+    model = paper(data, exact=False)
     wide = widen(model, 2)
     v0 = et.lens_verdict(et.to_lens(model), data)
     v1 = et.lens_verdict(et.to_lens(wide), data)
@@ -401,7 +401,7 @@ def test_training_loss_of_a_wider_module_on_narrow_data():
     et = pytest.importorskip("exactformer.export")
     from exactformer.tools import train
     data = builtin.shared_pool(N=3, d=2, pool=5, n_max=3, m_max=2, seed=4)
-    model = ef.compile(data, exact=False)
+    model = paper(data, exact=False)
     def loss(model) -> float:
         return train.loss(et.to_rho_eta(model), data).detach().item()
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+
 from .construct.causal import compile_causal
 from .construct.hardmax import check_heads, compile_hardmax, hats_per_layer
 from .construct.softmax import compile_keyed_softmax, compile_softmax
+from .construct.tagging import NotKeyable
 from .data import CausalDataset, Dataset
 
 CONSTRUCTIONS = ("keyed", "paper")
@@ -35,8 +38,20 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     with bent signatures (docs/keyed.md#heads).
     n_layers: at most this many blocks; the width (and, if ``heads`` is left at 1, the heads)
     are then chosen (:func:`fit_layers`) and ``width`` must be left at 4.
-    Causal data that position keys serve get position keys in either construction.
+    Causal data that position keys serve get position keys in either construction. Where the
+    keyed construction does not apply and none was asked for (tokens whose squared norms
+    overflow float64, or closer than float64 resolves), the paper's is built, with a warning.
     """
+    if keys is None and construction is None:
+        args = (dataset, attention, exact, seed, tau, progress, causal, width, heads, n_layers)
+        try:
+            return compile(*args, construction="keyed")
+        except NotKeyable as e:
+            warnings.warn(f"the default (keyed) construction does not apply to these data "
+                          f"({e}): built with the paper's construction, exact in rational "
+                          "arithmetic but not faithful in float32 (docs/keyed.md)",
+                          RuntimeWarning, stacklevel=2)
+            return compile(*args, construction="paper")
     keys = _keyed(keys, construction)
     if n_layers is not None:
         if width != 4:

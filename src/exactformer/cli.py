@@ -95,8 +95,8 @@ def _compiled(args, data):
                    n_layers=args.layers, construction=_construction(args))
 
 
-def _construction(args) -> str:
-    """--construction, or --keys (its older spelling of "keyed")."""
+def _construction(args) -> str | None:
+    """--construction, or --keys (its older spelling of "keyed"); None: the default."""
     if args.keys and args.construction == "paper":
         raise UsageError("--keys asks for the keyed construction, --construction paper for "
                          "the paper's: give one")
@@ -440,10 +440,10 @@ def _construction_options(p: argparse.ArgumentParser, output: str) -> None:
                    help="softmax temperature, an exact positive number (default 1)")
     p.add_argument("--causal", action="store_true", help="causal data: a target or null per "
                    "position (implied by a dataset marked \"causal\": true)")
-    p.add_argument("--construction", choices=["keyed", "paper"], default="keyed",
-                   help="keyed (the default): exact, and to rounding in a plain float32 pass "
-                   "(docs/keyed.md); paper: the theorem's hat construction, exact in rational "
-                   "arithmetic only (docs/hardmax.md)")
+    p.add_argument("--construction", choices=["keyed", "paper"], default=None,
+                   help="keyed (the default, where it applies): exact, and to rounding in a "
+                   "plain float32 pass (docs/keyed.md); paper: the theorem's hat "
+                   "construction, exact in rational arithmetic only (docs/hardmax.md)")
     p.add_argument("--keys", action="store_true", help="the older spelling of --construction "
                    "keyed")
     _width_options(p)
