@@ -20,13 +20,13 @@ import numpy as np
 
 from ..distance import data_scale
 from ..numbers import to_fraction
+from .numbers_rule import read_json, sequences
 from .sets import (
     Dataset,
     DatasetError,
     SequenceData,
     all_floats_row,
     as_matrix,
-    read_json,
     read_npz,
     split_rows,
 )
@@ -93,11 +93,13 @@ class CausalDataset(SequenceData):
 
     @classmethod
     def from_dict(cls, doc, where: str = "data") -> CausalDataset:
+        """The dataset of a parsed JSON document (``read_json``: numbers by the rule of
+        docs/problem.md#numbers); ``where`` names it in errors."""
         if not isinstance(doc, dict) or "inputs" not in doc or "targets" not in doc:
             raise DatasetError(f"{where}: expected an object with keys 'inputs' and 'targets'")
         if doc.get("causal", True) is not True:
             raise DatasetError(f"{where}: \"causal\" must be true in a causal dataset")
-        return cls.from_arrays(doc["inputs"], doc["targets"])
+        return cls.from_arrays(sequences(doc, "inputs", where), sequences(doc, "targets", where))
 
     @classmethod
     def from_npz(cls, path: str | Path) -> CausalDataset:
@@ -125,9 +127,12 @@ class CausalDataset(SequenceData):
         return load_dataset(path, causal=True)
 
     def to_json_dict(self) -> dict:
+        """The JSON form, read back as identical values: ``"number": "rational"`` and "p/q"
+        strings for exact data, ``"number": "float64"`` and bare floats for float data."""
         def enc(row):
             return [str(v) if isinstance(v, Fraction) else float(v) for v in row]
-        return {"causal": True, "inputs": [[enc(r) for r in x] for x in self.inputs],
+        return {"causal": True, "number": "rational" if self.exact else "float64",
+                "inputs": [[enc(r) for r in x] for x in self.inputs],
                 "targets": [[enc(r) if k else None for r, k in zip(y, kn, strict=True)]
                             for y, kn in zip(self.targets, self.known, strict=True)]}
 

@@ -8,7 +8,6 @@ reported with the index of the pair (0-based) and of the token.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 import zipfile
@@ -27,10 +26,11 @@ from ..numbers import (
     is_exact_array,
     mix64,
     pad_columns,
-    parse_exact,
     to_fraction,
     to_fraction_array,
 )
+from .errors import DatasetError, DuplicatePairWarning
+from .numbers_rule import read_json, sequences
 
 # Nonzero coordinates must have a magnitude in [SMALLEST, LARGEST): the normal float64 range.
 # The construction and its checks measure scales and gaps in float64, which is impossible
@@ -38,14 +38,6 @@ from ..numbers import (
 SMALLEST = Fraction(2) ** -1022
 LARGEST = Fraction(2) ** 1024
 SMALLEST_FLOAT = float(SMALLEST)
-
-
-class DatasetError(ValueError):
-    """A dataset breaks a rule of docs/problem.md; the message names the pair and the rule."""
-
-
-class DuplicatePairWarning(UserWarning):
-    """Two inputs are equal as sets and so are their targets: the pairs were merged."""
 
 
 class SequenceData:
@@ -155,8 +147,9 @@ class Dataset(SequenceData):
 
     @classmethod
     def from_json(cls, path: str | Path) -> Dataset:
-        """Read ``{"inputs": [[[..], ..], ..], "targets": [...]}``; numbers are read exactly,
-        except with ``"number": "float64"``, where each is the float64 nearest to it."""
+        """Read ``{"inputs": [[[..], ..], ..], "targets": [...]}``, numbers by the rule of
+        docs/problem.md#numbers (bare numbers float64, strings exact, unless ``"number"``
+        says otherwise)."""
         return cls.from_doc(read_json(path), path)
 
     @classmethod
@@ -164,14 +157,7 @@ class Dataset(SequenceData):
         """The dataset of a parsed JSON document (``read_json``); ``path`` names it in errors."""
         if not isinstance(doc, dict) or "inputs" not in doc or "targets" not in doc:
             raise DatasetError(f"{path}: expected an object with keys 'inputs' and 'targets'")
-        number = doc.get("number", "rational")
-        if number not in ("rational", "float64"):
-            raise DatasetError(f"{path}: \"number\" must be \"rational\" or \"float64\", got "
-                               f"{number!r}"[:200])
-        if number == "float64":
-            return cls.from_arrays(_float64_sequences(doc["inputs"], "input"),
-                                   _float64_sequences(doc["targets"], "target"))
-        return cls.from_arrays(doc["inputs"], doc["targets"])
+        return cls.from_arrays(sequences(doc, "inputs", path), sequences(doc, "targets", path))
 
     @classmethod
     def from_npz(cls, path: str | Path) -> Dataset:
@@ -232,21 +218,28 @@ class Dataset(SequenceData):
 
 def _all_floats(seq) -> bool:
     if isinstance(seq, np.ndarray):
-        return seq.dtype.kind in "fiub"
+        return all_floats_row(seq)
     return isinstance(seq, (list, tuple)) and all(all_floats_row(row) for row in seq)
 
 
 def all_floats_row(row) -> bool:
+    """Whether a token holds plain numbers only, each one a float64 holds exactly (an int
+    beyond 2^53 makes the data exact rather than rounded)."""
     if isinstance(row, np.ndarray):
-        return row.dtype.kind in "fiub"
+        if row.dtype.kind in "iu":
+            return row.size == 0 or int(np.abs(row).max()) <= _EXACT_INTS
+        return row.dtype.kind in "fb"
     if not isinstance(row, (list, tuple)):
         return False
-    if set(map(type, row)) <= _PLAIN_NUMBERS:  # the common case, without a call per value
-        return True
-    return all(isinstance(v, (float, int, np.floating, np.integer)) and not isinstance(v, bool)
-               for v in row)
+    types = set(map(type, row))
+    if types <= _PLAIN_NUMBERS:  # the common case, without a call per value
+        return int not in types or all(abs(v) <= _EXACT_INTS for v in row if type(v) is int)
+    return all(isinstance(v, (float, np.floating)) or
+               (isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                and abs(int(v)) <= _EXACT_INTS) for v in row)
 
 
+_EXACT_INTS = 2 ** 53  # every int of at most this magnitude is a float64
 _PLAIN_NUMBERS = frozenset({float, int})
 
 
@@ -299,44 +292,6 @@ def _value(v, exact: bool, where: str):
                            "the normal float64 range (nonzero magnitudes from 2^-1022 to "
                            "below 2^1024); rescale the data")
     return f
-
-
-def _float64_sequences(seqs, kind: str):
-    """The sequences of a ``"number": "float64"`` JSON file with each number string (or JSON
-    number) replaced by the nearest float64; other structure is left to ``from_arrays``."""
-    if not isinstance(seqs, list):
-        return seqs
-    out = []
-    for j, seq in enumerate(seqs):
-        if not isinstance(seq, list):
-            out.append(seq)
-            continue
-        rows = []
-        for i, row in enumerate(seq):
-            if not isinstance(row, list):
-                rows.append(row)
-                continue
-            try:
-                rows.append([float(v) if isinstance(v, (str, Fraction)) else v for v in row])
-            except (ValueError, OverflowError):
-                raise DatasetError(f"{kind} {j}, token {i}: a value is not a float64 number "
-                                   f"string ({row!r})"[:300]) from None
-        out.append(rows)
-    return out
-
-
-def read_json(path: str | Path):
-    """The parsed JSON of a dataset file, every number read exactly (``parse_exact``, which
-    refuses absurd exponents); broken or too deeply nested JSON is a DatasetError."""
-    text = Path(path).read_text()
-    try:
-        return json.loads(text, parse_float=parse_exact, parse_int=parse_exact)
-    except RecursionError:
-        raise DatasetError(f"{path}: not valid JSON (nested too deeply)") from None
-    except NumberError as e:
-        raise DatasetError(f"{path}: {e}") from None
-    except ValueError as e:  # JSONDecodeError, or a number too long for Python's int
-        raise DatasetError(f"{path}: not valid JSON ({e})"[:300]) from None
 
 
 def read_npz(path, names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
