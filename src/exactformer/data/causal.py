@@ -30,6 +30,7 @@ from .sets import (
     read_npz,
     split_rows,
 )
+from .text import next_characters, text_embedding
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,17 @@ class CausalDataset(SequenceData):
             ys.append(y)
             known.append(k)
         return cls._validated(xs, ys, known)
+
+    @classmethod
+    def from_text(cls, text: str | list[str], embedding: dict | None = None, d: int = 8,
+                  seed: int = 0) -> CausalDataset:
+        """The next-character data of a text (or of several): every character is its vector
+        under ``embedding`` (symbol → vector; default ``text_embedding(text, d, seed)``, the
+        same vectors for the same text), and every position's target is the next character's
+        vector, none at the last (docs/causal.md#text)."""
+        if embedding is None:
+            embedding = text_embedding(text, d, seed)
+        return cls.from_arrays(*next_characters(text, embedding))
 
     @classmethod
     def from_dict(cls, doc, where: str = "data") -> CausalDataset:
