@@ -17,7 +17,6 @@ from hypothesis import strategies as st  # noqa: E402
 import exactformer as ef  # noqa: E402
 from exactformer import export as et  # noqa: E402
 from exactformer.data import CausalDataset, builtin  # noqa: E402
-from exactformer.export.hub import data_hash  # noqa: E402
 
 
 def outputs(module, data):
@@ -51,7 +50,7 @@ def test_the_folder_holds_config_weights_card_and_the_exact_model(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["layout"] == "native" and config["d"] == data.d
     card = (tmp_path / "README.md").read_text()
-    assert data_hash(data) in card and f"| sequences N | {data.N} |" in card
+    assert data.sha256() in card and f"| sequences N | {data.N} |" in card
     assert f"| blocks L | {model.n_blocks} |" in card and "PROVED EXACT" in card
     again = ef.verify(ef.load_model(tmp_path / "model.json"), data)
     assert again.proved  # the exact model re-proves from the folder alone
@@ -59,7 +58,7 @@ def test_the_folder_holds_config_weights_card_and_the_exact_model(tmp_path):
 
 def test_data_hash_names_the_data():
     a, b = builtin.demo(), builtin.shared_pool(N=3, d=2, pool=4, n_max=3, m_max=2, seed=0)
-    assert data_hash(a) == data_hash(builtin.demo()) != data_hash(b)
+    assert a.sha256() == builtin.demo().sha256() != b.sha256()
 
 
 def test_causal_folder_and_card(tmp_path):

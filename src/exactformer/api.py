@@ -30,12 +30,26 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     models): wider than the data, exact to float32's rounding in a plain float32 pass,
     hardmax or softmax (at tau = 1); ConstructionError where no cap isolates the tokens it
     needs. Causal data that position keys serve get position keys with or without it.
+
+    The model records the data's sha256 (``dataset.sha256()``), by which ``verify`` tells
+    whether it is given the data it was built for (docs/verification.md#the-data-checked).
     """
+    model = _compile(dataset, attention, exact, seed, tau, progress, causal, width, heads,
+                     n_layers, keys)
+    if model.record is not None:
+        model.record.data_sha256 = dataset.sha256()
+    return model
+
+
+def _compile(dataset, attention, exact, seed, tau, progress, causal, width, heads, n_layers,
+             keys):
+    """:func:`compile` without the data's hash (which ``fit_layers`` would recompute for
+    every width it tries)."""
     if n_layers is not None:
         if width != 4:
             raise ValueError("give n_layers or width, not both: n_layers chooses the width")
-        return fit_layers(lambda w, h: compile(dataset, attention, exact, seed, tau, progress,
-                                               causal, w, h, keys=keys), dataset, n_layers,
+        return fit_layers(lambda w, h: _compile(dataset, attention, exact, seed, tau, progress,
+                                                causal, w, h, None, keys), dataset, n_layers,
                           heads)
     if keys and tau is not None and attention == "softmax":
         raise ValueError("keys=True builds softmax models at tau = 1 (their score scales are "

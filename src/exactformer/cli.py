@@ -104,9 +104,10 @@ def _build(args) -> int:
     model = _compiled(args, data)
     save_model(model, args.output)
     kind = f"{'causal ' if model.causal else ''}{model.attention}"
+    heads = model.max_heads()  # 0: position keys alone tell the positions apart, no attention
     print(f"built {kind} model: {model.n_blocks} blocks, width {model.max_width()}, "
-          f"{model.max_heads()} head{'s' if model.max_heads() != 1 else ''}, "
-          f"{model.n_params()} parameters, {time.perf_counter() - t0:.2f} s -> {args.output}")
+          f"{f'{heads} head' + ('s' if heads != 1 else '') if heads else 'no attention layer'}"
+          f", {model.n_params()} parameters, {time.perf_counter() - t0:.2f} s -> {args.output}")
     return 0
 
 

@@ -8,6 +8,8 @@ reported with the index of the pair (0-based) and of the token.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import warnings
 import zipfile
@@ -63,6 +65,14 @@ class SequenceData:
     @property
     def total_n(self) -> int:
         return sum(x.shape[0] for x in self.inputs)
+
+    def sha256(self) -> str:
+        """The sha256 (hex) of the data's JSON form: ``to_json_dict()`` written by
+        ``json.dumps(..., sort_keys=True, separators=(",", ":"))``, UTF-8. It names the values
+        exactly, and their kind: float data and the same values as Fractions differ
+        (docs/verification.md#the-data-checked)."""
+        text = json.dumps(self.to_json_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
 
     def padded(self, D: int):
         """These data as a model of width D = d_model reads them: every input token and target
@@ -157,7 +167,17 @@ class Dataset(SequenceData):
         """The dataset of a parsed JSON document (``read_json``); ``path`` names it in errors."""
         if not isinstance(doc, dict) or "inputs" not in doc or "targets" not in doc:
             raise DatasetError(f"{path}: expected an object with keys 'inputs' and 'targets'")
-        return cls.from_arrays(sequences(doc, "inputs", path), sequences(doc, "targets", path))
+        try:
+            data = cls.from_arrays(sequences(doc, "inputs", path),
+                                   sequences(doc, "targets", path))
+        except DatasetError as e:
+            if _causal_shaped(doc):
+                raise DatasetError(f"{e}; {CAUSAL_HINT}") from None
+            raise
+        if _next_tokens(data):
+            warnings.warn(f"{path}: every target is its input shifted by one token; "
+                          f"{CAUSAL_HINT}", UserWarning, stacklevel=2)
+        return data
 
     @classmethod
     def from_npz(cls, path: str | Path) -> Dataset:
@@ -214,6 +234,30 @@ class Dataset(SequenceData):
             _check_distinct(x, f"input {j}")
             _check_distinct(y, f"target {j}")
         return cls(*_merge_equal_inputs(xs, ys, equal_sets))
+
+
+CAUSAL_HINT = ("these look like causal data (a target or null per position): read them with "
+               "--causal (Python: load_dataset(path, causal=True) or CausalDataset.load)")
+
+
+def _causal_shaped(doc: dict) -> bool:
+    """Whether a document has the shape of causal data: a target list as long as every input
+    sequence (one target or null per position), some sequence longer than one token."""
+    xs, ys = doc["inputs"], doc["targets"]
+    if not (isinstance(xs, list) and isinstance(ys, list) and len(xs) == len(ys) and xs):
+        return False
+    same = all(isinstance(x, list) and isinstance(y, list) and len(x) == len(y)
+               for x, y in zip(xs, ys, strict=True))
+    return same and any(len(x) > 1 for x in xs)
+
+
+def _next_tokens(data: Dataset) -> bool:
+    """Whether every target (as long as its input) is the input shifted by one token, the
+    mark of next-token data read as set data."""
+    if not any(len(x) > 1 for x in data.inputs):
+        return False
+    return all(len(x) == len(y) and np.array_equal(x[1:], y[:-1])
+               for x, y in zip(data.inputs, data.targets, strict=True))
 
 
 def _all_floats(seq) -> bool:

@@ -14,7 +14,6 @@ bit for bit; an exact model is also saved as ``model.json`` (the JSON model file
 
 from __future__ import annotations
 
-import hashlib
 import json
 from contextlib import ExitStack
 from pathlib import Path
@@ -30,12 +29,6 @@ from .native import FORMAT, native_model, native_tensors
 
 CONFIG, WEIGHTS, CARD, MODEL = "config.json", "model.safetensors", "README.md", "model.json"
 EVAL = "eval."  # prefix of the evaluation form's tensors
-
-
-def data_hash(data: Dataset | CausalDataset) -> str:
-    """sha256 of the dataset's JSON form (sorted keys, no spaces): names the data exactly."""
-    text = json.dumps(data.to_json_dict(), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def write_pretrained(module, folder: str | Path, data=None, report=None) -> None:
@@ -123,7 +116,7 @@ def _data_lines(model: Transformer, data) -> list[str]:
     else:
         rows.append(f"| target tokens Σm | {data.total_m} |")
     return ["## Data", "", "| field | value |", "|---|---|", *rows,
-            f"| sha256 of the data's JSON form | `{data_hash(data)}` |", ""]
+            f"| sha256 of the data's JSON form | `{data.sha256()}` |", ""]
 
 
 def _verdict_lines(report) -> list[str]:

@@ -49,6 +49,7 @@ from ..numbers import safe_float, safe_floats, to_fraction_array
 from ..record import CausalConstruction
 from .bound import bound_causal, bound_set
 from .certify import FLOAT64_NOTE
+from .data_check import data_check, kind_mismatch
 from .margins import snap_margins, snap_start
 from .report import CausalReport, Report, fmt
 from .shape import causal_sizes, hats_of, model_fields
@@ -78,6 +79,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     """
     if model.causal or isinstance(dataset, CausalDataset):
         return verify_causal(model, dataset, tolerance, progress, digits, tau)
+    checked = data_check(model, dataset)
     dataset = check_layers(model, dataset)
     xs_f, ys_f = dataset.floats() if not dataset.exact else \
         [[safe_floats(a) for a in part] for part in dataset.fractions()]
@@ -118,7 +120,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         coordinate_scale=scale_f, hardmax_margin=stats.hardmax_margin,
         hardmax_ties=stats.hardmax_ties, hat_clearance=clearance(stats, scale_f),
         tolerance=tolerance, extra=extra, within_tolerance=within, nonfinite_pairs=nonfinite,
-        undecided_pairs=undecided, proved=proved, proof=proof)
+        undecided_pairs=undecided, proved=proved, proof=proof, data=checked)
     report.proved = report.proved and report.ok  # a proof never outranks a failed check
     return report
 
@@ -349,7 +351,8 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     (docs/verification.md).
     """
     if not model.causal or not isinstance(dataset, CausalDataset):
-        raise ValueError("a causal model is verified on a causal dataset (and only there)")
+        raise ValueError(kind_mismatch(model.causal))
+    checked = data_check(model, dataset)
     dataset = check_layers(model, dataset)
     stats = PassStats()
     if dataset.exact:
@@ -395,7 +398,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         errors_float64=[worst([0.0, *e]) for e in err_f],
         coordinate_scale=safe_float(exact_scale), hardmax_margin=stats.hardmax_margin,
         hat_clearance=clearance(stats, exact_scale), tolerance=tolerance,
-        nonfinite_sequences=nonfinite,
+        nonfinite_sequences=nonfinite, data=checked,
         **found)
 
 
