@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..data import CausalDataset, Dataset
+from ..data import CausalDataset
 from ..model import Transformer
 from ..modelio import atomic_path, model_to_dict
 from ..numbers import wider_than_model
