@@ -25,7 +25,7 @@ import numpy as np
 
 from .api import compile
 from .construct.generic import ConstructionError
-from .data import Dataset, DatasetError, builtin, load_dataset
+from .data import CausalDataset, Dataset, DatasetError, builtin, load_dataset
 from .data.text import read_vocabulary
 from .modelio import ModelFormatError, atomic_path, load_model, save_model, write_text_atomic
 from .numbers import as_number_array, fmt, fmt_array, parse_exact
@@ -201,8 +201,11 @@ def _run(args) -> int:
     are also shown as its nearest symbols."""
     from .evaluate import run as run_model
     from .tools.decode import nearest
+    from .verification.data_check import kind_mismatch
     model = load_model(args.model)
     data = load_dataset(args.data, causal=model.causal)
+    if model.causal != isinstance(data, CausalDataset):
+        raise UsageError(f"{args.data}: {kind_mismatch(model.causal)}")
     symbols, vocab = read_vocabulary(args.vocabulary) if args.vocabulary else (None, None)
     outs = run_model(model, data, args.arithmetic, progress=_progress(args))
     kind = "sequence" if model.causal else "pair"
@@ -236,7 +239,6 @@ def _json_rows(a: np.ndarray) -> list:
 def _text(args) -> int:
     """``text``: a text file as causal next-character data and the vocabulary file it needs
     (docs/causal.md#text); both files appear or neither."""
-    from .data import CausalDataset
     from .data.text import read_text, text_embedding, vocabulary_json
     text = read_text(args.text, args.chars)
     embedding = text_embedding(text, args.dim, args.seed)
