@@ -29,6 +29,7 @@ from .data import CausalDataset, Dataset, DatasetError, builtin, load_dataset
 from .data.text import read_vocabulary
 from .modelio import ModelFormatError, atomic_path, load_model, save_model, write_text_atomic
 from .numbers import as_number_array, fmt, fmt_array, parse_exact
+from .summary import model_summary
 from .tables import format_table
 from .verification import verify
 
@@ -122,24 +123,7 @@ def _verify(args) -> int:
 
 
 def _info(args) -> int:
-    model = load_model(args.model)
-    meta = model.meta  # the construction record, as written to the file
-    rows = [("attention", model.attention), ("d", model.d),
-            ("parameters", "rational" if model.exact else "float64"),
-            ("blocks", model.n_blocks), ("max FF width", model.max_width()),
-            ("n_layers × d_model × d_mlp × n_heads",
-             f"{model.n_blocks} × {model.d} × {model.max_width()} × {model.max_heads()}"),
-            ("max attention heads", model.max_heads()),
-            ("parameters (structured / dense)", f"{model.n_params()} / {model.n_params_dense()}")]
-    if model.tau is not None:
-        rows.append(("tau", model.tau))
-    if model.causal or model.positions is not None:
-        rows.append(("causal", "yes" if model.causal else "no"))
-        rows.append(("stored positions", 0 if model.positions is None else len(model.positions)))
-    for key in ("construction", "seed", "N", "sum_m", "constrained", "R", "moves", "phases"):
-        if key in meta:
-            rows.append((key, meta[key]))
-    print(format_table(rows))
+    print(format_table(model_summary(load_model(args.model))))
     return 0
 
 
