@@ -33,7 +33,7 @@ from .sets import (
 from .text import next_characters, text_embedding
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CausalDataset(SequenceData):
     """``inputs[j]`` is n_j×d; ``targets[j]`` is n_j×d with row i meaningful only where
     ``known[j][i]`` (a bool array of length n_j) is True; the other rows are zeros."""
@@ -52,6 +52,9 @@ class CausalDataset(SequenceData):
     def constrained(self) -> int:
         """Number of positions with a target."""
         return int(sum(k.sum() for k in self.known))
+
+    def _counted(self) -> str:
+        return f"{self.constrained} constrained"
 
     def coordinate_scale(self) -> float:
         """The data's scale over inputs and constrained targets

@@ -66,6 +66,13 @@ class SequenceData:
     def total_n(self) -> int:
         return sum(x.shape[0] for x in self.inputs)
 
+    def __repr__(self) -> str:
+        """A short form: N, d, the lengths and the kind of numbers, never the arrays."""
+        lengths = [x.shape[0] for x in self.inputs]
+        return (f"{type(self).__name__}(N={self.N}, d={self.d}, lengths "
+                f"{min(lengths)}..{max(lengths)}, {self._counted()}, "
+                f"{'exact' if self.exact else 'float64'})")
+
     def sha256(self) -> str:
         """The sha256 (hex) of the data's JSON form: ``to_json_dict()`` written by
         ``json.dumps(..., sort_keys=True, separators=(",", ":"))``, UTF-8. It names the values
@@ -97,7 +104,7 @@ class SequenceData:
                 [np.asarray(y, dtype=float) for y in self.targets])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Dataset(SequenceData):
     """N validated pairs. ``inputs[j]`` is n_j×d, ``targets[j]`` is m_j×d (float64 or Fraction)."""
 
@@ -117,6 +124,9 @@ class Dataset(SequenceData):
     @property
     def total_m(self) -> int:
         return sum(self.target_lengths)
+
+    def _counted(self) -> str:
+        return f"Σm={self.total_m}"
 
     def check_float64(self) -> None:
         """Raise DatasetError if rounding to float64 breaks a rule (distinct tokens or inputs
