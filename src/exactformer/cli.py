@@ -182,8 +182,8 @@ def _read_prompt(text: str, symbols, vocab):
 
 
 def _run(args) -> int:
-    """``run``: the model's outputs for every sequence of the data (docs/usage.md#running-a-
-    model), printed and with ``--json`` written as a file; causal outputs with a vocabulary
+    """``run``: the model's outputs for every sequence of the data (docs/running.md),
+    printed and with ``--json`` written as a file; causal outputs with a vocabulary
     are also shown as its nearest symbols."""
     from .evaluate import run as run_model
     from .tools.decode import nearest

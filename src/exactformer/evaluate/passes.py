@@ -174,9 +174,9 @@ def run(model: Transformer, inputs, arithmetic: str | None = None, dps: int = 50
         progress: bool = False) -> list[np.ndarray]:
     """The model's outputs for every sequence of ``inputs`` (a dataset, or a list of n_j×d
     arrays): for a set model the distinct output tokens of each (first seen first), for a
-    causal model the output at every position (docs/usage.md#running-a-model).
+    causal model the output at every position (docs/running.md).
 
-    The numbers a user expects (docs/usage.md#which-numbers-come-back): a rational hardmax
+    The numbers a user expects (docs/running.md#which-numbers-come-back): a rational hardmax
     model runs exactly; on exact inputs (Fractions) its outputs are Fractions, on float inputs
     they are those exact outputs rounded to float64, so that an output equal to a float target
     is that float. Other models (float64 parameters, or softmax, which no finite arithmetic
