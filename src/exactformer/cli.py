@@ -30,7 +30,7 @@ from .construct.generic import ConstructionError
 from .data import CausalDataset, Dataset, DatasetError, builtin, load_dataset
 from .data.text import read_vocabulary
 from .modelio import ModelFormatError, atomic_path, load_model, save_model, write_text_atomic
-from .numbers import as_number_array, fmt, fmt_array, parse_exact
+from .numbers import as_number_array, fmt, parse_exact
 from .summary import model_summary
 from .tables import format_table
 from .verification import verify
@@ -196,8 +196,7 @@ def _run(args) -> int:
     outs = run_model(model, data, args.arithmetic, progress=_progress(args))
     kind = "sequence" if model.causal else "pair"
     doc = {"model": str(args.model), "data": str(args.data), "causal": model.causal,
-           "number": "rational" if any(o.dtype == object for o in outs) else "float64",
-           "outputs": [_json_rows(o) for o in outs]}
+           "number": _number_kind(outs), "outputs": [_json_rows(o) for o in outs]}
     if vocab is not None:
         doc["nearest"] = [[symbols[k] if symbols else k for k in
                            (nearest(vocab, row) for row in o)] for o in outs]
@@ -214,11 +213,21 @@ def _run(args) -> int:
     return 0
 
 
+def _number_kind(outs: list[np.ndarray]) -> str:
+    """How ``run --json`` writes the outputs: "float64", "rational" or (``--arithmetic mp``)
+    "mpmath"."""
+    if all(o.dtype != object for o in outs):
+        return "float64"
+    return "rational" if all(isinstance(v, Fraction) for o in outs for v in o.flat) else \
+        "mpmath"
+
+
 def _json_rows(a: np.ndarray) -> list:
     """Outputs for JSON under docs/problem.md#numbers: exact values as "p/q" strings, floats
-    as bare numbers (inf and nan, which JSON lacks, as the strings "inf" and "nan")."""
+    as bare numbers (inf and nan, which JSON lacks, as the strings "inf" and "nan"), mpmath
+    values as their decimal strings."""
     if a.dtype == object:
-        return fmt_array(a)
+        return [[fmt(v) if isinstance(v, Fraction) else str(v) for v in row] for row in a]
     return [[v if math.isfinite(v) else repr(v) for v in row] for row in a.tolist()]
 
 

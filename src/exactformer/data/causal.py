@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..distance import data_scale
-from ..numbers import to_fraction
+from ..numbers import fmt_array, to_fraction
 from .numbers_rule import read_json, sequences
 from .sets import (
     Dataset,
@@ -144,11 +144,11 @@ class CausalDataset(SequenceData):
     def to_json_dict(self) -> dict:
         """The JSON form, read back as identical values: ``"number": "rational"`` and "p/q"
         strings for exact data, ``"number": "float64"`` and bare floats for float data."""
-        def enc(row):
-            return [str(v) if isinstance(v, Fraction) else float(v) for v in row]
+        def rows(a: np.ndarray) -> list:  # float rows as they are (json writes each float's
+            return fmt_array(a) if a.dtype == object else a.tolist()  # shortest repr)
         return {"causal": True, "number": "rational" if self.exact else "float64",
-                "inputs": [[enc(r) for r in x] for x in self.inputs],
-                "targets": [[enc(r) if k else None for r, k in zip(y, kn, strict=True)]
+                "inputs": [rows(x) for x in self.inputs],
+                "targets": [[r if k else None for r, k in zip(rows(y), kn.tolist(), strict=True)]
                             for y, kn in zip(self.targets, self.known, strict=True)]}
 
     # ----------------------------------------------------------------------------- validation

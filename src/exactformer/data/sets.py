@@ -74,12 +74,27 @@ class SequenceData:
                 f"{'exact' if self.exact else 'float64'})")
 
     def sha256(self) -> str:
-        """The sha256 (hex) of the data's JSON form: ``to_json_dict()`` written by
-        ``json.dumps(..., sort_keys=True, separators=(",", ":"))``, UTF-8. It names the values
-        exactly, and their kind: float data and the same values as Fractions differ
-        (docs/verification.md#the-data-checked)."""
-        text = json.dumps(self.to_json_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()
+        """The SHA-256 (hex) that names these data exactly, values and kind: of a JSON header
+        ``{"causal", "d", "lengths" (per sequence [n_j, m_j]), "number"}`` (sorted keys, no
+        spaces), then the values, inputs then targets: float64 data as their little-endian
+        float64 bytes, exact data as the JSON list of their "p/q" strings; causal data then add
+        their mask of constrained positions, a byte each. Float data and the same values as
+        Fractions differ (docs/verification.md#the-data-checked)."""
+        known = getattr(self, "known", None)  # causal data only
+        header = {"causal": known is not None, "d": self.d, "number":
+                  "rational" if self.exact else "float64",
+                  "lengths": [[len(x), len(y)] for x, y in zip(self.inputs, self.targets,
+                                                               strict=True)]}
+        h = hashlib.sha256(json.dumps(header, sort_keys=True, separators=(",", ":")).encode())
+        arrays = (*self.inputs, *self.targets)
+        if self.exact:
+            h.update(json.dumps([fmt_array(a) for a in arrays], separators=(",", ":")).encode())
+        else:
+            for a in arrays:
+                h.update(np.ascontiguousarray(a, dtype="<f8").tobytes())
+        for k in known or ():
+            h.update(np.asarray(k, dtype=np.uint8).tobytes())
+        return h.hexdigest()
 
     def padded(self, D: int):
         """These data as a model of width D = d_model reads them: every input token and target

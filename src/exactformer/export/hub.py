@@ -116,11 +116,14 @@ def _markdown(rows: list[tuple[str, str]]) -> list[str]:
 
 def _data_lines(model: Transformer, data) -> list[str]:
     meta = model.meta
-    how = ["The sha256 names the data exactly: it is the SHA-256 of the UTF-8 text "
-           "`json.dumps(data.to_json_dict(), sort_keys=True, separators=(\",\", \":\"))`, "
-           "which `exactformer.Dataset.load(path).sha256()` computes (`CausalDataset` for "
-           "causal data). `exactformer verify` compares it with the one the model records and "
-           "says when it is given a subset or other data.", ""]
+    how = ["The sha256 names the data exactly, values and kind. It is the SHA-256 of a JSON "
+           "header (`causal`, `d`, `lengths` [n_j, m_j] per sequence, `number`: float64 or "
+           "rational; sorted keys, no spaces) followed by the values, inputs then targets: "
+           "float64 data as their little-endian float64 bytes, exact data as the JSON list of "
+           "their \"p/q\" strings; causal data then add their mask of constrained positions, "
+           "a byte each. `exactformer.data.load_dataset(path).sha256()` computes it, and "
+           "`exactformer verify` compares it with the one the model records and says when it "
+           "is given a subset or other data.", ""]
     if data is None:
         known = ", ".join(f"{k} = {meta[k]}" for k in ("N", "sum_m", "constrained")
                           if k in meta)
