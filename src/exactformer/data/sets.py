@@ -292,20 +292,32 @@ def _all_floats(seq) -> bool:
 
 
 def all_floats_row(row) -> bool:
-    """Whether a token holds plain numbers only, each one a float64 holds exactly (an int
-    beyond 2^53 makes the data exact rather than rounded)."""
+    """Whether a token holds plain numbers only, each an int or float that float64 holds as it
+    is: an int that float64 would round (2^53 + 1) makes the data exact instead."""
     if isinstance(row, np.ndarray):
         if row.dtype.kind in "iu":
-            return row.size == 0 or int(np.abs(row).max()) <= _EXACT_INTS
+            return row.size == 0 or int(np.abs(row).max()) <= _EXACT_INTS or \
+                all(_float_holds(int(v)) for v in row.flat)
         return row.dtype.kind in "fb"
     if not isinstance(row, (list, tuple)):
         return False
     types = set(map(type, row))
     if types <= _PLAIN_NUMBERS:  # the common case, without a call per value
-        return int not in types or all(abs(v) <= _EXACT_INTS for v in row if type(v) is int)
+        return int not in types or all(_float_holds(v) for v in row if type(v) is int)
     return all(isinstance(v, (float, np.floating)) or
                (isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-                and abs(int(v)) <= _EXACT_INTS) for v in row)
+                and _float_holds(int(v))) for v in row)
+
+
+def _float_holds(v: int) -> bool:
+    """Whether float64 holds the int v exactly; True also where it overflows, so that the
+    float path refuses it by name (outside the float64 range)."""
+    if abs(v) <= _EXACT_INTS:
+        return True
+    try:
+        return float(v) == v
+    except OverflowError:
+        return True
 
 
 _EXACT_INTS = 2 ** 53  # every int of at most this magnitude is a float64
