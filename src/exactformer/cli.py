@@ -1,4 +1,4 @@
-"""Command line: exactformer COMMAND (build, verify, run, info, generate, text, demo, …).
+"""Command line: build a model from data, verify it, run it, and the commands around them.
 
 The commands: build, verify, run, info, generate, text, demo, export, train, plot.
 
