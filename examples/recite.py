@@ -26,11 +26,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 import exactformer as ef
+from exactformer.data.text import read_text, text_embedding
 from exactformer.tools.decode import generate, nearest
 
 DIM = 8
@@ -81,22 +81,15 @@ SHARED = [  # a distinct first character, then a common opening, then different 
 
 
 def alphabet_vectors(texts: list[str], d: int = DIM, seed: int = 0) -> tuple[str, np.ndarray]:
-    """The texts' distinct characters (sorted) and one distinct small-integer vector each."""
-    alphabet = "".join(sorted(set("".join(texts))))
-    rng = np.random.default_rng(seed)
-    while True:
-        vocab = rng.integers(-8, 9, (len(alphabet), d)).astype(float)
-        if len({tuple(v) for v in vocab}) == len(alphabet):
-            return alphabet, vocab
+    """The texts' distinct characters (sorted) and their vectors (``text_embedding``)."""
+    embedding = text_embedding(texts, d, seed)
+    return "".join(embedding), np.array(list(embedding.values()))
 
 
 def next_character_data(texts: list[str], alphabet: str, vocab: np.ndarray) -> ef.CausalDataset:
     """Inputs: the characters' vectors; target at position i: the vector of character i + 1
     (null at the last position)."""
-    index = {c: k for k, c in enumerate(alphabet)}
-    xs = [[vocab[index[c]] for c in t] for t in texts]
-    ys = [[vocab[index[c]] for c in t[1:]] + [None] for t in texts]
-    return ef.CausalDataset.from_arrays(xs, ys)
+    return ef.CausalDataset.from_text(texts, dict(zip(alphabet, vocab, strict=True)))
 
 
 def recite(model, text: str, alphabet: str, vocab: np.ndarray) -> str:
@@ -104,22 +97,6 @@ def recite(model, text: str, alphabet: str, vocab: np.ndarray) -> str:
     start = vocab[[alphabet.index(text[0])]]
     out = generate(model, start, len(text) - 1, vocabulary=vocab)
     return text[0] + "".join(alphabet[nearest(vocab, np.asarray(r, dtype=float))] for r in out)
-
-
-def read_text(path: str, chars: int | None = None) -> str:
-    """The UTF-8 text of the file (its first ``chars`` characters when given); a ValueError
-    naming the file when it is not UTF-8 or holds fewer than 2 characters to recite."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise ValueError(f"{path}: cannot be read ({e.strerror})") from None
-    text = text if chars is None else text[:chars]
-    if len(text) < 2:
-        raise ValueError(f"{path}: a text to recite needs at least 2 characters, "
-                         f"got {len(text)}")
-    return text
 
 
 def build_and_recite(texts: list[str], exact: bool, label: str, width: int = 4) -> dict:

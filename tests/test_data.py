@@ -83,20 +83,60 @@ def test_floats_mixed_with_exact_values_keep_their_binary_value():
     assert x[0, 0] != x[0, 1]
 
 
-def test_json_numbers_and_strings_are_read_exactly(tmp_path):
+def test_json_numbers_are_float64_and_strings_exact(tmp_path):
+    """The one reading rule (docs/problem.md#numbers): a bare JSON number is the float64
+    Python's json gives it, a string is exact; with any string the data are exact and the
+    bare numbers keep their binary values, as in from_arrays."""
     text = ('{"inputs": [[[0.1, "3/7"], [-0.125, 12345678901234567890123]], [[1e-3, "2"]]],'
             ' "targets": [[["-0.125", 2.5]], [[0, "-7/3"]]]}')
     ds = Dataset.from_json(write_json(tmp_path, text))
     assert ds.exact
     x0, x1 = ds.inputs
-    assert x0[0, 0] == Fraction(1, 10)  # the decimal 0.1, not the nearest binary float
+    assert x0[0, 0] == Fraction(0.1) != Fraction(1, 10)  # the float 0.1, not the decimal
     assert x0[0, 1] == Fraction(3, 7)
     assert x0[1, 0] == Fraction(-1, 8)
     assert x0[1, 1] == 12345678901234567890123
-    assert x1[0, 0] == Fraction(1, 1000)
+    assert x1[0, 0] == Fraction(1e-3)
     assert ds.targets[0][0, 0] == Fraction(-1, 8) and ds.targets[0][0, 1] == Fraction(5, 2)
     assert ds.targets[1][0, 1] == Fraction(-7, 3)
     assert all(isinstance(v, Fraction) for a in ds.inputs + ds.targets for v in a.flat)
+
+
+def test_number_rational_reads_bare_decimals_exactly(tmp_path):
+    text = '{"number": "rational", "inputs": [[[0.1, 1e-3]]], "targets": [[[0.631, 2]]]}'
+    ds = Dataset.from_json(write_json(tmp_path, text))
+    assert ds.exact
+    assert ds.inputs[0][0, 0] == Fraction(1, 10) and ds.inputs[0][0, 1] == Fraction(1, 1000)
+    assert ds.targets[0][0, 0] == Fraction(631, 1000)
+
+
+def test_number_kind_is_checked(tmp_path):
+    with raises_naming('"number" must be "rational" or "float64"', "'decimal'"):
+        Dataset.from_json(write_json(tmp_path, {"number": "decimal", "inputs": GOOD_X,
+                                                "targets": GOOD_Y}))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False),
+                         min_size=2, max_size=2, unique=True),
+                min_size=1, max_size=4, unique_by=tuple))
+def test_a_json_file_and_from_arrays_give_the_same_dataset(tmp_path_factory, tokens):
+    """The same numbers give one dataset, whether they come through JSON or arrays."""
+    path = tmp_path_factory.mktemp("rule") / "d.json"
+    xs, ys = [tokens], [tokens[:1]]
+    path.write_text(json.dumps({"inputs": xs, "targets": ys}))
+    from_file, from_arrays = Dataset.from_json(path), Dataset.from_arrays(xs, ys)
+    assert not from_file.exact and not from_arrays.exact
+    for a, b in zip(from_file.inputs + from_file.targets,
+                    from_arrays.inputs + from_arrays.targets, strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_ints_beyond_float64_keep_their_value():
+    """An int that float64 cannot hold makes the data exact instead of being rounded."""
+    big = 2 ** 53 + 1
+    ds = Dataset.from_arrays([[[big, 0]]], [[[big, 0]]])
+    assert ds.exact and ds.inputs[0][0, 0] == big
 
 
 def test_load_dispatches_on_suffix_and_json_round_trip(tmp_path):
@@ -498,3 +538,21 @@ def test_sequences_that_are_not_a_list(bad):
         Dataset.from_arrays(bad, [[[0, 0]]])
     with raises_naming("targets", "list of sequences"):
         Dataset.from_arrays([[[0, 0]]], bad)
+
+
+@pytest.mark.parametrize("literal", ["1e-400", "-2.5e-999", "1e400"])
+def test_a_bare_number_float64_cannot_hold_is_refused_not_rounded(tmp_path, literal):
+    """A nonzero bare number that would read as 0 or inf is refused by the range rule, named
+    by place, instead of becoming a different value."""
+    text = f'{{"inputs": [[[1, 2], [{literal}, 3]]], "targets": [[[1, 2]]]}}'
+    with raises_naming("input 0, token 1", "float64 range"):
+        Dataset.from_json(write_json(tmp_path, text))
+
+
+def test_causal_json_round_trip_keeps_floats_bit_for_bit(tmp_path):
+    from exactformer import CausalDataset
+    data = CausalDataset.from_arrays([[[0.1, 0.2], [0.3, 1 / 3]]], [[[0.3, 1 / 3], None]])
+    back = CausalDataset.load(write_json(tmp_path, data.to_json_dict()))
+    assert not back.exact
+    assert back.inputs[0].tobytes() == data.inputs[0].tobytes()
+    assert back.targets[0].tobytes() == data.targets[0].tobytes()

@@ -4,6 +4,8 @@ that reading it back gives identical outputs, and its model card."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,7 +19,6 @@ from hypothesis import strategies as st  # noqa: E402
 import exactformer as ef  # noqa: E402
 from exactformer import export as et  # noqa: E402
 from exactformer.data import CausalDataset, builtin  # noqa: E402
-from exactformer.export.hub import data_hash  # noqa: E402
 
 
 def outputs(module, data):
@@ -51,15 +52,15 @@ def test_the_folder_holds_config_weights_card_and_the_exact_model(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["layout"] == "native" and config["d"] == model.d > data.d  # keyed: wider
     card = (tmp_path / "README.md").read_text()
-    assert data_hash(data) in card and f"| sequences N | {data.N} |" in card
-    assert f"| blocks L | {model.n_blocks} |" in card and "PROVED EXACT" in card
+    assert data.sha256() in card and f"| sequences N | {data.N} |" in card
+    assert f"| blocks | {model.n_blocks} |" in card and "PROVED EXACT" in card
     again = ef.verify(ef.load_model(tmp_path / "model.json"), data)
     assert again.proved  # the exact model re-proves from the folder alone
 
 
 def test_data_hash_names_the_data():
     a, b = builtin.demo(), builtin.shared_pool(N=3, d=2, pool=4, n_max=3, m_max=2, seed=0)
-    assert data_hash(a) == data_hash(builtin.demo()) != data_hash(b)
+    assert a.sha256() == builtin.demo().sha256() != b.sha256()
 
 
 def test_causal_folder_and_card(tmp_path):
@@ -80,3 +81,50 @@ def test_from_pretrained_refuses_a_folder_it_did_not_write(tmp_path):
     et.save_lens(ef.compile(builtin.demo()), tmp_path)  # a transformer-lens folder
     with pytest.raises(ValueError, match="layout"):
         et.NativeTransformer.from_pretrained(tmp_path)
+
+
+def card_blocks(card: str, language: str) -> list[str]:
+    """The fenced blocks of one language in a Markdown text."""
+    return [b.split("\n", 1)[1] for b in card.split("```")[1::2] if b.startswith(language)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_card_is_one_to_publish(tmp_path, capsys, causal):
+    """Version, licence, citation, the verdict and its arithmetic, the float32 verdict, the
+    out-of-data warning, the sha256 recipe, no placeholder and no link; the model table is
+    `info`'s, and the snippet runs as written in the folder."""
+    from exactformer.cli import main
+    from exactformer.summary import model_summary
+    data = CausalDataset.from_text("a rose is a rose", d=3) if causal else builtin.demo()
+    model = ef.compile(data)
+    report = ef.verify(model, data)
+    et.to_torch(model).save_pretrained(tmp_path, data=data, report=report)
+    card = (tmp_path / "README.md").read_text()
+    assert f"exactformer {ef.__version__}" in card and "license: mit" in card
+    assert "arXiv:2502.02270" in card and "Alcalde" in card and "Zuazua" in card
+    assert f"**{report.verdict()}** (`verify`, {report.arithmetic} arithmetic)" in card
+    assert "## In float32" in card and "float32 verdict" in card
+    assert "Outside its data the model means nothing" in card
+    assert "little-endian float64 bytes" in card and data.sha256() in card
+    assert "FOLDER" not in card and "](" not in card and "docs/" not in card
+    rows = [line for line in card.splitlines() if line.startswith("| ")]
+    for label, value in model_summary(model):
+        assert f"| {label} | {value.replace('|', chr(92) + '|')} |" in rows
+    ef.save_model(model, tmp_path / "m.json")
+    assert main(["info", str(tmp_path / "m.json")]) == 0
+    info = capsys.readouterr().out.splitlines()
+    assert len(info) == len(model_summary(model))
+    for line, (label, value) in zip(info, model_summary(model), strict=True):
+        assert line.startswith(label) and line.endswith(value)
+    (snippet,) = card_blocks(card, "python")
+    keep = "\nnp.save('out.npy', apply(module, [x])[0])\n"
+    done = subprocess.run([sys.executable, "-c", snippet + keep], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = np.load(tmp_path / "out.npy")[:, :data.d]
+    targets = data.floats()[1][0]
+    if causal:  # the first tokens' predictions are the next characters
+        known = data.known[0][: len(out)]
+        assert np.abs(out[known] - targets[: len(out)][known]).max() < 1e-9
+    else:
+        assert {tuple(np.round(r, 9)) for r in out} == {tuple(np.round(r, 9)) for r in targets}

@@ -202,3 +202,40 @@ def test_keyed_panels_name_the_collapse_block(tmp_path):
     assert len(fig.axes) == len(expected)
     for ax, title in zip(fig.axes, expected, strict=True):
         assert ax.get_title().startswith(title)
+
+
+def _discs(ax) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The first scatter of a panel: its points, sizes and colours."""
+    (dots, *_) = [c for c in ax.collections if isinstance(c, PathCollection)]
+    return dots.get_offsets(), dots.get_sizes(), dots.get_facecolors()
+
+
+def test_twenty_sequences_get_twenty_colours_and_a_legend(tmp_path):
+    data = builtin.shared_pool(N=20, d=2, pool=6, n_max=3, m_max=2, seed=2)
+    fig = plot_phases(ef.compile(data), data, tmp_path / "f.png")
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels == [f"sequence {j}" for j in range(20)]
+    colours = {tuple(np.round(h.get_color(), 6)) for h in legend.legend_handles}
+    assert len(colours) == 20
+
+
+def test_a_shared_point_has_one_disc_per_sequence_not_per_token(tmp_path):
+    """Where tokens of one sequence coincide (m < n: they end on fewer targets), the discs
+    at a point count the sequences holding it, not their tokens."""
+    data = builtin.shared_pool(N=4, d=2, pool=5, n_max=3, m_max=1, seed=3)
+    model = ef.compile(data)
+    fig = plot_phases(model, data, tmp_path / "f.png")
+    split, stage_list = exactformer.tools.plot.stages(model)
+    snaps = exactformer.tools.plot.snapshots(split, data.floats()[0],
+                                             [s.index for s in stage_list])
+    merged = 0
+    for ax, stage in zip(panels(fig), stage_list, strict=True):
+        held = {}  # an independent count: point -> the sequences with a token there
+        for j, p in enumerate(snaps[stage.index]):
+            for row in np.round(p, 12).tolist():
+                held.setdefault(tuple(row), set()).add(j)
+        xy, _, _ = _discs(ax)
+        assert len(xy) == sum(len(s) for s in held.values())
+        merged += len(xy) < data.total_n
+    assert merged  # some panel had tokens of one sequence on one point

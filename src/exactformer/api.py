@@ -41,23 +41,36 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     Causal data that position keys serve get position keys in either construction. Where the
     keyed construction does not apply and none was asked for (tokens whose squared norms
     overflow float64, or closer than float64 resolves), the paper's is built, with a warning.
+
+    The model records the data's sha256 (``dataset.sha256()``), by which ``verify`` tells
+    whether it is given the data it was built for (docs/verification.md#the-data-checked).
     """
+    args = (dataset, attention, exact, seed, tau, progress, causal, width, heads, n_layers)
     if keys is None and construction is None:
-        args = (dataset, attention, exact, seed, tau, progress, causal, width, heads, n_layers)
         try:
-            return compile(*args, construction="keyed")
+            model = _compile(*args, True)
         except NotKeyable as e:
             warnings.warn(f"the default (keyed) construction does not apply to these data "
                           f"({e}): built with the paper's construction, exact in rational "
                           "arithmetic but not faithful in float32 (docs/keyed.md)",
                           RuntimeWarning, stacklevel=2)
-            return compile(*args, construction="paper")
-    keys = _keyed(keys, construction)
+            model = _compile(*args, False)
+    else:
+        model = _compile(*args, _keyed(keys, construction))
+    if model.record is not None:
+        model.record.data_sha256 = dataset.sha256()
+    return model
+
+
+def _compile(dataset, attention, exact, seed, tau, progress, causal, width, heads, n_layers,
+             keys: bool):
+    """:func:`compile` of the construction chosen (``keys``: the keyed one), without the
+    data's hash (which ``fit_layers`` would recompute for every width it tries)."""
     if n_layers is not None:
         if width != 4:
             raise ValueError("give n_layers or width, not both: n_layers chooses the width")
-        return fit_layers(lambda w, h: compile(dataset, attention, exact, seed, tau, progress,
-                                               causal, w, h, keys=keys), dataset, n_layers,
+        return fit_layers(lambda w, h: _compile(dataset, attention, exact, seed, tau, progress,
+                                                causal, w, h, None, keys), dataset, n_layers,
                           heads)
     if causal or isinstance(dataset, CausalDataset):
         if not isinstance(dataset, CausalDataset):

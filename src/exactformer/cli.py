@@ -1,4 +1,6 @@
-"""Command line: exactformer build | verify | info | generate | demo | export | train | plot.
+"""Command line: build a model from data, verify it, run it, and the commands around them.
+
+The commands: build, verify, run, info, generate, text, demo, export, train, plot.
 
 Errors go to stderr as one line with exit status 2, and no command leaves a partial output
 file. ``verify`` exits 0 only if every pair interpolates (exactly, for exact hardmax models),
@@ -9,23 +11,27 @@ terminal).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import json
 import math
+import os
+import re
 import sys
 import time
 import warnings
 from contextlib import nullcontext
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 
 from .api import compile
 from .construct.generic import ConstructionError
-from .data import Dataset, DatasetError, builtin, load_dataset
+from .data import CausalDataset, Dataset, DatasetError, builtin, load_dataset
+from .data.text import read_vocabulary
 from .modelio import ModelFormatError, atomic_path, load_model, save_model, write_text_atomic
 from .numbers import as_number_array, fmt, parse_exact
+from .summary import model_summary
 from .tables import format_table
 from .verification import verify
 
@@ -109,9 +115,10 @@ def _build(args) -> int:
     model = _compiled(args, data)
     save_model(model, args.output)
     kind = f"{'causal ' if model.causal else ''}{model.attention}"
+    heads = model.max_heads()  # 0: position keys alone tell the positions apart, no attention
     print(f"built {kind} model: {model.n_blocks} blocks, width {model.max_width()}, "
-          f"{model.max_heads()} head{'s' if model.max_heads() != 1 else ''}, "
-          f"{model.n_params()} parameters, {time.perf_counter() - t0:.2f} s -> {args.output}")
+          f"{f'{heads} head' + ('s' if heads != 1 else '') if heads else 'no attention layer'}"
+          f", {model.n_params()} parameters, {time.perf_counter() - t0:.2f} s -> {args.output}")
     return 0
 
 
@@ -126,24 +133,7 @@ def _verify(args) -> int:
 
 
 def _info(args) -> int:
-    model = load_model(args.model)
-    meta = model.meta  # the construction record, as written to the file
-    rows = [("attention", model.attention), ("d", model.d),
-            ("parameters", "rational" if model.exact else "float64"),
-            ("blocks", model.n_blocks), ("max FF width", model.max_width()),
-            ("n_layers × d_model × d_mlp × n_heads",
-             f"{model.n_blocks} × {model.d} × {model.max_width()} × {model.max_heads()}"),
-            ("max attention heads", model.max_heads()),
-            ("parameters (structured / dense)", f"{model.n_params()} / {model.n_params_dense()}")]
-    if model.tau is not None:
-        rows.append(("tau", model.tau))
-    if model.causal or model.positions is not None:
-        rows.append(("causal", "yes" if model.causal else "no"))
-        rows.append(("stored positions", 0 if model.positions is None else len(model.positions)))
-    for key in ("construction", "seed", "N", "sum_m", "constrained", "R", "moves", "phases"):
-        if key in meta:
-            rows.append((key, meta[key]))
-    print(format_table(rows))
+    print(format_table(model_summary(load_model(args.model))))
     return 0
 
 
@@ -151,7 +141,7 @@ def _generate(args) -> int:
     from .tools.decode import generate as run_generation
     from .tools.decode import nearest
     model = load_model(args.model)
-    symbols, vocab = _read_vocabulary(args.vocabulary) if args.vocabulary else (None, None)
+    symbols, vocab = read_vocabulary(args.vocabulary) if args.vocabulary else (None, None)
     prompt = _read_prompt(args.prompt, symbols, vocab)
     steps = args.steps
     if steps is None:  # prompt and generated tokens fill the stored positions
@@ -165,26 +155,11 @@ def _generate(args) -> int:
     return 0
 
 
-def _read_vocabulary(path: str):
-    """(symbols or None, V×d vectors) from a JSON list of vectors or an object symbol → vector."""
-    try:
-        doc = json.loads(Path(path).read_text(), parse_float=parse_exact, parse_int=parse_exact)
-    except (RecursionError, ValueError) as e:  # bad JSON, or a number parse_exact refuses
-        raise UsageError(f"{path}: not valid JSON ({e or 'nested too deeply'})"[:300]) from None
-    symbols = None
-    if isinstance(doc, dict):
-        symbols, doc = list(doc), list(doc.values())
-    if not isinstance(doc, list) or not doc or not all(isinstance(r, list) for r in doc):
-        raise UsageError(f"{path}: expected a list of vectors or an object symbol -> vector")
-    names = symbols or range(len(doc))
-    return symbols, _vectors(doc, [f"{path}: vector {k!r}"[:80] for k in names])
-
-
 def _vectors(rows: list, where: list[str]):
-    """Rows of numbers (parsed by ``parse_exact``) of one length as an exact array; a
+    """Rows of numbers (exact, or floats from a vocabulary) of one length as an exact array; a
     UsageError names the first row (``where``) that is not a list of numbers or is ragged."""
     for row, at in zip(rows, where, strict=True):
-        if not row or not all(isinstance(v, Fraction) for v in row):
+        if not row or not all(isinstance(v, (Fraction, float)) for v in row):
             shown = json.dumps(row, default=str)
             raise UsageError(f"{at} must be a non-empty list of numbers, got {shown}"[:200])
         if len(row) != len(rows[0]):
@@ -212,6 +187,71 @@ def _read_prompt(text: str, symbols, vocab):
     if not rows:
         raise UsageError("the prompt is empty")
     return _vectors(rows, [f"--prompt: item {k}" for k in range(len(rows))])
+
+
+def _run(args) -> int:
+    """``run``: the model's outputs for every sequence of the data (docs/running.md),
+    printed and with ``--json`` written as a file; causal outputs with a vocabulary
+    are also shown as its nearest symbols."""
+    from .evaluate import run as run_model
+    from .tools.decode import nearest
+    from .verification.data_check import kind_mismatch
+    model = load_model(args.model)
+    data = load_dataset(args.data, causal=model.causal)
+    if model.causal != isinstance(data, CausalDataset):
+        raise UsageError(f"{args.data}: {kind_mismatch(model.causal)}")
+    symbols, vocab = read_vocabulary(args.vocabulary) if args.vocabulary else (None, None)
+    outs = run_model(model, data, args.arithmetic, progress=_progress(args))
+    kind = "sequence" if model.causal else "pair"
+    doc = {"model": str(args.model), "data": str(args.data), "causal": model.causal,
+           "number": _number_kind(outs), "outputs": [_json_rows(o) for o in outs]}
+    if vocab is not None:
+        doc["nearest"] = [[symbols[k] if symbols else k for k in
+                           (nearest(vocab, row) for row in o)] for o in outs]
+    if args.json:  # before printing, so that a reader who stops early still gets the file
+        write_text_atomic(args.json, json.dumps(doc, indent=1))
+    for j in range(len(outs)):
+        shown = json.dumps(doc["outputs"][j])
+        if "nearest" in doc:
+            near = doc["nearest"][j]
+            text = "".join(near) if all(isinstance(c, str) and len(c) == 1 for c in near) \
+                else None
+            shown = json.dumps(text) if text is not None else json.dumps(near)
+        print(f"{kind} {j}: {shown}")
+    return 0
+
+
+def _number_kind(outs: list[np.ndarray]) -> str:
+    """How ``run --json`` writes the outputs: "float64", "rational" or (``--arithmetic mp``)
+    "mpmath"."""
+    if all(o.dtype != object for o in outs):
+        return "float64"
+    return "rational" if all(isinstance(v, Fraction) for o in outs for v in o.flat) else \
+        "mpmath"
+
+
+def _json_rows(a: np.ndarray) -> list:
+    """Outputs for JSON under docs/problem.md#numbers: exact values as "p/q" strings, floats
+    as bare numbers (inf and nan, which JSON lacks, as the strings "inf" and "nan"), mpmath
+    values as their decimal strings."""
+    if a.dtype == object:
+        return [[fmt(v) if isinstance(v, Fraction) else str(v) for v in row] for row in a]
+    return [[v if math.isfinite(v) else repr(v) for v in row] for row in a.tolist()]
+
+
+def _text(args) -> int:
+    """``text``: a text file as causal next-character data and the vocabulary file it needs
+    (docs/causal.md#text); both files appear or neither."""
+    from .data.text import read_text, text_embedding, vocabulary_json
+    text = read_text(args.text, args.chars)
+    embedding = text_embedding(text, args.dim, args.seed)
+    data = CausalDataset.from_text(text, embedding)
+    with atomic_path(args.output) as out, atomic_path(args.vocabulary) as voc:
+        out.write_text(json.dumps(data.to_json_dict(), separators=(",", ":")))
+        voc.write_text(vocabulary_json(embedding))
+    print(f"{len(text)} characters, {len(embedding)} distinct, vectors in R^{args.dim} -> "
+          f"{args.output} (causal data) + {args.vocabulary} (vocabulary)")
+    return 0
 
 
 def _torch_module(name: str, command: str):
@@ -324,10 +364,39 @@ def _plot(args) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr, exit status 2, like every other error."""
+    """Usage errors as one line on stderr, exit status 2, like every other error, with the
+    nearest command, option or choice when the word looks mistyped."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message}{_did_you_mean(self, message)} "
+                     f"(see {self.prog} --help)\n")
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
+    """"; did you mean X?" for an invalid choice (a command, ``--attention sofmax``) or an
+    unrecognised option (``--atention``), X the closest known word; else ""."""
+    choice = re.search(r"invalid choice: '?([^'\s]*)'? \(choose from (.*)\)", message)
+    if choice:
+        word = choice.group(1)
+        known = [c.strip().strip("'\"") for c in choice.group(2).split(",")]
+    else:
+        unknown = re.search(r"unrecognized arguments: (-\S+)", message)
+        if not unknown:
+            return ""
+        word, known = unknown.group(1).split("=")[0], sorted(_option_strings(parser))
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of the parser and of its commands' parsers."""
+    out: set[str] = set()
+    for action in parser._actions:
+        out.update(s for s in action.option_strings if s.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _option_strings(sub)
+    return out
 
 
 def _width_options(p: argparse.ArgumentParser) -> None:
@@ -391,6 +460,8 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(run=_export)
 
     _add_train(sub)
+    _add_run(sub)
+    _add_text(sub)
 
     dm = sub.add_parser("demo", help="build and verify a model for built-in data")
     dm.add_argument("--attention", choices=["hardmax", "softmax"], default="hardmax")
@@ -429,6 +500,36 @@ def _add_train(sub) -> None:
     t.set_defaults(run=_train)
 
 
+def _add_run(sub) -> None:
+    """The ``run`` command's options."""
+    r = sub.add_parser("run", help="print a model's outputs for every sequence of a dataset")
+    r.add_argument("model")
+    r.add_argument("data", help="dataset (.json or .npz); its targets are not used")
+    r.add_argument("--json", help="also write the outputs as JSON here")
+    r.add_argument("--vocabulary", help="JSON list of vectors, or object symbol -> vector: "
+                   "each output is also shown as the nearest one (text for causal text)")
+    r.add_argument("--arithmetic", choices=["exact", "float", "mp"], default=None,
+                   help="default: exact for rational hardmax models (floats back for float "
+                   "data), else float")
+    _add_progress(r)
+    r.set_defaults(run=_run)
+
+
+def _add_text(sub) -> None:
+    """The ``text`` command's options."""
+    t = sub.add_parser("text", help="write a text file as causal next-character data and its "
+                                    "vocabulary")
+    t.add_argument("text", help="UTF-8 text file")
+    t.add_argument("-o", "--output", required=True, help="causal dataset to write (.json)")
+    t.add_argument("--vocabulary", required=True,
+                   help="vocabulary to write (.json, object character -> vector)")
+    t.add_argument("--dim", type=_int_at_least(2), default=8, help="token dimension d")
+    t.add_argument("--seed", type=int, default=0, help="seed of the character vectors")
+    t.add_argument("--chars", type=_int_at_least(2), default=None,
+                   help="only the first this many characters")
+    t.set_defaults(run=_text)
+
+
 def _construction_options(p: argparse.ArgumentParser, output: str) -> None:
     """The options of every command that constructs a model (build, plot)."""
     p.add_argument("data", help="dataset (.json or .npz)")
@@ -455,13 +556,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
-            return args.run(args)
+            status = args.run(args)
+            sys.stdout.flush()  # a closed pipe shows here, not at exit
+            return status
+    except BrokenPipeError:
+        return _reader_gone()
     except (DatasetError, ModelFormatError, ConstructionError, UsageError, ValueError,
             OSError) as e:
         return _fail(args.command, str(e))
     except OverflowError as e:
         return _fail(args.command, f"a number left the float64 range ({e}): the data span too "
                      "many orders of magnitude for the float64 computations beside the exact ones")
+
+
+def _reader_gone() -> int:
+    """The reader of stdout stopped early (``exactformer run … | head``): end quietly, as
+    Unix tools do, with the status of a process ended by SIGPIPE (128 + 13); stdout goes to
+    the null device so that the interpreter's last flush finds nothing to complain of."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
 
 
 def _fail(command: str, message: str) -> int:

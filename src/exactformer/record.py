@@ -72,6 +72,7 @@ class Construction:
     folded: bool | None = None  # softmax: 1/θ folded into A, τ = 1
     tau_star: float | None = None  # softmax: largest valid temperature found (inf: any)
     keyed: dict | None = None  # keyed models (docs/keyed.md): their code, counts and scores
+    data_sha256: str | None = None  # the data built for (SequenceData.sha256); None: unknown
 
     KEYED_FIELDS = ("coordinates", "weight", "tags", "moves", "tag_layers")
 
@@ -99,7 +100,7 @@ class Construction:
                          "snap_windows": [{"sequence": w.sequence, "slot": w.slot,
                                            "window": list(w.window)}
                                           for w in self.snap_windows]})
-        return meta
+        return _with_hash(meta, self.data_sha256)
 
     @classmethod
     def from_meta(cls, meta: dict) -> Construction:
@@ -135,6 +136,7 @@ class Construction:
             rec.tau_star = _tau_in(r.get("tau_star", (int, float, str, type(None)), None))
             rec.snap_windows = [_window(w, f"meta.snap_windows[{i}]")
                                 for i, w in enumerate(r.get("snap_windows", list, []))]
+        rec.data_sha256 = _sha256(r.get("data_sha256", (str, type(None)), None))
         return rec
 
 
@@ -176,6 +178,7 @@ class CausalConstruction:
     folded: bool | None = None
     position_code: dict | None = None  # {"coordinates": q, "weight": w, "scale": c}: keys
     keyed: dict | None = None  # keyed causal models: tags and rounds (docs/causal.md)
+    data_sha256: str | None = None  # the data built for (SequenceData.sha256); None: unknown
 
     KINDS = ("causal-hardmax", "causal-softmax")
     KEYED_FIELDS = ("coordinates", "weight", "tags", "rounds", "tag_layers", "heights")
@@ -201,7 +204,7 @@ class CausalConstruction:
         if self.kind == "causal-softmax" and self.position_code is None:
             meta.update({"theta": self.theta, "folded": self.folded,
                          "snap_windows": [list(w) for w in self.snap_windows]})
-        return meta
+        return _with_hash(meta, self.data_sha256)
 
     @classmethod
     def from_meta(cls, meta: dict) -> CausalConstruction:
@@ -240,6 +243,7 @@ class CausalConstruction:
             rec.folded = r.get("folded", (bool, type(None)), None)
             rec.snap_windows = [_four_strings(w, f"meta.snap_windows[{i}]")
                                 for i, w in enumerate(r.get("snap_windows", list, []))]
+        rec.data_sha256 = _sha256(r.get("data_sha256", (str, type(None)), None))
         return rec
 
 
@@ -334,6 +338,18 @@ def _four_strings(w, where) -> tuple[str, str, str, str]:
     if not isinstance(w, list) or len(w) != 4 or not all(isinstance(c, str) for c in w):
         raise RecordError(f"{where}: expected four number strings")
     return tuple(w)
+
+
+def _with_hash(meta: dict, sha: str | None) -> dict:
+    """``meta`` with the data's sha256 added when it is known."""
+    return meta if sha is None else {**meta, "data_sha256": sha}
+
+
+def _sha256(v: str | None) -> str | None:
+    """A data_sha256 read back: 64 lowercase hex digits, or None."""
+    if v is not None and (len(v) != 64 or set(v) - set("0123456789abcdef")):
+        raise RecordError(f"meta.data_sha256: expected 64 hex digits, got {v[:80]!r}")
+    return v
 
 
 def _tau_out(t: float | None):

@@ -19,20 +19,21 @@ from pathlib import Path
 import numpy as np
 
 from ..distance import data_scale
-from ..numbers import to_fraction
+from ..numbers import fmt_array, to_fraction
+from .numbers_rule import read_json, sequences
 from .sets import (
     Dataset,
     DatasetError,
     SequenceData,
     all_floats_row,
     as_matrix,
-    read_json,
     read_npz,
     split_rows,
 )
+from .text import next_characters, text_embedding
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CausalDataset(SequenceData):
     """``inputs[j]`` is n_j×d; ``targets[j]`` is n_j×d with row i meaningful only where
     ``known[j][i]`` (a bool array of length n_j) is True; the other rows are zeros."""
@@ -51,6 +52,9 @@ class CausalDataset(SequenceData):
     def constrained(self) -> int:
         """Number of positions with a target."""
         return int(sum(k.sum() for k in self.known))
+
+    def _counted(self) -> str:
+        return f"{self.constrained} constrained"
 
     def coordinate_scale(self) -> float:
         """The data's scale over inputs and constrained targets
@@ -92,12 +96,25 @@ class CausalDataset(SequenceData):
         return cls._validated(xs, ys, known)
 
     @classmethod
+    def from_text(cls, text: str | list[str], embedding: dict | None = None, d: int = 8,
+                  seed: int = 0) -> CausalDataset:
+        """The next-character data of a text (or of several): every character is its vector
+        under ``embedding`` (symbol → vector; default ``text_embedding(text, d, seed)``, the
+        same vectors for the same text), and every position's target is the next character's
+        vector, none at the last (docs/causal.md#text)."""
+        if embedding is None:
+            embedding = text_embedding(text, d, seed)
+        return cls.from_arrays(*next_characters(text, embedding))
+
+    @classmethod
     def from_dict(cls, doc, where: str = "data") -> CausalDataset:
+        """The dataset of a parsed JSON document (``read_json``: numbers by the rule of
+        docs/problem.md#numbers); ``where`` names it in errors."""
         if not isinstance(doc, dict) or "inputs" not in doc or "targets" not in doc:
             raise DatasetError(f"{where}: expected an object with keys 'inputs' and 'targets'")
         if doc.get("causal", True) is not True:
             raise DatasetError(f"{where}: \"causal\" must be true in a causal dataset")
-        return cls.from_arrays(doc["inputs"], doc["targets"])
+        return cls.from_arrays(sequences(doc, "inputs", where), sequences(doc, "targets", where))
 
     @classmethod
     def from_npz(cls, path: str | Path) -> CausalDataset:
@@ -125,10 +142,13 @@ class CausalDataset(SequenceData):
         return load_dataset(path, causal=True)
 
     def to_json_dict(self) -> dict:
-        def enc(row):
-            return [str(v) if isinstance(v, Fraction) else float(v) for v in row]
-        return {"causal": True, "inputs": [[enc(r) for r in x] for x in self.inputs],
-                "targets": [[enc(r) if k else None for r, k in zip(y, kn, strict=True)]
+        """The JSON form, read back as identical values: ``"number": "rational"`` and "p/q"
+        strings for exact data, ``"number": "float64"`` and bare floats for float data."""
+        def rows(a: np.ndarray) -> list:  # float rows as they are (json writes each float's
+            return fmt_array(a) if a.dtype == object else a.tolist()  # shortest repr)
+        return {"causal": True, "number": "rational" if self.exact else "float64",
+                "inputs": [rows(x) for x in self.inputs],
+                "targets": [[r if k else None for r, k in zip(rows(y), kn.tolist(), strict=True)]
                             for y, kn in zip(self.targets, self.known, strict=True)]}
 
     # ----------------------------------------------------------------------------- validation

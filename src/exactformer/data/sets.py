@@ -8,6 +8,7 @@ reported with the index of the pair (0-based) and of the token.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import warnings
@@ -27,10 +28,11 @@ from ..numbers import (
     is_exact_array,
     mix64,
     pad_columns,
-    parse_exact,
     to_fraction,
     to_fraction_array,
 )
+from .errors import DatasetError, DuplicatePairWarning
+from .numbers_rule import read_json, sequences
 
 # Nonzero coordinates must have a magnitude in [SMALLEST, LARGEST): the normal float64 range.
 # The construction and its checks measure scales and gaps in float64, which is impossible
@@ -38,14 +40,6 @@ from ..numbers import (
 SMALLEST = Fraction(2) ** -1022
 LARGEST = Fraction(2) ** 1024
 SMALLEST_FLOAT = float(SMALLEST)
-
-
-class DatasetError(ValueError):
-    """A dataset breaks a rule of docs/problem.md; the message names the pair and the rule."""
-
-
-class DuplicatePairWarning(UserWarning):
-    """Two inputs are equal as sets and so are their targets: the pairs were merged."""
 
 
 class SequenceData:
@@ -72,6 +66,36 @@ class SequenceData:
     def total_n(self) -> int:
         return sum(x.shape[0] for x in self.inputs)
 
+    def __repr__(self) -> str:
+        """A short form: N, d, the lengths and the kind of numbers, never the arrays."""
+        lengths = [x.shape[0] for x in self.inputs]
+        return (f"{type(self).__name__}(N={self.N}, d={self.d}, lengths "
+                f"{min(lengths)}..{max(lengths)}, {self._counted()}, "
+                f"{'exact' if self.exact else 'float64'})")
+
+    def sha256(self) -> str:
+        """The SHA-256 (hex) that names these data exactly, values and kind: of a JSON header
+        ``{"causal", "d", "lengths" (per sequence [n_j, m_j]), "number"}`` (sorted keys, no
+        spaces), then the values, inputs then targets: float64 data as their little-endian
+        float64 bytes, exact data as the JSON list of their "p/q" strings; causal data then add
+        their mask of constrained positions, a byte each. Float data and the same values as
+        Fractions differ (docs/verification.md#the-data-checked)."""
+        known = getattr(self, "known", None)  # causal data only
+        header = {"causal": known is not None, "d": self.d, "number":
+                  "rational" if self.exact else "float64",
+                  "lengths": [[len(x), len(y)] for x, y in zip(self.inputs, self.targets,
+                                                               strict=True)]}
+        h = hashlib.sha256(json.dumps(header, sort_keys=True, separators=(",", ":")).encode())
+        arrays = (*self.inputs, *self.targets)
+        if self.exact:
+            h.update(json.dumps([fmt_array(a) for a in arrays], separators=(",", ":")).encode())
+        else:
+            for a in arrays:
+                h.update(np.ascontiguousarray(a, dtype="<f8").tobytes())
+        for k in known or ():
+            h.update(np.asarray(k, dtype=np.uint8).tobytes())
+        return h.hexdigest()
+
     def padded(self, D: int):
         """These data as a model of width D = d_model reads them: every input token and target
         y as (y, 0, …, 0) ∈ R^D (docs/architecture.md#data-narrower-than-the-model). The same
@@ -95,7 +119,7 @@ class SequenceData:
                 [np.asarray(y, dtype=float) for y in self.targets])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Dataset(SequenceData):
     """N validated pairs. ``inputs[j]`` is n_j×d, ``targets[j]`` is m_j×d (float64 or Fraction)."""
 
@@ -115,6 +139,9 @@ class Dataset(SequenceData):
     @property
     def total_m(self) -> int:
         return sum(self.target_lengths)
+
+    def _counted(self) -> str:
+        return f"Σm={self.total_m}"
 
     def check_float64(self) -> None:
         """Raise DatasetError if rounding to float64 breaks a rule (distinct tokens or inputs
@@ -155,8 +182,9 @@ class Dataset(SequenceData):
 
     @classmethod
     def from_json(cls, path: str | Path) -> Dataset:
-        """Read ``{"inputs": [[[..], ..], ..], "targets": [...]}``; numbers are read exactly,
-        except with ``"number": "float64"``, where each is the float64 nearest to it."""
+        """Read ``{"inputs": [[[..], ..], ..], "targets": [...]}``, numbers by the rule of
+        docs/problem.md#numbers (bare numbers float64, strings exact, unless ``"number"``
+        says otherwise)."""
         return cls.from_doc(read_json(path), path)
 
     @classmethod
@@ -164,14 +192,17 @@ class Dataset(SequenceData):
         """The dataset of a parsed JSON document (``read_json``); ``path`` names it in errors."""
         if not isinstance(doc, dict) or "inputs" not in doc or "targets" not in doc:
             raise DatasetError(f"{path}: expected an object with keys 'inputs' and 'targets'")
-        number = doc.get("number", "rational")
-        if number not in ("rational", "float64"):
-            raise DatasetError(f"{path}: \"number\" must be \"rational\" or \"float64\", got "
-                               f"{number!r}"[:200])
-        if number == "float64":
-            return cls.from_arrays(_float64_sequences(doc["inputs"], "input"),
-                                   _float64_sequences(doc["targets"], "target"))
-        return cls.from_arrays(doc["inputs"], doc["targets"])
+        try:
+            data = cls.from_arrays(sequences(doc, "inputs", path),
+                                   sequences(doc, "targets", path))
+        except DatasetError as e:
+            if _causal_shaped(doc):
+                raise DatasetError(f"{e}; {CAUSAL_HINT}") from None
+            raise
+        if _next_tokens(data):
+            warnings.warn(f"{path}: every target is its input shifted by one token; "
+                          f"{CAUSAL_HINT}", UserWarning, stacklevel=2)
+        return data
 
     @classmethod
     def from_npz(cls, path: str | Path) -> Dataset:
@@ -230,23 +261,66 @@ class Dataset(SequenceData):
         return cls(*_merge_equal_inputs(xs, ys, equal_sets))
 
 
+CAUSAL_HINT = ("these look like causal data (a target or null per position): read them with "
+               "--causal (Python: load_dataset(path, causal=True) or CausalDataset.load)")
+
+
+def _causal_shaped(doc: dict) -> bool:
+    """Whether a document has the shape of causal data: a target list as long as every input
+    sequence (one target or null per position), some sequence longer than one token."""
+    xs, ys = doc["inputs"], doc["targets"]
+    if not (isinstance(xs, list) and isinstance(ys, list) and len(xs) == len(ys) and xs):
+        return False
+    same = all(isinstance(x, list) and isinstance(y, list) and len(x) == len(y)
+               for x, y in zip(xs, ys, strict=True))
+    return same and any(len(x) > 1 for x in xs)
+
+
+def _next_tokens(data: Dataset) -> bool:
+    """Whether every target (as long as its input) is the input shifted by one token, the
+    mark of next-token data read as set data."""
+    if not any(len(x) > 1 for x in data.inputs):
+        return False
+    return all(len(x) == len(y) and np.array_equal(x[1:], y[:-1])
+               for x, y in zip(data.inputs, data.targets, strict=True))
+
+
 def _all_floats(seq) -> bool:
     if isinstance(seq, np.ndarray):
-        return seq.dtype.kind in "fiub"
+        return all_floats_row(seq)
     return isinstance(seq, (list, tuple)) and all(all_floats_row(row) for row in seq)
 
 
 def all_floats_row(row) -> bool:
+    """Whether a token holds plain numbers only, each an int or float that float64 holds as it
+    is: an int that float64 would round (2^53 + 1) makes the data exact instead."""
     if isinstance(row, np.ndarray):
-        return row.dtype.kind in "fiub"
+        if row.dtype.kind in "iu":
+            return row.size == 0 or int(np.abs(row).max()) <= _EXACT_INTS or \
+                all(_float_holds(int(v)) for v in row.flat)
+        return row.dtype.kind in "fb"
     if not isinstance(row, (list, tuple)):
         return False
-    if set(map(type, row)) <= _PLAIN_NUMBERS:  # the common case, without a call per value
+    types = set(map(type, row))
+    if types <= _PLAIN_NUMBERS:  # the common case, without a call per value
+        return int not in types or all(_float_holds(v) for v in row if type(v) is int)
+    return all(isinstance(v, (float, np.floating)) or
+               (isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                and _float_holds(int(v))) for v in row)
+
+
+def _float_holds(v: int) -> bool:
+    """Whether float64 holds the int v exactly; True also where it overflows, so that the
+    float path refuses it by name (outside the float64 range)."""
+    if abs(v) <= _EXACT_INTS:
         return True
-    return all(isinstance(v, (float, int, np.floating, np.integer)) and not isinstance(v, bool)
-               for v in row)
+    try:
+        return float(v) == v
+    except OverflowError:
+        return True
 
 
+_EXACT_INTS = 2 ** 53  # every int of at most this magnitude is a float64
 _PLAIN_NUMBERS = frozenset({float, int})
 
 
@@ -299,44 +373,6 @@ def _value(v, exact: bool, where: str):
                            "the normal float64 range (nonzero magnitudes from 2^-1022 to "
                            "below 2^1024); rescale the data")
     return f
-
-
-def _float64_sequences(seqs, kind: str):
-    """The sequences of a ``"number": "float64"`` JSON file with each number string (or JSON
-    number) replaced by the nearest float64; other structure is left to ``from_arrays``."""
-    if not isinstance(seqs, list):
-        return seqs
-    out = []
-    for j, seq in enumerate(seqs):
-        if not isinstance(seq, list):
-            out.append(seq)
-            continue
-        rows = []
-        for i, row in enumerate(seq):
-            if not isinstance(row, list):
-                rows.append(row)
-                continue
-            try:
-                rows.append([float(v) if isinstance(v, (str, Fraction)) else v for v in row])
-            except (ValueError, OverflowError):
-                raise DatasetError(f"{kind} {j}, token {i}: a value is not a float64 number "
-                                   f"string ({row!r})"[:300]) from None
-        out.append(rows)
-    return out
-
-
-def read_json(path: str | Path):
-    """The parsed JSON of a dataset file, every number read exactly (``parse_exact``, which
-    refuses absurd exponents); broken or too deeply nested JSON is a DatasetError."""
-    text = Path(path).read_text()
-    try:
-        return json.loads(text, parse_float=parse_exact, parse_int=parse_exact)
-    except RecursionError:
-        raise DatasetError(f"{path}: not valid JSON (nested too deeply)") from None
-    except NumberError as e:
-        raise DatasetError(f"{path}: {e}") from None
-    except ValueError as e:  # JSONDecodeError, or a number too long for Python's int
-        raise DatasetError(f"{path}: not valid JSON ({e})"[:300]) from None
 
 
 def read_npz(path, names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:

@@ -17,11 +17,11 @@ from .causal import CausalScan, causal_row, with_positions
 from .dense import dense_forward
 from .jobs import layer_forms
 from .keys import KeyLayer, KeyRun, key_layers
-from .passes import distinct_rows, enclose, forward, forward_causal, predict
+from .passes import distinct_rows, enclose, forward, forward_causal, predict, run
 from .windows import Ridge, direction_scales, ridge_groups, ridge_window, ridges_in, ridges_of
 
 __all__ = ["ARITHMETICS", "Arithmetic", "CausalScan", "KeyLayer", "KeyRun", "PassStats",
            "Ridge", "causal_row", "dense_forward", "direction_scales", "distinct_rows",
            "enclose", "forward", "key_layers", "layer_forms",
-           "forward_causal", "predict", "relu", "ridge_groups", "ridge_window",
+           "forward_causal", "predict", "relu", "run", "ridge_groups", "ridge_window",
            "ridges_in", "ridges_of", "with_positions"]

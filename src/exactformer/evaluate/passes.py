@@ -165,8 +165,28 @@ def distinct_rows(a: np.ndarray) -> np.ndarray:
 def predict(model: Transformer, X, arithmetic: str | None = None, dps: int = 50) -> np.ndarray:
     """The set of distinct output tokens (in R^D) for one input sequence X (n×d, d ≤ D,
     zero-padded as by :func:`forward`); for a causal model the ordered outputs, row i the
-    prediction after x_1..x_i."""
+    prediction after x_1..x_i. Numbers as :func:`run` returns them."""
+    (out,) = run(model, [X], arithmetic, dps)
+    return out
+
+
+def run(model: Transformer, inputs, arithmetic: str | None = None, dps: int = 50,
+        progress: bool = False) -> list[np.ndarray]:
+    """The model's outputs for every sequence of ``inputs`` (a dataset, or a list of n_j×d
+    arrays): for a set model the distinct output tokens of each (first seen first), for a
+    causal model the output at every position (docs/running.md).
+
+    The numbers a user expects (docs/running.md#which-numbers-come-back): a rational hardmax
+    model runs exactly; on exact inputs (Fractions) its outputs are Fractions, on float inputs
+    they are those exact outputs rounded to float64, so that an output equal to a float target
+    is that float. Other models (float64 parameters, or softmax, which no finite arithmetic
+    evaluates exactly) run in float64. An explicit ``arithmetic`` ("exact", "float", "mp")
+    always wins, its outputs in its own numbers."""
+    xs = list(inputs.inputs) if hasattr(inputs, "inputs") else [np.asarray(x) for x in inputs]
+    to_floats = arithmetic is None and not any(x.dtype == object for x in xs)
     if arithmetic is None:
         arithmetic = "exact" if model.exact and model.attention == "hardmax" else "float"
-    (out,) = forward(model, [np.asarray(X)], arithmetic, dps)
-    return out if model.causal else distinct_rows(out)
+    outs = forward(model, xs, arithmetic, dps, progress=progress)
+    if to_floats:
+        outs = [safe_floats(o) if o.dtype == object else o for o in outs]
+    return outs if model.causal else [distinct_rows(o) for o in outs]

@@ -14,28 +14,24 @@ bit for bit; an exact model is also saved as ``model.json`` (the JSON model file
 
 from __future__ import annotations
 
-import hashlib
 import json
 from contextlib import ExitStack
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..data import CausalDataset, Dataset
+from .. import __version__
+from ..data import CausalDataset
 from ..model import Transformer
 from ..modelio import atomic_path, model_to_dict
 from ..numbers import wider_than_model
+from ..summary import LICENCE, PAPER, decides, model_summary
 from .native import FORMAT, native_model, native_tensors
 
 CONFIG, WEIGHTS, CARD, MODEL = "config.json", "model.safetensors", "README.md", "model.json"
 EVAL = "eval."  # prefix of the evaluation form's tensors
-
-
-def data_hash(data: Dataset | CausalDataset) -> str:
-    """sha256 of the dataset's JSON form (sorted keys, no spaces): names the data exactly."""
-    text = json.dumps(data.to_json_dict(), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def write_pretrained(module, folder: str | Path, data=None, report=None) -> None:
@@ -81,56 +77,123 @@ def read_pretrained(cls, folder: str | Path, device=None, dtype=None, ff: str | 
 
 
 def model_card(model: Transformer, data=None, report=None) -> str:
-    """The folder's README.md: what the model was compiled from, its shape, and its verdict."""
+    """The folder's README.md, a card one can publish: what the model is (the rows of
+    ``exactformer info``), what was proved of it and in which arithmetic, its float32
+    verdict, the warning that outputs off the data are arbitrary, how the data's sha256 is
+    computed, how to run it (from this folder, ``.``), the licence and the paper to cite. Every
+    needed explanation is in the card itself: it links nowhere."""
     kind = f"{'causal ' if model.causal else ''}{model.attention}"
-    lines = ["---", "library_name: exactformer", "tags: [exactformer, exact-interpolation]",
-             "---", "", f"# An exact {kind} transformer compiled by exactformer", "",
-             "Weights constructed (not trained) so that the model maps every input sequence of "
-             "its dataset to its target; see the exactformer documentation "
-             "(docs/README.md).", "", "## Model", "",
-             "| field | value |", "|---|---|",
-             f"| attention | {model.attention}"
-             f"{'' if model.tau is None else f' (τ = {model.tau})'} |",
-             f"| blocks L | {model.n_blocks} |", f"| parameters P | {model.n_params()} |",
-             f"| d | {model.d} |", f"| widest FF layer | {model.max_width()} |",
-             f"| heads | {model.max_heads()} |",
-             f"| parameters stored as | {'rationals (model.json)' if model.exact else 'float64'}"
-             " and floats (model.safetensors) |", ""]
-    lines += _data_lines(model, data) + _verdict_lines(report)
-    lines += ["## Loading", "", "```python",
-              "from exactformer.export import NativeTransformer",
-              "module = NativeTransformer.from_pretrained(FOLDER)",
-              "y = module(x, mask)  # x: (B, n, d), mask: (B, n) True at real tokens", "```", ""]
+    lines = ["---", "library_name: exactformer", f"license: {LICENCE.lower()}",
+             "tags: [exactformer, exact-interpolation]", "---", "",
+             f"# An exact {kind} transformer compiled by exactformer {__version__}", "",
+             "Weights constructed, not trained, so that the model maps every input sequence of "
+             "its dataset to its target, following the construction of "
+             f"{PAPER}. The numbers below were produced by exactformer {__version__} when "
+             "this folder was written.", "",
+             "**Outside its data the model means nothing.** It reproduces its dataset and "
+             "nothing else: on any input that is not one of its input sequences (a causal "
+             "model: a prefix of one) its output is arbitrary. Nothing was fitted, and nothing "
+             "generalises.", "", "## Model", "", *_markdown(model_summary(model)), ""]
+    lines += _data_lines(model, data) + _verdict_lines(model, report)
+    lines += _float32_lines(model, data) + _usage_lines(model, data)
+    lines += ["## Licence and citation", "",
+              f"exactformer, which wrote these weights, is {LICENCE}-licensed, and this card "
+              "declares the same licence for them; the weights are a function of the data, so "
+              "if the data carry other terms, change the `license` line at the top. The "
+              "construction is that of:", "", "```bibtex", "@article{alcalde2025exact,",
+              "  title   = {Exact Sequence Interpolation with Transformers},",
+              "  author  = {Alcalde, Albert and Fantuzzi, Giovanni and Zuazua, Enrique},",
+              "  journal = {arXiv preprint arXiv:2502.02270},", "  year    = {2025}", "}",
+              "```", ""]
     return "\n".join(lines)
+
+
+def _markdown(rows: list[tuple[str, str]]) -> list[str]:
+    """(label, value) rows as a Markdown table ('|' in a value escaped)."""
+    return ["| field | value |", "|---|---|",
+            *(f"| {k} | {str(v).replace('|', chr(92) + '|')} |" for k, v in rows)]
 
 
 def _data_lines(model: Transformer, data) -> list[str]:
     meta = model.meta
+    how = ["The sha256 names the data exactly, values and kind. It is the SHA-256 of a JSON "
+           "header (`causal`, `d`, `lengths` [n_j, m_j] per sequence, `number`: float64 or "
+           "rational; sorted keys, no spaces) followed by the values, inputs then targets: "
+           "float64 data as their little-endian float64 bytes, exact data as the JSON list of "
+           "their \"p/q\" strings; causal data then add their mask of constrained positions, "
+           "a byte each. `exactformer.data.load_dataset(path).sha256()` computes it, and "
+           "`exactformer verify` compares it with the one the model records and says when it "
+           "is given a subset or other data.", ""]
     if data is None:
         known = ", ".join(f"{k} = {meta[k]}" for k in ("N", "sum_m", "constrained")
                           if k in meta)
-        return ["## Data", "", f"Not recorded with the model{f' ({known})' if known else ''}.",
-                ""]
+        return ["## Data", "", f"Not written with the model{f' ({known})' if known else ''}; "
+                "the model's row *data sha256* above names them.", "", *how]
     lengths = [len(x) for x in data.inputs]
     if data.d > model.d:
         raise ValueError(wider_than_model(data.d, model.d))
     d = data.padded_from or data.d
     dim = str(d) if d == model.d else f"{d} (data in R^{d}, zero-padded to d_model = {model.d})"
-    rows = [f"| sequences N | {data.N} |", f"| token dimension d | {dim} |",
-            f"| input lengths | {min(lengths)} to {max(lengths)} |"]
-    if isinstance(data, CausalDataset):
-        rows.append(f"| constrained positions | {data.constrained} |")
-    else:
-        rows.append(f"| target tokens Σm | {data.total_m} |")
-    return ["## Data", "", "| field | value |", "|---|---|", *rows,
-            f"| sha256 of the data's JSON form | `{data_hash(data)}` |", ""]
+    rows = [("sequences N", data.N), ("token dimension d", dim),
+            ("input lengths", f"{min(lengths)} to {max(lengths)}"),
+            ("constrained positions", data.constrained) if isinstance(data, CausalDataset)
+            else ("target tokens Σm", data.total_m),
+            ("numbers", "exact rationals" if data.exact else "float64"),
+            ("sha256 of the data's JSON form", f"`{data.sha256()}`")]
+    return ["## Data", "", *_markdown(rows), "", *how]
 
 
-def _verdict_lines(report) -> list[str]:
-    rerun = ["To re-run the verification with the data file DATA:", "", "```",
-             "exactformer verify FOLDER/model.json DATA", "```", "",
-             "(exact models; a float64 model: `exactformer.verify(NativeTransformer."
-             "from_pretrained(FOLDER).model, data)`).", ""]
+def _verdict_lines(model: Transformer, report) -> list[str]:
+    rerun = ["To re-run it, with the data file (the one whose sha256 is above) in this "
+             "folder as `data.json`:", "", "```",
+             "exactformer verify model.json data.json" if model.exact else
+             "python -c \"import exactformer as ef; from exactformer.export import "
+             "NativeTransformer as T; print(ef.verify(T.from_pretrained('.').model, "
+             "ef.data.load_dataset('data.json')).table())\"", "```", ""]
+    meaning = ["PROVED EXACT: every output equals its target, shown in exact rational "
+               "arithmetic or by a rigorous bound of 0; OK: every output is within the "
+               "tolerance of its target by a rigorous bound (float64 parameters, or softmax); "
+               "UNDECIDED: no failure shown, but no bound tight enough; FAILED: some output "
+               "shown to be off.", ""]
     if report is None:
-        return ["## Verification", "", "Not run when the folder was written.", "", *rerun]
-    return ["## Verification", "", "```", report.table(), "```", "", *rerun]
+        return ["## What was proved", "", "Nothing yet: `verify` was not run when the folder "
+                f"was written. For this model it decides by {decides(model)}.", "",
+                *meaning, *rerun]
+    return ["## What was proved", "",
+            f"**{report.verdict()}** (`verify`, {report.arithmetic} arithmetic).", "",
+            *meaning, "```", report.table(), "```", "", *rerun]
+
+
+def _float32_lines(model: Transformer, data) -> list[str]:
+    """The float32 verdict on the data (a float32 run of the module), when they are known."""
+    from .float32 import float32_verdict  # here: float32 imports modules, which imports hub
+    head = ["## In float32", ""]
+    if data is None:
+        return [*head, "Not measured (no data written with the model).", ""]
+    verdict = float32_verdict(model, data)
+    word = "still interpolates" if verdict.interpolates else "does NOT interpolate"
+    return [*head, f"Run in float32 (torch, native layout), the model {word} its data within "
+            f"{verdict.tolerance:g} × the data's scale: largest error {verdict.error:.3g} × "
+            "scale. This is a measurement of one float32 run, not a proof.", "",
+            "```", verdict.table(), "```", ""]
+
+
+def _usage_lines(model: Transformer, data) -> list[str]:
+    """A snippet that runs as written in this folder (``.``): the module on one sequence
+    of its data, embedded when short enough, else on a sequence the reader supplies."""
+    x = None
+    if data is not None:
+        first = np.asarray(data.floats()[0][0])
+        x = first[:8] if model.causal else first if len(first) <= 16 else None
+    line = ("x = np.array(" + json.dumps(x.tolist()) + ")  # input sequence 0 of the data"
+            + (" (its first tokens)" if model.causal else "")) if x is not None else \
+        f"x = np.array(...)  # one input sequence of the data: n × {model.d} (or narrower)"
+    out = ("the outputs at each position: the model's next-token predictions" if model.causal
+           else "the outputs: their distinct rows are the target set")
+    return ["## Running it", "", "In this folder (`pip install 'exactformer[torch]'`):", "",
+            "```python", "import numpy as np",
+            "from exactformer.export import NativeTransformer, apply", "",
+            "module = NativeTransformer.from_pretrained(\".\")", line,
+            f"print(apply(module, [x])[0])  # {out}", "```", "",
+            "`module(x, mask)` takes a (B, n, d) float tensor and a (B, n) mask, True at real "
+            "tokens.", ""]

@@ -5,9 +5,10 @@ then the positions after each phase that ``model.record.phases`` lists, in order
 whose last block ends in a non-residual attention layer (ρ = 0: the collapse onto the leaders)
 gets two panels, before and after that layer, so the leaders are seen before the collapse. So a
 hardmax model shows input, separation, leaders, collapse, interpolation; a softmax model also
-its projection and snap phases. Tokens are coloured by sequence, targets are black crosses in
-the input and final panels. Tokens in R^2 are drawn as they are; for d > 2 each panel shows its
-points projected onto their own first two principal directions (the titles say so).
+its projection and snap phases. Tokens are coloured by sequence (a legend, or a colour bar
+beyond 20 sequences), a point held by k sequences is k concentric discs, and targets are black
+crosses in the input and final panels. Tokens in R^2 are drawn as they are; for d > 2 each panel
+shows its points projected onto their own first two principal directions (the titles say so).
 
 A causal model (docs/causal.md) with its causal data is drawn the same way, panel by panel
 (input plus stored positions, separation, interpolation; or projection and snap), but its
@@ -30,8 +31,9 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
 from matplotlib.collections import LineCollection
-from matplotlib.colors import Normalize
+from matplotlib.colors import ListedColormap, Normalize
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from ..data import CausalDataset, Dataset
@@ -112,11 +114,32 @@ def panels(fig: Figure) -> list:
 
 
 def _colours(N: int) -> np.ndarray:
+    """N distinct colours, one per sequence: tab10; up to 20, tab20's ten dark colours
+    before its ten light ones (so that sequences 0-9 do not pair with their light twins);
+    beyond, evenly spaced along turbo (matched by the figure's colour bar)."""
     if N <= 10:
         return np.array(mpl.colormaps["tab10"].colors[:N])
     if N <= 20:
-        return np.array(mpl.colormaps["tab20"].colors[:N])
+        pairs = mpl.colormaps["tab20"].colors
+        return np.array((pairs[0::2] + pairs[1::2])[:N])
     return mpl.colormaps["turbo"](np.linspace(0.05, 0.95, N))[:, :3]
+
+
+def _sequence_key(fig: Figure, axes, colours: np.ndarray) -> None:
+    """Which colour is which sequence: a legend for up to 20 sequences, else a colour bar
+    (labelled COLOUR_BAR, so that :func:`panels` leaves it out)."""
+    N = len(colours)
+    if N <= 20:
+        handles = [Line2D([], [], marker="o", linestyle="", color=c, label=f"sequence {j}")
+                   for j, c in enumerate(colours)]
+        fig.legend(handles=handles, loc="outside right upper", fontsize=7, frameon=False)
+        return
+    bar = fig.colorbar(ScalarMappable(Normalize(-0.5, N - 0.5), ListedColormap(colours)),
+                       ax=axes, shrink=0.8)
+    bar.set_label("sequence (0-based)", fontsize=8)
+    bar.ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    bar.ax.tick_params(labelsize=7)
+    bar.ax.set_label(COLOUR_BAR)
 
 
 def _project(points: np.ndarray, d: int) -> np.ndarray:
@@ -150,25 +173,31 @@ def _crosses(ax, xy: np.ndarray, size: float) -> None:
 
 def _draw(ax, positions: list[np.ndarray], colours, targets: np.ndarray | None, d: int,
           size: float) -> None:
-    """Tokens coloured by sequence; a point shared by k sequences is k concentric discs."""
+    """Tokens coloured by sequence; a point held by k sequences is k concentric discs, one
+    per sequence however many of its tokens are there."""
     P = np.concatenate(positions)
     seq = np.repeat(np.arange(len(positions)), [len(p) for p in positions])
     both = P if targets is None else np.concatenate([P, targets])
     xy = _project(both, d)
     keys = _distinct_keys(P)
-    sharing: dict[tuple, int] = {}  # point -> how many sequences hold it
-    rank = np.empty(len(keys), dtype=int)
+    holders: dict[tuple, list[int]] = {}  # point -> the sequences holding it, first seen first
+    rows = []  # one token per (point, sequence)
     for i, k in enumerate(keys):
-        rank[i] = sharing.get(k, 0)
-        sharing[k] = rank[i] + 1
-    k_of = np.array([sharing[k] for k in keys])
+        held = holders.setdefault(k, [])
+        if seq[i] not in held:
+            held.append(seq[i])
+            rows.append(i)
+    rows = np.array(rows)
+    rank = np.array([holders[keys[i]].index(seq[i]) for i in rows])
+    k_of = np.array([len(holders[keys[i]]) for i in rows])
     sizes = size * (1 + 2 * (k_of - 1 - rank) / k_of)
-    order = np.argsort(-sizes, kind="stable")
-    ax.scatter(xy[order, 0], xy[order, 1], c=colours[seq[order]], s=sizes[order],
+    big_first = np.argsort(-sizes, kind="stable")
+    order = rows[big_first]
+    ax.scatter(xy[order, 0], xy[order, 1], c=colours[seq[order]], s=sizes[big_first],
                linewidths=0)
     if targets is not None:
         _crosses(ax, xy[len(P):], size)
-    _finish(ax, len(sharing), d)
+    _finish(ax, len(holders), d)
 
 
 def _draw_causal(ax, positions: list[np.ndarray], targets: np.ndarray | None, d: int,
@@ -232,7 +261,9 @@ def plot_phases(model: Transformer, dataset: Dataset | CausalDataset, path,
     for k, (ax, st) in enumerate(zip(axes, stage_list, strict=False)):
         paint(ax, snaps[st.index], k in (0, len(stage_list) - 1))
         ax.set_title(st.title, fontsize=9)
-    if norm is not None:
+    if norm is None:
+        _sequence_key(fig, axes[:len(stage_list)], _colours(dataset.N))
+    else:
         bar = fig.colorbar(ScalarMappable(norm, POSITION_CMAP), ax=axes[:len(stage_list)],
                            shrink=0.8)
         bar.set_label("position in the sequence (0-based)", fontsize=8)

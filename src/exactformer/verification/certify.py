@@ -36,8 +36,10 @@ class Proof:
 
     ``proved``: every pair's output set equals its target set, shown exactly. ``bits``: the ball
     precision of the attempt reported (None for the exact hardmax pass). ``refuted``: an output
-    was computed exactly and is not a target (or a target is missed): the model is wrong on the
-    data. ``pairs``: per pair, whether its output set was proved equal to its target set.
+    was computed exactly and is not exactly a target (or a target is missed): the model is not
+    exact on the data (whether it is within a tolerance is for ``verify`` to say), pair
+    ``refuted_pair``. ``pairs``: per pair, whether its output set was proved equal to its
+    target set.
     """
 
     proved: bool
@@ -46,6 +48,7 @@ class Proof:
     refuted: bool = False
     pairs: list[bool] = field(default_factory=list)
     seconds: float = 0.0
+    refuted_pair: int | None = None
 
 
 def prove(model: Transformer, dataset: Dataset, max_bits: int = 1024) -> Proof:
@@ -94,7 +97,7 @@ def judge(outputs: list[list], targets: list[list], bits: int | None,
     """Compare every pair's output tokens with its target set: exact points with ``==`` on
     rationals, as sets. A pair with a token that is not an exact point is not proved; a pair
     whose exact outputs differ from its targets refutes the model."""
-    pairs, failure, refutation = [], None, None
+    pairs, failure, refutation, refuted_pair = [], None, None, None
     for j, (toks, want) in enumerate(zip(outputs, targets, strict=True)):
         loose = [i for i, t in enumerate(toks) if not isinstance(t, Exact)]
         if loose:
@@ -103,11 +106,13 @@ def judge(outputs: list[list], targets: list[list], bits: int | None,
             continue
         wrong = _mismatch(j, [t.o for t in toks], want)
         pairs.append(wrong is None)
-        refutation = refutation or wrong
+        if wrong is not None and refutation is None:
+            refutation, refuted_pair = wrong, j
     how = "exact rational forward pass" if bits is None else \
         f"{bits}-bit balls, exact rationals from each token's last flat piece on"
     if refutation is not None:
-        return Proof(False, bits, refutation, refuted=True, pairs=pairs)
+        return Proof(False, bits, refutation, refuted=True, pairs=pairs,
+                     refuted_pair=refuted_pair)
     if failure is not None:
         return Proof(False, bits, failure, pairs=pairs)
     return Proof(True, bits, f"every output token of the {len(pairs)} pairs is exactly a "
@@ -119,10 +124,10 @@ def _mismatch(j: int, got: list, want: list) -> str | None:
     for i, o in enumerate(got):
         if not any(o == y for y in want):
             return (f"pair {j}, position {i}: the output is exactly {_show(o)}, which is not "
-                    "a target: the model is wrong on this pair")
+                    "exactly a target")
     for y in want:
         if not any(o == y for o in got):
-            return f"pair {j}: the target {_show(y)} is not an output: the model is wrong on it"
+            return f"pair {j}: the target {_show(y)} is not exactly an output"
     return None
 
 

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..distance import worst
 from ..tables import format_table
+from .data_check import data_row
 
 VERDICTS = ("PROVED EXACT", "OK", "UNDECIDED", "FAILED")
 
@@ -91,6 +92,7 @@ class Report(_Verdict):
     proved: bool = False  # interpolation proved (exact ==, or certify's ball arithmetic)
     proof: str = ""  # how it was proved, or why not
     d_model: int | None = None  # the model's width, where the data (d < d_model) were padded
+    data: dict = field(default_factory=dict)  # the data given vs. built for (data_check)
 
     @property
     def ok(self) -> bool:
@@ -115,6 +117,7 @@ class Report(_Verdict):
             ("verdict", self.verdict()),
             ("interpolation", self._interpolation()),
             ("proof", self.proof),
+            ("data", data_row(self.data)),
             ("attention", self.attention),
             ("pairs N / dimension d", f"{self.N} / {self.d}{padded(self.d_model)}"),
             ("input tokens / target tokens Σm", f"{self.total_tokens} / {self.sum_m}"),
@@ -133,6 +136,8 @@ class Report(_Verdict):
             ("smallest hardmax score margin", fmt(self.hardmax_margin)),
             ("smallest hat clearance / scale", fmt(self.hat_clearance)),
         ]
+        if self.failing_pairs():
+            rows.insert(1, ("failing pairs", self._failing()))
         if self.nonfinite_pairs:
             rows.insert(2, ("non-finite float64 outputs", f"pairs {self.nonfinite_pairs[:10]}"))
         if self.undecided_pairs:
@@ -140,6 +145,25 @@ class Report(_Verdict):
         hidden = ("hausdorff_mp", "hausdorff_exact", "hausdorff_bound", "mp digits")
         rows += [(k, str(v)) for k, v in self.extra.items() if k not in hidden]
         return rows
+
+    def failing_pairs(self) -> list[int]:
+        """The pairs shown to fail: unequal sets (rational hardmax), beyond the limit by the
+        deciding evaluation, or with an inf or nan float64 output; not the undecided ones."""
+        if self.exact_equal is not None:
+            bad = {j for j, e in enumerate(self.exact_equal) if not e}
+        elif self.within_tolerance is None:
+            bad = set()
+        else:
+            bad = {j for j, w in enumerate(self.within_tolerance)
+                   if not w and j not in self.undecided_pairs}
+        return sorted(bad | set(self.nonfinite_pairs))
+
+    def _failing(self, shown: int = 5) -> str:
+        bad = self.failing_pairs()
+        named = ", ".join(f"pair {j} (float64 Hausdorff error {fmt(self.hausdorff_float64[j])})"
+                          for j in bad[:shown])
+        more = f" and {len(bad) - shown} more" if len(bad) > shown else ""
+        return f"{len(bad)}/{self.N}: {named}{more}"
 
     def _interpolation(self) -> str:
         limit = f"(limit {fmt(self.tolerance)} × scale {fmt(self.coordinate_scale)})"
@@ -196,6 +220,7 @@ class CausalReport(_Verdict):
     d_model: int | None = None  # the model's width, where the data (d < d_model) were padded
     position_keys: bool = False  # built from position keys (docs/causal.md#position-keys)
     keyed: bool = False  # a keyed causal model (docs/causal.md#keyed-causal-models)
+    data: dict = field(default_factory=dict)  # the data given vs. built for (data_check)
 
     @property
     def ok(self) -> bool:
@@ -229,6 +254,7 @@ class CausalReport(_Verdict):
             ("verdict", self.verdict()),
             ("interpolation", how),
             ("first failing position", fail),
+            ("data", data_row(self.data)),
             ("attention", f"{self.attention}, causal"),
             ("sequences N / dimension d", f"{self.N} / {self.d}{padded(self.d_model)}"),
             ("tokens / constrained positions", f"{self.tokens} / {self.constrained}"),
