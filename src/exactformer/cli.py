@@ -239,6 +239,8 @@ def _export_lens(ef_torch, model, args) -> int:
           f"config.json + model.safetensors + lens_helpers.py")
     if not args.data:
         return 0
+    if _progress(args):  # booting a deep bridge takes a while before the bar can start
+        print("transformer-lens: building the bridge from the folder", file=sys.stderr)
     try:
         bridge = ef_torch.load_lens(args.output)
     except ImportError as e:
