@@ -184,7 +184,141 @@ def test_cli_exports_a_folder_and_judges_it(tmp_path, capsys):
     assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(out), "--layout",
                      "transformer-lens", "--data", str(tmp_path / "d.json")]) == 0
     assert re.search(r"transformer-lens float64 +INTERPOLATES", capsys.readouterr().out)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "lens_helpers.py",
+                                                      "model.safetensors"]
     assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(tmp_path / "x"),
                      "--data", str(tmp_path / "d.json")]) == 2
     assert "--layout transformer-lens" in capsys.readouterr().err
+
+
+def cached_margin(bridge, xs, d) -> float | None:
+    """The smallest best-minus-second scaled score, from a cache of every layer (small
+    models only): each real query's scores over the keys it may see, sorted."""
+    x, mask = et.lens_batch(bridge, xs, d)
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(x, attention_mask=mask)
+    gaps = []
+    for i in range(bridge.cfg.n_layers):
+        q, k = cache[f"blocks.{i}.attn.hook_q"], cache[f"blocks.{i}.attn.hook_k"]
+        for b, seq in enumerate(xs):
+            for h in range(bridge.cfg.n_heads):
+                for t in range(len(seq)):
+                    seen = t + 1 if bridge.cfg.attention_dir == "causal" else len(seq)
+                    s = sorted(set((k[b, :seen, h] @ q[b, t, h] / bridge.cfg.attn_scale)
+                                   .tolist()), reverse=True)
+                    if len(s) > 1:
+                        gaps.append(s[0] - s[1])
+    return min(gaps) if gaps else None
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_check_takes_its_margins_layer_by_layer_without_a_cache(monkeypatch, causal):
+    # causal: the same token at the same position continues differently, so the model
+    # needs attention (separation), not position keys alone
+    data = (CausalDataset.from_arrays([[[1, 0], [1, 1]], [[0, 1], [1, 1]]],
+                                      [[None, [2, 0]], [None, [0, 2]]])
+            if causal else builtin.demo())
+    bridge = et.to_lens(ef.compile(data, width=8, heads=2))
+    xs = data.padded(bridge.cfg.d_vocab_out).floats()[0]
+    expected = cached_margin(bridge, xs, bridge.cfg.d_vocab_out)
+    assert expected is not None
+
+    def no_cache(*args, **kwargs):
+        raise AssertionError("the check must not cache every layer")
+
+    monkeypatch.setattr(bridge, "run_with_cache", no_cache)
+    verdict = et.lens_verdict(bridge, data)
+    assert verdict.interpolates
+    assert verdict.score_margin == pytest.approx(expected, rel=1e-12)
+
+
+def test_cli_export_check_shows_a_progress_bar(tmp_path, capsys):
+    data = builtin.demo()
+    (tmp_path / "d.json").write_text(json.dumps(data.to_json_dict()))
+    ef.save_model(ef.compile(data), tmp_path / "m.json")
+    for flag, shown in (("--progress", True), ("--no-progress", False)):
+        assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(tmp_path / flag),
+                         "--layout", "transformer-lens", "--data", str(tmp_path / "d.json"),
+                         flag]) == 0
+        assert ("transformer-lens check" in capsys.readouterr().err) is shown
+
+
+RECIPE = '''
+import json, sys
+sys.modules["exactformer"] = None  # exactformer cannot be imported here
+folder = sys.argv[1]
+sys.path.insert(0, folder)
+import torch
+from lens_helpers import generate, load_bridge, pad_batch, read_outputs
+
+job = json.load(open(folder + "/job.json"))
+bridge = load_bridge(folder)
+out = {"attention_free": None}
+if "inputs" in job:
+    x, mask = pad_batch(job["inputs"], bridge.cfg.d_model)
+    with torch.no_grad():
+        logits, cache = bridge.run_with_cache(x, attention_mask=mask)
+    out["outputs"] = [y.tolist() for y in read_outputs(logits, mask)]
+else:
+    from lens_helpers import attention_free
+    vocab = job["vocab"]
+    out["attention_free"] = attention_free(bridge)
+    out["generated"] = [generate(bridge, [vocab[first]], steps, vocab)
+                        for first, steps in job["prompts"]]
+json.dump(out, open(folder + "/out.json", "w"))
+'''
+
+
+def run_recipe(folder, job: dict) -> dict:
+    """The recipe of docs/export.md in a fresh interpreter where exactformer is not
+    importable: the folder's helper file, TransformerLens and torch only."""
+    import subprocess
+    import sys
+
+    (folder / "job.json").write_text(json.dumps(job))
+    (folder / "recipe.py").write_text(RECIPE)
+    subprocess.run([sys.executable, str(folder / "recipe.py"), str(folder)], check=True,
+                   env={"PATH": "/usr/bin:/bin"}, capture_output=True)
+    return json.loads((folder / "out.json").read_text())
+
+
+def test_the_helper_file_imports_no_exactformer(tmp_path):
+    import ast
+
+    et.save_lens(ef.compile(builtin.demo()), tmp_path)
+    tree = ast.parse((tmp_path / "lens_helpers.py").read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert names and not [n for n in names if n.split(".")[0] in ("exactformer", "")]
+
+
+def test_the_recipe_reproduces_a_set_models_targets_with_transformer_lens_alone(tmp_path):
+    data = builtin.shared_pool(N=5, d=3, pool=6, n_max=4, m_max=2, seed=2)
+    et.save_lens(ef.compile(data, keys=True), tmp_path)  # keyed: d_model > d
+    assert json.loads((tmp_path / "config.json").read_text())["d_model"] > data.d
+    xs, ys = data.floats()
+    out = run_recipe(tmp_path, {"inputs": [x.tolist() for x in xs]})["outputs"]
+    scale = max(float(np.abs(np.concatenate(xs + ys)).max()), 1.0)
+    for x, y, o in zip(xs, ys, out, strict=True):
+        o = np.asarray(o)[:, : data.d]
+        assert len(o) == len(x)
+        dist = np.linalg.norm(o[:, None, :] - y[None, :, :], axis=-1)  # outputs × targets
+        assert max(dist.min(axis=1).max(), dist.min(axis=0).max()) <= 1e-9 * scale
+
+
+@pytest.mark.parametrize("texts", [["It is a truth universally acknowledged, that a single "
+                                    "man in possession of a good fortune, must be in want."],
+                                   ["1abcab", "2abcba", "3abcbb"]])
+def test_a_causal_text_model_generates_its_text_with_transformer_lens_alone(tmp_path, texts):
+    alphabet = sorted(set("".join(texts)))
+    rng = np.random.default_rng(0)
+    vocab = rng.permutation(np.arange(-60, 60))[: 2 * len(alphabet)].reshape(-1, 2)
+    code = {c: vocab[k].tolist() for k, c in enumerate(alphabet)}
+    data = CausalDataset.from_arrays([[code[c] for c in t] for t in texts],
+                                     [[code[c] for c in t[1:]] + [None] for t in texts])
+    et.save_lens(ef.compile(data, exact=False), tmp_path)
+    out = run_recipe(tmp_path, {"vocab": vocab.tolist(), "prompts": [
+        [alphabet.index(t[0]), len(t) - 1] for t in texts]})
+    assert out["attention_free"] is (len(texts) == 1)  # position keys, or separation
+    assert [t[0] + "".join(alphabet[i] for i in g) for t, g in
+            zip(texts, out["generated"], strict=True)] == texts

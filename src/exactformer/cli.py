@@ -284,15 +284,18 @@ def _export_lens(ef_torch, model, args) -> int:
     print(f"exported {model.n_blocks} blocks as {config['n_layers']} TransformerLens blocks "
           f"(d_model {config['d_model']}, d_mlp {config['d_mlp']}, {config['n_heads']} "
           f"head{'s' if config['n_heads'] != 1 else ''}, {args.dtype}) -> {args.output}/"
-          f"config.json + model.safetensors")
+          f"config.json + model.safetensors + lens_helpers.py")
     if not args.data:
         return 0
+    if _progress(args):  # booting a deep bridge takes a while before the bar can start
+        print("transformer-lens: building the bridge from the folder", file=sys.stderr)
     try:
         bridge = ef_torch.load_lens(args.output)
     except ImportError as e:
         raise UsageError(f"--data needs transformer-lens (pip install 'exactformer[lens]'): "
                          f"{e}") from None
-    verdict = ef_torch.lens_verdict(bridge, load_dataset(args.data, causal=model.causal))
+    verdict = ef_torch.lens_verdict(bridge, load_dataset(args.data, causal=model.causal),
+                                    progress=_progress(args))
     print(ef_torch.verdict_table([verdict]))
     return 0 if verdict.interpolates else 1
 
@@ -451,12 +454,14 @@ def parser() -> argparse.ArgumentParser:
                                       "TransformerLens folder")
     e.add_argument("model")
     e.add_argument("-o", "--output", required=True, help="safetensors file to write "
-                   "(transformer-lens: the folder for config.json and model.safetensors)")
+                   "(transformer-lens: the folder for config.json, model.safetensors and "
+                   "lens_helpers.py)")
     e.add_argument("--layout", choices=["native", "rho-eta", "transformer-lens"],
                    default="native")
     e.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     e.add_argument("--data", help="transformer-lens: also run the rebuilt bridge on this "
                    "dataset and print its verdict (exit 1 if it fails)")
+    _add_progress(e)
     e.set_defaults(run=_export)
 
     _add_train(sub)

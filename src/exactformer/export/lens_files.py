@@ -15,16 +15,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from ..data import CausalDataset, Dataset
 from ..model import Transformer
 from ..modelio import atomic_path
 from ..tables import format_table
+from . import lens_helpers
 from .float32 import output_error
+from .lens_helpers import pad_batch
 from .native import floats
-from .transformer_lens import EXP_UNDERFLOW, build_bridge, lens_config, lens_state_dict
+from .transformer_lens import EXP_UNDERFLOW, lens_config, lens_state_dict
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
+HELPERS = "lens_helpers.py"  # a copy of exactformer/export/lens_helpers.py, no exactformer import
 # The verdict's default tolerances (error / coordinate scale): verify's for float64, and the
 # float32 verdict's (exactformer.export.float32_verdict) for float32.
 LENS_TOLERANCE = {"float64": 1e-9, "float32": 1e-3}
@@ -32,75 +36,98 @@ LENS_TOLERANCE = {"float64": 1e-9, "float32": 1e-3}
 
 def save_lens(model: Transformer, folder: str | Path, dtype: str = "float64",
               n_ctx: int | None = None) -> dict:
-    """Write ``folder``/config.json and ``folder``/model.safetensors (both or neither, the
-    folder made if missing); the config returned."""
+    """Write ``folder``/config.json, ``folder``/model.safetensors and ``folder``/lens_helpers.py
+    (all or none, the folder made if missing); the config returned. The helpers let the
+    folder run with TransformerLens alone (docs/export.md#transformerlens-alone)."""
     from safetensors.torch import save_file
 
     config = lens_config(model, dtype, n_ctx)
     state = lens_state_dict(model, dtype, n_ctx)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with atomic_path(folder / WEIGHTS) as tmp, atomic_path(folder / CONFIG) as tmp_config:
+    with (atomic_path(folder / WEIGHTS) as tmp, atomic_path(folder / CONFIG) as tmp_config,
+          atomic_path(folder / HELPERS) as tmp_helpers):
         save_file(state, str(tmp))
         tmp_config.write_text(json.dumps(config, indent=1))
+        tmp_helpers.write_text(Path(lens_helpers.__file__).read_text())
     return config
 
 
 def load_lens(folder: str | Path, device=None):
     """The bridge that :func:`save_lens` wrote, rebuilt from its two files alone."""
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     for name in (CONFIG, WEIGHTS):
         if not (folder / name).is_file():
             raise ValueError(f"{folder}: no {name} (not a transformer-lens export folder)")
-    config = json.loads((folder / CONFIG).read_text())
-    return build_bridge(config, load_file(str(folder / WEIGHTS)), device)
+    return lens_helpers.load_bridge(folder, device)
 
 
 def lens_batch(bridge, inputs, d: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequences (n_j × d) as the bridge's input: a residual stream (B, n, d_model), tokens in
-    its first d coordinates and zeros elsewhere, and the attention mask (B, n), 1 at tokens."""
+    its first d coordinates and zeros elsewhere, and the attention mask (B, n), 1 at tokens
+    (:func:`~exactformer.export.lens_helpers.pad_batch`, the folder's own helper)."""
     p = next(bridge.parameters())
-    n = max(len(x) for x in inputs)
-    x = torch.zeros(len(inputs), n, bridge.cfg.d_model, dtype=p.dtype, device=p.device)
-    mask = torch.zeros(len(inputs), n, dtype=torch.long, device=p.device)
-    for j, seq in enumerate(inputs):
-        x[j, : len(seq), :d] = torch.as_tensor(floats(seq), dtype=p.dtype)
-        mask[j, : len(seq)] = 1
-    return x, mask
+    return pad_batch([floats(seq)[:, :d] for seq in inputs], bridge.cfg.d_model, p.dtype,
+                     p.device)
 
 
-@torch.no_grad()
 def lens_apply(bridge, inputs, d: int) -> list[np.ndarray]:
     """The bridge's logits (width d) on sequences (n_j × d), as float64 arrays."""
-    x, mask = lens_batch(bridge, inputs, d)
-    y = bridge(x, return_type="logits", attention_mask=mask).double().cpu().numpy()
-    return [y[j, : len(seq)] for j, seq in enumerate(inputs)]
+    return lens_run(bridge, inputs, d)[0]
 
 
 @torch.no_grad()
-def score_margin(bridge, inputs, d: int) -> float | None:
-    """The smallest gap between a query's best and second-best scaled score (q·k/attn_scale,
-    from the bridge's own cached q and k) over every attention layer and real query; None
-    where no query has two distinct scores."""
+def lens_run(bridge, inputs, d: int, margin: bool = False, progress: bool = False
+             ) -> tuple[list[np.ndarray], float | None]:
+    """One forward pass of the bridge on sequences (n_j × d): its logits as float64 arrays
+    and, with ``margin``, the smallest gap between a query's best and second-best scaled
+    score (q·k/attn_scale, from the bridge's own q and k) over every attention layer and
+    real query (None where no query has two distinct scores).
+
+    The gaps are taken in hooks as each layer runs, so no layer's q, k or scores outlive
+    it: memory stays that of one layer, not of a cache of all of them."""
     x, mask = lens_batch(bridge, inputs, d)
-    _, cache = bridge.run_with_cache(x, attention_mask=mask)
     n, keep = x.shape[1], mask.bool()
     allowed = keep[:, None, None, :]
     if bridge.cfg.attention_dir == "causal":
         allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
-    gaps = []
-    for i in range(bridge.cfg.n_layers):
-        q, k = cache[f"blocks.{i}.attn.hook_q"], cache[f"blocks.{i}.attn.hook_k"]
-        S = torch.einsum("bqhe,bkhe->bhqk", q, k) / bridge.cfg.attn_scale
-        S = S.masked_fill(~allowed, float("-inf"))
-        best = S.amax(dim=-1, keepdim=True)
-        second = S.masked_fill(S == best, float("-inf")).amax(dim=-1)
-        gap = (best[..., 0] - second)[keep[:, None, :].expand_as(second)]
-        gaps.append(gap[torch.isfinite(gap)])
-    found = torch.cat(gaps)
-    return float(found.min()) if found.numel() else None
+    query, gaps = {}, []
+
+    def keep_q(q, hook):
+        query["q"] = q
+
+    def gap_of(k, hook):
+        q = query.pop("q")
+        if q.any() and k.any():  # all-zero q or k: every score is 0, no two differ
+            gaps.append(_smallest_gap(torch.einsum("bqhe,bkhe->bhqk", q, k)
+                                      / bridge.cfg.attn_scale, allowed, keep))
+
+    def count(out, hook):
+        bar.update()  # a hook that returns nothing leaves the activation as it is
+
+    bar = tqdm(total=bridge.cfg.n_layers, desc="transformer-lens check", unit="layer",
+               disable=not progress, leave=False)
+    hooks = [(lambda name: name.endswith(".hook_out") and name.count(".") == 2, count)]
+    if margin:
+        hooks += [(lambda name: name.endswith("attn.hook_q"), keep_q),
+                  (lambda name: name.endswith("attn.hook_k"), gap_of)]
+    with bar:
+        y = bridge.run_with_hooks(x, return_type="logits", attention_mask=mask,
+                                  fwd_hooks=hooks)
+    y = y.double().cpu().numpy()
+    found = [g for g in gaps if g is not None]
+    return [y[j, : len(seq)] for j, seq in enumerate(inputs)], min(found) if found else None
+
+
+def _smallest_gap(scores: torch.Tensor, allowed: torch.Tensor, keep: torch.Tensor
+                  ) -> float | None:
+    """The smallest best-minus-second score over real queries (B, H, q, k scores)."""
+    S = scores.masked_fill(~allowed, float("-inf"))
+    best = S.amax(dim=-1, keepdim=True)
+    second = S.masked_fill(S == best, float("-inf")).amax(dim=-1)
+    gap = (best[..., 0] - second)[keep[:, None, :].expand_as(second)]
+    gap = gap[torch.isfinite(gap)]
+    return float(gap.min()) if gap.numel() else None
 
 
 @dataclass
@@ -142,20 +169,22 @@ class LensVerdict:
         return asdict(self) | {"hardmax_exact": self.hardmax_exact}
 
 
-def lens_verdict(bridge, dataset: Dataset | CausalDataset, tolerance: float | None = None
-                 ) -> LensVerdict:
+def lens_verdict(bridge, dataset: Dataset | CausalDataset, tolerance: float | None = None,
+                 progress: bool = False) -> LensVerdict:
     """Run ``bridge`` (say from :func:`load_lens`) on ``dataset`` and judge its outputs
     (``tolerance`` None: :data:`LENS_TOLERANCE` of its dtype); for a hardmax export
     (attn_scale < 1) also measure the score margin. Data narrower than the model (its logits,
-    ``d_vocab_out``, are the model's D coordinates) are zero-padded, inputs and targets."""
+    ``d_vocab_out``, are the model's D coordinates) are zero-padded, inputs and targets.
+    One forward pass, layer by layer (:func:`lens_run`), with a progress bar if asked."""
     dataset = dataset.padded(bridge.cfg.d_vocab_out)
-    xs = dataset.floats()[0]
-    err = output_error(lens_apply(bridge, xs, dataset.d), dataset)
+    hardmax = bridge.cfg.attn_scale < 1  # hardmax: scores divided by 2^-k
+    outputs, margin = lens_run(bridge, dataset.floats()[0], dataset.d, hardmax, progress)
+    err = output_error(outputs, dataset)
     dtype = str(next(bridge.parameters()).dtype).removeprefix("torch.")
     tolerance = LENS_TOLERANCE[dtype] if tolerance is None else tolerance
     verdict = LensVerdict(dtype, bool(err <= tolerance), err, tolerance)
-    if bridge.cfg.attn_scale < 1:  # hardmax: scores divided by 2^-k
-        verdict.score_margin = score_margin(bridge, xs, dataset.d)
+    if hardmax:
+        verdict.score_margin = margin
         verdict.underflow = EXP_UNDERFLOW[dtype]
         verdict.interpolates = verdict.interpolates and bool(verdict.hardmax_exact)
     return verdict

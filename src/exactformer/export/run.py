@@ -7,19 +7,16 @@ import torch
 from torch import nn
 
 from ..numbers import pad_columns
+from . import lens_helpers
 from .native import floats
 
 
 def pad_batch(inputs, dtype=torch.float64, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequences (n_j × d each) as a zero-padded (N, max n_j, d) batch and its (N, n) mask."""
-    n = max(len(x) for x in inputs)
+    """Sequences (n_j × d each) as a zero-padded (N, max n_j, d) batch and its (N, n) bool
+    mask (the TransformerLens folder's helper, with a bool mask)."""
     d = np.asarray(inputs[0]).shape[1]
-    x = torch.zeros(len(inputs), n, d, dtype=dtype, device=device)
-    mask = torch.zeros(len(inputs), n, dtype=torch.bool, device=device)
-    for j, seq in enumerate(inputs):
-        x[j, : len(seq)] = torch.as_tensor(floats(seq), dtype=dtype)
-        mask[j, : len(seq)] = True
-    return x, mask
+    x, mask = lens_helpers.pad_batch([floats(seq) for seq in inputs], d, dtype, device)
+    return x, mask.bool()
 
 
 @torch.no_grad()

@@ -2,7 +2,8 @@
 
 A pure converter (:func:`lens_config`, :func:`lens_state_dict`: model in, plain dict and
 tensors out) and the few lines that build the bridge from them (:func:`build_bridge`); files,
-runs and the verdict are :mod:`exactformer.export.lens_files`. Only :func:`build_bridge`
+runs and the verdict are :mod:`exactformer.export.lens_files`; the bridge is built by the
+folder's own helper file (:mod:`exactformer.export.lens_helpers`), the one place that
 imports ``transformer_lens`` (the ``lens`` extra). How our blocks become TransformerLens
 blocks, and why each step is exact in floating point, is
 docs/numerics.md#the-transformerlens-export.
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from ..model import FF, SA, Transformer
+from .lens_helpers import boot as build_bridge
 from .native import floats, is_identity_sa
 
 LENS_DTYPES = ("float64", "float32")
@@ -259,20 +261,7 @@ def _mlp(part, w_in, b_in, w_out, d: int, half: int) -> int:
 
 
 # ------------------------------------------------------------------------------ bridge
-def build_bridge(config: dict, state: dict[str, torch.Tensor], device=None):
-    """``TransformerBridge.boot_native`` of ``config`` in its dtype, loaded strictly with
-    ``state``: what a user does with the two files (needs the ``lens`` extra)."""
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge import TransformerBridge
-
-    dtype = getattr(torch, config.get("dtype", "float32"))
-    bridge = TransformerBridge.boot_native(TransformerBridgeConfig(**config), dtype=dtype,
-                                           device=device)
-    bridge.load_state_dict(state, strict=True)
-    return bridge.eval()
-
-
 def to_lens(model: Transformer, dtype: str = "float64", device=None, n_ctx: int | None = None):
     """``model`` as a TransformerLens ``TransformerBridge`` (docs/numerics.md)."""
     return build_bridge(lens_config(model, dtype, n_ctx), lens_state_dict(model, dtype, n_ctx),
-                        device)
+                        device)  # the helper every exported folder carries (lens_helpers.boot)

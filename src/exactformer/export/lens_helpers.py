@@ -1,0 +1,123 @@
+"""Run a folder that ``exactformer export --layout transformer-lens`` wrote, with TransformerLens.
+
+This file is copied into every such folder as ``lens_helpers.py``: it imports torch,
+safetensors and transformer_lens only, never exactformer, so the folder runs on a machine
+without it. The recipe that uses it is docs/export.md#transformerlens-alone.
+
+* :func:`load_bridge` rebuilds the bridge from ``config.json`` and ``model.safetensors``;
+* :func:`pad_batch` turns sequences of d-dimensional tokens into the model's input: the
+  residual stream itself, zero-padded to ``config["d_model"]`` coordinates, and a mask;
+* :func:`read_outputs` cuts the logits back into one (n_j, d_vocab_out) tensor per sequence;
+* :func:`generate` continues a causal model's prompt greedily, each output snapped to the
+  nearest vocabulary vector.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+CHUNK_ROWS = 1 << 15  # rows per forward pass when generate tabulates an attention-free model
+
+
+def boot(config: dict, state: dict, device=None):
+    """``TransformerBridge.boot_native`` of ``config`` in its own dtype (boot_native builds
+    float32 parameters unless told), loaded strictly with ``state``, in eval mode."""
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    dtype = getattr(torch, config.get("dtype", "float32"))
+    bridge = TransformerBridge.boot_native(TransformerBridgeConfig(**config), dtype=dtype,
+                                           device=device)
+    bridge.load_state_dict(state, strict=True)
+    return bridge.eval()
+
+
+def load_bridge(folder, device=None):
+    """The bridge stored in ``folder`` (its config.json and model.safetensors)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    return boot(config, load_file(str(folder / "model.safetensors")), device)
+
+
+def pad_batch(sequences, d_model: int, dtype=torch.float64, device=None):
+    """(x, mask) for a list of sequences, each n_j tokens of d ≤ d_model coordinates.
+
+    x is (B, n, d_model) with sequence j's tokens in x[j, :n_j, :d] and zeros everywhere
+    else: a model wider than its data (position keys, keyed models, non-residual layers)
+    reads them zero-padded. mask is (B, n), 1 at real tokens and 0 at padding."""
+    rows = [torch.as_tensor(s, dtype=dtype, device=device) for s in sequences]
+    n = max(len(r) for r in rows)
+    x = torch.zeros(len(rows), n, d_model, dtype=dtype, device=device)
+    mask = torch.zeros(len(rows), n, dtype=torch.long, device=device)
+    for j, r in enumerate(rows):
+        x[j, : len(r), : r.shape[1]] = r
+        mask[j, : len(r)] = 1
+    return x, mask
+
+
+def read_outputs(logits: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    """Sequence j's outputs: the logits (B, n, d_vocab_out) at its real tokens."""
+    return [logits[j, : int(m.sum())] for j, m in enumerate(mask)]
+
+
+def nearest(vocabulary: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
+    """For each output row, the index of the nearest vocabulary row (Euclidean)."""
+    return torch.cdist(outputs, vocabulary).argmin(dim=-1)
+
+
+def attention_free(bridge) -> bool:
+    """Whether every attention layer's output weights are zero, so that position i's
+    output depends on its own token and position only."""
+    return all(not block.attn.o.weight.any() for block in bridge.blocks)
+
+
+@torch.no_grad()
+def generate(bridge, prompt, steps: int, vocabulary) -> list[int]:
+    """Greedy continuation of a causal model: ``steps`` indices into ``vocabulary`` (V × d),
+    each the nearest vocabulary vector to the output at the position before it; ``prompt``
+    is k × d (the vocabulary vectors of the prompt).
+
+    An attention-free model (position keys) is tabulated: every vocabulary vector at every
+    position to be read, as length-1 sequences entering block 0 with the position's
+    embedding added (the same residual the full pass starts from), then walked; no
+    forward pass per token. Any other model runs its whole prefix for each new token."""
+    p = next(bridge.parameters())
+    vocab = torch.as_tensor(vocabulary, dtype=p.dtype, device=p.device)
+    tokens = torch.as_tensor(prompt, dtype=p.dtype, device=p.device)
+    k, d = tokens.shape
+    if k + steps - 1 > bridge.cfg.n_ctx:
+        raise ValueError(f"prompt {k} + {steps} steps passes the model's "
+                         f"{bridge.cfg.n_ctx} positions")
+    if attention_free(bridge):
+        return _walk(bridge, tokens[-1], k - 1, steps, vocab)
+    out: list[int] = []
+    for _ in range(steps):
+        x, mask = pad_batch([tokens], bridge.cfg.d_model, p.dtype, p.device)
+        last = bridge(x, return_type="logits", attention_mask=mask)[0, -1, :d]
+        out.append(int(nearest(vocab, last[None])[0]))
+        tokens = torch.cat([tokens, vocab[out[-1]][None]])
+    return out
+
+
+def _walk(bridge, token: torch.Tensor, start: int, steps: int, vocab: torch.Tensor) -> list[int]:
+    """Tabulate next[v, i] for vocabulary entry v at positions start..start+steps−1, then
+    follow it from ``token`` at position ``start`` (which need not be in the vocabulary)."""
+    d, D = vocab.shape[1], bridge.cfg.d_model
+    pos = bridge.pos_embed.weight[start: start + steps]
+    table = torch.cat([token[None], vocab])  # row 0: the prompt's last token
+    resid = torch.zeros(len(table), steps, D, dtype=vocab.dtype, device=vocab.device)
+    resid[:, :, :d] = table[:, None, :]
+    resid = (resid + pos).reshape(-1, 1, D)
+    out = torch.cat([bridge(chunk, return_type="logits", start_at_layer=0)[:, 0, :d]
+                     for chunk in resid.split(CHUNK_ROWS)])
+    nxt = nearest(vocab, out).reshape(len(table), steps)
+    walk, row = [], 0
+    for i in range(steps):
+        walk.append(int(nxt[row, i]))
+        row = walk[-1] + 1
+    return walk
