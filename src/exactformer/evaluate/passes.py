@@ -181,7 +181,11 @@ def run(model: Transformer, inputs, arithmetic: str | None = None, dps: int = 50
     they are those exact outputs rounded to float64, so that an output equal to a float target
     is that float. Other models (float64 parameters, or softmax, which no finite arithmetic
     evaluates exactly) run in float64. An explicit ``arithmetic`` ("exact", "float", "mp")
-    always wins, its outputs in its own numbers."""
+    always wins, its outputs in its own numbers.
+
+    A model wider than the data (a keyed model keeps coordinates of its own) gives outputs in
+    the data's d coordinates when every other coordinate of every output is exactly 0, as on
+    the data it was built for; otherwise the whole width, so that nothing is hidden."""
     xs = list(inputs.inputs) if hasattr(inputs, "inputs") else [np.asarray(x) for x in inputs]
     to_floats = arithmetic is None and not any(x.dtype == object for x in xs)
     if arithmetic is None:
@@ -189,4 +193,7 @@ def run(model: Transformer, inputs, arithmetic: str | None = None, dps: int = 50
     outs = forward(model, xs, arithmetic, dps, progress=progress)
     if to_floats:
         outs = [safe_floats(o) if o.dtype == object else o for o in outs]
+    d = min((x.shape[1] for x in xs), default=model.d)
+    if all(o.size == 0 or (o[:, d:] == 0).all() for o in outs):
+        outs = [o[:, :d] for o in outs]
     return outs if model.causal else [distinct_rows(o) for o in outs]

@@ -6,16 +6,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..numbers import pad_columns
 from . import lens_helpers
 from .native import floats
 
 
-def pad_batch(inputs, dtype=torch.float64, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequences (n_j × d each) as a zero-padded (N, max n_j, d) batch and its (N, n) bool
-    mask (the TransformerLens folder's helper, with a bool mask)."""
-    d = np.asarray(inputs[0]).shape[1]
-    x, mask = lens_helpers.pad_batch([floats(seq) for seq in inputs], d, dtype, device)
+def pad_batch(inputs, dtype=torch.float64, device=None, width: int | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences (n_j × d each) as a zero-padded (N, max n_j, width) batch and its (N, n)
+    bool mask (the TransformerLens folder's helper, with a bool mask). ``width``: a module's
+    ``d`` (default the data's d); a keyed model is wider than its data and reads them
+    zero-padded."""
+    width = np.asarray(inputs[0]).shape[1] if width is None else width
+    x, mask = lens_helpers.pad_batch([floats(seq) for seq in inputs], width, dtype, device)
     return x, mask.bool()
 
 
@@ -25,6 +27,6 @@ def apply(module: nn.Module, inputs) -> list[np.ndarray]:
     zero-padded to R^D: docs/architecture.md#data-narrower-than-the-model); the outputs
     (n_j × D) as float64 arrays."""
     p = next(module.parameters())
-    x, mask = pad_batch(pad_columns(inputs, module.d), p.dtype, p.device)
+    x, mask = pad_batch(inputs, p.dtype, p.device, width=module.d)
     y = module(x, mask).double().cpu().numpy()
     return [y[j, : len(seq)] for j, seq in enumerate(inputs)]
