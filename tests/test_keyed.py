@@ -10,6 +10,7 @@ The dense pass below is what any hand-written transformer does: every FF as
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from fractions import Fraction
 from itertools import combinations
@@ -50,6 +51,8 @@ def float_error(model, data, dtype) -> float:
     for x, y in zip(xs, padded_targets(model, data), strict=True):
         o = dense_pass(model, x, dtype)[-1].astype(float)
         D = np.sqrt(((o[:, None, :] - y[None, :, :]) ** 2).sum(-1))
+        if not np.isfinite(D).all():  # max below would skip a nan after a number
+            return math.inf
         worst = max(worst, float(D.min(axis=1).max()), float(D.min(axis=0).max()))
     return worst
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..data import CausalDataset, Dataset
-from ..distance import clearance, hausdorff, relative
+from ..distance import clearance, hausdorff, relative, worst
 from ..evaluate import PassStats
 from ..evaluate import forward as np_forward
 from ..model import Transformer
@@ -72,15 +72,15 @@ def max_error(module: nn.Module, dataset: Dataset | CausalDataset) -> float:
 
 def output_error(outs: list[np.ndarray], dataset: Dataset | CausalDataset) -> float:
     """:func:`max_error` of outputs already computed (one float64 array per sequence, n_j × D):
-    the targets are zero-padded to the outputs' width D, so extra coordinates count."""
+    the targets are zero-padded to the outputs' width D, so extra coordinates count. A nan or
+    inf output anywhere gives a nan or inf error (:func:`~exactformer.distance.worst`)."""
     dataset = dataset.padded(outs[0].shape[1])
     ys = dataset.floats()[1]
     if isinstance(dataset, CausalDataset):
-        worst = max((float(np.linalg.norm(o[i] - y[i])) for o, y, k in
-                     zip(outs, ys, dataset.known, strict=True) for i in np.flatnonzero(k)),
-                    default=0.0)
-        return relative(worst, dataset.coordinate_scale())
-    return relative(max(hausdorff(o, y) for o, y in zip(outs, ys, strict=True)),
+        errors = [float(np.linalg.norm(o[i] - y[i])) for o, y, k in
+                  zip(outs, ys, dataset.known, strict=True) for i in np.flatnonzero(k)]
+        return relative(worst([0.0, *errors]), dataset.coordinate_scale())
+    return relative(worst(hausdorff(o, y) for o, y in zip(outs, ys, strict=True)),
                     dataset.coordinate_scale())
 
 

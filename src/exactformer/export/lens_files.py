@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..data import CausalDataset, Dataset
+from ..distance import smallest
 from ..model import Transformer
 from ..modelio import atomic_path
 from ..tables import format_table
@@ -83,7 +84,7 @@ def lens_apply(bridge, inputs, d: int) -> list[np.ndarray]:
 def score_margin(bridge, inputs, d: int) -> float | None:
     """The smallest gap between a query's best and second-best scaled score (q·k/attn_scale,
     from the bridge's own cached q and k) over every attention layer and real query; None
-    where no query has two distinct scores."""
+    where no query has two distinct scores, nan where a score is nan or overflowed."""
     x, mask = lens_batch(bridge, inputs, d)
     _, cache = bridge.run_with_cache(x, attention_mask=mask)
     n, keep = x.shape[1], mask.bool()
@@ -97,10 +98,11 @@ def score_margin(bridge, inputs, d: int) -> float | None:
         S = S.masked_fill(~allowed, float("-inf"))
         best = S.amax(dim=-1, keepdim=True)
         second = S.masked_fill(S == best, float("-inf")).amax(dim=-1)
-        gap = (best[..., 0] - second)[keep[:, None, :].expand_as(second)]
-        gaps.append(gap[torch.isfinite(gap)])
+        gap = torch.where(torch.isinf(best[..., 0]), torch.nan, best[..., 0] - second)
+        gap = gap[keep[:, None, :].expand_as(second)]
+        gaps.append(gap[gap != torch.inf])  # inf: one key to choose from; nan stays
     found = torch.cat(gaps)
-    return float(found.min()) if found.numel() else None
+    return smallest(found.cpu().numpy()) if found.numel() else None
 
 
 @dataclass
