@@ -15,6 +15,7 @@ import json
 import math
 import os
 import signal
+import stat
 import tempfile
 import threading
 import zipfile
@@ -60,10 +61,11 @@ def _sigterm_raises_exit():
 @contextmanager
 def atomic_path(path: str | Path):
     """Yield a temporary path beside ``path`` (same suffix); move it into place only if the
-    body succeeds. Nothing is left behind on an exception or on SIGTERM."""
+    body succeeds. Nothing is left behind on an exception or on SIGTERM. Outputs are regular
+    files: an existing directory, device, FIFO or socket at ``path`` is refused before anything
+    is written (the rename would replace it with a file)."""
     path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path}: is a directory, not a file to write")
+    _check_regular(path)
     umask = os.umask(0)
     os.umask(umask)
     with _sigterm_raises_exit():
@@ -82,6 +84,21 @@ def atomic_path(path: str | Path):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def _check_regular(path: Path) -> None:
+    """Raise OSError unless ``path`` is missing or a regular file (links followed)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # missing, or unreachable: creating it reports the real reason
+        return
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"{path}: is a directory, not a file to write")
+    if not stat.S_ISREG(mode):
+        kind = "FIFO" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode) \
+            else "device"
+        raise OSError(f"{path}: is a {kind}, not a regular file (outputs are written to "
+                      "regular files only)")
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
