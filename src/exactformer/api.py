@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import functools
+
 from .construct.causal import compile_causal
+from .construct.generic import ConstructionError
 from .construct.hardmax import check_heads, compile_hardmax, hats_per_layer
 from .construct.softmax import compile_keyed_softmax, compile_softmax
 from .data import CausalDataset, Dataset
+from .runtime import warn_range_faults
 
 
+def _runtime_checked(build):
+    """``compile`` with its after-build check: a model that claims a float32 (or bfloat16)
+    pass gets a warning naming each stored number or data coordinate outside that format's
+    range (:func:`~exactformer.runtime.warn_range_faults`); a float64 step that overflows
+    is a ConstructionError saying to rescale."""
+    @functools.wraps(build)
+    def checked(*args, **kwargs):
+        dataset = args[0] if args else kwargs.get("dataset")
+        try:
+            model = build(*args, **kwargs)
+        except OverflowError as e:
+            raise ConstructionError(
+                f"a float64 step of the construction overflowed ({e}) on data whose largest "
+                f"|coordinate| is about {float(dataset.coordinate_scale()):.3g}: rescale the "
+                "data towards magnitude 1 (by a power of 2, which keeps every value exact) "
+                "and build again") from None
+        warn_range_faults(model, dataset, stacklevel=2)
+        return model
+    return checked
+
+
+@_runtime_checked
 def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact: bool = True,
             seed: int = 0, tau=None, progress: bool = False, causal: bool = False,
             width: int = 4, heads: int = 1, n_layers: int | None = None, keys: bool = False):
@@ -34,9 +60,11 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     if n_layers is not None:
         if width != 4:
             raise ValueError("give n_layers or width, not both: n_layers chooses the width")
-        return fit_layers(lambda w, h: compile(dataset, attention, exact, seed, tau, progress,
-                                               causal, w, h, keys=keys), dataset, n_layers,
-                          heads)
+        return fit_layers(lambda w, h: compile.__wrapped__(  # checked once, at the end
+            dataset, attention, exact, seed, tau, progress, causal, w,
+            min(h, w) if keys else h, keys=keys), dataset, n_layers, heads)
+    if keys:
+        check_keyed_heads(heads, width)
     if keys and tau is not None and attention == "softmax":
         raise ValueError("keys=True builds softmax models at tau = 1 (their score scales are "
                          "in the attention matrices, docs/keyed.md#softmax)")
@@ -47,7 +75,8 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
         if not exact and dataset.exact:
             dataset.check_float64()
         return compile_causal(dataset, attention=attention, exact=exact, seed=seed, tau=tau,
-                              progress=progress, width=width, heads=heads, keys=keys)
+                              progress=progress, width=width, heads=heads,
+                              keys=keys and dataset.constrained > 0)  # none: 0 blocks
     if not isinstance(dataset, Dataset):
         raise TypeError("compile expects an exactformer.Dataset (see Dataset.from_arrays)")
     if not exact and dataset.exact:
@@ -66,6 +95,16 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
         return compile_softmax(dataset, exact=exact, seed=seed, tau=tau, progress=progress,
                                width=width, heads=heads)
     raise ValueError(f"attention must be 'hardmax' or 'softmax', got {attention!r}")
+
+
+def check_keyed_heads(heads: int, width: int) -> None:
+    """A keyed separation layer holds at most ``width`` rounds, a head each
+    (docs/keyed.md#heads): more heads than that are refused, not silently unused."""
+    check_heads(heads)
+    hats_per_layer(width)
+    if heads > width:
+        raise ValueError(f"heads = {heads} is more than width = {width}: a keyed separation "
+                         "layer holds at most width rounds, a head each (docs/keyed.md#heads)")
 
 
 def fit_layers(build, dataset: Dataset | CausalDataset, n_layers: int, heads: int = 1):

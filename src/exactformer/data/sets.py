@@ -22,21 +22,23 @@ import numpy as np
 
 from ..distance import data_scale
 from ..numbers import (
+    LARGEST,
+    SMALLEST,
     NumberError,
+    decimal_exponent,
     fmt_array,
     is_exact_array,
     mix64,
     pad_columns,
     parse_exact,
+    parse_float,
+    to_float,
     to_fraction,
     to_fraction_array,
 )
 
-# Nonzero coordinates must have a magnitude in [SMALLEST, LARGEST): the normal float64 range.
-# The construction and its checks measure scales and gaps in float64, which is impossible
-# for values that overflow or are subnormal there (see the README's dataset section).
-SMALLEST = Fraction(2) ** -1022
-LARGEST = Fraction(2) ** 1024
+# Nonzero coordinates must have a magnitude in [SMALLEST, LARGEST) (numbers.py): the
+# construction and its checks measure scales and gaps in float64 (README, datasets).
 SMALLEST_FLOAT = float(SMALLEST)
 
 
@@ -285,7 +287,7 @@ def _value(v, exact: bool, where: str):
     """One coordinate as a Fraction (exact) or a float, finite and in the normal float64
     range (see SMALLEST, LARGEST)."""
     try:
-        f = to_fraction(v) if exact else float(v)
+        f = to_fraction(v) if exact else to_float(v)
     except NumberError as e:
         raise DatasetError(f"{where}: value is not a finite number: {e}") from None
     except (ValueError, TypeError, ZeroDivisionError, OverflowError):
@@ -293,9 +295,7 @@ def _value(v, exact: bool, where: str):
     if not exact and not math.isfinite(f):
         raise DatasetError(f"{where}: value {v!r} is not finite (NaN or inf)")
     if f != 0 and not (SMALLEST <= abs(f) < LARGEST if exact else abs(f) >= SMALLEST_FLOAT):
-        size = math.log10(abs(f.numerator)) - math.log10(f.denominator) if exact else \
-            math.log10(abs(f))
-        raise DatasetError(f"{where}: value of magnitude about 1e{math.floor(size)} is outside "
+        raise DatasetError(f"{where}: value of magnitude about 1e{decimal_exponent(f)} is outside "
                            "the normal float64 range (nonzero magnitudes from 2^-1022 to "
                            "below 2^1024); rescale the data")
     return f
@@ -317,7 +317,10 @@ def _float64_sequences(seqs, kind: str):
                 rows.append(row)
                 continue
             try:
-                rows.append([float(v) if isinstance(v, (str, Fraction)) else v for v in row])
+                rows.append([parse_float(v) if isinstance(v, str) else
+                             float(v) if isinstance(v, Fraction) else v for v in row])
+            except NumberError as e:
+                raise DatasetError(f"{kind} {j}, token {i}: {e}") from None
             except (ValueError, OverflowError):
                 raise DatasetError(f"{kind} {j}, token {i}: a value is not a float64 number "
                                    f"string ({row!r})"[:300]) from None

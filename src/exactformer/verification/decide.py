@@ -336,6 +336,20 @@ def _tau_star(model: Transformer) -> str:
 
 
 # ------------------------------------------------------------------------------ causal
+def check_kind(model: Transformer, dataset) -> None:
+    """ValueError unless the model and the data are of one kind: a causal model judged on
+    causal data (a target or null per position), a set-to-set model on set data."""
+    causal_data = isinstance(dataset, CausalDataset)
+    if model.causal == causal_data:
+        return
+    if causal_data:
+        raise ValueError("the model is set-to-set but the data are causal (a target or null "
+                         "per position): a set model is checked on set data, and causal data "
+                         "need a causal model (build --causal)")
+    raise ValueError("the model is causal but the data are set-to-set pairs: a causal model "
+                     "is checked on causal data (a target or null per position)")
+
+
 def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float = 1e-9,
                   progress: bool = False, digits: int = 50, tau=None) -> CausalReport:
     """Check a causal model position by position, in order (not as sets).
@@ -348,8 +362,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     nan output of their float64 pass. The scale is the data's own largest |coordinate|
     (docs/verification.md).
     """
-    if not model.causal or not isinstance(dataset, CausalDataset):
-        raise ValueError("a causal model is verified on a causal dataset (and only there)")
+    check_kind(model, dataset)
     dataset = check_layers(model, dataset)
     stats = PassStats()
     if dataset.exact:
