@@ -193,8 +193,10 @@ def test_identity_model_verifies(tmp_path, capsys, blocks):
 # ------------------------------------------------------------------------------ arguments
 @pytest.mark.parametrize("tau, words", [
     ("1/0", ["--tau", "zero denominator"]), ("nan", ["--tau", "'nan'"]),
-    ("0", ["--tau", "not positive"]), ("-1/2", ["--tau", "not positive"]),
+    ("0", ["--tau", "positive number"]), ("-1/2", ["--tau", "positive number"]),
     ("abc", ["--tau", "'abc'"]), ("1e999999999", ["--tau", "exponent"]),
+    ("1e-4300", ["--tau", "normal float64 range", "about 1e-4300"]),
+    ("1e400", ["--tau", "normal float64 range", "about 1e400"]),
 ])
 def test_bad_tau_is_refused_before_anything(tmp_path, capsys, tau, words):
     # the data file does not exist: the temperature is refused first

@@ -78,8 +78,9 @@ def decimal_exponent(v) -> int:
 def normal_positive(v, where: str):
     """``v`` (a Fraction or float) if it is positive and in the normal float64 range, else
     NumberError naming ``where``: how temperatures are checked, from a file or an argument."""
-    if not v > 0 or not math.isfinite(v) or not SMALLEST <= Fraction(v) < LARGEST:
-        shown = f"about 1e{decimal_exponent(v)}" if v > 0 and math.isfinite(v) else repr(v)
+    finite = not isinstance(v, float) or math.isfinite(v)  # (a Fraction is finite)
+    if not (finite and v > 0 and SMALLEST <= Fraction(v) < LARGEST):
+        shown = f"about 1e{decimal_exponent(v)}" if finite and v > 0 else repr(v)
         raise NumberError(f"{where} must be a positive number in the normal float64 range "
                           f"(2^-1022 to below 2^1024), got {shown}")
     return v
