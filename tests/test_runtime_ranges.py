@@ -146,3 +146,30 @@ def test_float32_verdict_fails_on_a_number_outside_float32(tmp_path):
     model, data = keyed_far_model(tmp_path)
     verdict = et.float32_verdict(ef.load_model(model), ef.Dataset.load(data))
     assert not verdict.interpolates and any("A.alpha" in f for f in verdict.range_faults)
+
+
+def test_an_intermediate_beyond_float32_is_named():
+    """Parameters and data inside float32, but U·x = 10^40: the float32 pass makes inf·0 = nan
+    there, and range_faults names the block and the part from a float64 pass on the data."""
+    ff = FF(1.0, np.array([[1e20, 0.0]]), np.zeros(1), np.zeros((2, 1)))
+    model = ef.Transformer(d=2, attention="hardmax", blocks=[Block(ff, None)], exact=False)
+    data = ef.Dataset.from_arrays([np.array([[1e20, 0.0]])], [np.array([[1e20, 0.0]])])
+    assert range_faults(model, "float32") == []  # every stored number is inside
+    faults = range_faults(model, "float32", data)
+    assert faults == ["block 0 FF pre-activation reaches 1e+40 on the data, which overflows "
+                      "(inf) in float32"]
+    assert float32_error(model, data) == math.inf  # the premise: float32 does fail there
+    assert range_faults(model, "float64", data) == []
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), attention=st.sampled_from(["hardmax", "softmax"]))
+def test_the_dense_pass_runs_causal_models_with_their_positions(seed, attention):
+    """dense_forward (whose peaks range_faults reads) masks causally and adds the positions:
+    it agrees with the package's own causal pass."""
+    data = scaled_data(np.random.default_rng(seed), Fraction(1), True)
+    model = ef.compile(data, attention=attention, keys=True)
+    dense = ef.evaluate.dense_forward(model, data.floats()[0])
+    fast = ef.forward(model.to_float(), data.floats()[0])
+    for a, b in zip(dense, fast, strict=True):
+        assert np.allclose(a, b, rtol=0, atol=1e-9)

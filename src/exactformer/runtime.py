@@ -19,6 +19,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from .evaluate import dense_forward
 from .model import Transformer
 
 
@@ -80,8 +81,9 @@ def stored_numbers(model: Transformer):
 def range_faults(model: Transformer, runtime: str = "float32", data=None) -> list[str]:
     """Every stored number of ``model`` (and coordinate of ``data``'s inputs and targets)
     that is nonzero and outside ``runtime``'s normal range, as "WHERE = VALUE underflows
-    (or overflows) in RUNTIME" strings: the first :data:`MAX_FAULTS`, then a count of the
-    others."""
+    (or overflows) in RUNTIME" strings, then every intermediate of a float64 pass on ``data``
+    (FF pre-activations and outputs, scores, states) beyond the runtime's largest number: the
+    first :data:`MAX_FAULTS`, then a count of the others."""
     rt = RUNTIMES[runtime]
     found: list[str] = []
     numbers = list(stored_numbers(model))
@@ -95,9 +97,24 @@ def range_faults(model: Transformer, runtime: str = "float32", data=None) -> lis
             if len(found) < MAX_FAULTS:
                 side = "underflows (subnormal or 0)" if abs(v) < rt.tiny else "overflows (inf)"
                 found.append(f"{where} = {_show(v)} {side} in {runtime}")
+    if data is not None:
+        for where, top in _peaks(model, data):
+            if not top <= rt.huge:  # (nan too)
+                count += 1
+                if len(found) < MAX_FAULTS:
+                    found.append(f"{where} reaches {top:.3g} on the data, which overflows "
+                                 f"(inf) in {runtime}")
     if count > len(found):
         found.append(f"and {count - len(found)} more")
     return found
+
+
+def _peaks(model: Transformer, data) -> list[tuple[str, float]]:
+    """("block i PART", largest |value|) of every intermediate of a dense float64 pass on
+    ``data``'s inputs (:func:`~exactformer.evaluate.dense_forward`), in block order."""
+    peaks: dict = {}
+    dense_forward(model, data.floats()[0], peaks=peaks)
+    return [(f"block {i} {part}", top) for (i, part), top in sorted(peaks.items())]
 
 
 def warn_range_faults(model: Transformer, data=None, stacklevel: int = 2) -> list[str]:
