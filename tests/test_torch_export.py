@@ -588,3 +588,27 @@ def test_a_nan_margin_is_never_replaced_by_a_smaller_number():
         for v in values:
             stats.note_min("hardmax_margin", v)
         assert np.isnan(stats.hardmax_margin)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fault", ["config-json", "config-format", "config-dtype", "weights",
+                                   "tau"])
+def test_a_broken_file_pair_is_one_error_naming_the_file(tmp_path, layout, fault):
+    """load_torch checks the config (by the native rules for the native layout) and the
+    weights before building: one FolderError naming the file, never a KeyError or the like."""
+    from exactformer.export.hub import FolderError
+    path = tmp_path / "m.safetensors"
+    et.export(ef.compile(builtin.demo(), attention="softmax"), path, layout=layout)
+    config_file = et.config_path(path)
+    config = json.loads(config_file.read_text())
+    if fault == "config-json":
+        config_file.write_text("{")
+    elif fault == "weights":
+        path.write_bytes(b"not safetensors")
+    else:
+        key, value = {"config-format": ("format", None), "config-dtype": ("dtype", "float8"),
+                      "tau": ("tau", -1.0)}[fault]
+        config_file.write_text(json.dumps({**config, key: value}))
+    with pytest.raises(FolderError) as e:
+        et.load_torch(path)
+    assert str(path) in str(e.value) or str(config_file) in str(e.value)

@@ -187,3 +187,19 @@ def test_cli_exports_a_folder_and_judges_it(tmp_path, capsys):
     assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(tmp_path / "x"),
                      "--data", str(tmp_path / "d.json")]) == 2
     assert "--layout transformer-lens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fault", ["{", "[]", "no-d_model", "weights"])
+def test_a_broken_lens_folder_is_one_error_naming_the_file(tmp_path, fault):
+    from exactformer.export.hub import FolderError
+    et.save_lens(ef.compile(builtin.demo()), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    if fault == "weights":
+        (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    elif fault == "no-d_model":
+        (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items()
+                                                          if k != "d_model"}))
+    else:
+        (tmp_path / "config.json").write_text(fault)
+    with pytest.raises(FolderError, match=str(tmp_path)):
+        et.load_lens(tmp_path)

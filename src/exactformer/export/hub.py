@@ -63,8 +63,8 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
 
 
 class FolderError(ValueError):
-    """A folder that :func:`read_pretrained` cannot load as written: not one save_pretrained
-    wrote, or altered since. The message names the folder, the file and the field."""
+    """A folder (or a safetensors file and its config) that cannot be loaded as written: not
+    one the package wrote, or altered since. The message names the file and the field."""
 
 
 def read_pretrained(cls, folder: str | Path, device=None, dtype=None, ff: str | None = None):
@@ -77,8 +77,8 @@ def read_pretrained(cls, folder: str | Path, device=None, dtype=None, ff: str | 
     for name in (CONFIG, WEIGHTS):
         if not (folder / name).is_file():
             raise FolderError(f"{folder}: no {name} (not a folder written by save_pretrained)")
-    config = _read_config(folder / CONFIG)
-    tensors = _read_weights(folder / WEIGHTS)
+    config = read_config(folder / CONFIG)
+    tensors = read_tensors(folder / WEIGHTS)
     model = _stored_model(folder, config, {k: v for k, v in tensors.items()
                                            if not k.startswith(EVAL)})
     form = config.get("ff", "profile")
@@ -91,21 +91,25 @@ def read_pretrained(cls, folder: str | Path, device=None, dtype=None, ff: str | 
     return module.to(device)
 
 
-def _read_config(path: Path) -> dict:
+def read_config(path: Path, native: bool = True):
+    """The JSON config at ``path``, checked by :func:`check_native_config` if ``native``."""
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(Path(path).read_text())
     except RecursionError:
         raise FolderError(f"{path}: not valid JSON (nested too deeply)") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise FolderError(f"{path}: not valid JSON ({e})"[:300]) from None
-    try:
-        check_native_config(config, str(path))
-    except ValueError as e:
-        raise FolderError(str(e)) from None
+    if native:
+        try:
+            check_native_config(config, str(path))
+        except ValueError as e:
+            raise FolderError(str(e)) from None
+    elif not isinstance(config, dict):
+        raise FolderError(f"{path}: expected a JSON object")
     return config
 
 
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, RuntimeError, ValueError) as e:

@@ -22,6 +22,7 @@ from ..model import Transformer
 from ..modelio import atomic_path
 from ..tables import format_table
 from .float32 import output_error
+from .hub import FolderError, read_config, read_tensors
 from .native import floats
 from .transformer_lens import EXP_UNDERFLOW, build_bridge, lens_config, lens_state_dict
 
@@ -48,15 +49,19 @@ def save_lens(model: Transformer, folder: str | Path, dtype: str = "float64",
 
 
 def load_lens(folder: str | Path, device=None):
-    """The bridge that :func:`save_lens` wrote, rebuilt from its two files alone."""
-    from safetensors.torch import load_file
-
+    """The bridge that :func:`save_lens` wrote, rebuilt from its two files alone; a folder
+    that is not one is a FolderError naming the file."""
     folder = Path(folder)
     for name in (CONFIG, WEIGHTS):
         if not (folder / name).is_file():
-            raise ValueError(f"{folder}: no {name} (not a transformer-lens export folder)")
-    config = json.loads((folder / CONFIG).read_text())
-    return build_bridge(config, load_file(str(folder / WEIGHTS)), device)
+            raise FolderError(f"{folder}: no {name} (not a transformer-lens export folder)")
+    config = read_config(folder / CONFIG, native=False)
+    tensors = read_tensors(folder / WEIGHTS)
+    try:
+        return build_bridge(config, tensors, device)
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+        raise FolderError(f"{folder / CONFIG}: not a TransformerLens config and weights that "
+                          f"load ({e!r})"[:300]) from None
 
 
 def lens_batch(bridge, inputs, d: int) -> tuple[torch.Tensor, torch.Tensor]:
