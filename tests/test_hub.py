@@ -193,6 +193,18 @@ def test_a_broken_file_is_one_folder_error_naming_it(saved, tmp_path, name, cont
     refused(folder, str(folder / name))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_parameter_of_a_float64_folder_is_named(tmp_path, bad):
+    module = et.to_torch(ef.compile(builtin.demo(), exact=False))
+    module.save_pretrained(tmp_path)  # no model.json: the native tensors are the model
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    key = next(k for k in tensors if k.endswith("ff.U"))
+    tensors[key] = tensors[key].clone()
+    tensors[key].view(-1)[0] = bad
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    refused(tmp_path, key, "nan or an inf")
+
+
 def test_a_tensor_missing_or_extra_is_named(saved, tmp_path):
     folder = copy_of(saved, tmp_path)
     tensors = load_file(str(folder / "model.safetensors"))

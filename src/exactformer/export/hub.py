@@ -119,6 +119,9 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
 def _stored_model(folder: Path, config: dict, native: dict) -> Transformer:
     """``model.json`` when the folder has one (its parameters checked against the native
     tensors), else the float64 model of the native tensors; the config must describe it."""
+    for key, t in native.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise FolderError(f"{folder / WEIGHTS}: tensor {key} holds a nan or an inf")
     try:
         model = native_model(native, config)
     except ValueError as e:  # names the tensor
