@@ -68,11 +68,11 @@ def parse_float(s: str) -> float:
 
 
 def decimal_exponent(v) -> int:
-    """⌊log10 |v|⌋ of a nonzero Fraction or float, without converting a huge Fraction to a
-    float or a string (Python refuses integers of over 4300 digits as strings)."""
+    """About ⌊log10 |v|⌋ of a nonzero Fraction or float, for messages: computed without
+    converting a huge Fraction to a float or a string (Python refuses integers of over 4300
+    digits as strings)."""
     f = abs(Fraction(v))
-    e = math.floor(math.log10(f.numerator) - math.log10(f.denominator))
-    return e + (Fraction(10) ** (e + 1) <= f) - (f < Fraction(10) ** e)
+    return math.floor(math.log10(f.numerator) - math.log10(f.denominator))
 
 
 def normal_positive(v, where: str):

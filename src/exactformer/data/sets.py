@@ -25,13 +25,11 @@ from ..numbers import (
     LARGEST,
     SMALLEST,
     NumberError,
-    decimal_exponent,
     fmt_array,
     is_exact_array,
     mix64,
     pad_columns,
     parse_exact,
-    parse_float,
     to_float,
     to_fraction,
     to_fraction_array,
@@ -295,7 +293,9 @@ def _value(v, exact: bool, where: str):
     if not exact and not math.isfinite(f):
         raise DatasetError(f"{where}: value {v!r} is not finite (NaN or inf)")
     if f != 0 and not (SMALLEST <= abs(f) < LARGEST if exact else abs(f) >= SMALLEST_FLOAT):
-        raise DatasetError(f"{where}: value of magnitude about 1e{decimal_exponent(f)} is outside "
+        size = math.log10(abs(f.numerator)) - math.log10(f.denominator) if exact else \
+            math.log10(abs(f))
+        raise DatasetError(f"{where}: value of magnitude about 1e{math.floor(size)} is outside "
                            "the normal float64 range (nonzero magnitudes from 2^-1022 to "
                            "below 2^1024); rescale the data")
     return f
@@ -317,8 +317,8 @@ def _float64_sequences(seqs, kind: str):
                 rows.append(row)
                 continue
             try:
-                rows.append([parse_float(v) if isinstance(v, str) else
-                             float(v) if isinstance(v, Fraction) else v for v in row])
+                rows.append([to_float(v) if isinstance(v, (str, Fraction)) else v
+                             for v in row])
             except NumberError as e:
                 raise DatasetError(f"{kind} {j}, token {i}: {e}") from None
             except (ValueError, OverflowError):
