@@ -266,3 +266,15 @@ def test_a_set_model_on_causal_data_says_which_is_which(tmp_path, capsys):
     refused(capsys, ["export", model, "-o", tmp_path / "lens", "--layout", "transformer-lens",
                      "--data", data], "c.json", "set-to-set")
     assert not (tmp_path / "lens").exists()  # the data are checked before anything is written
+
+
+def test_lens_export_of_data_wider_than_the_model_writes_nothing(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    model = tmp_path / "m.json"
+    ef.save_model(ef.compile(builtin.demo()), model)
+    wide = write(tmp_path / "w.json", {"inputs": [[[1, 0, 0, 0, 0]]],
+                                       "targets": [[[1, 1, 0, 0, 0]]]})
+    refused(capsys, ["export", model, "-o", tmp_path / "lens", "--layout", "transformer-lens",
+                     "--data", wide], "d = 5", "d_model")
+    assert not (tmp_path / "lens").exists()

@@ -255,6 +255,8 @@ def _export_lens(ef_torch, model, args) -> int:
     """``export --layout transformer-lens``: the folder, then with ``--data`` the verdict of
     the bridge rebuilt from it (exit 1 if it fails); data of the wrong kind write nothing."""
     data = _data_for(model, args.data) if args.data else None
+    if data is not None:
+        data.padded(model.d)  # data wider than the model: refused before anything is written
     config = ef_torch.save_lens(model, args.output, args.dtype)
     print(f"exported {model.n_blocks} blocks as {config['n_layers']} TransformerLens blocks "
           f"(d_model {config['d_model']}, d_mlp {config['d_mlp']}, {config['n_heads']} "
