@@ -12,7 +12,6 @@ report. See docs/numerics.md#runtime-ranges. NumPy and the standard library only
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from fractions import Fraction
@@ -21,6 +20,7 @@ import numpy as np
 
 from .evaluate import dense_forward
 from .model import Transformer
+from .numbers import decimal_exponent
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,5 @@ def _show(v) -> str:
         exponent = f.numerator.bit_length() - f.denominator.bit_length()
         if -1000 < exponent < 1000:
             return f"{float(v):.3g}"
-        size = math.log10(f.numerator) - math.log10(f.denominator)
-        return f"{'-' if v < 0 else ''}about 1e{math.floor(size)}"
+        return f"{'-' if v < 0 else ''}about 1e{decimal_exponent(v)}"
     return f"{float(v):.3g}"
