@@ -99,6 +99,23 @@ def block_bounds(model, dataset) -> tuple[int, int]:
     return model.meta["R"] + max(1, sm - N) + sm, 2 * sm + 2 * N + 1
 
 
+def padded_targets(model, data) -> list[np.ndarray]:
+    _, ys = data.floats()
+    return [np.pad(y, ((0, 0), (0, model.d - y.shape[1]))) for y in ys]
+
+
+def float_error(model, data, dtype) -> float:
+    """Largest Hausdorff distance of :func:`dense_pass`'s outputs (set data) from the padded
+    targets; NaN if any output is NaN (np.max keeps it, so every ``<=`` against it fails)."""
+    xs, _ = data.floats()
+    errors = [0.0]
+    for x, y in zip(xs, padded_targets(model, data), strict=True):
+        o = dense_pass(model, x, dtype)[-1].astype(float)
+        D = np.sqrt(((o[:, None, :] - y[None, :, :]) ** 2).sum(-1))
+        errors += [D.min(axis=1).max(), D.min(axis=0).max()]
+    return float(np.max(errors))
+
+
 def make_dataset(inputs, targets) -> ef.Dataset:
     """Dataset.from_arrays, failing the test if the data were unexpectedly merged."""
     with warnings.catch_warnings():

@@ -10,7 +10,6 @@ The dense pass below is what any hand-written transformer does: every FF as
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from fractions import Fraction
 from itertools import combinations
@@ -18,13 +17,13 @@ from itertools import combinations
 import mpmath
 import numpy as np
 import pytest
-from conftest import datasets, dense_pass, make_dataset, token_set
+from conftest import datasets, dense_pass, float_error, make_dataset, token_set
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
 from exactformer.cli import main as cli_main
-from exactformer.construct import keyed
+from exactformer.construct import keyed, keyed_moves, keyed_separation
 from exactformer.data import builtin
 from exactformer.evaluate import enclosure
 from exactformer.model import Transformer
@@ -36,25 +35,6 @@ SETTINGS = settings(max_examples=30, deadline=None,
 seeds = st.integers(0, 2**31 - 1)
 widths = st.sampled_from([4, 8, 16, 64])
 heads = st.sampled_from([1, 2, 16])  # separation rounds that may share an attention layer
-
-
-# ------------------------------------------------------------------------------ the dense pass
-def padded_targets(model, data) -> list[np.ndarray]:
-    _, ys = data.floats()
-    return [np.pad(y, ((0, 0), (0, model.d - y.shape[1]))) for y in ys]
-
-
-def float_error(model, data, dtype) -> float:
-    """Largest Hausdorff distance of the dense pass's outputs from the padded targets."""
-    xs, _ = data.floats()
-    worst = 0.0
-    for x, y in zip(xs, padded_targets(model, data), strict=True):
-        o = dense_pass(model, x, dtype)[-1].astype(float)
-        D = np.sqrt(((o[:, None, :] - y[None, :, :]) ** 2).sum(-1))
-        if not np.isfinite(D).all():  # max below would skip a nan after a number
-            return math.inf
-        worst = max(worst, float(D.min(axis=1).max()), float(D.min(axis=0).max()))
-    return worst
 
 
 def mp_error(model, data, digits: int = 60, pairs: int = 8) -> float:
@@ -144,7 +124,7 @@ def test_heads_share_separation_layers(ds, seed, width, h):
         assert many.n_blocks < one.n_blocks
         return
     assert many.n_blocks == one.n_blocks - (one.record.R - len(layers))
-    slots = min(width // 4, keyed.SLOTS)  # the heights reuse the slots
+    slots = keyed.slots(width)  # the heights reuse the slots
     assert many.d == one.d + max(0, many.record.keyed["heights"] - slots)
     for name in ("tagging", "collapse", "interpolation"):
         a, b = one.record.phase(name), many.record.phase(name)
@@ -163,7 +143,7 @@ def test_every_slot_is_zero_when_the_tagging_ends(ds, seed, width, h):
     head = Transformer(d=model.d, attention="hardmax", blocks=model.blocks[:tagging.end],
                        exact=True)
     per_round = 1 + model.record.keyed["bent"]  # a height, and a bend if bent
-    work = slice(ds.d + 5, ds.d + 5 + max(min(width // 4, keyed.SLOTS),
+    work = slice(ds.d + 4, ds.d + 4 + max(keyed.slots(width),
                                           per_round * model.record.keyed["heights"]))
     for x in ef.forward(head, ds.fractions()[0], arithmetic="exact"):
         assert (np.asarray(x)[:, work] == 0).all()
@@ -195,12 +175,12 @@ def test_bent_levels_are_a_convex_chain_with_rising_heights(T):
     """Every outcome of a bent round (ranks 0 … T) is a strict vertex of their hull, heights
     rise with the rank (the highest test keeps the highest score), and the entries stay within
     T^1.5 (the parabola h·(h − 1)/2 reaches T²/2); plain levels are the ranks themselves."""
-    lv = keyed.levels(T, bent=True)
+    lv = keyed_separation.levels(T, bent=True)
     assert lv.shape == (T + 1, 2) and (lv[0] == 0).all()
     assert (np.diff(lv[:, 0]) >= 1).all()
-    assert sorted(keyed.hull_normals(lv)) == list(range(T + 1))
+    assert sorted(keyed_moves.hull_normals(lv)) == list(range(T + 1))
     assert lv.max() <= max(1.0, T ** 1.5)
-    assert (keyed.levels(T, bent=False) == np.arange(T + 1)[:, None]).all()
+    assert (keyed_separation.levels(T, bent=False) == np.arange(T + 1)[:, None]).all()
 
 
 @settings(max_examples=300, deadline=None)
@@ -211,7 +191,7 @@ def test_hull_normals_isolate_every_vertex(pts):
     for every strict vertex: every point in no closed triangle (or segment) of three (two)
     others, checked here with exact cross products."""
     P = np.array(pts, dtype=np.int64)
-    normals = keyed.hull_normals(P)
+    normals = keyed_moves.hull_normals(P)
     for i, g in normals.items():
         proj = P @ np.array(g)
         assert (proj[i] > np.delete(proj, i)).all()
@@ -243,7 +223,7 @@ def test_packed_rounds_fit_their_layer_and_are_packed_greedily(sizes, width, h, 
     layer only when it does not fit the current one. None exactly when a round cannot fit a
     layer of its own, which one coordinate a round never causes."""
     rounds = [list(range(min(n, width - 1))) for n in sizes]
-    layers = keyed.pack_rounds(rounds, width, h, coordinates)
+    layers = keyed_separation.pack_rounds(rounds, width, h, coordinates)
 
     def units(layer, dirty):
         return sum(len(rounds[r]) for r in layer) + coordinates * min(len(layer), dirty)
@@ -315,7 +295,7 @@ def test_float32_dense_pass_meets_the_goal(data, width, h):
         model = ef.compile(data, exact=False, width=width, heads=min(h, width), keys=True)
     scale = data.coordinate_scale()
     assert float_error(model, data, np.float64) <= 1e-12 * scale
-    if float(model.record.keyed["cap_margin"]) >= keyed.FLOAT32_MARGIN:
+    if float(model.record.keyed["cap_margin"]) >= float(model.record.keyed["float32_margin"]):
         assert float_error(model, data, np.float32) <= 1e-5 * scale
 
 
@@ -474,11 +454,11 @@ def test_moves_beyond_float32s_faithful_range_warn():
     stay silent. A softmax argument is rounded, so its limit is lower."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        keyed.warn_wide_moves({0: [[(0, (4, 4))]]}, 1000, 2, softmax=False)
-        keyed.warn_wide_moves({0: [[(0, (4, 4))]]}, 1000, 2, softmax=True)
+        keyed_moves.warn_wide_moves({0: [[(0, (4, 4))]]}, 1000, 2, softmax=False)
+        keyed_moves.warn_wide_moves({0: [[(0, (4, 4))]]}, 1000, 2, softmax=True)
     for softmax, g in ((False, (1 << 16, 1)), (True, (64, 1))):
         with pytest.warns(RuntimeWarning, match="float32 pass reads faithfully"):
-            keyed.warn_wide_moves({0: [[(0, g)]]}, 1000, 2, softmax)
+            keyed_moves.warn_wide_moves({0: [[(0, g)]]}, 1000, 2, softmax)
 
 
 def test_close_tokens_warn_that_float32_may_misfire():
@@ -492,7 +472,7 @@ def test_close_tokens_warn_that_float32_may_misfire():
     data = make_dataset([x, y[[3, 0, 2, 1]]], [[[0, 3], [10, 1]], [[-1, 2], [10, -3]]])
     with pytest.warns(RuntimeWarning, match="float32 pass may tag the wrong token"):
         model = ef.compile(data, keys=True, seed=2)
-    assert float(model.record.keyed["cap_margin"]) < keyed.FLOAT32_MARGIN
+    assert float(model.record.keyed["cap_margin"]) < float(model.record.keyed["float32_margin"])
     assert ef.verify(model, data).verdict() == "PROVED EXACT"
 
 
@@ -528,7 +508,7 @@ def test_softmax_float32_dense_pass_meets_the_goal(data, width, h):
     scale = data.coordinate_scale()
     assert ef.verify(model, data).ok
     assert float_error(model, data, np.float64) <= 1e-12 * scale
-    if float(model.record.keyed["cap_margin"]) >= keyed.FLOAT32_MARGIN:
+    if float(model.record.keyed["cap_margin"]) >= float(model.record.keyed["float32_margin"]):
         assert float_error(model, data, np.float32) <= 1e-5 * scale
 
 
@@ -647,7 +627,7 @@ def test_collapse_margins_with_a_tall_round(attention):
     model = ef.compile(data, attention=attention, width=64, keys=True)
     xs, _ = data.fractions()
     states = _exact_before_collapse(model, xs)
-    assert max(max(X[:, data.d + 5]) for X in states) >= 20  # the first height coordinate
+    assert max(max(X[:, data.d + 4]) for X in states) >= 20  # the first height coordinate
     assert min(collapse_margins(model, data)) >= Fraction(1, 2)
 
 

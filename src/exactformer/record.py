@@ -75,7 +75,7 @@ class Construction:
     tau_star: float | None = None  # softmax: largest valid temperature found (inf: any)
     keyed: dict | None = None  # keyed models (docs/keyed.md): their code, counts and scores
 
-    KEYED_FIELDS = ("coordinates", "weight", "tags", "peels", "moves", "tag_layers")
+    KEYED_FIELDS = ("coordinates", "weight", "tags", "moves", "tag_layers")
 
     def phase(self, name: str) -> Span | None:
         return next((p for p in self.phases if p.name == name), None)
@@ -128,7 +128,7 @@ class Construction:
                          "heights": kr.integer("heights") if "heights" in keyed else 1,
                          "bent": kr.get("bent", bool, False),
                          "scale": kr.number("scale", positive=True),
-                         "cap_margin": kr.number("cap_margin")}
+                         **_tag_fields(kr, keyed)}
             scores = kr.get("scores", (list, type(None)), None)  # softmax: (β_s, β_c)
             if scores is not None:
                 rec.keyed["scores"] = _opt_strings(scores, "meta.keyed.scores")
@@ -181,7 +181,7 @@ class CausalConstruction:
     keyed: dict | None = None  # keyed causal models: tags and rounds (docs/causal.md)
 
     KINDS = ("causal-hardmax", "causal-softmax")
-    KEYED_FIELDS = ("coordinates", "weight", "tags", "peels", "rounds", "tag_layers", "heights")
+    KEYED_FIELDS = ("coordinates", "weight", "tags", "rounds", "tag_layers", "heights")
 
     def phase(self, name: str) -> Span | None:
         return next((p for p in self.phases if p.name == name), None)
@@ -236,7 +236,7 @@ class CausalConstruction:
         if keyed is not None:
             kr = _Reader(keyed, "meta.keyed")
             rec.keyed = {**{f: kr.integer(f) for f in cls.KEYED_FIELDS},
-                         "cap_margin": kr.number("cap_margin")}
+                         **_tag_fields(kr, keyed)}
             if "scores" in keyed:  # softmax: the rounds' score scale β
                 rec.keyed["scores"] = _opt_strings(kr.get("scores", list), "meta.keyed.scores")
         if kind == "causal-softmax":
@@ -287,6 +287,15 @@ class _Reader:
         if v not in options:
             raise RecordError(f"{self.where}.{key}: must be one of {options}, got {v!r}")
         return v
+
+
+def _tag_fields(kr: _Reader, keyed: dict) -> dict:
+    """The tagging's fields of a ``keyed`` object: the smallest tag gap and, in files that
+    have it, the float32 margin (docs/keyed.md#tagging)."""
+    out = {"cap_margin": kr.number("cap_margin")}
+    if "float32_margin" in keyed:
+        out["float32_margin"] = kr.number("float32_margin")
+    return out
 
 
 def _tuple(types) -> tuple:

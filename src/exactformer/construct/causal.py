@@ -52,7 +52,7 @@ from .hardmax import check_heads, hats_per_layer
 from .interpolation import LeaderOnTarget, half_room, interpolate
 from .position_keys import build_keys, keyed_positions
 from .separation import TokenTable, project
-from .softmax import TargetInSnapWindow, parse_tau, project_and_snap
+from .softmax import TargetInSnapWindow, at_temperature, parse_tau, project_and_snap
 
 REDRAWS = 20  # fresh positions (and everything after) on a coincidence of generic choices
 THETA_MIN = 2.0 ** -40
@@ -89,7 +89,8 @@ def compile_causal(dataset: CausalDataset, attention: str = "hardmax", exact: bo
         model.record.seed = seed
         return model
     if keys:
-        return keyed_causal.build(dataset, attention, exact, width, heads, seed, progress)
+        model = keyed_causal.build(dataset, attention, exact, width, heads, seed, progress)
+        return model if tau is None else at_temperature(model, tau)
     ctx = contexts(xs, ys, list(dataset.known), exact, dataset.d)
     ctx.per_layer, ctx.channels = k, max(1, min(heads, dataset.d - 1))  # x[0] is u, x[1] is v
     draws = Draws(seed, exact)

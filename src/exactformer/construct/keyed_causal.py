@@ -19,7 +19,7 @@ docs/causal.md#keyed-causal-models):
    cell has one, and σ where the cell has several states (taken in hull batches, as in the
    set model); it writes target − token and sets key, code, mark and one to 0. A clip pair
    replaces it where an unconstrained row could fire above 1, so no row fires twice.
-4. **Resets.** σ, the heights and the peel coordinate (all ≥ 0) back to 0.
+4. **Resets.** σ and the heights (all ≥ 0) back to 0.
 
 A softmax model has the same layers, its rounds' scores scaled by β, and a clip pair for
 every unit that reads σ, which the softmax blur reaches (docs/causal.md#keyed-causal-models).
@@ -34,36 +34,31 @@ from tqdm import tqdm
 
 from ..data import CausalDataset
 from ..model import Block, Transformer
-from ..numbers import num, safe_floats, zeros
+from ..numbers import num, zeros
 from ..record import CausalConstruction, Span
 from .causal_rounds import Contexts, conflicted, contexts, plan_round
 from .generic import Draws
-from .keyed import (
-    SLOTS,
-    Layout,
-    Signatures,
-    clip_pair,
-    draw_multipliers,
-    ff_layer,
+from .keyed import slots, token_name
+from .keyed_moves import (
     hull_batches,
-    levels,
     move_weight,
     normal_reach,
-    on_code,
-    pack_rounds,
-    reset_unit,
     schedule,
-    separation_layers,
-    smallest_margin,
-    tag_steps,
-    tagging,
-    warn_narrow_caps,
     warn_wide_moves,
     widest_direction,
 )
+from .keyed_separation import (
+    Signatures,
+    draw_multipliers,
+    levels,
+    pack_rounds,
+    separation_layers,
+)
 from .keyed_softmax import separation_scale
+from .keyed_units import Layout, clip_pair, ff_layer, on_code, reset_unit, with_tail
 from .position_keys import code_size, code_words, key_scale
 from .separation import TokenTable
+from .tagging import Survey, float32_gap, smallest_gap, tagging, warn_close_tokens
 
 
 @dataclass
@@ -221,7 +216,8 @@ class _Codes:
     w_key: int
     w_code: int
     sig_unit: object
-    margin: float  # the smallest cap margin over |f|·extent (keyed.smallest_margin)
+    tags: list  # every tagged token's gadget (tagging.Tag)
+    margin: float  # the float32 margin of the tags' gaps (tagging.float32_gap)
 
 
 def _reader(co: _Codes, position: int, token: int | None, K, exact: bool
@@ -287,38 +283,39 @@ def build(dataset: CausalDataset, attention: str, exact: bool, width: int, heads
     sig, every = _signatures(data, tests, outcomes, seed)
     top = int(every.max(initial=0))  # unconstrained rows too: K must outweigh their σ
     layers = pack_rounds(tests, width, min(heads, width))
-    co, steps = _codes(data, tests, layers, width, top, exact)
+    co = _codes(data, tests, layers, width, top, seed, exact)
     w = co.w_key + co.w_code
     cells = _cells(data, every, co.word, normal_reach(w, top, softmax))
     orders = {k: cell.batches for k, cell in enumerate(cells)}
     warn_wide_moves(orders, top, w, softmax, stacklevel=5)
     beta = _score_scale(data, tests, sig, orders, exact) if softmax else num(1, exact)
-    tag_layers = tagging(steps, co.lay, co.word, co.c, width, exact)
+    tag_layers = tagging(co.tags, co.lay, co.word, co.c, width, exact)
     sep = separation_layers(layers, tests, sig, co.lay, co.sig_unit,
                             lambda r, p, out: (*_test_reader(data, co, p, exact), out),
                             beta, exact)
     queues = [[[_move_units(data, co, cells[k], s, g, top, softmax, exact)
                 for s, g in batch] for batch in orders[k]] for k in range(len(cells))]
     moves = [[u for item in layer for u in item] for layer in schedule(queues, width, len)]
-    moves = _with_resets(moves, _resets(co.lay, tests, steps, exact), width)
+    moves = with_tail(moves, _resets(co.lay, tests, exact), width)
     blocks = tag_layers + sep + [Block(ff_layer(units, exact), None) for units in moves]
     return Transformer(d=co.lay.D, attention=attention, blocks=blocks, exact=exact,
                        causal=True, positions=_positions(co, exact),
-                       record=_record(dataset, attention, seed, co, steps, tests, cells,
+                       record=_record(dataset, attention, seed, co, tests, cells,
                                       (len(tag_layers), len(sep), len(blocks)),
                                       beta if softmax else None),
                        tau=num(1, exact) if softmax else None)
 
 
-def _record(dataset: CausalDataset, attention: str, seed: int, co: _Codes, steps: list,
-            tests: list, cells: list[_Cell], sizes: tuple[int, int, int], beta
+def _record(dataset: CausalDataset, attention: str, seed: int, co: _Codes, tests: list,
+            cells: list[_Cell], sizes: tuple[int, int, int], beta
             ) -> CausalConstruction:
     """The record: phases tagging, separation, interpolation (``sizes``: tagging and
     separation layers, all blocks), the position code and the ``keyed`` object."""
     a, r, total = sizes
     keyed = {"coordinates": co.lay.q, "weight": co.w_code, "tags": len(co.word),
-             "peels": sum(len(pe) for _, pe in steps), "rounds": len(tests), "tag_layers": a,
-             "heights": co.lay.heights, "cap_margin": f"{co.margin:.3g}"}
+             "rounds": len(tests),
+             "tag_layers": a, "heights": co.lay.heights,
+             "cap_margin": f"{smallest_gap(co.tags):.3g}", "float32_margin": f"{co.margin:.3g}"}
     if beta is not None:
         keyed["scores"] = [str(beta)]
     return CausalConstruction(
@@ -344,45 +341,36 @@ def _score_scale(data: _Data, tests: list, sig: Signatures, orders: dict, exact:
                             max(len(tests), 1), max(map(len, data.ctx.xs)), exact)
 
 
-def _resets(lay: Layout, tests: list, steps: list, exact: bool) -> list:
-    """σ and the heights (after rounds) and the peel coordinate (after peels), all ≥ 0, set
-    to 0: no move writes them, since a position's one unit may serve several signatures."""
-    coords = (list(lay.sigma) + lay.separation_coordinates() if tests else []) + \
-        ([lay.peel] if any(pe for _, pe in steps) else [])
+def _resets(lay: Layout, tests: list, exact: bool) -> list:
+    """σ and the heights (after rounds), all ≥ 0, set to 0: no move writes them, since a
+    position's one unit may serve several signatures."""
+    coords = list(lay.sigma) + lay.separation_coordinates() if tests else []
     return [reset_unit(lay, c, exact) for c in coords]
 
 
-def _with_resets(layers: list[list], resets: list, width: int) -> list[list]:
-    """The move layers with the resets in the room the last one leaves, then in layers of
-    their own: a reset reads the layer's input as the moves do, so it may share their layer."""
-    room = width - len(layers[-1])
-    layers[-1] = layers[-1] + resets[:room]
-    return layers + [resets[s:s + width] for s in range(room, len(resets), width)]
-
-
 def _codes(data: _Data, tests: list[list[int]], layers: list[list[int]], width: int,
-           top: int, exact: bool) -> tuple[_Codes, list]:
-    """The layout, the keys and words, and the tagging's exposure steps: the tokens of the
-    tests and of the shared positions are tagged."""
+           top: int, seed: int, exact: bool) -> _Codes:
+    """The layout, the keys and words, and the tags: the tokens of the tests and of the
+    shared positions are tagged (construct/tagging.py)."""
     wanted = {int(data.tok[j][i]) for r in tests for p in r for j, i in [data.ctx.first[p]]}
     wanted |= {int(t) for t, p in zip(data.token, data.pos, strict=True) if int(p) in data.shared}
-    X = safe_floats(data.table.points).astype(float)
-    unmarked = np.ones(len(X), dtype=bool)
-    steps = tag_steps(X, data.table.points, sorted(wanted), unmarked, exact)
-    tagged = [c.token for tags, _ in steps for c in tags]
+    survey = Survey.of(data.table.points, seed)
+    margin = float32_gap(data.ctx.d)
+    tags = [survey.tag(t, exact) for t in sorted(wanted)]
+    tagged = [tag.token for tag in tags]
     q, w = code_size(len(tagged))
     n = max(map(len, data.ctx.xs))
     q_p, w_p = code_size(n)
-    lay = Layout(data.ctx.d, min(width // 4, SLOTS), q, False,
-                 max(map(len, layers), default=1), False, keys=q_p)
+    lay = Layout(data.ctx.d, slots(width), q, False, max(map(len, layers), default=1), False,
+                 keys=q_p)
     every = np.concatenate([data.table.points] + ([np.array(data.targets)] if data.targets
                                                  else []))
     two = num(2, exact)
     co = _Codes(lay, key_scale(every, exact), code_words(n, q_p, w_p).astype(np.int64),
                 dict(zip(tagged, code_words(len(tagged), q, w).astype(np.int64), strict=True)),
-                w_p, w, two ** -int(np.ceil(np.log2(top + 1))), smallest_margin(steps, X))
-    warn_narrow_caps(co.margin, stacklevel=6)
-    return co, steps
+                w_p, w, two ** -int(np.ceil(np.log2(top + 1))), tags, margin)
+    warn_close_tokens(tags, margin, token_name(data.table), stacklevel=6)
+    return co
 
 
 def _positions(co: _Codes, exact: bool) -> np.ndarray:

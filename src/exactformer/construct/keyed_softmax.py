@@ -32,26 +32,10 @@ import numpy as np
 from ..model import SA, Block, ValueMatrix
 from ..numbers import num, to_fraction, zeros
 from .gadgets import power_of_two_below
-from .keyed import (
-    Built,
-    Layout,
-    Prepared,
-    clip_pair,
-    collapse_scores,
-    ff_layer,
-    height_resets,
-    move_argument,
-    move_queues,
-    on_code,
-    phases,
-    prepare,
-    reset_unit,
-    rounds,
-    schedule,
-    vec,
-    widest_direction,
-    widest_move,
-)
+from .keyed import Built, Prepared, collapse_scores, phases, prepare
+from .keyed_moves import move_argument, move_queues, schedule, widest_direction, widest_move
+from .keyed_separation import height_resets, rounds
+from .keyed_units import Layout, clip_pair, ff_layer, on_code, reset_unit, vec, with_tail
 
 BLUR = 32  # every softmax layer moves a move's argument by less than 1/BLUR
 
@@ -71,9 +55,10 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     collapse = [Block(ff, None) for ff in reset[:-1]] + \
         [Block(reset[-1], _collapse(prep, beta_c, exact))]
     moves = _moves(prep, targets, floor, width, exact)
-    own = [Block(ff_layer(units, exact), None) for units in _chunks(_own_reset(lay, exact),
-                                                                    width)]
-    blocks = prep.tag_layers + sep + collapse + moves + own
+    layers = with_tail(moves, _own_reset(lay, exact), width)  # moves write data and moved only
+    layers = with_tail(layers, [reset_unit(lay, lay.moved, exact)], width, start=len(moves))
+    blocks = prep.tag_layers + sep + collapse + \
+        [Block(ff_layer(units, exact), None) for units in layers]
     keyed = {**prep.keyed, "scores": [str(beta_s), str(beta_c)]}
     return Built(blocks, lay.D, phases(prep, len(sep), len(collapse), len(blocks)),
                  len(p.rounds), keyed)
@@ -141,13 +126,13 @@ def _collapse(prep: Prepared, beta, exact: bool) -> SA:
 
 
 def _moves(prep: Prepared, targets: list[np.ndarray], floor: np.ndarray, width: int,
-           exact: bool) -> list[Block]:
-    """One clip pair per (leader tag, holding sequence), in the hardmax model's hull batches
-    and schedule (two units per state)."""
+           exact: bool) -> list[list]:
+    """The units of each move layer: one clip pair per (leader tag, holding sequence), in the
+    hardmax model's hull batches and schedule (two units per state)."""
     def pair(t, g, j, target):
         return _clip_pair(prep, t, g, j, target - floor, exact)
 
-    return [Block(ff_layer([u for p in pairs for u in p], exact), None)
+    return [[u for p in pairs for u in p]
             for pairs in schedule(move_queues(prep, targets, pair), width // 2)]
 
 
@@ -164,8 +149,8 @@ def _clip_pair(prep: Prepared, t: int, g, j: int, move, exact: bool) -> list:
 
 
 def _own_reset(lay: Layout, exact: bool) -> list:
-    """Every coordinate of the model's own that may be nonzero set to 0: each is ≥ 0 after the
-    collapse (codes shifted), so x_c − relu(x_c) is exactly 0."""
-    coords = [lay.one, *lay.sigma, lay.mark, lay.peel,
-              *range(lay.code.start, lay.code.stop), lay.moved]
+    """Every coordinate of the model's own that may be nonzero but ``moved`` set to 0: each is
+    ≥ 0 after the collapse (codes shifted), so x_c − relu(x_c) is exactly 0. No move writes
+    them, so these resets may share the last move layer; ``moved`` is reset after it."""
+    coords = [lay.one, *lay.sigma, lay.mark, *range(lay.code.start, lay.code.stop)]
     return [reset_unit(lay, c, exact) for c in coords]

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from ..data import Dataset
 from ..evaluate import forward
 from ..model import Block, Transformer
-from ..numbers import as_number_array, num
+from ..numbers import as_number_array, num, safe_float
 from ..record import Construction, SnapWindow, Span
 from . import keyed, keyed_softmax
 from .gadgets import ff_from_units, power_of_two_below, projection_unit, snap_units
@@ -100,16 +100,41 @@ def compile_softmax(dataset: Dataset, exact: bool = True, seed: int = 0, tau=Non
     return model
 
 
-def compile_keyed_softmax(dataset: Dataset, exact: bool = True, seed: int = 0,
+def compile_keyed_softmax(dataset: Dataset, exact: bool = True, seed: int = 0, tau=None,
                           progress: bool = False, width: int = 4, heads: int = 1
                           ) -> Transformer:
-    """The keyed softmax model (docs/keyed.md#softmax): τ = 1, no simulation, exact in real
+    """The keyed softmax model (docs/keyed.md#softmax): no simulation, exact in real
     arithmetic and within float32's rounding in a plain dense float32 pass; up to ``heads``
-    separation rounds share an attention layer (docs/keyed.md#heads)."""
+    separation rounds share an attention layer (docs/keyed.md#heads). Built at τ = 1, then
+    at ``tau`` by :func:`at_temperature`."""
     inputs, targets = dataset.fractions() if exact else dataset.floats()
     built = keyed_softmax.build(inputs, targets, dataset.target_lengths, exact, width, heads,
                                 seed, progress)
-    return keyed.model_of(built, dataset.N, dataset.total_m, seed, exact, "softmax")
+    model = keyed.model_of(built, dataset.N, dataset.total_m, seed, exact, "softmax")
+    return model if tau is None else at_temperature(model, tau)
+
+
+def at_temperature(model: Transformer, tau) -> Transformer:
+    """A softmax model built at τ = 1 run at temperature ``tau``: every score matrix's α and a
+    multiplied by τ, so every score over τ is the one it had (exact in rational parameters;
+    one rounding of each entry in float64 ones). ValueError where that leaves a nonzero
+    entry outside float64's normal range."""
+    theta = parse_tau(tau)
+    factor = theta if model.exact else float(theta)
+    for block in model.blocks:
+        for head in block.sa.heads if block.sa is not None else []:
+            head.A = replace(head.A, alpha=head.A.alpha * factor, a=head.A.a * factor)
+            _check_scaled(head.A, tau)
+    model.tau = factor
+    return model
+
+
+def _check_scaled(A, tau) -> None:
+    """The entries of a score matrix scaled by τ stay in float64's normal range."""
+    for v in [A.alpha, *A.a]:
+        if v != 0 and not 2.0 ** -1022 <= abs(safe_float(v)) < 2.0 ** 1023:
+            raise ValueError(f"tau = {tau} takes a score entry out of float64's normal range "
+                             f"({safe_float(v):.3g}); choose a tau nearer 1")
 
 
 def _at_default_tau(geo: _Geometry, tau_star: float) -> Transformer:

@@ -1,0 +1,247 @@
+"""Tagging: the keyed model's only reading of the data (docs/keyed.md#tagging).
+
+A tag gives one table token an exact code C·ς and mark, with the same six units whatever
+the token and however many tokens there are, so the block count never grows with the input
+lengths:
+
+* **Shared directions.** K directions f_k with 20-bit entries are drawn once; every token is
+  projected on each and the projections sorted (``Survey``, O(K·T log T)). A token's *gap* on
+  f_k is its distance to its nearer neighbour in that order over |f_k|₁ times the data's
+  extent; its tag reads the direction where the gap is widest.
+* **The window** (two units): s·relu(f·x − c) + s·relu(c − f·x) into a slot, with c within
+  g/64 of f·t and s·g ∈ [2, 4): at most 1/16 at t, at least 1.96 at every other token.
+* **The flip** (two units, a layer later): slot ← relu(1 − slot), in [15/16, 1] at t and an
+  exact 0 elsewhere, where every unit is off and slot − relu(slot) cancels exactly.
+* **The clip** (two units, a layer later): relu(2v − ½) − relu(2v − 3/2) of the slot value v
+  writes C·ς and the mark, exactly 1 for v ∈ [¾, 2^21) in any binary arithmetic and 0 at
+  v = 0. The next tag's flip on the slot clears v; a last unit per slot clears the rest.
+
+So float32 tags the tokens exact arithmetic tags while its rounding of s·(f·x − c) stays
+below ⅛: the gap must exceed ``float32_gap(d)`` (derived in docs/keyed.md#tagging); the build
+warns, naming the two tokens, where the data leave a tag no such gap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import warnings
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from ..model import Block
+from ..numbers import num, safe_floats
+from .gadgets import power_of_two_below
+from .generic import ConstructionError
+from .keyed_units import Layout, clip_pair, ff_layer, on_code, reset_unit, vec
+
+DIRECTIONS = 32  # shared directions: a token's gap is its widest over these
+DIRECTION_BITS = 20  # significant bits of a direction's entries: exact in float32
+TRUSTED = 2.0 ** -30  # a gap below this (of |f|₁·extent) is not read from float64 projections
+UNIT32 = 2.0 ** -24  # float32's unit roundoff
+
+
+def float32_gap(d: int) -> float:
+    """The smallest gap (of |f|₁·extent) a float32 pass reads faithfully: f·x − c over d data
+    coordinates and a bias rounds by at most (2d + 3)·2⁻²⁴·|f|₁·extent (the data's own
+    rounding included), times s ≤ 4/g; the tag's value tolerates ⅛ (docs/keyed.md#tagging)."""
+    return 32 * (2 * d + 3) * UNIT32
+
+
+class NotKeyable(ConstructionError):
+    """The keyed construction does not apply to these data (tokens too close for float64)."""
+
+
+@dataclass(frozen=True)
+class Tag:
+    """The window that tags table token ``token``: along direction f, centre c, scale s a
+    power of two; ``gap``: g/(|f|₁·extent), g the distance along f to the nearest other
+    token, ``neighbour``."""
+
+    token: int
+    f: np.ndarray
+    c: object
+    s: object
+    gap: float
+    neighbour: int
+
+
+@dataclass
+class Survey:
+    """The shared directions and, per table token, the direction where its gap is widest:
+    what every tag is chosen and built from."""
+
+    points: np.ndarray
+    F: np.ndarray  # K × d float64 directions with DIRECTION_BITS-bit entries
+    extent: float
+    gaps: np.ndarray  # per token: its widest gap (0: none trusted)
+    best: np.ndarray  # per token: (direction, neighbour) of that gap
+
+    @classmethod
+    def of(cls, points: np.ndarray, seed: int) -> Survey:
+        X = safe_floats(points).astype(float)
+        T, d = X.shape
+        extent = float(np.abs(X).max(initial=0.0)) or 1.0
+        F = _directions(d, seed)
+        gaps = np.ones(T) if T == 1 else np.zeros(T)  # alone: a gap of the data's size
+        best = np.zeros((T, 2), dtype=np.int64)
+        for k, f in enumerate(F if T > 1 else []):
+            proj = X @ f
+            order = np.argsort(proj, kind="stable")
+            step = np.diff(proj[order]) / (np.abs(f).sum() * extent)
+            left = np.concatenate([[np.inf], step])
+            right = np.concatenate([step, [np.inf]])
+            gap = np.minimum(left, right)
+            gap[gap < TRUSTED] = 0.0
+            nb = np.where(left < right, np.roll(order, 1), np.roll(order, -1))
+            wider = gap > gaps[order]
+            gaps[order[wider]] = gap[wider]
+            best[order[wider]] = np.stack([np.full(wider.sum(), k), nb[wider]], axis=1)
+        return cls(points, F, extent, gaps, best)
+
+    def tag(self, t: int, exact: bool) -> Tag:
+        """The window of token t on its widest direction, its gap g recomputed so that it
+        holds in the model's arithmetic (float64 projections are trusted to 4(d + 1) units
+        of 2⁻⁵³ of |f|₁·extent); c within g/64 of f·t, s·g ∈ [2, 4). NotKeyable if t has no
+        trusted gap."""
+        k, nb = (int(v) for v in self.best[t])
+        f_float = self.F[k]
+        norm = float(np.abs(f_float).sum()) * self.extent
+        g = self.gaps[t] * norm * (1 - 2.0 ** -10) - 4 * (len(f_float) + 1) * 2.0 ** -53 * norm
+        if g <= 0:
+            raise NotKeyable(f"table token {t} lies within 2^-30 of the data's extent of "
+                             "another along every direction tried: too close for a float64 "
+                             "model (build it with exact=True)")
+        f = np.array([Fraction(v) for v in f_float], dtype=object) if exact else f_float
+        g = num(g, exact)
+        s = power_of_two_below(num(4, exact) / g)
+        s = s / 2 if s * g >= 4 else s
+        c = _on_grid(np.dot(self.points[t], f), power_of_two_below(g / 32), exact)
+        return Tag(t, f, c, s, float(self.gaps[t]), nb)
+
+
+def _directions(d: int, seed: int) -> np.ndarray:
+    """K generic directions, each entry rounded to DIRECTION_BITS significant bits of the
+    row's largest (so exact in float32 and a power-of-two scale away from integers)."""
+    F = np.random.default_rng([seed, d]).standard_normal((DIRECTIONS, d))
+    scale = np.ldexp(1.0, DIRECTION_BITS - np.frexp(np.abs(F).max(axis=1))[1])[:, None]
+    return np.round(F * scale) / scale
+
+
+def _on_grid(v, step, exact: bool):
+    """v rounded to a multiple of the power of two ``step``."""
+    if exact:
+        return Fraction(round(Fraction(v) / step)) * step
+    return float(np.round(float(v) / float(step)) * float(step))
+
+
+# ----------------------------------------------------------------------------- choosing
+def cover(survey: Survey, owners: list[np.ndarray], need: np.ndarray, margin: float
+          ) -> list[int]:
+    """Leader tags, greedily: tokens whose gap float32 reads first, then those held by the
+    most sequences still short of tags (``need``, lowered in place), fewer other holders,
+    wider gaps. A token's count only falls as tags are taken, so a lazy
+    heap keeps this O(memberships · log T)."""
+    def key(t: int, needy: int) -> tuple:
+        g = float(survey.gaps[t])
+        return (-int(g >= margin), -needy, len(owners[t]), -g, t)
+
+    def needy(t: int) -> int:
+        return int((need[owners[t]] > 0).sum())
+
+    heap = [key(t, needy(t)) for t in range(len(owners)) if len(owners[t]) and needy(t)]
+    heapq.heapify(heap)
+    chosen = []
+    while heap and need.any():
+        top = heapq.heappop(heap)
+        t = top[-1]
+        now = needy(t)
+        if now == 0:
+            continue
+        if now != -top[1]:
+            heapq.heappush(heap, key(t, now))
+            continue
+        chosen.append(t)
+        need[owners[t]] = np.maximum(need[owners[t]] - 1, 0)
+    return chosen
+
+
+def smallest_gap(tags: list[Tag]) -> float:
+    """The narrowest tag's gap (of |f|₁·extent), 1 without tags."""
+    return min((tag.gap for tag in tags), default=1.0)
+
+
+def warn_close_tokens(tags: list[Tag], margin: float, name, stacklevel: int) -> None:
+    """One warning when a tag's gap is below the float32 margin, naming the token and its
+    neighbour by ``name(table token)`` (e.g. "X_3[5]"): a float32 pass may tag the wrong
+    token there; exact and float64 passes are unaffected."""
+    narrow = [tag for tag in tags if tag.gap < margin]
+    if narrow:
+        tag = min(narrow, key=lambda tag: tag.gap)
+        warnings.warn(f"keyed model: input tokens {name(tag.token)} and {name(tag.neighbour)} "
+                      f"are {tag.gap:.2g} of the data's extent apart along the best of "
+                      f"{DIRECTIONS} directions, below this model's float32 margin "
+                      f"{margin:.2g}, so a float32 pass may tag the wrong token there "
+                      f"({len(narrow)} tag{'s' if len(narrow) > 1 else ''} so narrow; exact "
+                      "and float64 passes are unaffected; docs/keyed.md#tagging)",
+                      RuntimeWarning, stacklevel=stacklevel)
+
+
+# ----------------------------------------------------------------------------- layers
+def tagging(tags: list[Tag], lay: Layout, word: dict, C, width: int, exact: bool
+            ) -> list[Block]:
+    """The tagging layers: the unit writing 1 to the ``one`` coordinate, then the tags'
+    stages (:func:`_stages`) by list scheduling. Layer by layer: the next stage of every
+    started tag, oldest first, each a layer after the one before; then new tags on free
+    slots while there is room. A slot is free again in the layer of its tag's clip: the next
+    tag's window adds to the clipped value v there, and its flip clears both, since
+    relu(1 − v − window) is an exact 0 and slot − relu(slot) cancels exactly. Last, one reset
+    per slot clears the value its last tag left. At width 4 a tag's 6 units take 1.5 layers
+    (docs/keyed.md#tagging)."""
+    layers: list[list] = [[(vec(lay.D, {}, exact), num(1, exact), vec(lay.D, {lay.one: 1},
+                                                                    exact))]]
+    waiting = list(reversed(tags))
+    started: list[list] = []  # [stages left, slot, the first layer the next stage may take]
+    free = list(range(lay.slots))
+    last = {}  # slot → the layer of its last clip
+    k = 0
+    while waiting or started:
+        if k == len(layers):
+            layers.append([])
+        layer = layers[k]
+        for job in [j for j in started if j[2] <= k]:
+            if len(layer) + len(job[0][0]) <= width:
+                layer += job[0].pop(0)
+                job[2] = k + 1
+                if not job[0]:
+                    free.append(job[1])
+                    last[job[1]] = k
+        started = [job for job in started if job[0]]
+        while waiting and free and len(layer) + 2 <= width:
+            slot = free.pop(0)
+            stages = _stages(waiting.pop(), lay, slot, word, C, exact)
+            layer += stages.pop(0)
+            started.append([stages, slot, k + 1])
+        k += 1
+    for slot, k in sorted(last.items(), key=lambda item: item[1]):
+        while k < len(layers) and len(layers[k]) >= width:
+            k += 1
+        if k == len(layers):
+            layers.append([])
+        layers[k].append(reset_unit(lay, lay.slot(slot), exact))
+    return [Block(ff_layer(units, exact), None) for units in layers]
+
+
+def _stages(tag: Tag, lay: Layout, i: int, word: dict, C, exact: bool) -> list[list]:
+    """The units of each stage of ``tag`` on slot i: the window's reading of the data, then
+    the flip relu(1 − slot) in place of the slot, then the clip."""
+    D, slot = lay.D, lay.slot(i)
+    u = vec(D, {}, exact)
+    u[:lay.d] = tag.f * tag.s
+    into = vec(D, {slot: 1}, exact)
+    out = on_code(lay, word[tag.token], C, exact)
+    out[lay.mark] = num(1, exact)
+    return [[(u, -tag.c * tag.s, into), (-u, tag.c * tag.s, into)],
+            [reset_unit(lay, slot, exact), (-into, num(1, exact), into)],
+            clip_pair(into, num(0, exact), out, exact)]
