@@ -244,14 +244,20 @@ def test_keys_on_causal_data_without_targets_build_the_empty_model(tmp_path, cap
         assert main(["verify", str(out), str(data)]) == 0
 
 
-def test_keys_on_data_near_the_float64_floor_say_to_rescale(tmp_path, capsys):
-    """1e-300 to 3e-300: normal float64 numbers, but the keyed build squares its scales in
-    float64 steps; the refusal says what to do."""
+@pytest.mark.parametrize("attention", ["hardmax", "softmax"])
+def test_keys_on_data_near_the_float64_floor_build_and_say_float32_cannot(tmp_path, capsys,
+                                                                          attention):
+    """1e-300 to 3e-300 span one order of magnitude of normal float64 numbers: the keyed
+    model is built and proved exact, and the build warns that float32 cannot hold it."""
     data = write(tmp_path / "d.json", {"inputs": [[["1e-300", "0"], ["0", "2e-300"]]],
                                        "targets": [[["3e-300", "1e-300"]]]})
-    refused(capsys, ["build", data, "-o", tmp_path / "m.json", "--keys"], "rescale",
-            "about 3e-300")
-    assert not (tmp_path / "m.json").exists()
+    model = tmp_path / "m.json"
+    with pytest.warns(RuntimeWarning, match="float32 copy of the model"):
+        assert main(["build", str(data), "-o", str(model), "--keys", "--attention",
+                     attention]) == 0
+    assert "too many orders of magnitude" not in capsys.readouterr().err
+    assert main(["verify", str(model), str(data)]) == 0
+    assert "PROVED EXACT" in capsys.readouterr().out
 
 
 def test_a_set_model_on_causal_data_says_which_is_which(tmp_path, capsys):

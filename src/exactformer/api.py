@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 
 from .construct.causal import compile_causal
-from .construct.generic import ConstructionError
 from .construct.hardmax import check_heads, compile_hardmax, hats_per_layer
 from .construct.softmax import compile_keyed_softmax, compile_softmax
 from .data import CausalDataset, Dataset
@@ -14,21 +13,12 @@ from .runtime import warn_range_faults
 
 def _runtime_checked(build):
     """``compile`` with its after-build check: a model that claims a float32 (or bfloat16)
-    pass gets a warning naming each stored number or data coordinate outside that format's
-    range (:func:`~exactformer.runtime.warn_range_faults`); a float64 step that overflows
-    is a ConstructionError saying to rescale."""
+    pass gets a warning naming each stored number, data coordinate or intermediate outside
+    that format's range (:func:`~exactformer.runtime.warn_range_faults`)."""
     @functools.wraps(build)
     def checked(*args, **kwargs):
-        dataset = args[0] if args else kwargs.get("dataset")
-        try:
-            model = build(*args, **kwargs)
-        except OverflowError as e:
-            raise ConstructionError(
-                f"a float64 step of the construction overflowed ({e}) on data whose largest "
-                f"|coordinate| is about {float(dataset.coordinate_scale()):.3g}: rescale the "
-                "data towards magnitude 1 (by a power of 2, which keeps every value exact) "
-                "and build again") from None
-        warn_range_faults(model, dataset, stacklevel=2)
+        model = build(*args, **kwargs)
+        warn_range_faults(model, args[0] if args else kwargs.get("dataset"), stacklevel=2)
         return model
     return checked
 
