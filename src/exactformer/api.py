@@ -10,6 +10,8 @@ from .construct.softmax import compile_keyed_softmax, compile_softmax
 from .data import CausalDataset, Dataset
 from .runtime import warn_range_faults
 
+CONSTRUCTIONS = ("keyed", "paper")
+
 
 def _runtime_checked(build):
     """``compile`` with its after-build check: a model that claims a float32 (or bfloat16)
@@ -26,13 +28,20 @@ def _runtime_checked(build):
 @_runtime_checked
 def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact: bool = True,
             seed: int = 0, tau=None, progress: bool = False, causal: bool = False,
-            width: int = 4, heads: int = 1, n_layers: int | None = None, keys: bool = False):
+            width: int = 4, heads: int = 1, n_layers: int | None = None,
+            keys: bool | None = None, construction: str | None = None):
     """Construct a transformer that interpolates ``dataset`` exactly.
 
-    attention: "hardmax" (docs/hardmax.md) or "softmax" (docs/softmax.md). exact: rational
-    parameters (True) or float64 ones for large data (False). seed: all generic choices derive
-    from it.
-    tau: softmax temperature (default 1). progress: show progress bars on long phases.
+    construction: "keyed" (the default: docs/keyed.md, causal data docs/causal.md), exact in
+    rational arithmetic and to rounding in a plain float32 pass, its block count independent
+    of the input lengths; or "paper", the theorem's hat construction (docs/hardmax.md,
+    docs/softmax.md), exact in rational arithmetic but not in float32. ``keys`` is the older
+    spelling: True for "keyed", False for "paper".
+    attention: "hardmax" or "softmax". exact: rational parameters (True) or float64 ones for
+    large data (False). seed: all generic choices derive from it.
+    tau: softmax temperature (default 1; a keyed model folds 1/τ into its score matrices, so
+    any τ > 0 gives the same model up to that factor). progress: show progress bars on long
+    phases.
     causal: a decoder model with a target at every position (docs/causal.md); a
     :class:`CausalDataset` implies it. width: the widest FF layer, a multiple of 4:
     width/4 hats (or snaps, or separation tests) share a layer, for about 4/width as many
@@ -42,11 +51,9 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
     with bent signatures (docs/keyed.md#heads).
     n_layers: at most this many blocks; the width (and, if ``heads`` is left at 1, the heads)
     are then chosen (:func:`fit_layers`) and ``width`` must be left at 4.
-    keys: a keyed model (set data: docs/keyed.md; causal data: docs/causal.md#keyed-causal-
-    models): wider than the data, exact to float32's rounding in a plain float32 pass,
-    hardmax or softmax (at tau = 1); ConstructionError where no cap isolates the tokens it
-    needs. Causal data that position keys serve get position keys with or without it.
+    Causal data that position keys serve get position keys in either construction.
     """
+    keys = _keyed(keys, construction)
     if n_layers is not None:
         if width != 4:
             raise ValueError("give n_layers or width, not both: n_layers chooses the width")
@@ -55,9 +62,6 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
             min(h, w) if keys else h, keys=keys), dataset, n_layers, heads)
     if keys:
         check_keyed_heads(heads, width)
-    if keys and tau is not None and attention == "softmax":
-        raise ValueError("keys=True builds softmax models at tau = 1 (their score scales are "
-                         "in the attention matrices, docs/keyed.md#softmax)")
     if causal or isinstance(dataset, CausalDataset):
         if not isinstance(dataset, CausalDataset):
             raise TypeError("causal=True expects an exactformer.CausalDataset (see "
@@ -80,8 +84,8 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
         hats_per_layer(width)
         check_heads(heads)
         if keys:
-            return compile_keyed_softmax(dataset, exact=exact, seed=seed, progress=progress,
-                                         width=width, heads=heads)
+            return compile_keyed_softmax(dataset, exact=exact, seed=seed, tau=tau,
+                                         progress=progress, width=width, heads=heads)
         return compile_softmax(dataset, exact=exact, seed=seed, tau=tau, progress=progress,
                                width=width, heads=heads)
     raise ValueError(f"attention must be 'hardmax' or 'softmax', got {attention!r}")
@@ -95,6 +99,17 @@ def check_keyed_heads(heads: int, width: int) -> None:
     if heads > width:
         raise ValueError(f"heads = {heads} is more than width = {width}: a keyed separation "
                          "layer holds at most width rounds, a head each (docs/keyed.md#heads)")
+
+
+def _keyed(keys: bool | None, construction: str | None) -> bool:
+    """Whether the construction asked for is the keyed one (the default)."""
+    if construction is not None and construction not in CONSTRUCTIONS:
+        raise ValueError(f"construction must be one of {CONSTRUCTIONS}, got {construction!r}")
+    if keys is not None and not isinstance(keys, bool):
+        raise ValueError(f"keys must be True or False, got {keys!r}")
+    if keys is not None and construction is not None and keys != (construction == "keyed"):
+        raise ValueError(f"keys={keys} contradicts construction={construction!r}: give one")
+    return keys if keys is not None else construction != "paper"
 
 
 def fit_layers(build, dataset: Dataset | CausalDataset, n_layers: int, heads: int = 1):

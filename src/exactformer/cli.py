@@ -94,7 +94,15 @@ def _compiled(args, data):
     """The model that ``build`` and ``plot`` construct from their shared options."""
     return compile(data, attention=args.attention, exact=not args.float, seed=args.seed,
                    tau=args.tau, progress=_progress(args), width=args.width, heads=args.heads,
-                   n_layers=args.layers, keys=args.keys)
+                   n_layers=args.layers, construction=_construction(args))
+
+
+def _construction(args) -> str:
+    """--construction, or --keys (its older spelling of "keyed")."""
+    if args.keys and args.construction == "paper":
+        raise UsageError("--keys asks for the keyed construction, --construction paper for "
+                         "the paper's: give one")
+    return "keyed" if args.keys else args.construction
 
 
 def _build(args) -> int:
@@ -457,9 +465,12 @@ def _construction_options(p: argparse.ArgumentParser, output: str) -> None:
                    help="softmax temperature, an exact positive number (default 1)")
     p.add_argument("--causal", action="store_true", help="causal data: a target or null per "
                    "position (implied by a dataset marked \"causal\": true)")
-    p.add_argument("--keys", action="store_true", help="a keyed model (hardmax or softmax), "
-                   "exact to rounding in a plain float32 pass (docs/keyed.md; causal data: "
-                   "docs/causal.md#keyed-causal-models)")
+    p.add_argument("--construction", choices=["keyed", "paper"], default="keyed",
+                   help="keyed (the default): exact, and to rounding in a plain float32 pass "
+                   "(docs/keyed.md); paper: the theorem's hat construction, exact in rational "
+                   "arithmetic only (docs/hardmax.md)")
+    p.add_argument("--keys", action="store_true", help="the older spelling of --construction "
+                   "keyed")
     _width_options(p)
     _add_progress(p)
 

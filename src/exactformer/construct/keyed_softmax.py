@@ -55,7 +55,7 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     collapse = [Block(ff, None) for ff in reset[:-1]] + \
         [Block(reset[-1], _collapse(prep, beta_c, exact))]
     moves = _moves(prep, targets, floor, width, exact)
-    layers = with_tail(moves, _own_reset(lay, exact), width)  # moves write data and moved only
+    layers = with_tail(moves, _own_reset(lay, bool(p.rounds), exact), width)  # data, moved only
     layers = with_tail(layers, [reset_unit(lay, lay.moved, exact)], width, start=len(moves))
     blocks = prep.tag_layers + sep + collapse + \
         [Block(ff_layer(units, exact), None) for units in layers]
@@ -148,9 +148,11 @@ def _clip_pair(prep: Prepared, t: int, g, j: int, move, exact: bool) -> list:
     return clip_pair(u, bias, out, exact)
 
 
-def _own_reset(lay: Layout, exact: bool) -> list:
-    """Every coordinate of the model's own that may be nonzero but ``moved`` set to 0: each is
-    ≥ 0 after the collapse (codes shifted), so x_c − relu(x_c) is exactly 0. No move writes
-    them, so these resets may share the last move layer; ``moved`` is reset after it."""
-    coords = [lay.one, *lay.sigma, lay.mark, *range(lay.code.start, lay.code.stop)]
+def _own_reset(lay: Layout, rounds: bool, exact: bool) -> list:
+    """Every coordinate of the model's own that may be nonzero but ``moved`` set to 0 (σ only
+    after ``rounds``): each is ≥ 0 after the collapse (codes shifted), so x_c − relu(x_c) is
+    exactly 0. No move writes them, so these resets may share the last move layer; ``moved``
+    is reset after it."""
+    coords = [lay.one, *(lay.sigma if rounds else ()), lay.mark,
+              *range(lay.code.start, lay.code.stop)]
     return [reset_unit(lay, c, exact) for c in coords]
