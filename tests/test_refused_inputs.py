@@ -278,9 +278,11 @@ def test_lens_export_of_data_wider_than_the_model_writes_nothing(tmp_path, capsy
     pytest.importorskip("torch")
     pytest.importorskip("safetensors")
     model = tmp_path / "m.json"
-    ef.save_model(ef.compile(builtin.demo()), model)
-    wide = write(tmp_path / "w.json", {"inputs": [[[1, 0, 0, 0, 0]]],
-                                       "targets": [[[1, 1, 0, 0, 0]]]})
+    built = ef.compile(builtin.demo())
+    ef.save_model(built, model)
+    d = built.d + 1
+    wide = write(tmp_path / "w.json", {"inputs": [[[1] + [0] * (d - 1)]],
+                                       "targets": [[[1, 1] + [0] * (d - 2)]]})
     refused(capsys, ["export", model, "-o", tmp_path / "lens", "--layout", "transformer-lens",
-                     "--data", wide], "d = 5", "d_model")
+                     "--data", wide], f"d = {d}", "d_model")
     assert not (tmp_path / "lens").exists()
