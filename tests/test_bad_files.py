@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -192,8 +193,10 @@ def test_identity_model_verifies(tmp_path, capsys, blocks):
 # ------------------------------------------------------------------------------ arguments
 @pytest.mark.parametrize("tau, words", [
     ("1/0", ["--tau", "zero denominator"]), ("nan", ["--tau", "'nan'"]),
-    ("0", ["--tau", "not positive"]), ("-1/2", ["--tau", "not positive"]),
+    ("0", ["--tau", "positive number"]), ("-1/2", ["--tau", "positive number"]),
     ("abc", ["--tau", "'abc'"]), ("1e999999999", ["--tau", "exponent"]),
+    ("1e-4300", ["--tau", "normal float64 range", "about 1e-4300"]),
+    ("1e400", ["--tau", "normal float64 range", "about 1e400"]),
 ])
 def test_bad_tau_is_refused_before_anything(tmp_path, capsys, tau, words):
     # the data file does not exist: the temperature is refused first
@@ -297,3 +300,40 @@ def test_absurd_exponents_are_refused_quickly(tmp_path, argv_of, content, words)
     assert time.monotonic() - t0 < 120
     assert_refused(done.returncode, done.stderr, words)
     assert_only(tmp_path, {"in.json", "model.json"})
+
+
+# ------------------------------------------------------------------------------ special outputs
+def _special(tmp: Path, kind: str) -> Path:
+    """A FIFO, or a character device (the null device's numbers; made as root only), in tmp."""
+    path = tmp / kind
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("making a device node needs root")
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+@pytest.mark.parametrize("command", ["build", "verify --json", "export"])
+def test_an_output_that_is_not_a_regular_file_is_refused_and_kept(tmp_path, capsys, kind,
+                                                                  command):
+    """Writing is atomic (a temporary file renamed into place), so an output path that is a
+    FIFO or a device would be replaced by a regular file: refused, exit 2, the node kept."""
+    data = write_input(tmp_path, "d.json", GOOD)
+    model = write_input(tmp_path, "m.json", MODEL)
+    out = _special(tmp_path, kind)
+    before = os.stat(out)
+    argv = {"build": ["build", data, "-o", out],
+            "verify --json": ["verify", model, data, "--json", out],
+            "export": ["export", model, "-o", out]}[command]
+    if command == "export":
+        pytest.importorskip("torch")
+        pytest.importorskip("safetensors")
+    rc, err = run(capsys, *argv)
+    assert_refused(rc, err, [str(out), "not a regular file"])
+    after = os.stat(out)
+    assert (after.st_mode, after.st_rdev, after.st_ino) == (before.st_mode, before.st_rdev,
+                                                            before.st_ino)
+    assert_only(tmp_path, {"d.json", "m.json", kind})

@@ -128,3 +128,136 @@ def test_the_card_is_one_to_publish(tmp_path, capsys, causal):
         assert np.abs(out[known] - targets[: len(out)][known]).max() < 1e-9
     else:
         assert {tuple(np.round(r, 9)) for r in out} == {tuple(np.round(r, 9)) for r in targets}
+
+
+# ------------------------------------------------------------------------------ altered folders
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from exactformer.export.hub import FolderError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A folder of an exact keyed model (many FF and SA tensors), its data and its outputs."""
+    data = builtin.shared_pool(N=5, d=2, pool=6, n_max=3, m_max=2, seed=3)
+    module = et.to_torch(ef.compile(data, keys=True), torch.float32)
+    folder = tmp_path_factory.mktemp("hub")
+    module.save_pretrained(folder, data=data)
+    return folder, data, outputs(module, data)
+
+
+def copy_of(saved, tmp_path):
+    for p in saved[0].iterdir():
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    return tmp_path
+
+
+def refused(folder, *words) -> str:
+    """from_pretrained raises one FolderError (a ValueError) naming ``words``; its message."""
+    with pytest.raises(FolderError) as e:
+        et.NativeTransformer.from_pretrained(folder)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+    return str(e.value)
+
+
+def test_an_intact_folder_runs_the_model_that_verify_checks(saved, tmp_path):
+    folder, data, outs = saved
+    back = et.NativeTransformer.from_pretrained(folder)
+    assert all(np.array_equal(a, b) for a, b in zip(outs, outputs(back, data), strict=True))
+    assert back.model.exact and ef.verify(back.model, data).proved  # model.json's own model
+
+
+@pytest.mark.parametrize("part", ["eval.blocks.*.ff.", "eval.blocks.*.sa.", "blocks.*.ff.U",
+                                  "blocks.*.sa.alpha"])
+def test_a_scaled_running_or_stored_tensor_is_refused(saved, tmp_path, part):
+    """Scaling the tensors the module runs (eval.*) or the stored parameters by 1.5: the folder
+    no longer holds what model.json implies, so loading refuses it, naming the tensor."""
+    folder = copy_of(saved, tmp_path)
+    tensors = load_file(str(folder / "model.safetensors"))
+    head, tail = part.split("*")
+    keys = [k for k in tensors if k.startswith(head) and tail in k and
+            torch.count_nonzero(tensors[k]) > 0]
+    assert keys, part
+    key = keys[len(keys) // 2]
+    tensors[key] = tensors[key] * 1.5
+    save_file(tensors, str(folder / "model.safetensors"))
+    refused(folder, str(folder / "model.safetensors"), key)
+
+
+def test_a_float64_model_saved_in_float32_reloads_bit_for_bit(tmp_path):
+    data = builtin.shared_pool(N=4, d=3, pool=5, n_max=3, m_max=2, seed=1)
+    module = et.to_torch(ef.compile(data, exact=False, attention="softmax"), torch.float32)
+    module.save_pretrained(tmp_path)
+    back = et.NativeTransformer.from_pretrained(tmp_path)
+    assert not back.model.exact and next(back.parameters()).dtype == torch.float32
+    assert all(np.array_equal(a, b) for a, b in
+               zip(outputs(module, data), outputs(back, data), strict=True))
+
+
+CONFIG_FAULTS = {  # field: bad value (None: the field removed)
+    "tau": [-1, 0, "nan", 1e-320, True], "attention": ["max", None], "d": ["2", 0, None],
+    "dtype": ["float8", None], "ff": ["sparse"], "causal": ["yes"], "positions": [-1],
+    "blocks": [{}, [5], [{"ff": {"width": "4"}, "sa": True}], [{"ff": None, "sa": {"heads": 1}}]],
+    "format": ["exactformer.torch/9", None],
+}
+
+
+@pytest.mark.parametrize("field, value", [(f, v) for f, vs in CONFIG_FAULTS.items() for v in vs])
+def test_a_config_value_outside_its_rules_is_refused(saved, tmp_path, field, value):
+    folder = copy_of(saved, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    if value is None:
+        config.pop(field)
+    else:
+        config[field] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    refused(folder, str(folder / "config.json"), f'"{field}')
+
+
+def test_softmax_config_values_are_checked_against_the_stored_model(tmp_path):
+    data = builtin.demo()
+    et.to_torch(ef.compile(data, attention="softmax")).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for field, value in (("tau", 2.0), ("attention", "hardmax"), ("causal", True)):
+        bad = {**config, field: value} | ({"tau": None} if value == "hardmax" else {})
+        (tmp_path / "config.json").write_text(json.dumps(bad))
+        refused(tmp_path, str(tmp_path / "config.json"), f'"{field}"')
+
+
+BROKEN_FILES = {  # file: content that is not what save_pretrained writes
+    "config.json": [b"{", b"[" * 100_000, b"\xff\xfe", b"[]", b"null"],
+    "model.safetensors": [b"", b"garbage", b"\x08\x00\x00\x00\x00\x00\x00\x00{}"],
+    "model.json": [b"{", b'{"format": "exactformer.model/1"}', b"[" * 100_000],
+}
+
+
+@pytest.mark.parametrize("name, content",
+                         [(n, c) for n, cs in BROKEN_FILES.items() for c in cs])
+def test_a_broken_file_is_one_folder_error_naming_it(saved, tmp_path, name, content):
+    """Never a KeyError, TypeError, JSONDecodeError, RecursionError or SafetensorError."""
+    folder = copy_of(saved, tmp_path)
+    (folder / name).write_bytes(content)
+    refused(folder, str(folder / name))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_parameter_of_a_float64_folder_is_named(tmp_path, bad):
+    module = et.to_torch(ef.compile(builtin.demo(), exact=False))
+    module.save_pretrained(tmp_path)  # no model.json: the native tensors are the model
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    key = next(k for k in tensors if k.endswith("ff.U"))
+    tensors[key] = tensors[key].clone()
+    tensors[key].view(-1)[0] = bad
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    refused(tmp_path, key, "nan or an inf")
+
+
+def test_a_tensor_missing_or_extra_is_named(saved, tmp_path):
+    folder = copy_of(saved, tmp_path)
+    tensors = load_file(str(folder / "model.safetensors"))
+    key = next(k for k in tensors if k.startswith("eval."))
+    save_file({k: v for k, v in tensors.items() if k != key}, str(folder / "model.safetensors"))
+    refused(folder, key, "missing")
+    save_file({**tensors, "eval.extra": torch.zeros(2)}, str(folder / "model.safetensors"))
+    refused(folder, "eval.extra")

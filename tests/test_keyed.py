@@ -96,7 +96,7 @@ def check_keyed_softmax(model, data) -> None:
 @SETTINGS
 @given(ds=datasets(), seed=seeds, width=widths, h=heads)
 def test_random_shared_pools(ds, seed, width, h):
-    check_keyed(ef.compile(ds, seed=seed, width=width, heads=h, keys=True), ds)
+    check_keyed(ef.compile(ds, seed=seed, width=width, heads=min(h, width), keys=True), ds)
 
 
 @SETTINGS
@@ -113,7 +113,7 @@ def test_heads_share_separation_layers(ds, seed, width, h):
             model = ef.compile(ds, seed=seed, width=width, keys=True, **kw)
         return model, any("move's weight" in str(c.message) for c in caught)
 
-    (one, one_wide), (many, many_wide) = build(), build(heads=h)
+    (one, one_wide), (many, many_wide) = build(), build(heads=min(h, width))
     assert one_wide or not many_wide
     bent = many.record.keyed["bent"]
     sep = many.record.phase("separation")
@@ -138,7 +138,7 @@ def test_heads_share_separation_layers(ds, seed, width, h):
 def test_every_slot_is_zero_when_the_tagging_ends(ds, seed, width, h):
     """The separation's heights live in the tagging's slots, so every slot must be exactly 0
     on every token after the tagging layers (and every height 0 before them)."""
-    model = ef.compile(ds, seed=seed, width=width, heads=h, keys=True)
+    model = ef.compile(ds, seed=seed, width=width, heads=min(h, width), keys=True)
     tagging = model.record.phase("tagging")
     head = Transformer(d=model.d, attention="hardmax", blocks=model.blocks[:tagging.end],
                        exact=True)
@@ -160,7 +160,8 @@ def test_bent_signatures_on_nested_data(N, d, seed, width, h, attention):
     the width, sets the move layers (a softmax move takes two units, so width 64 there)."""
     ds = builtin.nested(N, d, seed=seed % 1000)
     width = 64 if attention == "softmax" else width
-    model = ef.compile(ds, attention=attention, seed=seed, width=width, heads=h, keys=True)
+    model = ef.compile(ds, attention=attention, seed=seed, width=width, heads=min(h, width),
+                       keys=True)
     assert model.record.keyed["bent"]
     sep = model.record.phase("separation")
     assert all(len(model.blocks[i].sa.heads) % 2 == 0 for i in range(sep.start, sep.end))
@@ -291,7 +292,7 @@ def test_float32_dense_pass_meets_the_goal(data, width, h):
     whenever every cap's margin is at least 2^-16 of the extent, as the build reports."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        model = ef.compile(data, exact=False, width=width, heads=h, keys=True)
+        model = ef.compile(data, exact=False, width=width, heads=min(h, width), keys=True)
     scale = data.coordinate_scale()
     assert float_error(model, data, np.float64) <= 1e-12 * scale
     if float(model.record.keyed["cap_margin"]) >= float(model.record.keyed["float32_margin"]):
@@ -486,8 +487,8 @@ def test_close_tokens_warn_that_float32_may_misfire():
 def test_softmax_random_shared_pools(ds, seed, width, h):
     """Rational coordinates (denominators up to 7) included: their targets are no binary
     numbers, so the ball pass proves them through its exact parts."""
-    check_keyed_softmax(ef.compile(ds, attention="softmax", seed=seed, width=width, heads=h,
-                                   keys=True), ds)
+    check_keyed_softmax(ef.compile(ds, attention="softmax", seed=seed, width=width,
+                                   heads=min(h, width), keys=True), ds)
 
 
 @settings(max_examples=8, deadline=None,
@@ -506,8 +507,8 @@ def test_softmax_float32_dense_pass_meets_the_goal(data, width, h):
     OK, float64 within 1e-12 and float32 within 1e-5 of the scale (under the caps' margin)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        model = ef.compile(data, attention="softmax", exact=False, width=width, heads=h,
-                           keys=True)
+        model = ef.compile(data, attention="softmax", exact=False, width=width,
+                           heads=min(h, width), keys=True)
     scale = data.coordinate_scale()
     assert ef.verify(model, data).ok
     assert float_error(model, data, np.float64) <= 1e-12 * scale

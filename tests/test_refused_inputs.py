@@ -149,3 +149,140 @@ def test_non_ascii_digits_are_refused_in_data_and_model_files(tmp_path, capsys):
 def test_no_non_ascii_character_reaches_the_number_parser(odd, ascii_part):
     with pytest.raises(NumberError, match="non-ASCII"):
         parse_exact(ascii_part + odd)
+
+
+# ------------------------------------------------------------------------------ one rule each
+@pytest.mark.parametrize("digits", ["١٢", "１", "1" + chr(0x0663)])
+def test_float64_files_refuse_non_ascii_digits_like_rational_files(tmp_path, capsys, digits):
+    """Python's float (and NumPy) read any Unicode digit; every number string is ASCII."""
+    data = write(tmp_path / "d.json", {"number": "float64", "inputs": [[[digits, "1"]]],
+                                       "targets": [[["1", "1"]]]})
+    refused(capsys, ["build", data, "-o", tmp_path / "m.json"], "d.json", "non-ASCII")
+    ff = {"eta": "1", "U": [[digits, "0"]], "b": ["0"], "W": [["0"], ["0"]]}
+    model = write(tmp_path / "m.json", model_doc([{"ff": ff, "sa": None}], "float64", False,
+                                                 "hardmax"))
+    refused(capsys, ["info", model], "m.json", "blocks[0].ff.U", "non-ASCII")
+    assert {p.name for p in tmp_path.iterdir()} == {"d.json", "m.json"}
+
+
+@pytest.mark.parametrize("tau", ["1e-4300", "1e-400", "1e400", "1/10**400"])
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_a_temperature_outside_float64_is_refused_naming_the_file(tmp_path, capsys, tau,
+                                                                   command):
+    good = tmp_path / "good.json"
+    ef.save_model(ef.compile(builtin.demo(), attention="softmax", seed=0), good)
+    doc = json.loads(good.read_text())
+    doc["tau"] = tau
+    model = write(tmp_path / "bad.json", doc)
+    data = write(tmp_path / "d.json", builtin.demo().to_json_dict())
+    argv = ["info", model] if command == "info" else ["verify", model, data]
+    if tau == "1/10**400":  # not a number string at all
+        refused(capsys, argv, "bad.json", "tau")
+    else:
+        refused(capsys, argv, "bad.json", "\"tau\"", "normal float64 range")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("cap_margin", "nan"), ("cap_margin", "１"), ("scale", "1e99999"), ("scale", "-2"),
+    ("scale", "0"), ("heights", 10 ** 40), ("coordinates", 10 ** 6), ("tag_layers", 10 ** 9),
+])
+def test_keyed_meta_values_are_checked(tmp_path, capsys, field, value):
+    good = tmp_path / "good.json"
+    ef.save_model(ef.compile(builtin.demo(), keys=True), good)
+    doc = json.loads(good.read_text())
+    doc["meta"]["keyed"][field] = value
+    refused(capsys, ["info", write(tmp_path / "bad.json", doc)], "bad.json",
+            f"meta.keyed.{field}")
+
+
+def test_keyed_causal_meta_values_are_checked(tmp_path, capsys):
+    data = ef.CausalDataset.from_arrays([[[1, 0], [0, 1]], [[0, 1]]],
+                                        [[[2, 2], None], [[1, 1]]])  # no position keys
+    good = tmp_path / "good.json"
+    ef.save_model(ef.compile(data, keys=True), good)
+    for where, value in ((("keyed", "cap_margin"), "inf"), (("keyed", "heights"), 10 ** 40),
+                         (("position_code", "scale"), "1e99999")):
+        doc = json.loads(good.read_text())
+        doc["meta"][where[0]][where[1]] = value
+        refused(capsys, ["info", write(tmp_path / "bad.json", doc)], "bad.json",
+                f"meta.{where[0]}.{where[1]}")
+
+
+@pytest.mark.parametrize("causal", [np.array([True, False]), np.array("yes"), np.array(1),
+                                    np.array([[True]])[:0]])
+def test_an_npz_causal_flag_must_be_one_boolean(tmp_path, capsys, causal):
+    path = tmp_path / "d.npz"
+    np.savez(path, inputs=np.array([[1.0, 0], [0, 1]]), input_lengths=[2],
+             targets=np.array([[2.0, 1], [0, 0]]), target_mask=[True, False], causal=causal)
+    refused(capsys, ["build", path, "-o", tmp_path / "m.json"], "d.npz", "causal")
+    assert not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.parametrize("heads, width", [(5, 4), (10 ** 20, 4), (9, 8)])
+def test_keyed_heads_above_the_width_are_refused(tmp_path, capsys, heads, width):
+    data = write(tmp_path / "d.json", builtin.demo().to_json_dict())
+    refused(capsys, ["build", data, "-o", tmp_path / "m.json", "--keys", "--heads", heads,
+                     "--width", width], f"heads = {heads}", f"width = {width}")
+    with pytest.raises(ValueError, match="heads"):
+        ef.compile(builtin.demo(), keys=True, heads=heads, width=width)
+
+
+@pytest.mark.parametrize("attention", ["hardmax", "softmax"])
+@pytest.mark.parametrize("command", ["build", "plot"])
+def test_keys_on_causal_data_without_targets_build_the_empty_model(tmp_path, capsys,
+                                                                   attention, command):
+    """No constrained position: nothing to move, so a model of 0 blocks, as without --keys."""
+    if command == "plot":
+        pytest.importorskip("matplotlib")
+    data = write(tmp_path / "d.json", {"causal": True, "inputs": [[[1, 0], [0, 1]], [[0, 1]]],
+                                       "targets": [[None, None], [None]]})
+    out = tmp_path / ("m.json" if command == "build" else "m.png")
+    assert main([command, str(data), "-o", str(out), "--keys", "--attention", attention]) == 0
+    assert out.exists()
+    if command == "build":
+        assert ef.load_model(out).n_blocks == 0
+        assert main(["verify", str(out), str(data)]) == 0
+
+
+@pytest.mark.parametrize("attention", ["hardmax", "softmax"])
+def test_keys_on_data_near_the_float64_floor_build_and_say_float32_cannot(tmp_path, capsys,
+                                                                          attention):
+    """1e-300 to 3e-300 span one order of magnitude of normal float64 numbers: the keyed
+    model is built and proved exact, and the build warns that float32 cannot hold it."""
+    data = write(tmp_path / "d.json", {"inputs": [[["1e-300", "0"], ["0", "2e-300"]]],
+                                       "targets": [[["3e-300", "1e-300"]]]})
+    model = tmp_path / "m.json"
+    with pytest.warns(RuntimeWarning, match="float32 copy of the model"):
+        assert main(["build", str(data), "-o", str(model), "--keys", "--attention",
+                     attention]) == 0
+    assert "too many orders of magnitude" not in capsys.readouterr().err
+    assert main(["verify", str(model), str(data)]) == 0
+    assert "PROVED EXACT" in capsys.readouterr().out
+
+
+def test_a_set_model_on_causal_data_says_which_is_which(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    model = tmp_path / "m.json"
+    ef.save_model(ef.compile(builtin.demo()), model)
+    data = write(tmp_path / "c.json", {"causal": True, "inputs": [[[1, 0], [0, 1]]],
+                                       "targets": [[[2, 2], None]]})
+    err = refused(capsys, ["verify", model, data], "c.json", "set-to-set", "causal")
+    assert "a causal model is verified" not in err
+    refused(capsys, ["export", model, "-o", tmp_path / "lens", "--layout", "transformer-lens",
+                     "--data", data], "c.json", "set-to-set")
+    assert not (tmp_path / "lens").exists()  # the data are checked before anything is written
+
+
+def test_lens_export_of_data_wider_than_the_model_writes_nothing(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    model = tmp_path / "m.json"
+    built = ef.compile(builtin.demo())
+    ef.save_model(built, model)
+    d = built.d + 1
+    wide = write(tmp_path / "w.json", {"inputs": [[[1] + [0] * (d - 1)]],
+                                       "targets": [[[1, 1] + [0] * (d - 2)]]})
+    refused(capsys, ["export", model, "-o", tmp_path / "lens", "--layout", "transformer-lens",
+                     "--data", wide], f"d = {d}", "d_model")
+    assert not (tmp_path / "lens").exists()

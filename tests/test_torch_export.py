@@ -30,6 +30,7 @@ from exactformer import export as et  # noqa: E402
 from exactformer.data import builtin  # noqa: E402
 from exactformer.distance import hausdorff  # noqa: E402
 from exactformer.export import modules as etm  # noqa: E402
+from exactformer.export.float32 import output_error  # noqa: E402
 from exactformer.model import FF, SA, Block, ScoreMatrix, ValueMatrix  # noqa: E402
 
 DATASETS = {
@@ -547,3 +548,71 @@ def test_cuda_load_matches_cpu(tmp_path, layout):
     assert next(gpu.parameters()).is_cuda
     xs, _ = data.floats()
     assert max_diff(et.apply(gpu, xs), et.apply(module, xs), data.coordinate_scale()) <= 1e-12
+
+
+# ------------------------------------------------------------------------------ nan in verdicts
+def _overflowing_identity() -> tuple[ef.Transformer, ef.Dataset]:
+    """A float64 model that is the identity in exact and float64 arithmetic, and whose float32
+    run gives nan on the pair whose first coordinate is 1: two units of 10^30·x₀ written with
+    weights ±10^10 sum to 10^40 − 10^40, which is inf − inf in float32. Pair 0 (x₀ = 0) is
+    exact in every dtype."""
+    big, w = 1e30, 1e10
+    ff = FF(1.0, np.array([[big, 0.0], [big, 0.0]]), np.zeros(2), np.array([[w, -w], [0, 0]]))
+    model = ef.Transformer(d=2, attention="hardmax", blocks=[Block(ff, None)], exact=False)
+    pairs = [np.array([[0.0, 1.0]]), np.array([[1.0, 0.0]])]
+    return model, ef.Dataset.from_arrays(pairs, pairs)
+
+
+@settings(max_examples=20, deadline=None)
+@given(order=st.permutations(range(4)), bad=st.sampled_from([np.nan, np.inf, -np.inf]))
+def test_an_error_reduced_over_pairs_keeps_a_nan_or_inf_wherever_it_is(order, bad):
+    """output_error (behind the float32 and TransformerLens verdicts) is nan or inf when any
+    pair's output is, in any order of the pairs: Python's max skips a nan after a number."""
+    tokens = [np.array([[float(j), 1.0]]) for j in range(4)]
+    data = ef.Dataset.from_arrays([tokens[j] for j in order], [tokens[j] for j in order])
+    outs = [tokens[j].copy() for j in order]
+    outs[order.index(3)][0, 0] = bad
+    assert not np.isfinite(output_error(outs, data))
+    assert output_error([tokens[j] for j in order], data) == 0
+
+
+def test_float32_verdict_fails_on_a_nan_after_a_finite_pair():
+    model, data = _overflowing_identity()  # ρ/η: a dense FF (the native profile is exact)
+    outs = et.apply(et.convert(model, "rho-eta", torch.float32), data.floats()[0])
+    assert np.array_equal(outs[0], data.floats()[1][0]) and np.isnan(outs[1]).any()  # premise
+    verdict = et.float32_verdict(model, data, layout="rho-eta")
+    assert not verdict.interpolates and np.isnan(verdict.error)
+    assert verdict.error_float64 == 0
+
+
+def test_a_nan_margin_is_never_replaced_by_a_smaller_number():
+    from exactformer.evaluate import PassStats
+    for values in ([0.5, np.nan, 0.25], [np.nan, 0.5], [0.5, np.nan]):
+        stats = PassStats()
+        for v in values:
+            stats.note_min("hardmax_margin", v)
+        assert np.isnan(stats.hardmax_margin)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fault", ["config-json", "config-format", "config-dtype", "weights",
+                                   "tau"])
+def test_a_broken_file_pair_is_one_error_naming_the_file(tmp_path, layout, fault):
+    """load_torch checks the config (by the native rules for the native layout) and the
+    weights before building: one FolderError naming the file, never a KeyError or the like."""
+    from exactformer.export.hub import FolderError
+    path = tmp_path / "m.safetensors"
+    et.export(ef.compile(builtin.demo(), attention="softmax"), path, layout=layout)
+    config_file = et.config_path(path)
+    config = json.loads(config_file.read_text())
+    if fault == "config-json":
+        config_file.write_text("{")
+    elif fault == "weights":
+        path.write_bytes(b"not safetensors")
+    else:
+        key, value = {"config-format": ("format", None), "config-dtype": ("dtype", "float8"),
+                      "tau": ("tau", -1.0)}[fault]
+        config_file.write_text(json.dumps({**config, key: value}))
+    with pytest.raises(FolderError) as e:
+        et.load_torch(path)
+    assert str(path) in str(e.value) or str(config_file) in str(e.value)

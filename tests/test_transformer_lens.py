@@ -322,3 +322,19 @@ def test_a_causal_text_model_generates_its_text_with_transformer_lens_alone(tmp_
     assert out["attention_free"] is (len(texts) == 1)  # position keys, or separation
     assert [t[0] + "".join(alphabet[i] for i in g) for t, g in
             zip(texts, out["generated"], strict=True)] == texts
+
+
+@pytest.mark.parametrize("fault", ["{", "[]", "no-d_model", "weights"])
+def test_a_broken_lens_folder_is_one_error_naming_the_file(tmp_path, fault):
+    from exactformer.export.hub import FolderError
+    et.save_lens(ef.compile(builtin.demo()), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    if fault == "weights":
+        (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    elif fault == "no-d_model":
+        (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items()
+                                                          if k != "d_model"}))
+    else:
+        (tmp_path / "config.json").write_text(fault)
+    with pytest.raises(FolderError, match=str(tmp_path)):
+        et.load_lens(tmp_path)

@@ -9,6 +9,7 @@ from .construct.hardmax import check_heads, compile_hardmax, hats_per_layer
 from .construct.softmax import compile_keyed_softmax, compile_softmax
 from .construct.tagging import NotKeyable
 from .data import CausalDataset, Dataset
+from .runtime import warn_range_faults
 
 CONSTRUCTIONS = ("keyed", "paper")
 
@@ -59,6 +60,7 @@ def compile(dataset: Dataset | CausalDataset, attention: str = "hardmax", exact:
         model = _compile(*args, _keyed(keys, construction))
     if model.record is not None:
         model.record.data_sha256 = dataset.sha256()
+    warn_range_faults(model, dataset, stacklevel=2)  # docs/numerics.md#runtime-ranges
     return model
 
 
@@ -70,8 +72,10 @@ def _compile(dataset, attention, exact, seed, tau, progress, causal, width, head
         if width != 4:
             raise ValueError("give n_layers or width, not both: n_layers chooses the width")
         return fit_layers(lambda w, h: _compile(dataset, attention, exact, seed, tau, progress,
-                                                causal, w, h, None, keys), dataset, n_layers,
-                          heads)
+                                                causal, w, min(h, w) if keys else h, None,
+                                                keys), dataset, n_layers, heads)
+    if keys:
+        check_keyed_heads(heads, width)
     if causal or isinstance(dataset, CausalDataset):
         if not isinstance(dataset, CausalDataset):
             raise TypeError("causal=True expects an exactformer.CausalDataset (see "
@@ -79,7 +83,8 @@ def _compile(dataset, attention, exact, seed, tau, progress, causal, width, head
         if not exact and dataset.exact:
             dataset.check_float64()
         return compile_causal(dataset, attention=attention, exact=exact, seed=seed, tau=tau,
-                              progress=progress, width=width, heads=heads, keys=keys)
+                              progress=progress, width=width, heads=heads,
+                              keys=keys and dataset.constrained > 0)  # none: 0 blocks
     if not isinstance(dataset, Dataset):
         raise TypeError("compile expects an exactformer.Dataset (see Dataset.from_arrays)")
     if not exact and dataset.exact:
@@ -98,6 +103,16 @@ def _compile(dataset, attention, exact, seed, tau, progress, causal, width, head
         return compile_softmax(dataset, exact=exact, seed=seed, tau=tau, progress=progress,
                                width=width, heads=heads)
     raise ValueError(f"attention must be 'hardmax' or 'softmax', got {attention!r}")
+
+
+def check_keyed_heads(heads: int, width: int) -> None:
+    """A keyed separation layer holds at most ``width`` rounds, a head each
+    (docs/keyed.md#heads): more heads than that are refused, not silently unused."""
+    check_heads(heads)
+    hats_per_layer(width)
+    if heads > width:
+        raise ValueError(f"heads = {heads} is more than width = {width}: a keyed separation "
+                         "layer holds at most width rounds, a head each (docs/keyed.md#heads)")
 
 
 def _keyed(keys: bool | None, construction: str | None) -> bool:

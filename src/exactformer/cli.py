@@ -30,10 +30,11 @@ from .construct.generic import ConstructionError
 from .data import CausalDataset, Dataset, DatasetError, builtin, load_dataset
 from .data.text import read_vocabulary
 from .modelio import ModelFormatError, atomic_path, load_model, save_model, write_text_atomic
-from .numbers import as_number_array, fmt, parse_exact
+from .numbers import as_number_array, fmt, normal_positive, parse_exact
+from .runtime import range_faults, range_message
 from .summary import model_summary
 from .tables import format_table
-from .verification import verify
+from .verification import check_kind, verify
 
 
 class UsageError(Exception):
@@ -82,9 +83,10 @@ def _exact_tau(text: str):
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{text!r} is not an exact number ({e})"[:200]) \
             from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not positive")
-    return v
+    try:
+        return normal_positive(v, "--tau")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _progress(args) -> bool:
@@ -124,12 +126,22 @@ def _build(args) -> int:
 
 def _verify(args) -> int:
     model = load_model(args.model)
-    data = load_dataset(args.data, causal=model.causal)
+    data = _data_for(model, args.data)
     report = verify(model, data, tolerance=args.tolerance, progress=_progress(args))
     print(report.table())
     if args.json:
         write_text_atomic(args.json, json.dumps(report.to_dict(), indent=1, default=str))
     return 0 if report.ok else 1
+
+
+def _data_for(model, path: str):
+    """The dataset at ``path``, of the model's kind (causal or set), or a UsageError naming it."""
+    data = load_dataset(path, causal=model.causal)
+    try:
+        check_kind(model, data)
+    except ValueError as e:
+        raise UsageError(f"{path}: {e}") from None
+    return data
 
 
 def _info(args) -> int:
@@ -195,11 +207,8 @@ def _run(args) -> int:
     are also shown as its nearest symbols."""
     from .evaluate import run as run_model
     from .tools.decode import nearest
-    from .verification.data_check import kind_mismatch
     model = load_model(args.model)
-    data = load_dataset(args.data, causal=model.causal)
-    if model.causal != isinstance(data, CausalDataset):
-        raise UsageError(f"{args.data}: {kind_mismatch(model.causal)}")
+    data = _data_for(model, args.data)
     symbols, vocab = read_vocabulary(args.vocabulary) if args.vocabulary else (None, None)
     outs = run_model(model, data, args.arithmetic, progress=_progress(args))
     kind = "sequence" if model.causal else "pair"
@@ -274,12 +283,25 @@ def _export(args) -> int:
     module = ef_torch.export(model, args.output, layout=args.layout, dtype=args.dtype)
     print(f"exported {model.n_blocks} blocks as {len(module.blocks)} {args.layout} blocks "
           f"({args.dtype}) -> {args.output} + {ef_torch.config_path(args.output)}")
-    return 0
+    return _range_verdict(model, args.dtype)
+
+
+def _range_verdict(model, dtype: str, data=None) -> int:
+    """Exit status 1, with a FAILS line naming them, when numbers the ``dtype`` copy stores
+    (or data coordinates) are outside its range (exactformer.runtime)."""
+    faults = range_faults(model, dtype, data)
+    if not faults:
+        return 0
+    print(f"{dtype} copy FAILS: {range_message(dtype, faults)}")
+    return 1
 
 
 def _export_lens(ef_torch, model, args) -> int:
     """``export --layout transformer-lens``: the folder, then with ``--data`` the verdict of
-    the bridge rebuilt from it (exit 1 if it fails)."""
+    the bridge rebuilt from it (exit 1 if it fails); data of the wrong kind write nothing."""
+    data = _data_for(model, args.data) if args.data else None
+    if data is not None:
+        data.padded(model.d)  # data wider than the model: refused before anything is written
     config = ef_torch.save_lens(model, args.output, args.dtype)
     print(f"exported {model.n_blocks} blocks as {config['n_layers']} TransformerLens blocks "
           f"(d_model {config['d_model']}, d_mlp {config['d_mlp']}, {config['n_heads']} "
@@ -294,10 +316,9 @@ def _export_lens(ef_torch, model, args) -> int:
     except ImportError as e:
         raise UsageError(f"--data needs transformer-lens (pip install 'exactformer[lens]'): "
                          f"{e}") from None
-    verdict = ef_torch.lens_verdict(bridge, load_dataset(args.data, causal=model.causal),
-                                    progress=_progress(args))
+    verdict = ef_torch.lens_verdict(bridge, data, progress=_progress(args))
     print(ef_torch.verdict_table([verdict]))
-    return 0 if verdict.interpolates else 1
+    return max(0 if verdict.interpolates else 1, _range_verdict(model, args.dtype, data))
 
 
 def _train(args) -> int:

@@ -87,9 +87,21 @@ def hausdorff_sq(a: np.ndarray, b: np.ndarray):
 
 
 def worst(values) -> float:
-    """The largest value, nan if any value is nan (``max`` would skip a nan after a number)."""
-    a = np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=float)
-    return math.nan if np.isnan(a).any() else float(a.max())
+    """The largest of errors, nan if any is nan: the one reduction of errors behind every
+    verdict (Python's ``max`` skips a nan that follows a number, and a verdict built on it
+    would pass a nan output). An inf error stays inf; no values give nan (nothing measured)."""
+    a = _floats(values)
+    return math.nan if a.size == 0 or np.isnan(a).any() else float(a.max())
+
+
+def smallest(values) -> float:
+    """The smallest of margins, nan if any is nan (see :func:`worst`); no values give nan."""
+    a = _floats(values)
+    return math.nan if a.size == 0 or np.isnan(a).any() else float(a.min())
+
+
+def _floats(values) -> np.ndarray:
+    return np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=float)
 
 
 def data_scale(xs: list[np.ndarray], ys: list[np.ndarray]) -> Fraction:

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import signal
+import stat
 import tempfile
 import threading
 import zipfile
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
-from .numbers import fmt, fmt_array, parse_exact
+from .numbers import NumberError, fmt, fmt_array, normal_positive, parse_exact, parse_float
 from .record import CausalConstruction, Construction, RecordError, record_from_meta
 
 FORMAT = "exactformer.model/1"
@@ -60,10 +61,11 @@ def _sigterm_raises_exit():
 @contextmanager
 def atomic_path(path: str | Path):
     """Yield a temporary path beside ``path`` (same suffix); move it into place only if the
-    body succeeds. Nothing is left behind on an exception or on SIGTERM."""
+    body succeeds. Nothing is left behind on an exception or on SIGTERM. Outputs are regular
+    files: an existing directory, device, FIFO or socket at ``path`` is refused before anything
+    is written (the rename would replace it with a file)."""
     path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path}: is a directory, not a file to write")
+    _check_regular(path)
     umask = os.umask(0)
     os.umask(umask)
     with _sigterm_raises_exit():
@@ -82,6 +84,21 @@ def atomic_path(path: str | Path):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def _check_regular(path: Path) -> None:
+    """Raise OSError unless ``path`` is missing or a regular file (links followed)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # missing, or unreachable: creating it reports the real reason
+        return
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"{path}: is a directory, not a file to write")
+    if not stat.S_ISREG(mode):
+        kind = "FIFO" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode) \
+            else "device"
+        raise OSError(f"{path}: is a {kind}, not a regular file (outputs are written to "
+                      "regular files only)")
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -178,11 +195,11 @@ class _Numbers:
             raise ModelFormatError(f"{where}: {s!r} is not an exact number string"[:200])
         if not self.exact:
             try:  # float() keeps the sign of "-0.0", which Fraction cannot carry
-                v = float(s)
+                v = parse_float(s)
                 if math.isfinite(v):
                     return v
             except ValueError:
-                pass
+                pass  # a NumberError too: parse_exact below names it
         try:
             f = parse_exact(s)
         except ValueError as e:
@@ -213,7 +230,7 @@ class _Numbers:
     def _parsed(self, flat: list, shape: tuple, rows: list[tuple[str, list]]) -> np.ndarray:
         """``flat`` as an array of ``shape``: one bulk conversion for float64 models, else
         (or when that fails) one number at a time, naming the row of a bad one."""
-        if not self.exact and set(map(type, flat)) <= {str}:
+        if not self.exact and set(map(type, flat)) <= {str} and all(map(str.isascii, flat)):
             try:
                 out = np.array(flat, dtype=float).reshape(shape)
                 if np.isfinite(out).all():
@@ -251,9 +268,10 @@ def _read_header(doc) -> dict:
     numbers = _Numbers(exact)
     tau = None
     if attention == "softmax":
-        tau = numbers.scalar(doc.get("tau"), "tau")
-        if tau <= 0:
-            raise ModelFormatError("\"tau\" must be positive")
+        try:
+            tau = normal_positive(numbers.scalar(doc.get("tau"), "tau"), "\"tau\"")
+        except NumberError as e:
+            raise ModelFormatError(str(e)) from None
     causal, positions = _causal_fields(doc, lambda a, where: numbers.array(a, (None, d), where))
     return {"d": d, "attention": attention, "exact": exact, "tau": tau, "causal": causal,
             "positions": positions}
@@ -328,13 +346,14 @@ def model_from_dict(doc: dict) -> Transformer:
     numbers = _Numbers(header["exact"])
     blocks = [_read_block(b, header["d"], numbers, f"blocks[{i}]", doc["format"])
               for i, b in enumerate(raw_blocks)]
-    return Transformer(blocks=blocks, record=_record(doc.get("meta", {}), len(blocks)),
+    return Transformer(blocks=blocks, record=_record(doc.get("meta", {}), len(blocks), header["d"]),
                        **header)
 
 
 # ------------------------------------------------------------------------------ meta
-def _record(meta, n_blocks: int) -> Construction | CausalConstruction | None:
-    """The construction record in ``"meta"`` (None when it records no construction)."""
+def _record(meta, n_blocks: int, d: int) -> Construction | CausalConstruction | None:
+    """The construction record in ``"meta"`` (None when it records no construction), its
+    phases within the model's blocks and its keyed counts within its shape."""
     if not isinstance(meta, dict):
         raise ModelFormatError("\"meta\" must be an object")
     if "construction" not in meta:
@@ -347,7 +366,20 @@ def _record(meta, n_blocks: int) -> Construction | CausalConstruction | None:
         if p.end > n_blocks:
             raise ModelFormatError(f"meta.phases.{p.name}: ends at block {p.end}, but the "
                                    f"model has {n_blocks} blocks")
+    _check_keyed_counts(record.keyed or {}, n_blocks, d)
     return record
+
+
+# keyed counts of coordinates (at most d, the stream's width) and of layers (at most L)
+KEYED_WIDTHS, KEYED_LAYERS = ("coordinates", "weight", "heights"), ("tag_layers", "rounds")
+
+
+def _check_keyed_counts(keyed: dict, n_blocks: int, d: int) -> None:
+    for names, limit, what in ((KEYED_WIDTHS, d, f"the model's width d = {d}"),
+                               (KEYED_LAYERS, n_blocks, f"the model's {n_blocks} blocks")):
+        for name in names:
+            if keyed.get(name, 0) > limit:
+                raise ModelFormatError(f"meta.keyed.{name}: {keyed[name]} is more than {what}")
 
 
 # ------------------------------------------------------------------------------ .npz
@@ -470,5 +502,5 @@ def _load_npz(path) -> Transformer:
                     ValueMatrix(float(z["sa_beta"][s]), z["sa_p"][s].copy(), z["sa_q"][s].copy()))
             s += 1
         blocks.append(Block(ff, sa))
-    return Transformer(blocks=blocks, record=_record(doc.get("meta", {}), len(blocks)),
+    return Transformer(blocks=blocks, record=_record(doc.get("meta", {}), len(blocks), header["d"]),
                        **header)

@@ -19,6 +19,13 @@ MAX_EXPONENT = 4300
 _EXPONENT = re.compile(r"[eE]([-+]?[0-9_]+)\s*$")
 
 
+# Nonzero magnitudes in [SMALLEST, LARGEST): the normal float64 range. Data coordinates and a
+# model's temperature must lie in it: the float64 computations beside the exact ones measure
+# in float64, where a smaller number is subnormal or 0 and a larger one inf (README, datasets).
+SMALLEST = Fraction(2) ** -1022
+LARGEST = Fraction(2) ** 1024
+
+
 class NumberError(ValueError):
     """A number string that is well formed but refused: a zero denominator or an absurd
     exponent. The message says which."""
@@ -34,8 +41,7 @@ def parse_exact(s: str) -> Fraction:
     README's dataset and model-format sections)."""
     if not isinstance(s, str):
         raise TypeError(f"expected a number string, got {type(s).__name__}")
-    if not s.isascii():  # Fraction reads any Unicode digit: a full-width one escapes the guard
-        raise NumberError(f"{s[:40]!r} has a non-ASCII character (number strings are ASCII)")
+    ascii_number(s)  # Fraction reads any Unicode digit: a full-width one escapes the guard
     m = _EXPONENT.search(s)
     if m is not None:
         digits = m.group(1).replace("_", "")
@@ -45,6 +51,44 @@ def parse_exact(s: str) -> Fraction:
         return Fraction(s.strip())
     except ZeroDivisionError:
         raise NumberError(f"{s[:40]!r} has a zero denominator") from None
+
+
+def ascii_number(s: str) -> str:
+    """``s`` if it is ASCII, else NumberError: one rule for every number string, exact or
+    float64 (Python's ``float`` and ``Fraction``, and NumPy, read any Unicode digit)."""
+    if not s.isascii():
+        raise NumberError(f"{s[:40]!r} has a non-ASCII character (number strings are ASCII)")
+    return s
+
+
+def parse_float(s: str) -> float:
+    """The float64 nearest to a number string, under :func:`ascii_number`'s rule: how
+    ``"number": "float64"`` files are read (ValueError for anything ``float`` refuses)."""
+    return float(ascii_number(s))
+
+
+def decimal_exponent(v) -> int:
+    """About ⌊log10 |v|⌋ of a nonzero Fraction or float, for messages: computed without
+    converting a huge Fraction to a float or a string (Python refuses integers of over 4300
+    digits as strings)."""
+    f = abs(Fraction(v))
+    return math.floor(math.log10(f.numerator) - math.log10(f.denominator))
+
+
+def normal_positive(v, where: str):
+    """``v`` (a Fraction or float) if it is positive and in the normal float64 range, else
+    NumberError naming ``where``: how temperatures are checked, from a file or an argument."""
+    finite = not isinstance(v, float) or math.isfinite(v)  # (a Fraction is finite)
+    if not (finite and v > 0 and SMALLEST <= Fraction(v) < LARGEST):
+        shown = f"about 1e{decimal_exponent(v)}" if finite and v > 0 else repr(v)
+        raise NumberError(f"{where} must be a positive number in the normal float64 range "
+                          f"(2^-1022 to below 2^1024), got {shown}")
+    return v
+
+
+def to_float(v) -> float:
+    """``float(v)``, a number string read by :func:`parse_float`."""
+    return parse_float(v) if isinstance(v, str) else float(v)
 
 
 def to_fraction(v) -> Fraction:

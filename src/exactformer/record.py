@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .numbers import parse_exact
+
 
 class RecordError(ValueError):
     """A ``meta`` object does not describe a construction; the message names the field."""
@@ -126,12 +128,13 @@ class Construction:
             rec.keyed = {**{f: kr.integer(f) for f in cls.KEYED_FIELDS},
                          "heights": kr.integer("heights") if "heights" in keyed else 1,
                          "bent": kr.get("bent", bool, False),
-                         "scale": kr.get("scale", str), **_tag_fields(kr, keyed)}
+                         "scale": kr.number("scale", positive=True),
+                         **_tag_fields(kr, keyed)}
             scores = kr.get("scores", (list, type(None)), None)  # softmax: (β_s, β_c)
             if scores is not None:
                 rec.keyed["scores"] = _opt_strings(scores, "meta.keyed.scores")
         if kind == "softmax":
-            rec.theta = r.get("theta", (str, type(None)), None)
+            rec.theta = r.number("theta", default=None)
             rec.folded = r.get("folded", (bool, type(None)), None)
             rec.tau_star = _tau_in(r.get("tau_star", (int, float, str, type(None)), None))
             rec.snap_windows = [_window(w, f"meta.snap_windows[{i}]")
@@ -216,8 +219,8 @@ class CausalConstruction:
         for i, x in enumerate(r.get("lifts", list, [])):
             lr = _Reader(x, f"meta.lifts[{i}]")
             lifts.append(CausalLift(lr.integer("round"), lr.integer("sequence"),
-                                    lr.integer("position"), lr.get("from", str),
-                                    lr.get("to", str), lr.get("lambda", str),
+                                    lr.integer("position"), lr.number("from"),
+                                    lr.number("to"), lr.number("lambda"),
                                     lr.get("channel", int, 0)))
         rec = cls(kind=kind, seed=r.integer("seed"), N=r.integer("N"),
                   constrained=r.integer("constrained"),
@@ -230,7 +233,8 @@ class CausalConstruction:
         if code is not None:
             cr = _Reader(code, "meta.position_code")
             rec.position_code = {"coordinates": cr.integer("coordinates"),
-                                 "weight": cr.integer("weight"), "scale": cr.get("scale", str)}
+                                 "weight": cr.integer("weight"),
+                                 "scale": cr.number("scale", positive=True)}
         keyed = r.get("keyed", (dict, type(None)), None)
         if keyed is not None:
             kr = _Reader(keyed, "meta.keyed")
@@ -239,7 +243,7 @@ class CausalConstruction:
             if "scores" in keyed:  # softmax: the rounds' score scale β
                 rec.keyed["scores"] = _opt_strings(kr.get("scores", list), "meta.keyed.scores")
         if kind == "causal-softmax":
-            rec.theta = r.get("theta", (str, type(None)), None)
+            rec.theta = r.number("theta", default=None)
             rec.folded = r.get("folded", (bool, type(None)), None)
             rec.snap_windows = [_four_strings(w, f"meta.snap_windows[{i}]")
                                 for i, w in enumerate(r.get("snap_windows", list, []))]
@@ -277,6 +281,11 @@ class _Reader:
             raise RecordError(f"{self.where}.{key}: must be a non-negative integer")
         return v
 
+    def number(self, key, positive: bool = False, default=...) -> str | None:
+        """A number string (kept as written), checked by the rules of every number read."""
+        v = self.get(key, str if default is ... else (str, type(None)), default)
+        return v if v is None else _number(v, f"{self.where}.{key}", positive)
+
     def choice(self, key, options):
         v = self.get(key, str)
         if v not in options:
@@ -287,9 +296,9 @@ class _Reader:
 def _tag_fields(kr: _Reader, keyed: dict) -> dict:
     """The tagging's fields of a ``keyed`` object: the smallest tag gap and, in files that
     have it, the float32 margin (docs/keyed.md#tagging)."""
-    out = {"cap_margin": kr.get("cap_margin", str)}
+    out = {"cap_margin": kr.number("cap_margin")}
     if "float32_margin" in keyed:
-        out["float32_margin"] = kr.get("float32_margin", str)
+        out["float32_margin"] = kr.number("float32_margin")
     return out
 
 
@@ -314,18 +323,30 @@ def _ints(v, where) -> list[int]:
     return v
 
 
+def _number(v: str, where: str, positive: bool = False) -> str:
+    """``v`` if it is a finite number string (:func:`~exactformer.numbers.parse_exact`), and
+    positive if asked: the record's numbers are reported and plotted, so they are input too."""
+    try:
+        value = parse_exact(v)
+    except ValueError as e:
+        raise RecordError(f"{where}: {v[:40]!r} is not a number string ({e})"[:300]) from None
+    if positive and value <= 0:
+        raise RecordError(f"{where}: must be positive, got {v[:40]!r}")
+    return v
+
+
 def _opt_strings(v, where) -> list[str] | None:
     if v is None:
         return None
     if not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
         raise RecordError(f"{where}: expected a list of number strings or null")
-    return v
+    return [_number(x, f"{where}[{i}]") for i, x in enumerate(v)]
 
 
 def _lift(x, where) -> Lift:
     r = _Reader(x, where)
-    return Lift(r.integer("round"), r.integer("token"), r.get("from", str), r.get("to", str),
-                r.get("delta", str), r.get("lambda", str), r.get("channel", int, 0))
+    return Lift(r.integer("round"), r.integer("token"), r.number("from"), r.number("to"),
+                r.number("delta"), r.number("lambda"), r.get("channel", int, 0))
 
 
 def _window(x, where) -> SnapWindow:
@@ -337,7 +358,7 @@ def _window(x, where) -> SnapWindow:
 def _four_strings(w, where) -> tuple[str, str, str, str]:
     if not isinstance(w, list) or len(w) != 4 or not all(isinstance(c, str) for c in w):
         raise RecordError(f"{where}: expected four number strings")
-    return tuple(w)
+    return tuple(_number(c, f"{where}[{i}]") for i, c in enumerate(w))
 
 
 def _with_hash(meta: dict, sha: str | None) -> dict:

@@ -124,7 +124,7 @@ class CausalDataset(SequenceData):
             missing = {"inputs", "input_lengths", "targets", "target_mask"} - set(z.files)
             if missing:
                 raise DatasetError(f"{path}: missing arrays {sorted(missing)} (causal npz)")
-            if "causal" in z.files and not bool(z["causal"]):
+            if "causal" in z.files and not npz_flag(z["causal"], path):
                 raise DatasetError(f"{path}: \"causal\" is false; not a causal dataset")
             xs = split_rows(z["inputs"], z["input_lengths"], "inputs", "input_lengths")
             flat, mask = z["targets"], np.asarray(z["target_mask"]).astype(bool)
@@ -207,7 +207,7 @@ def _target_rows(ts, j: int, n: int, d: int, exact: bool) -> tuple[np.ndarray, n
                                f"of {d} coordinates")
         for k, v in enumerate(t):
             try:
-                f = to_fraction(v) if exact else float(v)
+                f = to_fraction(v) if exact else to_float(v)
             except (ValueError, TypeError, ZeroDivisionError, OverflowError):
                 raise DatasetError(f"sequence {j}, position {i}: target value {v!r} is not a "
                                    "finite number") from None
@@ -249,6 +249,14 @@ def _check_consistent(xs, ys, known) -> None:
                     f"{i}): equal ordered prefixes but different targets (contradictory data)")
 
 
+def npz_flag(a: np.ndarray, path) -> bool:
+    """The ``causal`` array of an npz dataset: one boolean (``np.savez(..., causal=True)``)."""
+    if a.dtype != bool or a.size != 1:
+        raise DatasetError(f"{path}: the \"causal\" array must hold one boolean, got "
+                           f"{a.dtype} of shape {a.shape}")
+    return bool(a.reshape(()))
+
+
 def is_causal_doc(doc) -> bool:
     return isinstance(doc, dict) and doc.get("causal") is True
 
@@ -270,7 +278,7 @@ def _load_dataset(path: Path, causal: bool) -> Dataset | CausalDataset:
     suffix = path.suffix.lower()
     if suffix == ".npz":
         arrays = read_npz(path)
-        marked = "causal" in arrays and bool(arrays["causal"])
+        marked = "causal" in arrays and npz_flag(arrays["causal"], path)
         return CausalDataset.from_npz(path) if marked or causal else Dataset.from_npz(path)
     if suffix != ".json":
         raise DatasetError(f"{path}: unknown dataset format (expected .json or .npz)")

@@ -16,7 +16,7 @@ import math
 from fractions import Fraction
 from pathlib import Path
 
-from ..numbers import NumberError, parse_exact
+from ..numbers import NumberError, parse_exact, to_float
 from .errors import DatasetError
 
 NUMBER_KINDS = ("rational", "float64")
@@ -83,7 +83,9 @@ def _float64_row(row, where: str):
     if not isinstance(row, list):
         return row
     try:
-        return [float(v) if isinstance(v, (str, Fraction)) else v for v in row]
+        return [to_float(v) if isinstance(v, (str, Fraction)) else v for v in row]
+    except NumberError as e:
+        raise DatasetError(f"{where}: {e}") from None
     except (ValueError, OverflowError):
         raise DatasetError(f"{where}: a value is not a float64 number string ({row!r})"[:300]) \
             from None

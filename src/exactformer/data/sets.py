@@ -16,13 +16,14 @@ import zipfile
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 
 from ..distance import data_scale
 from ..numbers import (
+    LARGEST,
+    SMALLEST,
     NumberError,
     fmt_array,
     is_exact_array,
@@ -34,11 +35,8 @@ from ..numbers import (
 from .errors import DatasetError, DuplicatePairWarning
 from .numbers_rule import read_json, sequences
 
-# Nonzero coordinates must have a magnitude in [SMALLEST, LARGEST): the normal float64 range.
-# The construction and its checks measure scales and gaps in float64, which is impossible
-# for values that overflow or are subnormal there (see the README's dataset section).
-SMALLEST = Fraction(2) ** -1022
-LARGEST = Fraction(2) ** 1024
+# Nonzero coordinates must have a magnitude in [SMALLEST, LARGEST) (numbers.py): the
+# construction and its checks measure scales and gaps in float64 (README, datasets).
 SMALLEST_FLOAT = float(SMALLEST)
 
 
@@ -359,7 +357,7 @@ def _value(v, exact: bool, where: str):
     """One coordinate as a Fraction (exact) or a float, finite and in the normal float64
     range (see SMALLEST, LARGEST)."""
     try:
-        f = to_fraction(v) if exact else float(v)
+        f = to_fraction(v) if exact else to_float(v)
     except NumberError as e:
         raise DatasetError(f"{where}: value is not a finite number: {e}") from None
     except (ValueError, TypeError, ZeroDivisionError, OverflowError):

@@ -16,6 +16,7 @@ import mpmath
 import numpy as np
 from gmpy2 import mpq
 
+from ..distance import smallest
 from ..numbers import to_fraction
 
 ARITHMETICS = ("exact", "float", "mp")
@@ -197,9 +198,10 @@ class PassStats:
     enabled: bool = field(default=True, repr=False, compare=False)  # False: record nothing
 
     def note_min(self, name: str, v) -> None:
-        v = float(v)
+        """Keep the smaller margin; a nan margin stays nan (:func:`~exactformer.distance.
+        smallest`), so a pass that met one never reports a clean margin."""
         cur = getattr(self, name)
-        setattr(self, name, v if cur is None else min(cur, v))
+        setattr(self, name, float(v) if cur is None else smallest([cur, v]))
 
     def merge(self, other: PassStats) -> None:
         """Fold in the statistics of a pass over other sequences (a chunk of a parallel pass):

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..model import Transformer
 from ..numbers import pad_columns
 
 
-def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None) -> list[np.ndarray]:
+def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None,
+                  peaks: dict | None = None) -> list[np.ndarray]:
     """A plain float64 pass, written apart from :func:`forward` to check it independently:
     every token of every sequence, every layer dense (A and V as d×d matrices, full n×n
-    scores), no multisets and no ridge windows. Sequences of equal length run as one batch.
-    Overflow is not trapped: it shows as inf or nan in the outputs (see docs/verification.md).
-    Inputs narrower than the model are zero-padded, as by :func:`forward`.
+    scores, under the causal mask in a causal model), no multisets and no ridge windows.
+    Sequences of equal length run as one batch. Overflow is not trapped: it shows as inf or nan
+    in the outputs (see docs/verification.md). Inputs narrower than the model are zero-padded
+    and the model's positions added, as by :func:`forward`. ``peaks``, a dict, receives the
+    largest |value| of each intermediate, keyed (block, part), part one of "FF pre-activation",
+    "FF output", "scores", "state" (docs/numerics.md#runtime-ranges).
     """
     params = model.to_float() if model.exact else model
     t = float(tau if tau is not None else (model.tau if model.tau is not None else 1))
@@ -22,28 +28,49 @@ def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None) -> lis
     for n in sorted({len(x) for x in xs}):
         js = [j for j, x in enumerate(xs) if len(x) == n]
         X = np.stack([xs[j] for j in js])  # (B, n, d)
+        if params.positions is not None:
+            X = X + np.asarray(params.positions[:n], dtype=float)
+        seen = np.tril(np.ones((n, n), dtype=bool)) if model.causal else None
         with np.errstate(all="ignore"):
-            for blk in params.blocks:
-                X = _dense_block(X, blk, model.attention, t)
+            for i, blk in enumerate(params.blocks):
+                X = _dense_block(X, blk, model.attention, t, seen, _Peaks(peaks, i))
         for j, y in zip(js, X, strict=True):
             outs[j] = y
     return outs
 
 
-def _dense_block(X: np.ndarray, blk, attention: str, tau: float) -> np.ndarray:
-    """One block x ↦ SA(FF(x)) on a (B, n, d) batch, densely, in float64."""
+class _Peaks:
+    """Records the largest |value| of block ``i``'s parts into ``peaks`` (None: nothing)."""
+
+    def __init__(self, peaks: dict | None, i: int):
+        self.peaks, self.i = peaks, i
+
+    def __call__(self, part: str, values: np.ndarray) -> np.ndarray:
+        if self.peaks is not None and values.size:
+            top = float(np.abs(values).max())
+            key = (self.i, part)
+            self.peaks[key] = top if math.isnan(top) else max(self.peaks.get(key, 0.0), top)
+        return values
+
+
+def _dense_block(X: np.ndarray, blk, attention: str, tau: float, seen, peak) -> np.ndarray:
+    """One block x ↦ SA(FF(x)) on a (B, n, d) batch, densely, in float64 (``seen``: the
+    causal mask, None for set models)."""
     if blk.ff is not None:
         ff = blk.ff
-        X = ff.eta * X + np.maximum(X @ ff.U.T + ff.b, 0.0) @ ff.W.T
+        Z = peak("FF pre-activation", X @ ff.U.T + ff.b)
+        X = peak("FF output", ff.eta * X + np.maximum(Z, 0.0) @ ff.W.T)
     if blk.sa is None or blk.sa.is_identity():
-        return X
+        return peak("state", X)
     out = blk.sa.rho * X
     for head in blk.sa.heads:
-        S = (X @ head.A.dense().T) @ np.swapaxes(X, 1, 2)  # S[b, i, l] = <A x_i, x_l>
+        S = peak("scores", (X @ head.A.dense().T) @ np.swapaxes(X, 1, 2))  # <A x_i, x_l>
+        if seen is not None:
+            S = np.where(seen, S, -np.inf)
         if attention == "hardmax":
             M = (S == S.max(axis=2, keepdims=True)).astype(float)
         else:
             M = np.exp((S - S.max(axis=2, keepdims=True)) / tau)
         M = M / M.sum(axis=2, keepdims=True)
         out = out + (M @ X) @ head.V.dense().T
-    return out
+    return peak("state", out)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..data import CausalDataset, Dataset
-from ..distance import clearance, hausdorff, relative
+from ..distance import clearance, hausdorff, relative, worst
 from ..evaluate import PassStats
 from ..evaluate import forward as np_forward
 from ..model import Transformer
+from ..runtime import range_faults
 from ..tables import format_table
 from .layouts import convert, to_torch
 from .native import round_model
@@ -28,7 +29,9 @@ class Float32Verdict:
     ``interpolates`` is decided by an actual float32 run of the module (``convert(model,
     layout, torch.float32)``; for the native layout the same as loading a float64 file with
     ``dtype=torch.float32``): the largest Hausdorff distance between a pair's outputs and its
-    targets, over the coordinate scale, is at most ``tolerance``. ``error_float32_file`` is the
+    targets, over the coordinate scale, is at most ``tolerance``, and no number of the model
+    or the data is outside float32's normal range (``range_faults``,
+    docs/numerics.md#runtime-ranges). ``error_float32_file`` is the
     error of the module that a float32 *file* gives, whose parameters are rounded to float32
     (for the native layout the profiles are then exact for the rounded parameters, which can be
     much worse; for ρ/η it is ``error``). The margins (from a pass of the NumPy evaluator) say
@@ -44,6 +47,9 @@ class Float32Verdict:
     hardmax_margin: float | None  # smallest best-minus-second score gap / score scale
     hat_clearance: float | None  # smallest distance of a token to a window / scale
     unit_roundoff: float = UNIT_ROUNDOFF_32
+    # numbers of the model or data outside float32's normal range (exactformer.runtime):
+    # any of them fails the verdict, whatever this data's run measured
+    range_faults: list[str] = field(default_factory=list)
 
     def rows(self) -> list[tuple[str, str]]:
         def margin(v):
@@ -54,7 +60,8 @@ class Float32Verdict:
                 ("float64 max error / scale", f"{self.error_float64:.3g}"),
                 ("float32 file max error / scale", f"{self.error_float32_file:.3g}"),
                 ("smallest hardmax score margin", margin(self.hardmax_margin)),
-                ("smallest hat clearance / scale", margin(self.hat_clearance))]
+                ("smallest hat clearance / scale", margin(self.hat_clearance))] + \
+            [("outside float32's range", fault) for fault in self.range_faults]
 
     def table(self) -> str:
         return format_table(self.rows())
@@ -72,15 +79,15 @@ def max_error(module: nn.Module, dataset: Dataset | CausalDataset) -> float:
 
 def output_error(outs: list[np.ndarray], dataset: Dataset | CausalDataset) -> float:
     """:func:`max_error` of outputs already computed (one float64 array per sequence, n_j × D):
-    the targets are zero-padded to the outputs' width D, so extra coordinates count."""
+    the targets are zero-padded to the outputs' width D, so extra coordinates count. A nan or
+    inf output anywhere gives a nan or inf error (:func:`~exactformer.distance.worst`)."""
     dataset = dataset.padded(outs[0].shape[1])
     ys = dataset.floats()[1]
     if isinstance(dataset, CausalDataset):
-        worst = max((float(np.linalg.norm(o[i] - y[i])) for o, y, k in
-                     zip(outs, ys, dataset.known, strict=True) for i in np.flatnonzero(k)),
-                    default=0.0)
-        return relative(worst, dataset.coordinate_scale())
-    return relative(max(hausdorff(o, y) for o, y in zip(outs, ys, strict=True)),
+        errors = [float(np.linalg.norm(o[i] - y[i])) for o, y, k in
+                  zip(outs, ys, dataset.known, strict=True) for i in np.flatnonzero(k)]
+        return relative(worst([0.0, *errors]), dataset.coordinate_scale())
+    return relative(worst(hausdorff(o, y) for o, y in zip(outs, ys, strict=True)),
                     dataset.coordinate_scale())
 
 
@@ -98,5 +105,7 @@ def float32_verdict(model: Transformer, dataset: Dataset, layout: str = "native"
     err64 = max_error(convert(model, layout, torch.float64, device), dataset)
     err_file = err32 if layout != "native" else \
         max_error(to_torch(round_model(model, torch.float32), torch.float32, device), dataset)
-    return Float32Verdict(layout, bool(err32 <= tolerance), err32, err64, err_file, tolerance,
-                          stats.hardmax_margin, clearance(stats, dataset.coordinate_scale()))
+    faults = range_faults(model, "float32", dataset)
+    return Float32Verdict(layout, bool(err32 <= tolerance) and not faults, err32, err64,
+                          err_file, tolerance, stats.hardmax_margin,
+                          clearance(stats, dataset.coordinate_scale()), range_faults=faults)

@@ -6,10 +6,13 @@ save_pretrained`` / ``from_pretrained`` do, in the layout of Hugging Face's
 ``huggingface_hub``: the folder can be uploaded as it is (``huggingface_hub.upload_folder``).
 
 ``model.safetensors`` holds the native file's tensors (:func:`~exactformer.export.native.
-native_tensors`: the model's parameters in the module's dtype) and, under ``eval.``, the
-module's evaluation form (its state dict), so that the module read back gives the same outputs
-bit for bit; an exact model is also saved as ``model.json`` (the JSON model file) so that
-``exactformer verify`` can re-prove it. See docs/numerics.md#the-hub-folder.
+native_tensors`: the model's parameters in float64, exactly a float64 model's) and, under
+``eval.``, the module's evaluation form (its state dict), so that the module read back gives the
+same outputs bit for bit; an exact model is also saved as ``model.json`` (the JSON model file)
+so that ``exactformer verify`` can re-prove it. Reading checks the folder as a whole: the
+config's every value, the parameters against ``model.json``, and every tensor the module runs
+against the module rebuilt from the stored model; any fault is one :class:`FolderError`
+naming the folder, the file and the field. See docs/numerics.md#the-hub-folder.
 """
 
 from __future__ import annotations
@@ -20,15 +23,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .. import __version__
 from ..data import CausalDataset
 from ..model import Transformer
-from ..modelio import atomic_path, model_to_dict
+from ..modelio import ModelFormatError, atomic_path, load_model, model_to_dict
 from ..numbers import wider_than_model
 from ..summary import LICENCE, PAPER, decides, model_summary
-from .native import FORMAT, native_model, native_tensors
+from .native import FORMAT, check_native_config, native_config, native_model, native_tensors
 
 CONFIG, WEIGHTS, CARD, MODEL = "config.json", "model.safetensors", "README.md", "model.json"
 EVAL = "eval."  # prefix of the evaluation form's tensors
@@ -41,7 +45,7 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
     folder = Path(folder)
     dtype = next(module.parameters()).dtype
     config = {"format": FORMAT, "dtype": str(dtype).removeprefix("torch."), **module.config()}
-    tensors = native_tensors(module.model, dtype)
+    tensors = native_tensors(module.model, torch.float64)  # the stored model, read back
     tensors |= {EVAL + k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
     texts = {CONFIG: json.dumps(config, indent=1), CARD: model_card(module.model, data, report)}
     if module.model.exact:
@@ -54,26 +58,96 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
             stack.enter_context(atomic_path(folder / name)).write_text(text)
 
 
+class FolderError(ValueError):
+    """A folder (or a safetensors file and its config) that cannot be loaded as written: not
+    one the package wrote, or altered since. The message names the file and the field."""
+
+
 def read_pretrained(cls, folder: str | Path, device=None, dtype=None, ff: str | None = None):
-    """The module of class ``cls`` saved in ``folder``. Without ``dtype`` or ``ff`` it is the
-    saved module's evaluation form itself (identical outputs); with either, the module is
-    rebuilt from the stored parameters as ``load_torch`` does."""
+    """The module of class ``cls`` saved in ``folder``: rebuilt from the stored model
+    (``model.json`` if present, else the float64 parameters), after checking that every tensor
+    of the saved evaluation form equals the rebuilt one, so the module runs exactly the model
+    that ``exactformer verify`` checks. Without ``dtype`` or ``ff`` its outputs are the saved
+    module's; with either, it is built in that dtype or FF form instead."""
     folder = Path(folder)
     for name in (CONFIG, WEIGHTS):
         if not (folder / name).is_file():
-            raise ValueError(f"{folder}: no {name} (not a folder written by save_pretrained)")
-    config = json.loads((folder / CONFIG).read_text())
-    if config.get("format") != FORMAT or config.get("layout") != "native":
-        raise ValueError(f"{folder / CONFIG}: expected \"format\": \"{FORMAT}\" and "
-                         f"\"layout\": \"native\"")
-    tensors = load_file(str(folder / WEIGHTS))
-    evaluation = {k.removeprefix(EVAL): v for k, v in tensors.items() if k.startswith(EVAL)}
-    model = native_model({k: v for k, v in tensors.items() if not k.startswith(EVAL)}, config)
-    file_dtype = getattr(torch, config["dtype"])
-    module = cls(model, dtype or file_dtype, ff or config.get("ff", "profile"))
-    if dtype is None and ff is None:
-        module.load_state_dict(evaluation, strict=True)
+            raise FolderError(f"{folder}: no {name} (not a folder written by save_pretrained)")
+    config = read_config(folder / CONFIG)
+    tensors = read_tensors(folder / WEIGHTS)
+    model = _stored_model(folder, config, {k: v for k, v in tensors.items()
+                                           if not k.startswith(EVAL)})
+    form = config.get("ff", "profile")
+    saved = cls(model, getattr(torch, config["dtype"]), form)
+    _check_equal(folder / WEIGHTS, {k: v for k, v in tensors.items() if k.startswith(EVAL)},
+                 {EVAL + k: v for k, v in saved.state_dict().items()}, "the module rebuilt "
+                 f"from {MODEL if (folder / MODEL).is_file() else 'the stored parameters'}")
+    module = saved if dtype is None and ff is None else \
+        cls(model, dtype or getattr(torch, config["dtype"]), ff or form)
     return module.to(device)
+
+
+def read_config(path: Path, native: bool = True):
+    """The JSON config at ``path``, checked by :func:`check_native_config` if ``native``."""
+    try:
+        config = json.loads(Path(path).read_text())
+    except RecursionError:
+        raise FolderError(f"{path}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise FolderError(f"{path}: not valid JSON ({e})"[:300]) from None
+    if native:
+        try:
+            check_native_config(config, str(path))
+        except ValueError as e:
+            raise FolderError(str(e)) from None
+    elif not isinstance(config, dict):
+        raise FolderError(f"{path}: expected a JSON object")
+    return config
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, RuntimeError, ValueError) as e:
+        raise FolderError(f"{path}: not a readable safetensors file ({e})"[:300]) from None
+
+
+def _stored_model(folder: Path, config: dict, native: dict) -> Transformer:
+    """``model.json`` when the folder has one (its parameters checked against the native
+    tensors), else the float64 model of the native tensors; the config must describe it."""
+    for key, t in native.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise FolderError(f"{folder / WEIGHTS}: tensor {key} holds a nan or an inf")
+    try:
+        model = native_model(native, config)
+    except ValueError as e:  # names the tensor
+        raise FolderError(f"{folder / WEIGHTS}: {e}") from None
+    if (folder / MODEL).is_file():
+        try:
+            model = load_model(folder / MODEL)
+        except ModelFormatError as e:
+            raise FolderError(str(e)) from None
+        dtype = next(iter(native.values())).dtype if native else torch.float64
+        _check_equal(folder / WEIGHTS, native, native_tensors(model, dtype),
+                     f"{MODEL}'s parameters")
+    for key, value in native_config(model).items():
+        if config.get(key) != value:
+            raise FolderError(f"{folder / CONFIG}: \"{key}\" is {config.get(key)!r}, but the "
+                              f"stored model has {value!r}"[:300])
+    return model
+
+
+def _check_equal(path: Path, found: dict, expected: dict, source: str) -> None:
+    """FolderError naming the first tensor of ``found`` that is missing, extra, or not
+    bit for bit the one of ``expected`` (what ``source`` implies)."""
+    for key in sorted(set(found) | set(expected)):
+        if key not in found or key not in expected:
+            where = "missing" if key not in found else "not part of the model"
+            raise FolderError(f"{path}: tensor {key} is {where} ({source})")
+        a, b = found[key], expected[key]
+        if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+            raise FolderError(f"{path}: tensor {key} differs from {source}: the folder was "
+                              "altered after save_pretrained wrote it")
 
 
 def model_card(model: Transformer, data=None, report=None) -> str:

@@ -31,11 +31,13 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from ..model import Transformer
 from ..modelio import atomic_path
+from ..numbers import normal_positive
+from .hub import FolderError, read_config, read_tensors
 from .modules import NativeTransformer, RhoEtaTransformer
 from .native import FORMAT, native_model, native_tensors, round_model
 from .rho_eta import to_rho_eta
@@ -97,19 +99,31 @@ def load_torch(path: str | Path, device=None, dtype=None, ff: str | None = None)
     ``ff`` overrides the evaluation form recorded in the config. ``dtype`` (default: the file's)
     is the dtype to evaluate in: a float64 native file loaded with ``dtype=torch.float32`` keeps
     float64 parameters for the profiles and evaluates in float32."""
-    config = json.loads(config_path(path).read_text())
+    where = config_path(path)
+    config = read_config(where, native=False)
     if config.get("format") != FORMAT:
-        raise ValueError(f"{config_path(path)}: expected \"format\": \"{FORMAT}\"")
-    file_dtype = getattr(torch, config["dtype"])
-    tensors = load_file(str(path))
-    if config["layout"] == "native":
-        model = native_model(tensors, config)
+        raise FolderError(f"{where}: expected \"format\": \"{FORMAT}\"")
+    if config.get("layout") == "native":
+        config = read_config(where)
+        tensors = read_tensors(path)
+        try:
+            model = native_model(tensors, config)
+        except ValueError as e:
+            raise FolderError(f"{path}: {e}") from None
+        file_dtype = getattr(torch, config["dtype"])
         return to_torch(model, dtype or file_dtype, device, ff or config.get("ff", "profile"))
-    module = RhoEtaTransformer(config["d"], config["n_blocks"], config["h"],
-                               config["attention"], config["tau"], config["width"], file_dtype,
-                               config.get("causal", False), config.get("positions"),
-                               config.get("heads", 1))
-    module.load_state_dict(_rho_eta_scalars_as_vectors(tensors))
+    tensors = read_tensors(path)
+    try:  # the ρ/η module checks its own config's types and its tensors' names and shapes
+        if config["attention"] == "softmax":
+            normal_positive(config["tau"], "\"tau\"")
+        module = RhoEtaTransformer(config["d"], config["n_blocks"], config["h"],
+                                   config["attention"], config["tau"], config["width"],
+                                   getattr(torch, config["dtype"]), config.get("causal", False),
+                                   config.get("positions"), config.get("heads", 1))
+        module.load_state_dict(_rho_eta_scalars_as_vectors(tensors))
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+        raise FolderError(f"{where}: not a ρ/η config and weights that load ({e!r})"[:300]) \
+            from None
     return module.to(device=device, dtype=dtype)
 
 

@@ -18,11 +18,13 @@ import torch
 from tqdm import tqdm
 
 from ..data import CausalDataset, Dataset
+from ..distance import smallest
 from ..model import Transformer
 from ..modelio import atomic_path
 from ..tables import format_table
 from . import lens_helpers
 from .float32 import output_error
+from .hub import FolderError, read_config, read_tensors
 from .lens_helpers import pad_batch
 from .native import floats
 from .transformer_lens import EXP_UNDERFLOW, lens_config, lens_state_dict
@@ -54,12 +56,19 @@ def save_lens(model: Transformer, folder: str | Path, dtype: str = "float64",
 
 
 def load_lens(folder: str | Path, device=None):
-    """The bridge that :func:`save_lens` wrote, rebuilt from its two files alone."""
+    """The bridge that :func:`save_lens` wrote, rebuilt from its two files alone; a folder
+    that is not one is a FolderError naming the file."""
     folder = Path(folder)
     for name in (CONFIG, WEIGHTS):
         if not (folder / name).is_file():
-            raise ValueError(f"{folder}: no {name} (not a transformer-lens export folder)")
-    return lens_helpers.load_bridge(folder, device)
+            raise FolderError(f"{folder}: no {name} (not a transformer-lens export folder)")
+    config = read_config(folder / CONFIG, native=False)
+    tensors = read_tensors(folder / WEIGHTS)
+    try:
+        return lens_helpers.boot(config, tensors, device)
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+        raise FolderError(f"{folder / CONFIG}: not a TransformerLens config and weights that "
+                          f"load ({e!r})"[:300]) from None
 
 
 def lens_batch(bridge, inputs, d: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,18 +125,22 @@ def lens_run(bridge, inputs, d: int, margin: bool = False, progress: bool = Fals
                                   fwd_hooks=hooks)
     y = y.double().cpu().numpy()
     found = [g for g in gaps if g is not None]
-    return [y[j, : len(seq)] for j, seq in enumerate(inputs)], min(found) if found else None
+    return [y[j, : len(seq)] for j, seq in enumerate(inputs)], \
+        smallest(found) if found else None
 
 
 def _smallest_gap(scores: torch.Tensor, allowed: torch.Tensor, keep: torch.Tensor
                   ) -> float | None:
-    """The smallest best-minus-second score over real queries (B, H, q, k scores)."""
+    """The smallest best-minus-second score over real queries (B, H, q, k scores): nan where
+    a score is nan or overflowed (so no verdict passes it); a query with one key to choose
+    from has no gap."""
     S = scores.masked_fill(~allowed, float("-inf"))
     best = S.amax(dim=-1, keepdim=True)
     second = S.masked_fill(S == best, float("-inf")).amax(dim=-1)
-    gap = (best[..., 0] - second)[keep[:, None, :].expand_as(second)]
-    gap = gap[torch.isfinite(gap)]
-    return float(gap.min()) if gap.numel() else None
+    gap = torch.where(torch.isinf(best[..., 0]), torch.nan, best[..., 0] - second)
+    gap = gap[keep[:, None, :].expand_as(second)]
+    gap = gap[gap != torch.inf]
+    return smallest(gap.cpu().numpy()) if gap.numel() else None
 
 
 @dataclass

@@ -14,9 +14,7 @@ from torch import nn
 
 from ..model import Transformer
 from .hub import read_pretrained, write_pretrained
-from .native import ff_profile, floats, head_values, is_identity_sa, native_config
-
-FF_FORMS = ("profile", "dense")
+from .native import FF_FORMS, ff_profile, floats, head_values, is_identity_sa, native_config
 
 
 # ------------------------------------------------------------------------------ attention

@@ -10,6 +10,7 @@ here too. See docs/numerics.md#the-torch-export.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -17,9 +18,11 @@ import torch
 
 from ..evaluate import direction_scales
 from ..model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
-from ..numbers import to_fraction_array
+from ..numbers import normal_positive, to_fraction_array
 
 FORMAT = "exactformer.torch/1"
+FF_FORMS = ("profile", "dense")  # how a native module evaluates an FF (modules.NativeTransformer)
+NATIVE_DTYPES = ("float64", "float32", "bfloat16", "float16")
 NATIVE_FF_KEYS = ("eta", "U", "b", "W")  # blocks.{i}.ff.{key}: (), (w, d), (w,), (d, w)
 NATIVE_SA_KEYS = ("rho", "alpha", "a", "c", "beta", "p", "q")  # blocks.{i}.sa.{key}
 
@@ -75,6 +78,55 @@ def native_config(model: Transformer) -> dict:
             "blocks": [{"ff": None if b.ff is None else {"width": b.ff.width},
                         "sa": b.sa is not None if b.sa is None or len(b.sa.heads) == 1
                         else {"heads": len(b.sa.heads)}} for b in model.blocks]}
+
+
+def check_native_config(config, where: str) -> None:
+    """ValueError naming ``where`` and the field unless ``config`` is a native file's config
+    (:func:`native_config` plus "format", "dtype" and "ff") whose every value follows the
+    rules of the JSON model format: a positive integer d, attention hardmax or softmax, a
+    softmax τ positive in the normal float64 range, blocks of positive widths and heads."""
+    def need(ok: bool, field: str, rule: str, got=None) -> None:
+        if not ok:
+            if got is None and isinstance(config, dict):
+                got = config.get(field)
+            raise ValueError(f"{where}: \"{field}\" must be {rule}, got {got!r}"[:300])
+
+    need(isinstance(config, dict), "config", "a JSON object")
+    need(config.get("format") == FORMAT and config.get("layout") == "native", "format",
+         f"\"{FORMAT}\" with \"layout\": \"native\" (a native module's config)")
+    need(config.get("dtype") in NATIVE_DTYPES, "dtype", f"one of {NATIVE_DTYPES}")
+    need(config.get("ff", "profile") in FF_FORMS, "ff", f"one of {FF_FORMS}")
+    need(_count(config.get("d")), "d", "a positive integer")
+    attention = config.get("attention")
+    need(attention in ("hardmax", "softmax"), "attention", "\"hardmax\" or \"softmax\"")
+    tau = config.get("tau")
+    if attention == "hardmax":
+        need(tau is None, "tau", "null for hardmax attention")
+    else:
+        need(_number(tau) and math.isfinite(tau) and tau > 0, "tau", "a positive number")
+        try:
+            normal_positive(tau, "tau")
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    need(isinstance(config.get("causal", False), bool), "causal", "true or false")
+    need(config.get("positions") is None or _count(config["positions"]), "positions",
+         "null or a positive integer")
+    blocks = config.get("blocks")
+    need(isinstance(blocks, list), "blocks", "a list of blocks")
+    for i, b in enumerate(blocks):
+        ff, sa = (b.get("ff"), b.get("sa")) if isinstance(b, dict) else (0, 0)
+        need(ff is None or isinstance(ff, dict) and _count(ff.get("width")), f"blocks[{i}].ff",
+             "null or {\"width\": W} with a positive integer W", b)
+        need(isinstance(sa, bool) or isinstance(sa, dict) and _count(sa.get("heads"))
+             and sa["heads"] >= 2, f"blocks[{i}].sa", "true, false or {\"heads\": H}, H >= 2", b)
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def native_tensors(model: Transformer, dtype=torch.float64) -> dict[str, torch.Tensor]:

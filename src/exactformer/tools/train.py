@@ -49,6 +49,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..data import Dataset
+from ..distance import smallest
 from ..export import RhoEtaTransformer, apply, pad_batch
 from ..tables import format_table
 
@@ -203,7 +204,7 @@ class TrainResult:
     @property
     def min_loss(self) -> float:
         """The smallest training loss seen over the run (the paper's "minimal training loss")."""
-        return min(self.loss)
+        return smallest(self.loss)
 
 
 def train(module: nn.Module, data: Dataset | Batch, eps: float = 0.0, epochs: int = 1000,

@@ -6,7 +6,7 @@ bounds decided by it, ``certify`` the proof of exactness, ``margins`` the snap m
 ``verification`` so that ``exactformer.verify`` stays the function. See docs/verification.md.
 """
 
-from .decide import verify, verify_causal
+from .decide import check_kind, verify, verify_causal
 from .report import CausalReport, Report
 
-__all__ = ["CausalReport", "Report", "verify", "verify_causal"]
+__all__ = ["CausalReport", "Report", "check_kind", "verify", "verify_causal"]

@@ -19,6 +19,7 @@ from fractions import Fraction
 import numpy as np
 from flint import arb, arb_mat, ctx, fmpq
 
+from ..distance import smallest, worst
 from .balls import Exact, Layers, Run, as_ball, as_fmpq, column
 from .certify import Proof, judge
 
@@ -88,7 +89,7 @@ def bound_causal(model, dataset, limit: Fraction, digits: int = 50, tau=None) ->
         status = [_worst_status([s for _, s, _, _ in r]) for r in rows]
         if _settled(status) or bits >= max_bits(digits):
             return Bound(status, [_root_up(_max_up([hi for _, _, hi, _ in r])) for r in rows],
-                         [max([m for *_, m in r], default=0.0) for r in rows], bits,
+                         [worst([0.0, *(m for *_, m in r)]) for r in rows], bits,
                          positions=[[(i, s, _root_up(hi)) for i, s, hi, _ in r] for r in rows])
         bits = min(2 * bits, max_bits(digits))
 
@@ -119,8 +120,8 @@ def _hausdorff(toks: list, targets: list) -> tuple[fmpq, fmpq | None, float]:
     lo = max(max(min(e[0] for e in row) for row in sq), max(min(e[0] for e in c) for c in cols))
     hi = _max_up([_min_up([e[1] for e in row]) for row in sq] +
                  [_min_up([e[1] for e in c]) for c in cols])
-    meas = max(max(min(e[2] for e in row) for row in sq), max(min(e[2] for e in c)
-                                                              for c in cols))
+    meas = worst([smallest(e[2] for e in row) for row in sq] +
+                 [smallest(e[2] for e in c) for c in cols])
     return lo, hi, meas
 
 

@@ -353,6 +353,13 @@ def _tau_star(model: Transformer) -> str:
 
 
 # ------------------------------------------------------------------------------ causal
+def check_kind(model: Transformer, dataset) -> None:
+    """ValueError unless the model and the data are of one kind: a causal model judged on
+    causal data (a target or null per position), a set-to-set model on set data."""
+    if model.causal != isinstance(dataset, CausalDataset):
+        raise ValueError(kind_mismatch(model.causal))
+
+
 def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float = 1e-9,
                   progress: bool = False, digits: int = 50, tau=None) -> CausalReport:
     """Check a causal model position by position, in order (not as sets).
@@ -365,8 +372,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     nan output of their float64 pass. The scale is the data's own largest |coordinate|
     (docs/verification.md).
     """
-    if not model.causal or not isinstance(dataset, CausalDataset):
-        raise ValueError(kind_mismatch(model.causal))
+    check_kind(model, dataset)
     checked = data_check(model, dataset)
     dataset = check_layers(model, dataset)
     stats = PassStats()

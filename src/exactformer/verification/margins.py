@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..distance import smallest, worst
 from ..model import Transformer
 from ..numbers import to_fraction
 
@@ -57,8 +58,8 @@ def snap_margins(model: Transformer, s0: int, line_mp, line_f, scale: float) -> 
         inside = [min(t - a, b - t) for a, b in flats if a <= t <= b]
         margins.append(inside[0] if inside else -min(min(abs(t - a), abs(t - b))
                                                      for a, b in flats))
-    dev = float(np.abs(ts_f - ts_mp).max())
-    m = float(min(margins))
+    dev = worst(np.abs(ts_f - ts_mp))
+    m = smallest(margins)
     return {"snap margin / scale": f"{m / scale:.3g}",
             "float64 deviation on the snap line / scale": f"{dev / scale:.3g}",
             "float64 certified by margins": "yes" if m > 8 * dev else "no"}
