@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..distance import data_scale
-from ..numbers import fmt_array, to_fraction
+from ..numbers import fmt_array, to_float, to_fraction
 from .numbers_rule import read_json, sequences
 from .sets import (
     Dataset,

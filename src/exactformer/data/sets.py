@@ -29,6 +29,7 @@ from ..numbers import (
     is_exact_array,
     mix64,
     pad_columns,
+    to_float,
     to_fraction,
     to_fraction_array,
 )
