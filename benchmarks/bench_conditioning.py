@@ -8,7 +8,7 @@ form) in float64, float32 and bfloat16. Causal rows measure the largest distance
 constrained position instead. See docs/numerics.md#conditioning. Writes
 benchmarks/results/conditioning.md (or the file given by --out).
 
-    python benchmarks/bench_conditioning.py            # the families of issue 20, keyed and hats
+    python benchmarks/bench_conditioning.py            # every family, keyed and hats
     python benchmarks/bench_conditioning.py --quick    # small sizes (about a minute)
     python benchmarks/bench_conditioning.py --only recite --out /tmp/recite.md  # some rows
     python benchmarks/bench_conditioning.py --keys --out /tmp/keyed.md  # keyed models only
@@ -192,7 +192,7 @@ def decoded(module, data: ef.CausalDataset) -> str:
     return f"{right}/{total}"
 
 
-GOAL = {"float32": 1e-5, "float64": 1e-12}  # the largest error over the scale (issue 20)
+GOAL = {"float32": 1e-5, "float64": 1e-12}  # the largest error over the scale
 
 
 def main(argv=None) -> int:

@@ -11,12 +11,10 @@ terminal).
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import json
 import math
 import os
-import re
 import sys
 import time
 import warnings
@@ -26,6 +24,7 @@ from fractions import Fraction
 import numpy as np
 
 from .api import compile
+from .cli_parser import SuggestingParser
 from .construct.generic import ConstructionError
 from .data import CausalDataset, Dataset, DatasetError, builtin, load_dataset
 from .data.text import read_vocabulary
@@ -387,42 +386,6 @@ def _plot(args) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr, exit status 2, like every other error, with the
-    nearest command, option or choice when the word looks mistyped."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}{_did_you_mean(self, message)} "
-                     f"(see {self.prog} --help)\n")
-
-
-def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
-    """"; did you mean X?" for an invalid choice (a command, ``--attention sofmax``) or an
-    unrecognised option (``--atention``), X the closest known word; else ""."""
-    choice = re.search(r"invalid choice: '?([^'\s]*)'? \(choose from (.*)\)", message)
-    if choice:
-        word = choice.group(1)
-        known = [c.strip().strip("'\"") for c in choice.group(2).split(",")]
-    else:
-        unknown = re.search(r"unrecognized arguments: (-\S+)", message)
-        if not unknown:
-            return ""
-        word, known = unknown.group(1).split("=")[0], sorted(_option_strings(parser))
-    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
-
-
-def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
-    """Every option string of the parser and of its commands' parsers."""
-    out: set[str] = set()
-    for action in parser._actions:
-        out.update(s for s in action.option_strings if s.startswith("--"))
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                out |= _option_strings(sub)
-    return out
-
-
 def _width_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=4, help="widest FF layer, a multiple of 4: "
                    "width/4 hats per layer, fewer blocks (docs/heads.md)")
@@ -439,7 +402,7 @@ def _add_progress(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="exactformer", description=__doc__.splitlines()[0])
+    p = SuggestingParser(prog="exactformer", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="construct a model that interpolates a dataset")
