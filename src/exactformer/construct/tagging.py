@@ -111,8 +111,8 @@ class Survey:
         g = self.gaps[t] * norm * (1 - 2.0 ** -10) - 4 * (len(f_float) + 1) * 2.0 ** -53 * norm
         if g <= 0:
             raise NotKeyable(f"table token {t} lies within 2^-30 of the data's extent of "
-                             "another along every direction tried: too close for a float64 "
-                             "model (build it with exact=True)")
+                             "another along every direction tried: too close for a window "
+                             "the float64 survey can place")
         f = np.array([Fraction(v) for v in f_float], dtype=object) if exact else f_float
         g = num(g, exact)
         s = power_of_two_below(num(4, exact) / g)
