@@ -7,6 +7,7 @@ The float32 pass is the test suite's own (conftest.dense_pass), not the package'
 
 from __future__ import annotations
 
+import json
 import warnings
 from fractions import Fraction
 
@@ -170,3 +171,24 @@ def test_softmax_at_any_temperature(tau):
     assert ef.verify(model, data).verdict() == "PROVED EXACT"
     with pytest.raises(ValueError, match="normal range"):
         ef.compile(data, attention="softmax", tau="1e-400")
+
+
+def test_a_float32_export_of_the_paper_construction_says_it_may_miss(tmp_path, capsys):
+    """export --dtype float32 never says only "exported" for a model that claims no faithful
+    float32 pass: it says so and names the construction that gives one; the default keyed
+    model's export has no such line."""
+    pytest.importorskip("torch")
+    from exactformer.cli import main
+    data = tmp_path / "d.json"
+    data.write_text(json.dumps(builtin.demo().to_json_dict()))
+    for construction, noted in (("paper", True), ("keyed", False)):
+        model = tmp_path / f"{construction}.json"
+        assert main(["build", str(data), "-o", str(model), "--construction", construction]) == 0
+        for layout in ("native", "transformer-lens"):
+            capsys.readouterr()
+            out = tmp_path / f"{construction}-{layout}"
+            assert main(["export", str(model), "-o", str(out), "--layout", layout,
+                         "--dtype", "float32", "--no-progress"]) == 0
+            said = capsys.readouterr().out
+            assert ("claims no faithful float32 pass" in said) is noted, said
+            assert ("default keyed construction" in said) is noted

@@ -30,7 +30,7 @@ from .data import CausalDataset, Dataset, DatasetError, builtin, load_dataset
 from .data.text import read_vocabulary
 from .modelio import ModelFormatError, atomic_path, load_model, save_model, write_text_atomic
 from .numbers import as_number_array, fmt, normal_positive, parse_exact
-from .runtime import range_faults, range_message
+from .runtime import claimed_runtimes, range_faults, range_message
 from .summary import model_summary
 from .tables import format_table
 from .verification import check_kind, verify
@@ -287,7 +287,14 @@ def _export(args) -> int:
 
 def _range_verdict(model, dtype: str, data=None) -> int:
     """Exit status 1, with a FAILS line naming them, when numbers the ``dtype`` copy stores
-    (or data coordinates) are outside its range (exactformer.runtime)."""
+    (or data coordinates) are outside its range (exactformer.runtime). A reduced-precision
+    copy of a model that claims no faithful pass in it (the paper's construction) gets a line
+    saying so and how to build one that does."""
+    if dtype != "float64" and dtype not in claimed_runtimes(model):
+        print(f"note: this model claims no faithful {dtype} pass (the paper's hat construction "
+              f"cancels large terms that {dtype} rounds), so the {dtype} copy may not reproduce "
+              f"the data; the default keyed construction (exactformer build DATA -o MODEL, "
+              f"docs/keyed.md) builds one that does")
     faults = range_faults(model, dtype, data)
     if not faults:
         return 0
@@ -307,7 +314,7 @@ def _export_lens(ef_torch, model, args) -> int:
           f"head{'s' if config['n_heads'] != 1 else ''}, {args.dtype}) -> {args.output}/"
           f"config.json + model.safetensors + lens_helpers.py")
     if not args.data:
-        return 0
+        return _range_verdict(model, args.dtype)
     if _progress(args):  # booting a deep bridge takes a while before the bar can start
         print("transformer-lens: building the bridge from the folder", file=sys.stderr)
     try:
