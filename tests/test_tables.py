@@ -17,3 +17,13 @@ def test_the_verification_report_is_such_a_table():
     assert report.table() == format_table(report.rows())
     width = max(len(k) for k, _ in report.rows())
     assert all(line[width:width + 2] == "  " for line in report.table().splitlines())
+
+
+def test_a_pipe_in_a_markdown_header_or_cell_does_not_split_its_column():
+    from exactformer.tables import markdown_table
+    text = markdown_table([{"max|θ|": "a|b", "L": 3}], ["max|θ|", "L"])
+    head, rule, row = text.splitlines()
+    assert rule == "|---|---|"
+    for line in (head, row):  # two columns: three unescaped pipes
+        assert len([i for i, ch in enumerate(line) if ch == "|" and line[i - 1] != "\\"]) == 3
+    assert "max\\|θ\\|" in head and "a\\|b" in row

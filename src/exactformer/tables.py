@@ -16,7 +16,11 @@ def format_table(rows: list[tuple[str, object]]) -> str:
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:
-    """The rows (dicts) as a Markdown table of the given columns: the benchmarks' results."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
+    """The rows (dicts) as a Markdown table of the given columns: the benchmarks' results. A
+    "|" inside a header or cell (max|θ|) is escaped, so it does not split the column."""
+    def cell(v) -> str:
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(map(cell, columns)) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
