@@ -75,7 +75,7 @@ def compile_hardmax(dataset: Dataset, exact: bool = True, seed: int = 0,
 def compile_keyed(dataset: Dataset, inputs, targets, exact: bool, seed: int, progress: bool,
                   width: int, heads: int) -> Transformer:
     """The keyed hardmax model (docs/keyed.md), wider than the data by its own coordinates;
-    NotKeyable where no cap isolates a token or no multipliers separate the holders of a
+    NotKeyable where no window isolates a token or no multipliers separate the holders of a
     tag."""
     built = keyed.build(inputs, targets, dataset.target_lengths, exact, width, heads, seed,
                         progress)

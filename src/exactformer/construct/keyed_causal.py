@@ -6,9 +6,9 @@ builds this model from the gadgets of the keyed set model (construct/keyed.py; t
 docs/causal.md#keyed-causal-models):
 
 1. **Keys and tags.** Position i stores c·σ_i in key coordinates of the model's own (σ_i a
-   word of {−1, 0, 1}^q of weight w). Caps and clips give the tokens that later units must
-   tell apart an exact code c·ς: the tests' tokens, and the tokens of every position where
-   several constrained tokens meet.
+   word of {−1, 0, 1}^q of weight w). Tags (construct/tagging.py) give the tokens that later
+   units must tell apart an exact code c·ς: the tests' tokens, and the tokens of every
+   position where several constrained tokens meet.
 2. **Separation.** A test is a point (position l, token y). Its unit reads the key and the
    code, 1 at the point and ≤ −1 at every other, and sets the test's rank in its round as a
    height; a causal rank-one hardmax head adds λ·(the height of the highest test in the
@@ -275,7 +275,7 @@ def _move_units(data: _Data, co: _Codes, cell: _Cell, state: int, g, top: int, s
 def build(dataset: CausalDataset, attention: str, exact: bool, width: int, heads: int,
           seed: int, progress: bool = False) -> Transformer:
     """The keyed causal model of ``dataset`` (see the module docstring): up to ``heads``
-    rounds share a separation layer, ``width`` units a layer; NotKeyable where a cap cannot
+    rounds share a separation layer, ``width`` units a layer; NotKeyable where no window can
     isolate a token it needs."""
     softmax = attention == "softmax"
     data = _data(dataset, exact)
