@@ -132,9 +132,10 @@ def naive_hull_radius(X, r, q, q_rad, k, k_rad, alpha, C, C_rad, avg):
         best = max(v for v in lo if not np.isnan(v))
         cand = [j for j in range(len(X)) if not (np.isfinite(hi[j]) and np.isfinite(lo[j]))
                 or hi[j] >= best]
-        c_lo = np.min([enclosure.lower(C[j], C_rad[j]) for j in cand], axis=0)
-        c_hi = np.max([enclosure.upper(C[j], C_rad[j]) for j in cand], axis=0)
-        out[i] = enclosure.hull_radius(avg[i], c_lo, c_hi)
+        c_lo = np.min([C[j] for j in cand], axis=0)
+        c_hi = np.max([C[j] for j in cand], axis=0)
+        c_rad = np.max([C_rad[j] for j in cand], axis=0)
+        out[i] = enclosure.hull_radius(avg[i], c_lo, c_hi, c_rad)
     return out
 
 

@@ -84,7 +84,7 @@ def test_sole_candidate_with_a_rival_whose_lower_end_overflows():
     assert sole[0, 0]
     avg = float_hardmax_rows(S, X, np.ones((1, 2)), PassStats(), X, top, bottom)
     rad = enclosure.head_radius(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
-    lo, hi = enclosure._candidate_hull(S, X, r, q, q_rad, k, k_rad, alpha, X, r)
-    full = enclosure.hull_radius(avg, lo, hi)
+    full = enclosure.hull_radius(avg, *enclosure._candidate_hull(S, X, r, q, q_rad, k, k_rad,
+                                                                 alpha, X, r))
     assert (rad <= full).all() and (rad[0, 0] < full[0, 0]).all()
     assert avg[0, 0, 0] == -1.0 and rad[0, 0, 0] <= 2.0 ** -51  # key 1 alone

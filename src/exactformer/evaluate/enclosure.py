@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..distance import hausdorff_of, pair_distances
+from .grid import exact_dots
 
 U = 2.0 ** -53  # unit roundoff of float64
 TINY = 2.0 ** -1022  # absolute slack per operation: covers underflow to subnormals or zero
@@ -61,13 +62,14 @@ def up(r, n: int, out=None):
 
 
 def lower(m, r):
-    """A float ≤ m − r exactly (one step below the rounded difference)."""
-    return np.nextafter(m - r, -np.inf)
+    """A float ≤ m − r exactly (one step below the rounded difference; m itself where r is
+    0, so that an exact value keeps a zero-width hull)."""
+    return np.where(r == 0, m, np.nextafter(m - r, -np.inf))
 
 
 def upper(m, r):
-    """A float ≥ m + r exactly."""
-    return np.nextafter(m + r, np.inf)
+    """A float ≥ m + r exactly (m itself where r is 0)."""
+    return np.where(r == 0, m, np.nextafter(m + r, np.inf))
 
 
 def dot_radius(X, r, v) -> np.ndarray:
@@ -77,9 +79,12 @@ def dot_radius(X, r, v) -> np.ndarray:
     if len(nz) == 1:
         k = nz[0]
         av = abs(v[k])
-        return up(r[:, k] * av + rounding(np.abs(X[:, k]) * av, 1), 2)
-    av = np.abs(v[nz])
-    return up(r[:, nz] @ av + rounding(np.abs(X[:, nz]) @ av, len(nz)), len(nz) + 1)
+        spread, sums = r[:, k] * av, rounding(np.abs(X[:, k]) * av, 1)
+    else:
+        av = np.abs(v[nz])
+        spread, sums = r[:, nz] @ av, rounding(np.abs(X[:, nz]) @ av, len(nz))
+    sums[exact_dots(X[:, nz], v[None, nz], np.zeros(1))[:, 0]] = 0.0  # (grid.py)
+    return up(spread + sums, len(nz) + 1)
 
 
 def _pre_activations(X, r, U_, b):
@@ -88,6 +93,7 @@ def _pre_activations(X, r, U_, b):
     aU = np.abs(U_)
     Z = X @ U_.T + b
     z_round = rounding(np.abs(X) @ aU.T + np.abs(b), X.shape[1])
+    z_round[exact_dots(X, U_, b)] = 0.0  # no evaluation rounds these (docs/numerics.md#grid)
     return Z, z_round, up(r @ aU.T + z_round, X.shape[1] + 1)
 
 
@@ -307,11 +313,30 @@ def ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     """A whole FF layer on every row: float64 output η·X + relu(X Uᵀ + b) Wᵀ and its radius
     (as in :func:`ff_change`). With η = 1, a finite output coordinate that no unit which may
     be on writes is x itself in both passes and keeps its radius (docs/numerics.md, keyed
-    models)."""
+    models), and a coordinate no unit reads or writes is not even looked at: a keyed layer
+    touches a few of the model's coordinates."""
+    cols = np.flatnonzero(U_.any(axis=0) | W.any(axis=1))
+    if eta != 1 or len(cols) == X.shape[1]:
+        return _ff_dense(X, r, eta, U_, b, W)
+    part = _ff_dense(X[:, cols], r[:, cols], 1.0, U_[:, cols], b, W[cols])
+    if not np.isfinite(part[0]).all():  # an infinite unit makes inf·0 = nan elsewhere
+        return _ff_dense(X, r, eta, U_, b, W)
+    out, rad = X.copy(), r.copy()
+    out[:, cols], rad[:, cols] = part
+    return out, rad
+
+
+def _ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`ff_dense` on every coordinate of X."""
     d, h = X.shape[1], len(b)
     A, (rad,), maybe_on = _ff_parts(X, r, U_, b, W, (eta,))
     out = eta * X + A @ W.T
-    rad = up(rad + rounding(abs(eta) * np.abs(X) + A @ np.abs(W).T, h + 1), 2 * (h + d) + 4)
+    sums = rounding(abs(eta) * np.abs(X) + A @ np.abs(W).T, h + 1)
+    written = np.flatnonzero(W.any(axis=1))
+    terms = np.concatenate([X[:, written], A], axis=1)
+    weights = np.concatenate([eta * np.eye(len(written)), W[written]], axis=1)
+    sums[:, written] *= ~exact_dots(terms, weights, np.zeros(len(written)))
+    rad = up(rad + sums, 2 * (h + d) + 4)
     if eta == 1:  # a coordinate no unit that may be on writes: x + 0, exactly, in both
         untouched = (maybe_on.astype(np.float64) @ (W != 0).T.astype(np.float64)) == 0
         rad = np.where(untouched & np.isfinite(out), r, rad)  # inf·0 = nan is not x
@@ -389,12 +414,17 @@ def _jacobian(W, U_, pat, eta: float) -> tuple[np.ndarray, np.ndarray | None, in
     return J, np.abs(W[:, pat]) @ np.abs(Ua) + abs(eta) * np.eye(d), len(Ua) + 1
 
 
-def hull_radius(mid, lo, hi):
-    """The radius about ``mid`` of the box [lo, hi] (covering it even if mid lies outside);
-    inf where anything is not finite (an empty or unknown hull bounds nothing)."""
+def hull_radius(mid, lo, hi, rad):
+    """The radius about ``mid`` of the box [lo − rad, hi + rad] (covering it even if mid lies
+    outside); inf where anything is not finite (an empty or unknown hull bounds nothing).
+    Rounded up only where a sum is inexact: an exact carrier (lo = mid = hi, rad = 0) keeps
+    radius 0, and one point of radius r keeps r."""
     with np.errstate(invalid="ignore"):
-        r = np.nextafter(np.maximum(hi - mid, mid - lo), np.inf)
-    return np.where(np.isfinite(r) & (r >= 0), r, np.inf)
+        d = np.maximum(hi - mid, mid - lo)  # 0 only where lo = mid = hi exactly
+        d = np.where(d == 0, d, np.nextafter(d, np.inf))
+        r = d + rad
+        r = np.where((d == 0) | (rad == 0), r, np.nextafter(r, np.inf))
+    return np.where(np.isfinite(r) & (d >= 0), r, np.inf)
 
 
 def rank_one_candidates(k, k_rad, seg, starts, side: int) -> np.ndarray:
@@ -408,16 +438,19 @@ def rank_one_candidates(k, k_rad, seg, starts, side: int) -> np.ndarray:
     return np.flatnonzero(unknown | (k_lo <= np.fmin.reduceat(k_hi, starts)[seg]))
 
 
-def segment_hull(C, C_rad, rows, seg, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per segment (n of them), the smallest box holding the boxes C ± C_rad of its
-    ``rows`` (increasing); empty (lo = inf, hi = −inf) for a segment without such rows."""
+def segment_hull(C, C_rad, rows, seg, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per segment (n of them), the box [lo − rad, hi + rad] holding the boxes C ± C_rad of
+    its ``rows`` (increasing): lo, hi the carriers' exact extremes, rad their largest radius;
+    empty (lo = inf, hi = −inf) for a segment without such rows."""
     lo, hi = np.full((n, C.shape[1]), np.inf), np.full((n, C.shape[1]), -np.inf)
+    rad = np.zeros((n, C.shape[1]))
     if len(rows):
         s = seg[rows]
         first = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]]))
-        lo[s[first]] = np.minimum.reduceat(lower(C[rows], C_rad[rows]), first, axis=0)
-        hi[s[first]] = np.maximum.reduceat(upper(C[rows], C_rad[rows]), first, axis=0)
-    return lo, hi
+        lo[s[first]] = np.minimum.reduceat(C[rows], first, axis=0)
+        hi[s[first]] = np.maximum.reduceat(C[rows], first, axis=0)
+        rad[s[first]] = np.maximum.reduceat(C_rad[rows], first, axis=0)
+    return lo, hi, rad
 
 
 def score_error(X, r, q, q_rad, k, k_rad, alpha: float) -> np.ndarray:
@@ -478,8 +511,8 @@ def rank_one_radius(avg, q, q_rad, k, k_rad, C, C_rad, seg, starts) -> np.ndarra
             continue
         keys = np.arange(len(seg)) if side == 0 else \
             rank_one_candidates(k, k_rad, seg, starts, side)
-        lo, hi = segment_hull(C, C_rad, keys, seg, len(starts))
-        out[rows] = hull_radius(avg[rows], lo[seg[rows]], hi[seg[rows]])
+        lo, hi, rad = segment_hull(C, C_rad, keys, seg, len(starts))
+        out[rows] = hull_radius(avg[rows], lo[seg[rows]], hi[seg[rows]], rad[seg[rows]])
     return out
 
 
@@ -495,33 +528,34 @@ def head_radius(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad
     sole = sole_candidates(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha)
     one = np.argmax(S, axis=-1)[..., None]  # where sole: the row's one candidate
     C_one, r_one = np.take_along_axis(C, one, axis=-2), np.take_along_axis(C_rad, one, axis=-2)
-    lo, hi = lower(C_one, r_one), upper(C_one, r_one)
+    lo, hi, rad = C_one.copy(), C_one.copy(), r_one.copy()
     rest = ~sole.all(axis=-1)
     if rest.any():
         at = np.nonzero(rest) if rest.ndim else ()
-        lo[at], hi[at] = _candidate_hull(S[at], X[at], r[at], q[at], q_rad[at], k[at],
-                                         k_rad[at], alpha, C[at], C_rad[at])
-    return hull_radius(avg, lo, hi)
+        lo[at], hi[at], rad[at] = _candidate_hull(S[at], X[at], r[at], q[at], q_rad[at],
+                                                  k[at], k_rad[at], alpha, C[at], C_rad[at])
+    return hull_radius(avg, lo, hi, rad)
 
 
 def _candidate_hull(S, X, r, q, q_rad, k, k_rad, alpha: float, C, C_rad):
-    """Per row, the box (lo, hi) holding the carrier boxes of every key whose score interval
-    reaches the row's best certain score (a key whose interval is unknown always does)."""
+    """Per row, the box [lo − rad, hi + rad] (:func:`segment_hull`) holding the carrier boxes
+    of every key whose score interval reaches the row's best certain score (a key whose
+    interval is unknown always does)."""
     E = score_error(X, r, q, q_rad, k, k_rad, alpha)
     s_hi, s_lo = upper(S, E), lower(S, E)
     unknown = ~(np.isfinite(s_hi) & np.isfinite(s_lo))
     cand = unknown | (s_hi >= np.fmax.reduce(s_lo, axis=-1)[..., None])
-    C_lo, C_hi = lower(C, C_rad), upper(C, C_rad)
     one = np.argmax(cand, axis=-1)[..., None]  # the candidate of a row that has only one
-    lo = np.take_along_axis(C_lo, one, axis=-2)
-    hi = np.take_along_axis(C_hi, one, axis=-2)
+    lo = np.take_along_axis(C, one, axis=-2)
+    hi, rad = lo.copy(), np.take_along_axis(C_rad, one, axis=-2)
     many = cand.sum(axis=-1) != 1
     if many.any():  # the hull over every candidate, for the sequences that need it
         at = np.nonzero(many.any(axis=-1)) if many.ndim > 1 else ()
         c = cand[at][..., None]
-        lo[at] = np.where(c, C_lo[at][..., None, :, :], np.inf).min(axis=-2)
-        hi[at] = np.where(c, C_hi[at][..., None, :, :], -np.inf).max(axis=-2)
-    return lo, hi
+        lo[at] = np.where(c, C[at][..., None, :, :], np.inf).min(axis=-2)
+        hi[at] = np.where(c, C[at][..., None, :, :], -np.inf).max(axis=-2)
+        rad[at] = np.where(c, C_rad[at][..., None, :, :], 0.0).max(axis=-2)
+    return lo, hi, rad
 
 
 def sole_candidates(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha: float) -> np.ndarray:

@@ -17,6 +17,7 @@ from ..numbers import safe_float, sparse_dot
 from . import enclosure
 from .arithmetic import PassStats, relu
 from .attention import head_average
+from .grid import exact_dots
 from .keys import KeyLayer, KeyRun
 from .state import RowState, SortedProjection
 from .windows import Ridge
@@ -182,15 +183,26 @@ def _write_column(st: RowState, rho, k: int, parts: list, rows: slice, c: int) -
         r = st.rad[rows, c]
         if rho != 1:
             r = abs(rho) * r + enclosure.rounding(size, 1)
-        for v, vr in parts:
+        for v, vr, _ in parts:
             size += np.abs(v)
             r += vr
-        r += enclosure.rounding(size, k, out=size)
+        size = enclosure.rounding(size, k, out=size)
+        size[_exact_column(x, rho, parts)] = 0.0  # docs/numerics.md#grid
+        r += size
         st.rad[rows, c] = enclosure.up(r, 4 * k, out=r)
-    for v, _ in parts:
+    for v, *_ in parts:
         new += v
     if rho != 1:
         x[:] = new
+
+
+def _exact_column(x, rho, parts: list) -> np.ndarray:
+    """Rows where ρ·x plus the terms' products is a sum no evaluation rounds (the heads'
+    values v = a·p are such products, ``parts`` carries their factors)."""
+    factors = [(x, rho)] + [f for *_, fs in parts for f in fs]
+    X = np.stack([a for a, _ in factors], axis=1)
+    w = np.array([[float(wt) for _, wt in factors]])
+    return exact_dots(X, w, np.zeros(1))[:, 0]
 
 
 @dataclass(frozen=True)
@@ -214,11 +226,12 @@ class _Term:
         if beta == 0:
             val = self.avg[rows, 0] * p
             return val, None if self.avg_rad is None else \
-                self.avg_rad[rows, 0] * float(abs(p))
+                self.avg_rad[rows, 0] * float(abs(p)), [(self.avg[rows, 0], p)]
         val = self.avg[rows, c] * beta + self.s[rows] * p
+        factors = [(self.avg[rows, c], beta), (self.s[rows], p)]
         if self.avg_rad is None:
-            return val, None
-        return val, abs(beta) * self.avg_rad[rows, c] + self.s_rad[rows] * abs(p)
+            return val, None, factors
+        return val, abs(beta) * self.avg_rad[rows, c] + self.s_rad[rows] * abs(p), factors
 
 
 def _head_term(st: RowState, head, attention: str, tau, stats: PassStats, dots: dict
