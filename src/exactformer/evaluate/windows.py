@@ -93,10 +93,13 @@ def direction_scales(U: np.ndarray) -> tuple[np.ndarray, list] | None:
     windows here and the profile form of the torch export (docs/numerics.md). Every gadget
     repeats f itself (k = 1, decided on the numbers as they are); other rows are decided in
     Fractions."""
-    nz = [i for i in range(U.shape[0]) if any(v != 0 for v in U[i])]
+    nz = [i for i in range(U.shape[0]) if any(v != 0 for v in U[i])] if U.dtype == object \
+        else np.flatnonzero(U.any(axis=1)).tolist()
     if not nz:
         return None
     f = U[nz[0]]
+    if U.dtype != object and ((U[nz] != 0) != (f != 0)).any():
+        return None  # k·f (k ≠ 0) has f's zeros: units reading other coordinates (keyed)
     if U.dtype != object and (U[nz] == f).all() or \
             all(i not in nz or np.array_equal(U[i], f) for i in range(U.shape[0])):
         return f, [1 if i in nz else 0 for i in range(U.shape[0])]
