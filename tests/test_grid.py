@@ -55,15 +55,15 @@ def test_certified_dots_are_exact_in_every_order(data, n, dtype):
     v = values(data.draw, n, dtype)
     c = values(data.draw, 1, dtype)
     ok = exact_dots(x[None, :], v[None, :], c, fmt)[0, 0]
-    exact = sum((Fraction(a) * Fraction(b) for a, b in zip(x, v)), Fraction(c[0]))
+    exact = sum((Fraction(a) * Fraction(b) for a, b in zip(x, v, strict=True)), Fraction(c[0]))
     rng = np.random.default_rng(0)
     with np.errstate(all="ignore"):
-        products = [dtype(dtype(a) * dtype(b)) for a, b in zip(x, v)]
+        products = [dtype(dtype(a) * dtype(b)) for a, b in zip(x, v, strict=True)]
         sums = orders(products + [dtype(c[0])], dtype, rng)
     if ok:
         assert all(np.isfinite(s) and Fraction(float(s)) == exact for s in sums)
         assert all(Fraction(float(p)) == Fraction(a) * Fraction(b)
-                   for p, a, b in zip(products, x, v))
+                   for p, a, b in zip(products, x, v, strict=True))
 
 
 def test_bits_of_known_values():
