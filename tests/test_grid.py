@@ -80,3 +80,12 @@ def test_the_keyed_gadget_sums():
     assert exact_dots(np.hstack([v, v]), np.array([[1.0, -1.0]]), np.zeros(1)).all()
     assert exact_dots(v, np.array([[2.0], [2.0]]), np.array([-0.5, -1.5])).all()
     assert not exact_dots(np.array([[1 / 3]]), np.array([[-1.0]]), np.ones(1))[0, 0]
+
+
+def test_a_constant_per_row_is_that_row_s_own():
+    """c given per row and dot product (η·x_k in an FF's output) is judged row by row."""
+    X = np.array([[1.0, 0.5], [1.0, 0.5]])
+    V = np.array([[1.0, 1.0]])
+    c = np.array([[2.0 ** 60], [0.25]])  # 2^60 + 1.5 needs 61 bits; 0.25 + 1.5 does not
+    assert exact_dots(X, V, c).tolist() == [[False], [True]]
+    assert exact_dots(X[:1], V, c[0]).tolist() == [[False]]

@@ -333,9 +333,8 @@ def _ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     out = eta * X + A @ W.T
     sums = rounding(abs(eta) * np.abs(X) + A @ np.abs(W).T, h + 1)
     written = np.flatnonzero(W.any(axis=1))
-    terms = np.concatenate([X[:, written], A], axis=1)
-    weights = np.concatenate([eta * np.eye(len(written)), W[written]], axis=1)
-    sums[:, written] *= ~exact_dots(terms, weights, np.zeros(len(written)))
+    if eta in (0, 1, -1):  # η·x exact: the row's own term of each sum (grid.py)
+        sums[:, written] *= ~exact_dots(A, W[written], eta * X[:, written])
     rad = up(rad + sums, 2 * (h + d) + 4)
     if eta == 1:  # a coordinate no unit that may be on writes: x + 0, exactly, in both
         untouched = (maybe_on.astype(np.float64) @ (W != 0).T.astype(np.float64)) == 0

@@ -37,9 +37,9 @@ def bits(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def exact_dots(X: np.ndarray, V: np.ndarray, c: np.ndarray, fmt=FLOAT64) -> np.ndarray:
     """Per row x of ``X`` (n×d) and row v of ``V`` (k×d): whether x·v + c_k is computed
     exactly in the format ``fmt`` = (p, lowest subnormal bit) by every evaluation; n×k
-    booleans. The dot products are taken in groups that read the same columns, and only
+    booleans. ``c``: k constants, or n×k (a term of each row's own, such as η·x_k). The dot products are taken in groups that read the same columns, and only
     those columns are looked at (zero weights add exact zeros)."""
-    c = np.asarray(c, dtype=np.float64)
+    c = np.broadcast_to(np.asarray(c, dtype=np.float64), (len(X), len(V)))
     read = np.flatnonzero(V.any(axis=0))
     X, V = X[:, read], V[:, read]
     xb, vb, cb = bits(X), bits(V), bits(c)
@@ -52,7 +52,8 @@ def exact_dots(X: np.ndarray, V: np.ndarray, c: np.ndarray, fmt=FLOAT64) -> np.n
             at = slice(s, s + step)
             out[at, rows] = _exact_rows(
                 X[at][:, cols], [b[at][:, cols] for b in xb], V[np.ix_(rows, cols)],
-                [b[np.ix_(rows, cols)] for b in vb], c[rows], [b[rows] for b in cb], fmt)
+                [b[np.ix_(rows, cols)] for b in vb], c[at][:, rows],
+                [b[at][:, rows] for b in cb], fmt)
     return out
 
 
