@@ -33,7 +33,8 @@ from .numbers import as_number_array, fmt, normal_positive, parse_exact
 from .runtime import claimed_runtimes, range_faults, range_message
 from .summary import model_summary
 from .tables import format_table
-from .verification import check_kind, verify
+from .verification import check_kind, prove_runtime, verify
+from .verification.formats import FORMATS
 
 
 class UsageError(Exception):
@@ -126,11 +127,25 @@ def _build(args) -> int:
 def _verify(args) -> int:
     model = load_model(args.model)
     data = _data_for(model, args.data)
-    report = verify(model, data, tolerance=args.tolerance, progress=_progress(args))
+    if args.runtime:
+        return _verify_runtimes(args, model, data)
+    report = verify(model, data, tolerance=args.tolerance or 1e-9, progress=_progress(args))
     print(report.table())
     if args.json:
         write_text_atomic(args.json, json.dumps(report.to_dict(), indent=1, default=str))
     return 0 if report.ok else 1
+
+
+def _verify_runtimes(args, model, data) -> int:
+    """verify --runtime: the proof for each runtime named (docs/numerics.md#proofs-for-
+    reduced-precision-runtimes), one table each; exit 0 only if every one is proved."""
+    kw = {"exp_ulps": args.exp_ulps} | ({"tolerance": args.tolerance} if args.tolerance else {})
+    verdicts = [prove_runtime(model, data, runtime, **kw) for runtime in args.runtime]
+    print("\n\n".join(v.table() for v in verdicts))
+    if args.json:
+        write_text_atomic(args.json, json.dumps(
+            {"runtimes": [v.to_dict() for v in verdicts]}, indent=1, default=str))
+    return 0 if all(v.ok for v in verdicts) else 1
 
 
 def _data_for(model, path: str):
@@ -419,8 +434,14 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check that a model interpolates a dataset")
     v.add_argument("model")
     v.add_argument("data")
-    v.add_argument("--tolerance", type=_positive_float, default=1e-9,
-                   help="relative Hausdorff tolerance for non-exact verdicts")
+    v.add_argument("--tolerance", type=_positive_float, default=None,
+                   help="relative Hausdorff tolerance for non-exact verdicts (default 1e-9; "
+                        "with --runtime 1e-5)")
+    v.add_argument("--runtime", action="append", choices=list(FORMATS),
+                   help="instead, prove the exported dense computation faithful in this "
+                        "runtime in any summation order (repeatable)")
+    v.add_argument("--exp-ulps", type=_positive_float, default=2.0,
+                   help="with --runtime: exp's error bound in float32 ulps (softmax)")
     v.add_argument("--json", help="also write the report as JSON here")
     _add_progress(v)
     v.set_defaults(run=_verify)
