@@ -131,6 +131,8 @@ def linear(Xm, Xr, Wm, Wr, b, br, fmt: Format):
                          np.concatenate([Xr, np.zeros((len(Xm), 1))], axis=1),
                          np.concatenate([Wm, bias[:, None]], axis=1))
     exact, q = _linear_exact(Xm, Xr, Wm, Wr, bias, pos_up(part, k + 2), fmt)
+    if br is not None:
+        exact &= br == 0
     rnd = np.where(exact, f64, rnd)
     rnd = _inf_where_overflow(mid, rnd + spread, fmt, S) - spread
     return mid, spread, rnd, np.where(exact, q, 0.0)
@@ -261,7 +263,8 @@ def pos_up(x, n: int):
     """:func:`up` of a nonnegative float64 result, leaving exact zeros 0: no product of the
     pass underflows (radii and midpoints below 2^-600 are raised or cleared, :func:`_block`),
     so a computed 0 is a sum of exact zeros."""
-    return np.where(x > 0, up(x, n), 0.0)
+    with np.errstate(invalid="ignore"):
+        return np.where(x > 0, up(x, n), np.where(x == 0, 0.0, np.inf))  # nan: unknown
 
 
 # ------------------------------------------------------------------------------ attention
@@ -417,7 +420,8 @@ def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
     inv = 1.0 / np.maximum(count, 1)
     exact_w = lowbit(inv) == inv  # 1/|C| a power of two: stored exactly
     Pm = np.where(cand, inv[:, :, None], 0.0)
-    Pr = np.where(cand, np.where(exact_w, 0.0, (fmt.u + 2.0 ** -52) * inv)[:, :, None], 0.0)
+    Pr = np.where(cand, np.where(exact_w, 0.0, (fmt.u + ACC.u + 2.0 ** -52) * inv)[:, :, None],
+                  0.0)  # fl(1/|C|), perhaps rounded twice (float32, then the format)
     Ym, Yr = mix(Pm, Pr, Xm, Xr, fmt)
     for b, i in zip(*np.nonzero(~tie), strict=True):
         Ym[b, i], Yr[b, i] = _hull(Xm[b, cand[b, i]], Xr[b, cand[b, i]], ctx)
@@ -431,7 +435,7 @@ def _hull(C, C_r, ctx: Context):
     with np.errstate(invalid="ignore"):
         lo, hi = lower(C, C_r).min(axis=0), upper(C, C_r).max(axis=0)
         mid = (lo + hi) * 0.5
-        rad = np.maximum(upper(hi, 0.0) - mid, mid - lower(lo, 0.0))
+        rad = upper(np.maximum(hi - mid, mid - lo), 0.0)
         big = np.maximum(np.abs(lo), np.abs(hi))
         err = (fmt.u + theta(k + 3, 3, fmt) + ctx.exp_err + matmul_input_error(fmt)) * big
         rad = up(rad + err + (2 * k + 4) * fmt.tiny, 4)
