@@ -274,3 +274,19 @@ def test_cli_verify_runtime(tmp_path, capsys):
     assert rc == 1  # bfloat16 is not proved
     doc = json.loads((tmp_path / "r.json").read_text())
     assert [r["runtime"] for r in doc["runtimes"]] == ["float32", "bfloat16"]
+
+
+def test_hub_folder_records_the_runtime_proofs(tmp_path):
+    pytest.importorskip("torch")
+    from exactformer import export as et
+
+    data = builtin.demo()
+    model = _build(data)
+    et.to_torch(model).save_pretrained(tmp_path / "hub", data=data)
+    config = json.loads((tmp_path / "hub" / "config.json").read_text())
+    assert config["runtime_proofs"] == {"float32": "PROVED FAITHFUL IN float32",
+                                        "bfloat16": config["runtime_proofs"]["bfloat16"]}
+    assert config["runtime_proofs"]["bfloat16"] in ("FAILED", "UNDECIDED")
+    card = (tmp_path / "hub" / "README.md").read_text()
+    assert "## Proved runtimes" in card and "PROVED FAITHFUL IN float32" in card
+    assert et.NativeTransformer.from_pretrained(tmp_path / "hub") is not None
