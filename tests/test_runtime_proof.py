@@ -290,3 +290,23 @@ def test_hub_folder_records_the_runtime_proofs(tmp_path):
     card = (tmp_path / "hub" / "README.md").read_text()
     assert "## Proved runtimes" in card and "PROVED FAITHFUL IN float32" in card
     assert et.NativeTransformer.from_pretrained(tmp_path / "hub") is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=st.floats(min_value=-3e38, max_value=3e38, allow_nan=False, width=64))
+def test_format_rounding_matches_numpy_casts(x):
+    """The proofs' one rounding function against NumPy's float32 and float16 casts (ties to
+    even, subnormals, overflow to inf), and the lowest-bit and bit-count helpers."""
+    from exactformer.verification.formats import FORMATS, fits, lowbit, round_to, stored
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        single, half = float(np.float32(x)), float(np.float16(x))
+    assert stored(x, FORMATS["float32"]) == single
+    assert stored(x, FORMATS["float16"]) == half
+    bf = float(round_to(single, 8, -126))  # bfloat16: float32 cut to 8 bits
+    assert abs(bf - single) <= abs(single) * 2.0 ** -8 + 2.0 ** -134
+    if x != 0:
+        low = float(lowbit(x))
+        assert abs((x / low) % 2) == 1
+        assert bool(fits(x, 53)) and bool(fits(low, 1))

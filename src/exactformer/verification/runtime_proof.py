@@ -471,7 +471,7 @@ def softmax_box(sm, sr, allowed, ctx: Context):
     fmt = ctx.fmt
     u = max(fmt.u, ACC.u)
     n = sm.shape[-1]
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         lo = np.where(allowed, low(sm, sr), -np.inf)
         hi = np.where(allowed, high(sm, sr), -np.inf)
         mlo, mhi = lo.max(axis=2, keepdims=True), hi.max(axis=2, keepdims=True)
