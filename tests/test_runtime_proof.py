@@ -310,3 +310,24 @@ def test_format_rounding_matches_numpy_casts(x):
         low = float(lowbit(x))
         assert abs((x / low) % 2) == 1
         assert bool(fits(x, 53)) and bool(fits(low, 1))
+
+
+def test_a_position_key_text_is_proved_in_bfloat16_and_decodes_in_torch():
+    """One text (position keys, no attention): proved faithful in bfloat16, and a bfloat16
+    torch pass of the dense form decodes every character to its target."""
+    torch = pytest.importorskip("torch")
+    from exactformer import export as et
+    from exactformer.data.text import text_embedding
+
+    rng = np.random.default_rng(7)
+    text = "".join(rng.choice(list("abcdefgh ijklmnop"), size=400))
+    embedding = text_embedding(text, d=8)
+    data = ef.CausalDataset.from_text(text, embedding)
+    model = _build(data)
+    verdict = prove_runtime(model, data, "bfloat16")
+    assert verdict.ok, verdict.table()
+    module = et.to_torch(model, dtype=torch.bfloat16, ff="dense")
+    out = et.apply(module, data.floats()[0])[0][:, :8]
+    chars, vocab = list(embedding), np.array(list(embedding.values()))
+    decoded = "".join(chars[int(np.argmin(((vocab - o) ** 2).sum(axis=1)))] for o in out[:-1])
+    assert decoded == text[1:]
