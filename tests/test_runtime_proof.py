@@ -331,3 +331,18 @@ def test_a_position_key_text_is_proved_in_bfloat16_and_decodes_in_torch():
     chars, vocab = list(embedding), np.array(list(embedding.values()))
     decoded = "".join(chars[int(np.argmin(((vocab - o) ** 2).sum(axis=1)))] for o in out[:-1])
     assert decoded == text[1:]
+
+
+def test_cli_export_proves_the_copy(tmp_path, capsys):
+    pytest.importorskip("torch")
+    data = builtin.demo()
+    save_model(_build(data), tmp_path / "m.json")
+    xs, ys = data.floats()
+    (tmp_path / "d.json").write_text(json.dumps({"inputs": [x.tolist() for x in xs],
+                                                "targets": [y.tolist() for y in ys]}))
+    args = ["export", str(tmp_path / "m.json"), "--data", str(tmp_path / "d.json")]
+    assert cli_main([*args, "-o", str(tmp_path / "a.safetensors"), "--dtype", "float32"]) == 0
+    assert "float32 copy: PROVED FAITHFUL IN float32" in capsys.readouterr().out
+    assert cli_main([*args, "-o", str(tmp_path / "b.safetensors"), "--dtype", "bfloat16"]) == 1
+    said = capsys.readouterr().out
+    assert "bfloat16 copy: FAILED" in said or "bfloat16 copy: UNDECIDED" in said

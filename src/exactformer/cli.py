@@ -291,13 +291,25 @@ def _export(args) -> int:
     model = load_model(args.model)
     if args.layout == "transformer-lens":
         return _export_lens(ef_torch, model, args)
-    if args.data:
-        raise UsageError("--data (a verdict through the exported model) is for "
-                         "--layout transformer-lens")
+    data = _data_for(model, args.data) if args.data else None
     module = ef_torch.export(model, args.output, layout=args.layout, dtype=args.dtype)
     print(f"exported {model.n_blocks} blocks as {len(module.blocks)} {args.layout} blocks "
           f"({args.dtype}) -> {args.output} + {ef_torch.config_path(args.output)}")
-    return _range_verdict(model, args.dtype)
+    return max(_range_verdict(model, args.dtype), _runtime_proof_line(model, data, args.dtype))
+
+
+def _runtime_proof_line(model, data, dtype: str) -> int:
+    """export --data in a reduced precision: the proof that every evaluation of the dense
+    computation in ``dtype`` reproduces the data (one line; exit status 1 when not proved,
+    with the reason)."""
+    if data is None or dtype == "float64":
+        return 0
+    v = prove_runtime(model, data, dtype)
+    why = "" if v.ok else (f": {v.witness} ({v.witness_error:.3g} × scale)" if v.witness else
+                           f": its bound {v.bound:.3g} × scale is above {v.tolerance:g}")
+    print(f"{dtype} copy: {v.verdict}{why} (the dense computation, any summation order, "
+          "docs/numerics.md#proofs-for-reduced-precision-runtimes)")
+    return 0 if v.ok else 1
 
 
 def _range_verdict(model, dtype: str, data=None) -> int:
@@ -305,7 +317,11 @@ def _range_verdict(model, dtype: str, data=None) -> int:
     (or data coordinates) are outside its range (exactformer.runtime). A reduced-precision
     copy of a model that claims no faithful pass in it (the paper's construction) gets a line
     saying so and how to build one that does."""
-    if dtype != "float64" and dtype not in claimed_runtimes(model):
+    claims = claimed_runtimes(model)
+    if dtype != "float64" and dtype not in claims and claims:
+        print(f"note: this model claims no faithful {dtype} pass (it claims "
+              f"{', '.join(claims)}), so the {dtype} copy may not reproduce the data")
+    elif dtype != "float64" and dtype not in claims:
         print(f"note: this model claims no faithful {dtype} pass (the paper's hat construction "
               f"cancels large terms that {dtype} rounds), so the {dtype} copy may not reproduce "
               f"the data; the default keyed construction (exactformer build DATA -o MODEL, "
@@ -320,6 +336,8 @@ def _range_verdict(model, dtype: str, data=None) -> int:
 def _export_lens(ef_torch, model, args) -> int:
     """``export --layout transformer-lens``: the folder, then with ``--data`` the verdict of
     the bridge rebuilt from it (exit 1 if it fails); data of the wrong kind write nothing."""
+    if args.dtype == "bfloat16":
+        raise UsageError("--layout transformer-lens is written in float64 or float32")
     data = _data_for(model, args.data) if args.data else None
     if data is not None:
         data.padded(model.d)  # data wider than the model: refused before anything is written
@@ -339,7 +357,8 @@ def _export_lens(ef_torch, model, args) -> int:
                          f"{e}") from None
     verdict = ef_torch.lens_verdict(bridge, data, progress=_progress(args))
     print(ef_torch.verdict_table([verdict]))
-    return max(0 if verdict.interpolates else 1, _range_verdict(model, args.dtype, data))
+    return max(0 if verdict.interpolates else 1, _range_verdict(model, args.dtype, data),
+               _runtime_proof_line(model, data, args.dtype))
 
 
 def _train(args) -> int:
@@ -470,9 +489,10 @@ def parser() -> argparse.ArgumentParser:
                    "lens_helpers.py)")
     e.add_argument("--layout", choices=["native", "rho-eta", "transformer-lens"],
                    default="native")
-    e.add_argument("--dtype", choices=["float64", "float32"], default="float64")
-    e.add_argument("--data", help="transformer-lens: also run the rebuilt bridge on this "
-                   "dataset and print its verdict (exit 1 if it fails)")
+    e.add_argument("--dtype", choices=["float64", "float32", "bfloat16"], default="float64",
+                   help="bfloat16: native and rho-eta layouts")
+    e.add_argument("--data", help="also prove the copy faithful on this dataset in --dtype "
+                   "(and, transformer-lens, run the rebuilt bridge on it); exit 1 if not")
     _add_progress(e)
     e.set_defaults(run=_export)
 
