@@ -73,7 +73,7 @@ def main(argv=None) -> int:
             "`python benchmarks/bench_runtime.py`: default models, proved by "
             "`exactformer.prove_runtime` (P proved faithful, F failed with a witness, "
             "U undecided) in every summation order; tolerance 1e-5 × the data's scale. "
-            f"{proved} of {len(rows)} rows are proved in float32.", ""]
+            f"{proved} of {len(rows)} rows are proved in float32.", "", ""]
     write_text_atomic(args.out, "\n".join(head) + markdown_table(rows, COLUMNS) + "\n")
     return 0
 
