@@ -37,10 +37,15 @@ def _cut(a):
 class Pass:
     """A float32 evaluation: each dot product summed in ``order`` ("seq", "rev", "pairwise",
     "perm", "blocked"), or with one rounding of the float64 sum (``fma``); ``tf32`` cuts the
-    inputs of every matrix product; ``lens`` forms scores as TransformerLens does."""
+    inputs of every matrix product; ``lens`` forms scores as TransformerLens and the ρ/η
+    layout do (one product of [α·x; c·x] and [x; a·x]); ``value`` applies V as the torch
+    module does ("native": β·y + p·(q·y)), as a dense matrix after the average
+    ("after", TransformerLens) or on every key before it ("before", ρ/η)."""
 
-    def __init__(self, order="seq", fma=False, tf32=False, lens=False, seed=0):
+    def __init__(self, order="seq", fma=False, tf32=False, lens=False, seed=0,
+                 value="native"):
         self.order, self.fma, self.tf32, self.lens = order, fma, tf32, lens
+        self.value = value
         self.rng = np.random.default_rng(seed)
 
     def dot(self, A, B):
@@ -117,15 +122,24 @@ class Pass:
                         tau = F32(1 if model.tau is None else float(model.tau))
                         E = np.exp((S - S.max(axis=1, keepdims=True)) / tau)
                         weights = E / self.dot(E, np.ones((n, 1), F32))
+                    V = f(h.V.dense())  # stored densely by TransformerLens and ρ/η
+                    if self.value == "before":
+                        out = out + self.dot(weights, self.dot(X, V.T))
+                        continue
                     Y = self.dot(weights, X)
-                    out = out + f(h.V.beta) * Y + self.dot(Y, f(h.V.q)[:, None]) * f(h.V.p)
+                    if self.value == "after":
+                        out = out + self.dot(Y, V.T)
+                    else:
+                        out = out + f(h.V.beta) * Y + \
+                            self.dot(Y, f(h.V.q)[:, None]) * f(h.V.p)
                 X = out
         return X.astype(np.float64)
 
 
 PASSES = [Pass("seq"), Pass("rev"), Pass("pairwise"), Pass("perm", seed=1),
-          Pass("perm", seed=2), Pass("blocked"), Pass(fma=True), Pass("rev", lens=True),
-          Pass("perm", lens=True, seed=3),
+          Pass("perm", seed=2), Pass("blocked"), Pass(fma=True),
+          Pass("rev", lens=True, value="after"), Pass("perm", lens=True, seed=3, value="before"),
+          Pass("pairwise", lens=True, value="after"), Pass(fma=True, lens=True, value="before"),
           Pass(tf32=True), Pass("rev", tf32=True), Pass("perm", tf32=True, lens=True, seed=4)]
 
 

@@ -181,8 +181,8 @@ def ff_box(Xm, Xr, w: Weights, fmt: Format):
         coarse = Xr @ np.abs(w.U).T + (theta(k + 2, 2, fmt) + matmul_input_error(fmt)) * S + \
             rounding(S, k)
         with np.errstate(invalid="ignore"):
-            rows = np.flatnonzero(~(up(Z + coarse, k + 4) + (2 * k + 8) * fmt.tiny < 0)
-                                  .all(axis=1))
+            hi = upper(Z, up(coarse, k + 4) + (2 * k + 8) * fmt.tiny)
+            rows = np.flatnonzero(~(hi <= 0).all(axis=1))  # some unit may be on
         if len(rows) < len(Xm):
             Ym, Yr = Xm.copy(), Xr.copy()
             if len(rows):
@@ -316,47 +316,67 @@ def lens_slack(model: Transformer) -> float:
 
 
 def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
-    """Every runtime value of ρ·x_i + Σ_h β_h·y_h + p_h·(q_h·y_h) on a batch of sequences of
-    one length (B×n×D boxes); ``sa_w`` holds each head's :class:`Weights`."""
+    """Every runtime value of ρ·x_i + Σ_h V_h·y_h, V_h = β_h·I + p_h·q_hᵀ, on a batch of
+    sequences of one length (B×n×D boxes); ``sa_w`` holds each head's :class:`Weights`.
+
+    The three layouts apply V in three orders — the torch module β·y + p·(q·y), TransformerLens
+    the dense V after the average, the ρ/η layout the dense V on every key before it — with
+    the same elementary terms ρ·x_c and V_cj·π_l·x_lj. So the exact value (for the runtime's
+    weights) is enclosed from the average's box, and the rounding of any of the orders by
+    θ times the sum M of those terms' sizes; it is 0 where their quanta fit M in the format
+    (docs/numerics.md#proofs-for-reduced-precision-runtimes)."""
     fmt = ctx.fmt
     r0 = _point(rho.v)
-    terms = [_term(r0 * Xm, abs(r0) * Xr + rho.v_r * (np.abs(Xm) + Xr), r0, Xm, Xr, fmt)]
-    untouched = np.full(Xm.shape[-1], r0 == 1 and rho.v_r == 0)
-    for w in sa_w:
-        Ym, Yr = head_box(Xm, Xr, w, ctx)
-        B, n, D = Ym.shape
-        Tm, Ts, Tq, _ = linear(Ym.reshape(-1, D), Yr.reshape(-1, D), w.q[None],
-                               w.q_r[None], None, None, fmt)
-        Tm, Tr = Tm.reshape(B, n, 1), (Ts + Tq).reshape(B, n, 1)
-        beta = _point(w.beta)
-        terms.append(_term(beta * Ym, abs(beta) * Yr + w.beta_r * (np.abs(Ym) + Yr), beta,
-                           Ym, Yr, fmt))
-        terms.append(_term(Tm * w.p, Tr * np.abs(w.p) + (np.abs(Tm) + Tr) * w.p_r, w.p,
-                           Tm, Tr, fmt))
-        untouched &= (beta == 0) & (w.beta_r == 0) & (w.p == 0) & (w.p_r == 0)
-    k = len(terms)
-    mid = sum(t[0] for t in terms)
-    spread = pos_up(sum(t[1] for t in terms), k + 2)
-    S = pos_up(sum(np.abs(t[0]) + t[1] for t in terms), k + 2)
-    part = pos_up(np.maximum(sum(t[2] for t in terms), sum(t[3] for t in terms)), k + 2)
+    aX = np.abs(Xm) + Xr
+    mid = r0 * Xm
+    spread = abs(r0) * Xr + rho.v_r * aX
+    M = (abs(r0) + rho.v_r) * aX
     with np.errstate(over="ignore", invalid="ignore"):
-        q = np.minimum.reduce([t[4] for t in terms])
-    rnd = theta(k + 1, k + 1, fmt) * S + (2 * k + 2) * fmt.tiny + rounding(S, k)
-    exact = _exact(part, q, fmt) & (rho.v_r == 0)
-    f64 = np.where(spread > 0, rounding(S, k), 0.0)
-    rad = _inf_where_overflow(mid, spread + pos_up(np.where(exact, f64, rnd), 2 * k), fmt, S)
+        q = np.where((r0 == 0) & (rho.v_r == 0), np.inf, lowbit(r0) * quantum(Xm, Xr, fmt))
+    exact = rho.v_r == 0
+    untouched = np.full(Xm.shape[-1], r0 == 1 and rho.v_r == 0)
+    n, D = Xm.shape[1], Xm.shape[2]
+    for w in sa_w:
+        Ym, Ys, Ybar, qy = head_box(Xm, Xr, w, ctx)
+        beta, aq, ap = _point(w.beta), np.abs(w.q) + w.q_r, np.abs(w.p) + w.p_r
+        aY = np.abs(Ym) + Ys
+        mid = mid + beta * Ym + (Ym @ w.q)[..., None] * w.p
+        spread = spread + abs(beta) * Ys + w.beta_r * aY + \
+            (Ys @ np.abs(w.q) + aY @ w.q_r)[..., None] * np.abs(w.p) + \
+            (aY @ aq)[..., None] * w.p_r
+        M = M + (abs(beta) + w.beta_r) * Ybar + (Ybar @ aq)[..., None] * ap
+        q, exact = _value_quanta(q, exact, qy, w, fmt)
+        untouched &= (beta == 0) & (w.beta_r == 0) & (w.p == 0) & (w.p_r == 0)
+    k = n + D + 2 * len(sa_w) + 6  # roundings on any term's path, in any of the orders
+    spread = pos_up(spread, 2 * D + 8)
+    M = pos_up(M, 2 * D + 8)
+    rnd = (theta(k, k, fmt) + 2 * matmul_input_error(fmt)) * M + 4 * k * fmt.tiny + \
+        rounding(M, k)
+    exact = exact & _exact(M, q, fmt)
+    f64 = np.where(spread > 0, rounding(M, k), 0.0)
+    rad = _inf_where_overflow(mid, spread + pos_up(np.where(exact, f64, rnd), 4), fmt, M)
     keep = untouched & np.isfinite(mid)
     return np.where(keep, Xm, mid), np.where(keep, Xr, rad)
 
 
-def _term(mid, spread, s, Xm, Xr, fmt: Format):
-    """One term s·x of a sum over boxes x: midpoint, spread, bounds on its positive and
-    negative parts, and its quantum (lowbit(s) times the boxes' :func:`quantum`)."""
-    pos, neg = sign_parts(mid, spread * (1 + 2.0 ** -50))
+def _value_quanta(q, exact, qy, w: Weights, fmt: Format):
+    """The quanta of a head's terms V_cj·π_l·x_lj (``qy``: per row and j, those of π_l·x_lj)
+    folded into ``q``, and ``exact`` cleared where a stored V entry or factor is uncertain or
+    not a stored value itself (TransformerLens and ρ/η store V = β·I + p·qᵀ densely)."""
+    beta = _point(w.beta)
+    V = beta * np.eye(len(w.p)) + np.outer(w.p, w.q)
+    exact = exact & (w.beta_r == 0) & (w.p_r == 0).all() & (w.q_r == 0).all()
+    exact = exact & bool((conversions(V, fmt)[0] == V).all())
+    lbV = np.minimum(np.where(beta != 0, lowbit(beta), np.inf) * np.where(np.eye(len(w.p)) > 0,
+                                                                          1.0, np.inf),
+                     np.outer(lowbit(w.p), lowbit(w.q)))  # per (c, j); inf where 0
+    if fmt.matmul_bits is not None:
+        exact = exact & bool(fits(V, fmt.matmul_bits).all())
     with np.errstate(over="ignore", invalid="ignore"):
-        q = np.asarray(lowbit(s)) * quantum(Xm, Xr, fmt)
-    q = np.where(np.asarray(s) == 0, np.inf, q)
-    return mid, spread, pos, neg, q
+        for j in range(len(w.q)):  # q_c = min_j lbV[c, j]·qy[j]
+            term = qy[..., j, None] * lbV[None, None, :, j]
+            q = np.minimum(q, np.where(np.isnan(term), np.inf, term))
+    return q, exact
 
 
 def scores_box(Xm, Xr, w: Weights, ctx: Context):
@@ -417,7 +437,10 @@ def _allowed(n: int, causal: bool) -> np.ndarray:
 
 
 def head_box(Xm, Xr, w: Weights, ctx: Context):
-    """Every runtime value of one head's average y_i = Σ_l π_il x_l (B×n×D boxes)."""
+    """One head's average y_i = Σ_l π_il x_l under every runtime's weights, as the box of its
+    exact value (midpoint and radius, B×n×D), a bound on Σ_l |π_il|·|x_l| (its terms'
+    sizes) and the quanta of the terms π_il·x_l (0 where unknown); the rounding of the
+    average is left to :func:`sa_box`."""
     sm, sr = scores_box(Xm, Xr, w, ctx)
     allowed = _allowed(Xm.shape[1], ctx.causal)
     if ctx.attention == "softmax":
@@ -429,7 +452,8 @@ def head_box(Xm, Xr, w: Weights, ctx: Context):
 def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
     """A row whose candidates (keys whose score may reach the best certain one, less the
     TransformerLens slack) are one key, or an exact tie every evaluation sees as one, takes
-    weights 1/|C| rounded; any other row lies in the hull of its candidates' boxes."""
+    weights 1/|C| rounded; any other row averages some of its candidates with weights that sum
+    to 1 up to rounding, which lies in the hull of their boxes, widened by that rounding."""
     fmt = ctx.fmt
     with np.errstate(invalid="ignore"):
         lo = np.where(allowed, low(sm, sr), -np.inf)
@@ -444,24 +468,26 @@ def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
     Pm = np.where(cand, inv[:, :, None], 0.0)
     Pr = np.where(cand, np.where(exact_w, 0.0, (fmt.u + ACC.u + 2.0 ** -52) * inv)[:, :, None],
                   0.0)  # fl(1/|C|), perhaps rounded twice (float32, then the format)
-    Ym, Yr = mix(Pm, Pr, Xm, Xr, fmt)
+    Ym, Yr, Ybar, qy = mix(Pm, Pr, Xm, Xr, fmt)
     for b, i in zip(*np.nonzero(~tie), strict=True):
-        Ym[b, i], Yr[b, i] = _hull(Xm[b, cand[b, i]], Xr[b, cand[b, i]], ctx)
-    return Ym, Yr
+        Ym[b, i], Yr[b, i], Ybar[b, i] = _hull(Xm[b, cand[b, i]], Xr[b, cand[b, i]], ctx)
+        qy[b, i] = 0.0
+    return Ym, Yr, Ybar, qy
 
 
 def _hull(C, C_r, ctx: Context):
-    """The box of every weighted average, weights ≥ 0 summing to 1 up to rounding, of points
-    in the boxes C ± C_r (the candidates of one query), with the average's rounding."""
+    """The box of Σ_l π_l·x_l for weights π ≥ 0 whose sum is within ε of 1 (ε: their
+    rounding, or a softmax at 2^k in the TransformerLens layout) and x_l in the boxes
+    C ± C_r (one query's candidates); and the bound on Σ_l π_l·|x_l|."""
     fmt, k = ctx.fmt, len(C)
+    eps = fmt.u + theta(k + 3, 3, fmt) + ctx.exp_err
     with np.errstate(invalid="ignore"):
         lo, hi = lower(C, C_r).min(axis=0), upper(C, C_r).max(axis=0)
         mid = (lo + hi) * 0.5
-        rad = upper(np.maximum(hi - mid, mid - lo), 0.0)
-        big = np.maximum(np.abs(lo), np.abs(hi))
-        err = (fmt.u + theta(k + 3, 3, fmt) + ctx.exp_err + matmul_input_error(fmt)) * big
-        rad = up(rad + err + (2 * k + 4) * fmt.tiny, 4)
-    return mid, np.where(np.isfinite(rad) & np.isfinite(mid), rad, np.inf)
+        big = upper(np.maximum(np.abs(lo), np.abs(hi)), 0.0)
+        rad = up(upper(np.maximum(hi - mid, mid - lo), 0.0) + eps * big, 4)
+    ok = np.isfinite(rad) & np.isfinite(mid)
+    return mid, np.where(ok, rad, np.inf), np.where(ok, up(big * (1 + eps), 2), np.inf)
 
 
 def softmax_box(sm, sr, allowed, ctx: Context):
@@ -501,26 +527,32 @@ def softmax_box(sm, sr, allowed, ctx: Context):
 
 
 def mix(Pm, Pr, Xm, Xr, fmt: Format):
-    """Every runtime value of Σ_l π_il x_l (a matrix product of n terms) for weight boxes
-    Pm ± Pr (B×n×n) and value boxes (B×n×D)."""
+    """Σ_l π_il x_l for weight boxes Pm ± Pr (B×n×n) and value boxes (B×n×D): the box of its
+    exact value, the bound on Σ_l |π_il|·|x_l|, and the terms' quanta (:func:`head_box`)."""
     n = Pm.shape[-1]
     aX = np.abs(Xm) + Xr
     aP = np.abs(Pm) + Pr
     mid = Pm @ Xm
     spread = pos_up(Pr @ aX + np.abs(Pm) @ Xr, n + 2)
     S = pos_up(aP @ aX, n + 2)
-    rnd = (theta(n + 2, 2, fmt) + matmul_input_error(fmt)) * S + (2 * n + 4) * fmt.tiny
-    rnd = up(rnd + rounding(S, n), 4)
-    exact = _mix_exact(Pm, Pr, Xm, Xr, S, fmt)
-    f64 = np.where(spread > 0, rounding(S, n), 0.0)
-    return mid, _inf_where_overflow(mid, spread + np.where(exact, f64, rnd), fmt, S)
+    f64 = np.where(S > 0, rounding(S, n), 0.0)  # the float64 midpoint's own rounding
+    return mid, spread + np.where(_mix_points(Pm, Pr, Xm, Xr), 0.0, f64), S, \
+        _mix_quanta(Pm, Pr, Xm, Xr, fmt)
 
 
-def _mix_exact(Pm, Pr, Xm, Xr, S, fmt: Format) -> np.ndarray:
-    """Where Σ_l π_il x_l rounds nowhere: over the keys whose weight may be nonzero, the
-    quanta of π_il·x_l (:func:`quantum`) fit Σ|terms| in the format."""
+def _mix_points(Pm, Pr, Xm, Xr) -> np.ndarray:
+    """Rows whose weights and keys are all points (then the float64 midpoint is checked
+    exact by :func:`sa_box`'s quanta, and carries no rounding of its own)."""
+    return ((Pr == 0).all(axis=2)[..., None] & (Xr == 0).all(axis=(1, 2))[:, None, None])
+
+
+def _mix_quanta(Pm, Pr, Xm, Xr, fmt: Format) -> np.ndarray:
+    """Per row and coordinate, a lower bound on the lowest bit of every term π_il·x_lj over
+    the keys whose weight may be nonzero (:func:`quantum`; 0 where a weight is uncertain or,
+    in TF32, may be cut)."""
     B, n, D = Xm.shape
     lbP = np.where((Pm != 0) | (Pr > 0), quantum(Pm, Pr, fmt), np.inf)
+    lbP = np.where(Pr > 0, 0.0, lbP)
     lbX = quantum(Xm, Xr, fmt)
     if fmt.matmul_bits is not None:
         lbP = np.where(fits(Pm, fmt.matmul_bits) & (Pr == 0), lbP, 0.0)
@@ -531,7 +563,7 @@ def _mix_exact(Pm, Pr, Xm, Xr, S, fmt: Format) -> np.ndarray:
         for s in range(0, B, step):
             prod = lbP[s:s + step, :, :, None] * lbX[s:s + step, None, :, :]
             q[s:s + step] = np.where(np.isnan(prod), np.inf, prod).min(axis=2)
-    return _exact(S, q, fmt)
+    return q
 
 
 # ------------------------------------------------------------------------------ the pass
