@@ -291,6 +291,9 @@ def _export(args) -> int:
     model = load_model(args.model)
     if args.layout == "transformer-lens":
         return _export_lens(ef_torch, model, args)
+    if args.data and args.dtype == "float64":
+        raise UsageError("--data (a verdict through the exported model) is for "
+                         "--layout transformer-lens or --dtype float32|bfloat16")
     data = _data_for(model, args.data) if args.data else None
     module = ef_torch.export(model, args.output, layout=args.layout, dtype=args.dtype)
     print(f"exported {model.n_blocks} blocks as {len(module.blocks)} {args.layout} blocks "
