@@ -28,6 +28,8 @@ from .runtime_proof import enclose_runtime
 
 DEFAULT_TOLERANCE = 1e-5  # relative to the data's coordinate scale
 ORDERS = ("sequential", "reversed")  # the witness passes' summation orders
+COVERED = "dense FFs: torch ff=dense, rho-eta, TransformerLens; any summation order"
+COVERED_TF32 = "dense FFs: torch ff=dense, rho-eta (not TransformerLens); any order"
 
 
 @dataclass
@@ -51,6 +53,7 @@ class RuntimeVerdict:
 
     def rows(self) -> list[tuple[str, object]]:
         rows = [("runtime", self.runtime), ("verdict", self.verdict),
+                ("computation", COVERED_TF32 if self.runtime == "tf32" else COVERED),
                 ("tolerance / scale", f"{self.tolerance:.3g}"),
                 ("proved error bound / scale", f"{self.bound:.3g}"),
                 ("pairs proved", f"{self.proved} of {self.checked}"),
