@@ -129,10 +129,12 @@ def _linear_exact(Xm, Xr, Wm, Wr, b, part, fmt: Format):
     okW = (Wr == 0).all(axis=1)
     if fmt.matmul_bits is not None:
         okW &= fits(Wm, fmt.matmul_bits).all(axis=1)
-    supports, which = np.unique(nz, axis=0, return_inverse=True)
-    for s, support in enumerate(supports):
-        units = np.flatnonzero(which.reshape(-1) == s)
-        cols = np.flatnonzero(support)
+    groups: dict = {}  # units by the columns they read (a layer has few distinct supports)
+    for unit, row in enumerate(nz):
+        groups.setdefault(row.tobytes(), []).append(unit)
+    for units in groups.values():
+        units = np.array(units)
+        cols = np.flatnonzero(nz[units[0]])
         qx = lbX[:, cols].min(axis=1, initial=np.inf)
         ok = np.ones(len(Xm), dtype=bool)
         if fmt.matmul_bits is not None:

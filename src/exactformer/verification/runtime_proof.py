@@ -45,7 +45,7 @@ def ff_box(Xm, Xr, w: Weights, fmt: Format):
     (nowhere, where the terms' quanta fit every partial sum). In a residual layer, rows at
     which every unit is off even under a coarse bound pass as they are (x + 0 is x), and only
     the others are enclosed: a keyed layer moves a few rows."""
-    if scalar(w.eta) == 1 and w.eta_r == 0 and len(Xm) > 64:
+    if scalar(w.eta) == 1 and w.eta_r == 0 and len(Xm) > 1:
         k = int((w.U != 0).sum(axis=1).max(initial=0)) + 1
         aX = np.abs(Xm) + Xr
         Z = Xm @ w.U.T + w.b
