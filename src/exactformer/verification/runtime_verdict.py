@@ -89,8 +89,7 @@ def prove_runtime(model: Transformer, dataset, runtime: str = "float32",
     t0 = time.perf_counter()
     data = dataset.padded(model.d)
     xs, ys = data.floats()
-    scale = Fraction(data.coordinate_scale()) if isinstance(data, CausalDataset) else \
-        _set_scale(data)
+    scale = _scale(data)
     boxes = enclose_runtime(model, xs, fmt, exp_ulps)
     bounds = _bounds(boxes, ys, getattr(data, "known", None))
     limit = Fraction(tolerance) * scale
@@ -106,8 +105,12 @@ def prove_runtime(model: Transformer, dataset, runtime: str = "float32",
     return verdict
 
 
-def _set_scale(data) -> Fraction:
-    xs, ys = data.fractions() if any(a.dtype == object for a in data.inputs) else data.floats()
+def _scale(data) -> Fraction:
+    """The data's scale, exactly (causal data: over the inputs and the constrained targets)."""
+    exact = any(a.dtype == object for a in (*data.inputs, *data.targets))
+    xs, ys = data.fractions() if exact else data.floats()
+    if isinstance(data, CausalDataset):
+        ys = [y[k] for y, k in zip(ys, data.known, strict=True)]
     return data_scale(xs, ys)
 
 
@@ -156,7 +159,7 @@ def witness_error(model, data, fmt: Format, order: str = "sequential") -> float:
                 zip(outs, ys, data.known, strict=True) for i in np.flatnonzero(k)]
         return relative(worst([0.0, *errs]), data.coordinate_scale())
     return relative(worst(hausdorff(o, y) for o, y in zip(outs, ys, strict=True)),
-                    _set_scale(data))
+                    _scale(data))
 
 
 # ------------------------------------------------------------------------------ witness pass
