@@ -138,3 +138,12 @@ def test_causal_benchmark_counts_moves_as_the_construction_does():
         row = bench.measure(bench.random_causal(8, 12, 3, seed=5), exact)
         assert row["R_c"] > 0 and row["moves"] == row["model"].record.moves
         assert row["L"] == row["R_c"] + row["moves"]
+
+
+def test_runtime_benchmark_row():
+    """bench_runtime's row for the demo: proved in float32, not in bfloat16, with its times."""
+    pytest.importorskip("torch")  # bench_conditioning, whose family list it reads, needs torch
+    bench = load("bench_runtime")
+    row = bench.row("demo", ef.data.builtin.demo(), "hardmax", 4)
+    assert row["float32"] == "P" and row["bfloat16"] in ("F", "U")
+    assert set(bench.COLUMNS) == set(row) and float(row["proof s"]) > 0

@@ -9,8 +9,8 @@ from .data import CausalDataset, Dataset, DatasetError
 from .evaluate import forward, predict, run
 from .model import Transformer
 from .modelio import load_model, save_model
-from .verification import verify
+from .verification import prove_runtime, verify
 
 __all__ = ["CausalDataset", "Dataset", "DatasetError", "Transformer", "compile", "forward",
-           "load_model", "predict", "run", "save_model", "verify"]
+           "load_model", "predict", "prove_runtime", "run", "save_model", "verify"]
 __version__ = "0.1.0"

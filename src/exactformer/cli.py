@@ -33,7 +33,8 @@ from .numbers import as_number_array, fmt, normal_positive, parse_exact
 from .runtime import claimed_runtimes, range_faults, range_message
 from .summary import model_summary
 from .tables import format_table
-from .verification import check_kind, verify
+from .verification import check_kind, prove_runtime, verify
+from .verification.formats import FORMATS
 
 
 class UsageError(Exception):
@@ -126,11 +127,25 @@ def _build(args) -> int:
 def _verify(args) -> int:
     model = load_model(args.model)
     data = _data_for(model, args.data)
-    report = verify(model, data, tolerance=args.tolerance, progress=_progress(args))
+    if args.runtime:
+        return _verify_runtimes(args, model, data)
+    report = verify(model, data, tolerance=args.tolerance or 1e-9, progress=_progress(args))
     print(report.table())
     if args.json:
         write_text_atomic(args.json, json.dumps(report.to_dict(), indent=1, default=str))
     return 0 if report.ok else 1
+
+
+def _verify_runtimes(args, model, data) -> int:
+    """verify --runtime: the proof for each runtime named (docs/numerics.md#proofs-for-
+    reduced-precision-runtimes), one table each; exit 0 only if every one is proved."""
+    kw = {"exp_ulps": args.exp_ulps} | ({"tolerance": args.tolerance} if args.tolerance else {})
+    verdicts = [prove_runtime(model, data, runtime, **kw) for runtime in args.runtime]
+    print("\n\n".join(v.table() for v in verdicts))
+    if args.json:
+        write_text_atomic(args.json, json.dumps(
+            {"runtimes": [v.to_dict() for v in verdicts]}, indent=1, default=str))
+    return 0 if all(v.ok for v in verdicts) else 1
 
 
 def _data_for(model, path: str):
@@ -276,13 +291,28 @@ def _export(args) -> int:
     model = load_model(args.model)
     if args.layout == "transformer-lens":
         return _export_lens(ef_torch, model, args)
-    if args.data:
+    if args.data and args.dtype == "float64":
         raise UsageError("--data (a verdict through the exported model) is for "
-                         "--layout transformer-lens")
+                         "--layout transformer-lens or --dtype float32|bfloat16")
+    data = _data_for(model, args.data) if args.data else None
     module = ef_torch.export(model, args.output, layout=args.layout, dtype=args.dtype)
     print(f"exported {model.n_blocks} blocks as {len(module.blocks)} {args.layout} blocks "
           f"({args.dtype}) -> {args.output} + {ef_torch.config_path(args.output)}")
-    return _range_verdict(model, args.dtype)
+    return max(_range_verdict(model, args.dtype), _runtime_proof_line(model, data, args.dtype))
+
+
+def _runtime_proof_line(model, data, dtype: str) -> int:
+    """export --data in a reduced precision: the proof that every evaluation of the dense
+    computation in ``dtype`` reproduces the data (one line; exit status 1 when not proved,
+    with the reason)."""
+    if data is None or dtype == "float64":
+        return 0
+    v = prove_runtime(model, data, dtype)
+    why = "" if v.ok else (f": {v.witness} ({v.witness_error:.3g} × scale)" if v.witness else
+                           f": its bound {v.bound:.3g} × scale is above {v.tolerance:g}")
+    print(f"{dtype} copy: {v.verdict}{why} (the dense computation, any summation order, "
+          "docs/numerics.md#proofs-for-reduced-precision-runtimes)")
+    return 0 if v.ok else 1
 
 
 def _range_verdict(model, dtype: str, data=None) -> int:
@@ -290,7 +320,11 @@ def _range_verdict(model, dtype: str, data=None) -> int:
     (or data coordinates) are outside its range (exactformer.runtime). A reduced-precision
     copy of a model that claims no faithful pass in it (the paper's construction) gets a line
     saying so and how to build one that does."""
-    if dtype != "float64" and dtype not in claimed_runtimes(model):
+    claims = claimed_runtimes(model)
+    if dtype != "float64" and dtype not in claims and claims:
+        print(f"note: this model claims no faithful {dtype} pass (it claims "
+              f"{', '.join(claims)}), so the {dtype} copy may not reproduce the data")
+    elif dtype != "float64" and dtype not in claims:
         print(f"note: this model claims no faithful {dtype} pass (the paper's hat construction "
               f"cancels large terms that {dtype} rounds), so the {dtype} copy may not reproduce "
               f"the data; the default keyed construction (exactformer build DATA -o MODEL, "
@@ -305,6 +339,8 @@ def _range_verdict(model, dtype: str, data=None) -> int:
 def _export_lens(ef_torch, model, args) -> int:
     """``export --layout transformer-lens``: the folder, then with ``--data`` the verdict of
     the bridge rebuilt from it (exit 1 if it fails); data of the wrong kind write nothing."""
+    if args.dtype == "bfloat16":
+        raise UsageError("--layout transformer-lens is written in float64 or float32")
     data = _data_for(model, args.data) if args.data else None
     if data is not None:
         data.padded(model.d)  # data wider than the model: refused before anything is written
@@ -324,7 +360,8 @@ def _export_lens(ef_torch, model, args) -> int:
                          f"{e}") from None
     verdict = ef_torch.lens_verdict(bridge, data, progress=_progress(args))
     print(ef_torch.verdict_table([verdict]))
-    return max(0 if verdict.interpolates else 1, _range_verdict(model, args.dtype, data))
+    return max(0 if verdict.interpolates else 1, _range_verdict(model, args.dtype, data),
+               _runtime_proof_line(model, data, args.dtype))
 
 
 def _train(args) -> int:
@@ -419,8 +456,14 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check that a model interpolates a dataset")
     v.add_argument("model")
     v.add_argument("data")
-    v.add_argument("--tolerance", type=_positive_float, default=1e-9,
-                   help="relative Hausdorff tolerance for non-exact verdicts")
+    v.add_argument("--tolerance", type=_positive_float, default=None,
+                   help="relative Hausdorff tolerance for non-exact verdicts (default 1e-9; "
+                        "with --runtime 1e-5)")
+    v.add_argument("--runtime", action="append", choices=list(FORMATS),
+                   help="instead, prove the exported dense computation faithful in this "
+                        "runtime in any summation order (repeatable)")
+    v.add_argument("--exp-ulps", type=_positive_float, default=2.0,
+                   help="with --runtime: exp's error bound in float32 ulps (softmax)")
     v.add_argument("--json", help="also write the report as JSON here")
     _add_progress(v)
     v.set_defaults(run=_verify)
@@ -449,9 +492,10 @@ def parser() -> argparse.ArgumentParser:
                    "lens_helpers.py)")
     e.add_argument("--layout", choices=["native", "rho-eta", "transformer-lens"],
                    default="native")
-    e.add_argument("--dtype", choices=["float64", "float32"], default="float64")
-    e.add_argument("--data", help="transformer-lens: also run the rebuilt bridge on this "
-                   "dataset and print its verdict (exit 1 if it fails)")
+    e.add_argument("--dtype", choices=["float64", "float32", "bfloat16"], default="float64",
+                   help="bfloat16: native and rho-eta layouts")
+    e.add_argument("--data", help="also prove the copy faithful on this dataset in --dtype "
+                   "(and, transformer-lens, run the rebuilt bridge on it); exit 1 if not")
     _add_progress(e)
     e.set_defaults(run=_export)
 

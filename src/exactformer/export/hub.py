@@ -47,7 +47,11 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
     config = {"format": FORMAT, "dtype": str(dtype).removeprefix("torch."), **module.config()}
     tensors = native_tensors(module.model, torch.float64)  # the stored model, read back
     tensors |= {EVAL + k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
-    texts = {CONFIG: json.dumps(config, indent=1), CARD: model_card(module.model, data, report)}
+    proofs = runtime_proofs(module.model, data)
+    if proofs:
+        config["runtime_proofs"] = {v.runtime: v.verdict for v in proofs}
+    texts = {CONFIG: json.dumps(config, indent=1),
+             CARD: model_card(module.model, data, report, proofs)}
     if module.model.exact:
         texts[MODEL] = json.dumps(model_to_dict(module.model), separators=(",", ":"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -150,7 +154,7 @@ def _check_equal(path: Path, found: dict, expected: dict, source: str) -> None:
                               "altered after save_pretrained wrote it")
 
 
-def model_card(model: Transformer, data=None, report=None) -> str:
+def model_card(model: Transformer, data=None, report=None, proofs=None) -> str:
     """The folder's README.md, a card one can publish: what the model is (the rows of
     ``exactformer info``), what was proved of it and in which arithmetic, its float32
     verdict, the warning that outputs off the data are arbitrary, how the data's sha256 is
@@ -169,7 +173,7 @@ def model_card(model: Transformer, data=None, report=None) -> str:
              "model: a prefix of one) its output is arbitrary. Nothing was fitted, and nothing "
              "generalises.", "", "## Model", "", *_markdown(model_summary(model)), ""]
     lines += _data_lines(model, data) + _verdict_lines(model, report)
-    lines += _float32_lines(model, data) + _usage_lines(model, data)
+    lines += _float32_lines(model, data) + _runtime_lines(proofs) + _usage_lines(model, data)
     lines += ["## Licence and citation", "",
               f"exactformer, which wrote these weights, is {LICENCE}-licensed, and this card "
               "declares the same licence for them; the weights are a function of the data, so "
@@ -250,6 +254,40 @@ def _float32_lines(model: Transformer, data) -> list[str]:
             f"{verdict.tolerance:g} × the data's scale: largest error {verdict.error:.3g} × "
             "scale. This is a measurement of one float32 run, not a proof.", "",
             "```", verdict.table(), "```", ""]
+
+
+PROVED_RUNTIMES = ("float32", "bfloat16")  # the runtimes a folder written with data is proved in
+
+
+def runtime_proofs(model: Transformer, data) -> list:
+    """The verdicts of ``prove_runtime`` on ``data`` for :data:`PROVED_RUNTIMES` (none
+    without data): what the folder's config (``runtime_proofs``) and card record."""
+    if data is None:
+        return []
+    from ..verification import prove_runtime
+    return [prove_runtime(model, data, runtime) for runtime in PROVED_RUNTIMES]
+
+
+def _runtime_lines(proofs) -> list[str]:
+    """The card's section on the runtime proofs (docs/numerics.md#proofs-for-reduced-
+    precision-runtimes), with the reason where a runtime is not proved."""
+    if not proofs:
+        return []
+    rows = []
+    for v in proofs:
+        why = "" if v.ok else (f": {v.witness}, error {v.witness_error:.3g} × scale"
+                               if v.witness else f": the bound {v.bound:.3g} × scale is "
+                               "above the tolerance")
+        rows.append((v.runtime, f"{v.verdict}{why}"))
+    return ["## Proved runtimes", "",
+            "Whether every evaluation of the model's dense computation (FFs as "
+            "η·x + W·relu(U·x + b), as `ff=\"dense\"`, the ρ/η and the TransformerLens "
+            "layouts run it) in that runtime, in any summation order, with or without FMA, "
+            f"reproduces the data within {proofs[0].tolerance:g} × the data's scale: a proof "
+            "by rigorous interval bounds, not a measurement. A module loaded with "
+            "`ff=\"dense\"` runs exactly this computation; the default profile form evaluates "
+            "gadget layers otherwise.", "",
+            *_markdown(rows), ""]
 
 
 def _usage_lines(model: Transformer, data) -> list[str]:

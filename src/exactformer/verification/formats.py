@@ -1,0 +1,125 @@
+"""The reduced-precision runtimes a model can be proved faithful in, and their rounding.
+
+A runtime stores every tensor in a format (float32, bfloat16 or float16) and accumulates every
+dot product in float32; TF32 stores float32 but rounds (or truncates) the inputs of every
+matrix product to 11 significant bits. This module holds the formats' constants, the one
+rounding function of the proofs and their witnesses (:func:`round_to`), and the error factors
+of the error model written down in docs/numerics.md#proofs-for-reduced-precision-runtimes.
+NumPy only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Format:
+    """A runtime: stored values have ``bits`` significant bits and normal magnitudes from
+    2^emin to ``huge``; ``matmul_bits``, if set, the bits the inputs of a matrix product are
+    cut to (TF32). Accumulation is always float32 (:data:`ACC`)."""
+
+    name: str
+    bits: int
+    emin: int
+    huge: float
+    matmul_bits: int | None = None
+
+    @property
+    def u(self) -> float:
+        """Unit roundoff of a store: |fl(x) − x| ≤ u·|x| for normal results."""
+        return 2.0 ** -self.bits
+
+    @property
+    def tiny(self) -> float:
+        """Absolute error one operation may add below the normal range: the smallest normal
+        magnitude, which covers rounding to subnormals and flushing them to zero."""
+        return 2.0 ** self.emin
+
+
+F32_MAX = float(np.finfo(np.float32).max)
+ACC = Format("float32", 24, -126, F32_MAX)
+FORMATS = {
+    "float32": ACC,
+    "tf32": Format("tf32", 24, -126, F32_MAX, matmul_bits=11),
+    "bfloat16": Format("bfloat16", 8, -126, float((2 - 2.0 ** -7) * 2.0 ** 127)),
+    "float16": Format("float16", 11, -14, 65504.0),
+}
+DEFAULT_EXP_ULPS = 2.0  # exp's error bound, in float32 ulps (CUDA's expf and glibc's stay within)
+
+
+def get_format(name: str) -> Format:
+    """The runtime called ``name``, or a ValueError listing the ones there are."""
+    if name not in FORMATS:
+        raise ValueError(f"runtime must be one of {', '.join(FORMATS)}, got {name!r}")
+    return FORMATS[name]
+
+
+def round_to(x, bits: int, emin: int) -> np.ndarray:
+    """``x`` (float64) rounded to nearest-even with ``bits`` significant bits and normal
+    exponents from ``emin`` (subnormals below, spaced 2^(emin − bits + 1)); no overflow
+    handling (the callers compare with the format's largest number)."""
+    x = np.asarray(x, dtype=np.float64)
+    _, e = np.frexp(x)
+    q = np.maximum(e, emin + 1) - bits  # x = m·2^e with ½ ≤ |m| < 1: the last bit is 2^(e−bits)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.ldexp(np.rint(np.ldexp(x, -q)), q)
+
+
+def stored(x, fmt: Format) -> np.ndarray:
+    """``x`` rounded to ``fmt``'s stored values (inf beyond its largest magnitude)."""
+    y = round_to(x, fmt.bits, fmt.emin)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.abs(y) > fmt.huge, np.copysign(np.inf, y), y)
+
+
+def conversions(x, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
+    """The stored value of a float64 ``x`` as a midpoint and radius covering both ways a
+    converter may take: rounding once, or first to float32 and then to ``fmt`` (double
+    rounding can differ by one unit in the last place)."""
+    x = np.asarray(x, dtype=np.float64)
+    once, twice = stored(x, fmt), stored(stored(x, ACC), fmt)
+    with np.errstate(invalid="ignore"):
+        mid = np.where(once == twice, once, (once + twice) / 2)
+        rad = np.where(once == twice, 0.0, np.abs(once - twice) / 2)
+    return mid, rad
+
+
+def lowbit(x) -> np.ndarray:
+    """The value of the lowest set bit of each |x| (x = odd·lowbit), inf for 0 and for
+    non-finite x: every sum of such terms is a multiple of the smallest."""
+    x = np.asarray(x, dtype=np.float64)
+    m, e = np.frexp(np.abs(x))
+    with np.errstate(invalid="ignore"):
+        M = np.where(np.isfinite(x), m * 2.0 ** 53, 0).astype(np.int64)
+    low = M & -M
+    with np.errstate(over="ignore"):
+        out = np.ldexp(low.astype(np.float64), e - 53)
+    return np.where(low == 0, np.inf, out)
+
+
+def fits(x, bits: int) -> np.ndarray:
+    """Whether each x has at most ``bits`` significant bits (0 does; non-finite does not)."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (x == 0) | (np.isfinite(x) & (np.abs(x) < lowbit(x) * 2.0 ** bits))
+
+
+def theta(n_acc: int, n_store: int, fmt: Format) -> float:
+    """(1 + u_acc)^n_acc · (1 + u_fmt)^n_store − 1, rounded up: the relative error of a result
+    every term of which passes through at most n_acc float32 roundings and n_store roundings
+    to ``fmt`` (Higham's γ, both kinds at once)."""
+    t = math.expm1(n_acc * math.log1p(ACC.u) + n_store * math.log1p(fmt.u))
+    return t * (1 + 2.0 ** -40) + 2.0 ** -1000
+
+
+def matmul_input_error(fmt: Format) -> float:
+    """Relative change of a product w·x when both inputs are cut to ``fmt.matmul_bits``
+    (rounded or truncated: each moves by less than 2^(1 − bits) relatively); 0 without."""
+    if fmt.matmul_bits is None:
+        return 0.0
+    t = 2.0 ** (1 - fmt.matmul_bits)
+    return (2 * t + t * t) * (1 + 2.0 ** -40)

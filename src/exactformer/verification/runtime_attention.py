@@ -1,0 +1,304 @@
+"""Attention layers in the runtime proofs: every runtime value of a hardmax or softmax layer
+in the three layouts' orders (docs/numerics.md#proofs-for-reduced-precision-runtimes).
+NumPy only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..evaluate.enclosure import lower, rounding, up, upper
+from ..model import Transformer
+from .formats import ACC, Format, conversions, fits, lowbit, matmul_input_error, theta
+from .runtime_boxes import (
+    Weights,
+    fits_exactly,
+    high,
+    linear,
+    low,
+    pos_up,
+    quantum,
+    scalar,
+    unknown_if_overflow,
+)
+
+BATCH_CELLS = 2 ** 21  # terms (B·n·n·D) of the exactness test handled at once
+
+
+# ------------------------------------------------------------------------------ attention
+class Context:
+    """What every attention layer of one proof shares: the format, the attention kind, the
+    causal mask, softmax's temperature and exp bound, and the hardmax slack of the
+    TransformerLens layout (:func:`lens_slack`)."""
+
+    def __init__(self, model: Transformer, fmt: Format, exp_ulps: float):
+        self.fmt, self.attention, self.causal = fmt, model.attention, model.causal
+        self.tau = 1.0 if model.tau is None else float(model.tau)
+        self.exp_err = exp_ulps * 2.0 ** -23 * (1 + 2.0 ** -40)
+        self.slack = lens_slack(model) if model.attention == "hardmax" else 0.0
+
+
+def lens_slack(model: Transformer) -> float:
+    """The score margin below which the TransformerLens layout's hardmax (softmax of the
+    scores times 2^k, docs/numerics.md#the-transformerlens-export) may give a key a nonzero
+    weight in float32: 104·2^−k with 2^k·g = 2^64 rounded down, g = max |α| + ‖a‖·‖c‖."""
+    g = 0.0
+    for blk in model.blocks:
+        for h in ([] if blk.sa is None else blk.sa.heads):
+            a, c = np.asarray(h.A.a, dtype=float), np.asarray(h.A.c, dtype=float)
+            g = max(g, abs(float(h.A.alpha)) + float(np.linalg.norm(a) * np.linalg.norm(c)))
+    k = 64 if g == 0 else 64 - math.ceil(math.log2(g))
+    return 104.0 * 2.0 ** -k
+
+
+def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
+    """Every runtime value of ρ·x_i + Σ_h V_h·y_h, V_h = β_h·I + p_h·q_hᵀ, on a batch of
+    sequences of one length (B×n×D boxes); ``sa_w`` holds each head's :class:`Weights`.
+
+    The three layouts apply V in three orders — the torch module β·y + p·(q·y), TransformerLens
+    the dense V after the average, the ρ/η layout the dense V on every key before it — with
+    the same elementary terms ρ·x_c and V_cj·π_l·x_lj. So the exact value (for the runtime's
+    weights) is enclosed from the average's box, and the rounding of any of the orders by
+    θ times the sum M of those terms' sizes; it is 0 where their quanta fit M in the format
+    (docs/numerics.md#proofs-for-reduced-precision-runtimes)."""
+    fmt = ctx.fmt
+    r0 = scalar(rho.v)
+    aX = np.abs(Xm) + Xr
+    mid = r0 * Xm
+    spread = abs(r0) * Xr + rho.v_r * aX
+    M = (abs(r0) + rho.v_r) * aX
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = np.where((r0 == 0) & (rho.v_r == 0), np.inf, lowbit(r0) * quantum(Xm, Xr, fmt))
+    exact = rho.v_r == 0
+    untouched = np.full(Xm.shape[-1], r0 == 1 and rho.v_r == 0)
+    n, D = Xm.shape[1], Xm.shape[2]
+    for w in sa_w:
+        Ym, Ys, Ybar, qy = head_box(Xm, Xr, w, ctx)
+        beta, aq, ap = scalar(w.beta), np.abs(w.q) + w.q_r, np.abs(w.p) + w.p_r
+        aY = np.abs(Ym) + Ys
+        mid = mid + beta * Ym + (Ym @ w.q)[..., None] * w.p
+        spread = spread + abs(beta) * Ys + w.beta_r * aY + \
+            (Ys @ np.abs(w.q) + aY @ w.q_r)[..., None] * np.abs(w.p) + \
+            (aY @ aq)[..., None] * w.p_r
+        M = M + (abs(beta) + w.beta_r) * Ybar + (Ybar @ aq)[..., None] * ap
+        q, exact = _value_quanta(q, exact, qy, w, fmt)
+        untouched &= (beta == 0) & (w.beta_r == 0) & (w.p == 0) & (w.p_r == 0)
+    k = n + D + 2 * len(sa_w) + 6  # roundings on any term's path, in any of the orders
+    spread = pos_up(spread, 2 * D + 8)
+    M = pos_up(M, 2 * D + 8)
+    rnd = (theta(k, k, fmt) + 2 * matmul_input_error(fmt)) * M + 4 * k * fmt.tiny + \
+        rounding(M, k)
+    exact = exact & fits_exactly(M, q, fmt)
+    f64 = np.where(spread > 0, rounding(M, k), 0.0)
+    rad = unknown_if_overflow(mid, spread + pos_up(np.where(exact, f64, rnd), 4), fmt, M)
+    keep = untouched & np.isfinite(mid)
+    return np.where(keep, Xm, mid), np.where(keep, Xr, rad)
+
+
+def _value_quanta(q, exact, qy, w: Weights, fmt: Format):
+    """The quanta of a head's terms V_cj·π_l·x_lj (``qy``: per row and j, those of π_l·x_lj)
+    folded into ``q``, and ``exact`` cleared where a stored V entry or factor is uncertain or
+    not a stored value itself (TransformerLens and ρ/η store V = β·I + p·qᵀ densely)."""
+    beta = scalar(w.beta)
+    V = beta * np.eye(len(w.p)) + np.outer(w.p, w.q)
+    exact = exact & (w.beta_r == 0) & (w.p_r == 0).all() & (w.q_r == 0).all()
+    exact = exact & bool((conversions(V, fmt)[0] == V).all())
+    lbV = np.minimum(np.where(beta != 0, lowbit(beta), np.inf) * np.where(np.eye(len(w.p)) > 0,
+                                                                          1.0, np.inf),
+                     np.outer(lowbit(w.p), lowbit(w.q)))  # per (c, j); inf where 0
+    if fmt.matmul_bits is not None:
+        exact = exact & bool(fits(V, fmt.matmul_bits).all())
+    with np.errstate(over="ignore", invalid="ignore"):
+        for j in range(len(w.q)):  # q_c = min_j lbV[c, j]·qy[j]
+            term = qy[..., j, None] * lbV[None, None, :, j]
+            q = np.minimum(q, np.where(np.isnan(term), np.inf, term))
+    return q, exact
+
+
+def scores_box(Xm, Xr, w: Weights, ctx: Context):
+    """Every runtime value of the scores α⟨x_i, x_l⟩ + (c·x_i)(a·x_l) of one head (B×n×n),
+    in either layout's order (the torch module's α·gram + P·Q, TransformerLens's q·k of
+    d + 1 terms): midpoint and radius."""
+    fmt = ctx.fmt
+    B, n, D = Xm.shape
+    X2, R2 = Xm.reshape(-1, D), Xr.reshape(-1, D)
+    Pm, Ps, Pq, _ = linear(X2, R2, w.c[None], w.c_r[None], None, None, fmt)
+    Qm, Qs, Qq, _ = linear(X2, R2, w.a[None], w.a_r[None], None, None, fmt)
+    Pm, Pr = Pm.reshape(B, n), (Ps + Pq).reshape(B, n)
+    Qm, Qr = Qm.reshape(B, n), (Qs + Qq).reshape(B, n)
+    aP, aQ = np.abs(Pm) + Pr, np.abs(Qm) + Qr
+    mid = Pm[:, :, None] * Qm[:, None, :]
+    spread = np.abs(Pm)[:, :, None] * Qr[:, None, :] + Pr[:, :, None] * aQ[:, None, :]
+    size = aP[:, :, None] * aQ[:, None, :]
+    alpha, alpha_r = scalar(w.alpha), float(w.alpha_r)
+    aX = np.abs(Xm) + Xr
+    qX = quantum(Xm, Xr, fmt).min(axis=2)
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = quantum(Pm, Pr, fmt)[:, :, None] * quantum(Qm, Qr, fmt)[:, None, :]
+    exact = np.ones(mid.shape, dtype=bool)
+    if alpha != 0 or alpha_r != 0:
+        XT = np.swapaxes(Xm, 1, 2)
+        G = Xm @ XT
+        SG = aX @ np.swapaxes(aX, 1, 2)
+        mid = mid + alpha * G
+        spread = spread + abs(alpha) * (Xr @ np.abs(XT) + aX @ np.swapaxes(Xr, 1, 2)) + \
+            alpha_r * SG
+        size = size + (abs(alpha) + alpha_r) * SG
+        exact &= (alpha_r == 0) & (lowbit(alpha) == abs(alpha))  # α a power of two
+        with np.errstate(over="ignore", invalid="ignore"):
+            q = np.minimum(q, abs(alpha) * qX[:, :, None] * qX[:, None, :])
+            exact &= (abs(alpha) * qX >= fmt.tiny)[:, :, None]
+    if fmt.matmul_bits is not None:
+        cut = fits(Pm, fmt.matmul_bits) & (Pr == 0) & \
+            (fits(Xm, fmt.matmul_bits) & (Xr == 0)).all(axis=2)
+        cutq = fits(Qm, fmt.matmul_bits) & (Qr == 0) & \
+            (fits(Xm, fmt.matmul_bits) & (Xr == 0)).all(axis=2)
+        exact &= cut[:, :, None] & cutq[:, None, :]
+    size = pos_up(size, D + 4)
+    spread = pos_up(spread, D + 4)
+    rnd = (theta(D + 4, 4, fmt) + matmul_input_error(fmt)) * size + \
+        (2 * D + 10) * fmt.tiny * max(1.0, abs(alpha)) + rounding(size, D + 2)
+    if ctx.attention == "softmax" and ctx.tau != 1:
+        mid, spread, size = mid / ctx.tau, spread / ctx.tau, size / ctx.tau
+        rnd = rnd / ctx.tau + theta(1, 1, fmt) * size + fmt.tiny
+        exact &= lowbit(ctx.tau) == ctx.tau
+    exact &= fits_exactly(size, q, fmt)
+    f64 = np.where(spread > 0, rounding(size, D + 2), 0.0)
+    rad = spread + pos_up(np.where(exact, f64, rnd), 4)
+    return mid, unknown_if_overflow(mid, rad, fmt, size)
+
+
+def _allowed(n: int, causal: bool) -> np.ndarray:
+    return np.tril(np.ones((n, n), dtype=bool)) if causal else np.ones((n, n), dtype=bool)
+
+
+def head_box(Xm, Xr, w: Weights, ctx: Context):
+    """One head's average y_i = Σ_l π_il x_l under every runtime's weights, as the box of its
+    exact value (midpoint and radius, B×n×D), a bound on Σ_l |π_il|·|x_l| (its terms'
+    sizes) and the quanta of the terms π_il·x_l (0 where unknown); the rounding of the
+    average is left to :func:`sa_box`."""
+    sm, sr = scores_box(Xm, Xr, w, ctx)
+    allowed = _allowed(Xm.shape[1], ctx.causal)
+    if ctx.attention == "softmax":
+        Pm, Pr = softmax_box(sm, sr, allowed, ctx)
+        return mix(Pm, Pr, Xm, Xr, ctx.fmt)
+    return hardmax_box(sm, sr, allowed, Xm, Xr, ctx)
+
+
+def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
+    """A row whose candidates (keys whose score may reach the best certain one, less the
+    TransformerLens slack) are one key, or an exact tie every evaluation sees as one, takes
+    weights 1/|C| rounded; any other row averages some of its candidates with weights that sum
+    to 1 up to rounding, which lies in the hull of their boxes, widened by that rounding."""
+    fmt = ctx.fmt
+    with np.errstate(invalid="ignore"):
+        lo = np.where(allowed, low(sm, sr), -np.inf)
+        hi = np.where(allowed, high(sm, sr), -np.inf)
+        best = lo.max(axis=2, keepdims=True)
+        cand = allowed & ~(hi < best - ctx.slack)
+    top = np.where(cand, sm, -np.inf).max(axis=2, keepdims=True)
+    count = cand.sum(axis=2)
+    tie = (count == 1) | (~cand | ((sr == 0) & (sm == top))).all(axis=2)
+    inv = 1.0 / np.maximum(count, 1)
+    exact_w = lowbit(inv) == inv  # 1/|C| a power of two: stored exactly
+    Pm = np.where(cand, inv[:, :, None], 0.0)
+    Pr = np.where(cand, np.where(exact_w, 0.0, (fmt.u + ACC.u + 2.0 ** -52) * inv)[:, :, None],
+                  0.0)  # fl(1/|C|), perhaps rounded twice (float32, then the format)
+    Ym, Yr, Ybar, qy = mix(Pm, Pr, Xm, Xr, fmt)
+    for b, i in zip(*np.nonzero(~tie), strict=True):
+        Ym[b, i], Yr[b, i], Ybar[b, i] = _hull(Xm[b, cand[b, i]], Xr[b, cand[b, i]], ctx)
+        qy[b, i] = 0.0
+    return Ym, Yr, Ybar, qy
+
+
+def _hull(C, C_r, ctx: Context):
+    """The box of Σ_l π_l·x_l for weights π ≥ 0 whose sum is within ε of 1 (ε: their
+    rounding, or a softmax at 2^k in the TransformerLens layout) and x_l in the boxes
+    C ± C_r (one query's candidates); and the bound on Σ_l π_l·|x_l|."""
+    fmt, k = ctx.fmt, len(C)
+    eps = fmt.u + theta(k + 3, 3, fmt) + ctx.exp_err
+    with np.errstate(invalid="ignore"):
+        lo, hi = lower(C, C_r).min(axis=0), upper(C, C_r).max(axis=0)
+        mid = (lo + hi) * 0.5
+        big = upper(np.maximum(np.abs(lo), np.abs(hi)), 0.0)
+        rad = up(upper(np.maximum(hi - mid, mid - lo), 0.0) + eps * big, 4)
+    ok = np.isfinite(rad) & np.isfinite(mid)
+    return mid, np.where(ok, rad, np.inf), np.where(ok, up(big * (1 + eps), 2), np.inf)
+
+
+def softmax_box(sm, sr, allowed, ctx: Context):
+    """Every runtime value of softmax weights from score boxes: exp(s_l − max) with the
+    subtraction and exp rounded (exp within ``exp_ulps`` float32 ulps), summed and divided;
+    the max ranges over [max lo, max hi]."""
+    fmt = ctx.fmt
+    u = max(fmt.u, ACC.u)
+    n = sm.shape[-1]
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        lo = np.where(allowed, low(sm, sr), -np.inf)
+        hi = np.where(allowed, high(sm, sr), -np.inf)
+        mlo, mhi = lo.max(axis=2, keepdims=True), hi.max(axis=2, keepdims=True)
+        g_lo, g_hi = lo - mhi, np.minimum(hi - mlo, 0.0)
+        # a key certainly above every other is the max itself: exp(s − max) = exp(0)
+        top = np.argmax(lo, axis=2)[..., None]
+        rivals = np.where(np.arange(n) == top, -np.inf, hi).max(axis=2, keepdims=True)
+        sure = (np.arange(n) == top) & (np.take_along_axis(lo, top, axis=2) > rivals)
+        g_lo, g_hi = np.where(sure, 0.0, g_lo), np.where(sure, 0.0, g_hi)
+        g_lo = lower(g_lo - u * np.abs(g_lo), 0.0)
+        g_hi = upper(g_hi + u * np.abs(g_hi), 0.0)
+        rel = ctx.exp_err + u + 2.0 ** -50
+        e_lo = np.maximum(np.exp(g_lo) * (1 - rel) - fmt.tiny, 0.0)
+        e_hi = np.exp(np.minimum(g_hi, 0.0)) * (1 + rel) + fmt.tiny
+        e_lo, e_hi = np.where(allowed, e_lo, 0.0), np.where(allowed, e_hi, 0.0)
+        t = theta(n + 1, 1, fmt)
+        z_lo = e_lo.sum(axis=2, keepdims=True) * (1 - t - 2.0 ** -50) - n * fmt.tiny
+        z_hi = e_hi.sum(axis=2, keepdims=True) * (1 + t + 2.0 ** -50) + n * fmt.tiny
+        p_lo = np.maximum(lower(e_lo / z_hi * (1 - 2 * u), 0.0) - fmt.tiny, 0.0)
+        p_hi = np.minimum(upper(e_hi / np.maximum(z_lo, 0.0) * (1 + 2 * u), 0.0) + fmt.tiny,
+                          1.0)
+        p_lo, p_hi = np.where(allowed, p_lo, 0.0), np.where(allowed, p_hi, 0.0)
+        mid = (p_lo + p_hi) * 0.5
+        rad = upper(np.maximum(p_hi - mid, mid - p_lo), 0.0)
+    bad = ~np.isfinite(rad).all(axis=2, keepdims=True) | ~(z_lo > 0)
+    return np.where(bad, 0.5, mid), np.where(bad, np.inf, rad)
+
+
+def mix(Pm, Pr, Xm, Xr, fmt: Format):
+    """Σ_l π_il x_l for weight boxes Pm ± Pr (B×n×n) and value boxes (B×n×D): the box of its
+    exact value, the bound on Σ_l |π_il|·|x_l|, and the terms' quanta (:func:`head_box`)."""
+    n = Pm.shape[-1]
+    aX = np.abs(Xm) + Xr
+    aP = np.abs(Pm) + Pr
+    mid = Pm @ Xm
+    spread = pos_up(Pr @ aX + np.abs(Pm) @ Xr, n + 2)
+    S = pos_up(aP @ aX, n + 2)
+    f64 = np.where(S > 0, rounding(S, n), 0.0)  # the float64 midpoint's own rounding
+    return mid, spread + np.where(_mix_points(Pm, Pr, Xm, Xr), 0.0, f64), S, \
+        _mix_quanta(Pm, Pr, Xm, Xr, fmt)
+
+
+def _mix_points(Pm, Pr, Xm, Xr) -> np.ndarray:
+    """Rows whose weights and keys are all points (then the float64 midpoint is checked
+    exact by :func:`sa_box`'s quanta, and carries no rounding of its own)."""
+    return ((Pr == 0).all(axis=2)[..., None] & (Xr == 0).all(axis=(1, 2))[:, None, None])
+
+
+def _mix_quanta(Pm, Pr, Xm, Xr, fmt: Format) -> np.ndarray:
+    """Per row and coordinate, a lower bound on the lowest bit of every term π_il·x_lj over
+    the keys whose weight may be nonzero (:func:`quantum`; 0 where a weight is uncertain or,
+    in TF32, may be cut)."""
+    B, n, D = Xm.shape
+    lbP = np.where((Pm != 0) | (Pr > 0), quantum(Pm, Pr, fmt), np.inf)
+    lbP = np.where(Pr > 0, 0.0, lbP)
+    lbX = quantum(Xm, Xr, fmt)
+    if fmt.matmul_bits is not None:
+        lbP = np.where(fits(Pm, fmt.matmul_bits) & (Pr == 0), lbP, 0.0)
+        lbX = np.where(fits(Xm, fmt.matmul_bits) & (Xr == 0), lbX, 0.0)
+    q = np.empty((B, n, D))
+    step = max(1, BATCH_CELLS // max(1, n * n * D))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for s in range(0, B, step):
+            prod = lbP[s:s + step, :, :, None] * lbX[s:s + step, None, :, :]
+            q[s:s + step] = np.where(np.isnan(prod), np.inf, prod).min(axis=2)
+    return q

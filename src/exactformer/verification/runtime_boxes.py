@@ -1,0 +1,154 @@
+"""Boxes for the runtime proofs: midpoint–radius enclosures of every runtime value, the
+exactness test (quanta that fit every partial sum), and linear maps.
+
+Shared by the FF layers and the pass (:mod:`.runtime_proof`) and the attention layers
+(:mod:`.runtime_attention`); the error model is docs/numerics.md#proofs-for-reduced-precision-
+runtimes. NumPy only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..evaluate.enclosure import lower, rounding, up, upper
+from .formats import ACC, Format, conversions, fits, lowbit, matmul_input_error, theta
+
+
+# ------------------------------------------------------------------------------ helpers
+def unknown_if_overflow(mid, rad, fmt: Format, size=None):
+    """Radius inf wherever a stored value, or (``size``) a float32 partial sum, may overflow."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        bad = ~(np.abs(mid) + rad < fmt.huge)
+        if size is not None:
+            bad |= ~(size * 2 < ACC.huge)
+    return np.where(bad, np.inf, rad)
+
+
+def fits_exactly(size, q, fmt: Format):
+    """Every partial sum of terms that are multiples of q, each partial sum at most ``size``
+    in magnitude, is stored exactly in ``fmt`` and in float32, whatever the order
+    (docs/numerics.md#proofs-for-reduced-precision-runtimes)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (q >= fmt.tiny) & (size < q * 2.0 ** fmt.bits)
+
+
+def quantum(m, r, fmt: Format) -> np.ndarray:
+    """A lower bound on the lowest set bit of every stored value in the boxes m ± r: the
+    bit itself where r = 0 (inf for 0), else the spacing of ``fmt`` at the box's smallest
+    magnitude, or its smallest subnormal where the box holds 0."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        least_mag = lower(np.abs(m), r)
+        _, e = np.frexp(least_mag)
+        spacing = np.ldexp(1.0, np.maximum(e, fmt.emin + 1) - fmt.bits)
+        least = 2.0 ** (fmt.emin + 1 - fmt.bits)
+        box = np.where(least_mag > 0, spacing, least)
+        return np.where(r == 0, lowbit(m), np.where(np.isfinite(least_mag), box, 0.0))
+
+
+def sign_parts(m, r):
+    """Upper bounds on max(x, 0) and max(−x, 0) over the boxes m ± r: a subset of terms
+    with these bounds sums to at most Σ pos and at least −Σ neg."""
+    return np.maximum(high(m, r), 0.0), np.maximum(-low(m, r), 0.0)
+
+
+def partial_bound(Pm, Pr, Wm):
+    """max(Σ positive terms, Σ |negative terms|) of X Wᵀ over the boxes: every partial sum
+    of the products lies within it."""
+    pos, neg = sign_parts(Pm, Pr)
+    Wp, Wn = np.maximum(Wm, 0.0), np.maximum(-Wm, 0.0)
+    return np.maximum(pos @ Wp.T + neg @ Wn.T, neg @ Wp.T + pos @ Wn.T)
+
+
+def low(m, r):
+    """A float ≤ every value of the boxes m ± r (m itself where r = 0)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(r == 0, m, lower(m, r))
+
+
+def high(m, r):
+    """A float ≥ every value of the boxes m ± r (m itself where r = 0)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(r == 0, m, upper(m, r))
+
+
+def scalar(x) -> float:
+    return float(x)
+
+
+class Weights:
+    """A layer's parameters as the runtime stores them: midpoints and radii (0 unless the
+    two ways of converting to the format differ, :func:`.formats.conversions`)."""
+
+    def __init__(self, values: dict, fmt: Format):
+        for name, v in values.items():
+            m, r = conversions(np.asarray(v, dtype=float), fmt)
+            setattr(self, name, m)
+            setattr(self, name + "_r", r)
+
+
+# ------------------------------------------------------------------------------ linear maps
+def linear(Xm, Xr, Wm, Wr, b, br, fmt: Format):
+    """Every runtime value of X Wᵀ + b (X: T×k boxes, W: c×k, b: c or None): midpoint, the
+    spread |W|·r of the exact map over the boxes, the rounding (of the runtime's products,
+    sums and store, of the float64 midpoint, and the conversion radii Wr, br) and where the
+    runtime rounds nowhere (then the rounding is the midpoint's alone: 0 without radius),
+    as the quantum every runtime value there is a multiple of (0 elsewhere)."""
+    aW = np.abs(Wm)
+    aX = np.abs(Xm) + Xr
+    bias = np.zeros(len(Wm)) if b is None else b
+    k = int((Wm != 0).sum(axis=1).max(initial=0)) + (b is not None)
+    mid = Xm @ Wm.T + bias
+    spread = pos_up(Xr @ aW.T, k + 2)
+    S = pos_up(aX @ aW.T + np.abs(bias), k + 2)
+    conv = 0.0
+    if Wr.any() or (br is not None and br.any()):
+        conv = aX @ Wr.T + (0.0 if br is None else br)
+    f64 = np.where(spread > 0, rounding(S, k), 0.0)
+    rnd = (theta(k + 2, 2, fmt) + matmul_input_error(fmt)) * S + (2 * k + 4) * fmt.tiny
+    rnd = up(rnd + rounding(S, k) + conv, 6)
+    part = partial_bound(np.concatenate([Xm, np.ones((len(Xm), 1))], axis=1),
+                         np.concatenate([Xr, np.zeros((len(Xm), 1))], axis=1),
+                         np.concatenate([Wm, bias[:, None]], axis=1))
+    exact, q = _linear_exact(Xm, Xr, Wm, Wr, bias, pos_up(part, k + 2), fmt)
+    if br is not None:
+        exact &= br == 0
+    rnd = np.where(exact, f64, rnd)
+    rnd = unknown_if_overflow(mid, rnd + spread, fmt, S) - spread
+    return mid, spread, rnd, np.where(exact, q, 0.0)
+
+
+def _linear_exact(Xm, Xr, Wm, Wr, b, part, fmt: Format):
+    """Where X Wᵀ + b rounds nowhere in any evaluation: the terms' lowest bits (per unit's
+    support, the inputs' :func:`quantum` times lowbit(w)) fit every partial sum in the
+    format (for TF32, every input also has at most 11 bits, known only without radius);
+    and those quanta."""
+    exact = np.zeros(part.shape, dtype=bool)
+    quanta = np.zeros(part.shape)
+    nz = Wm != 0
+    lbX, lbW, lbb = quantum(Xm, Xr, fmt), lowbit(Wm).min(axis=1, initial=np.inf), lowbit(b)
+    okW = (Wr == 0).all(axis=1)
+    if fmt.matmul_bits is not None:
+        okW &= fits(Wm, fmt.matmul_bits).all(axis=1)
+    groups: dict = {}  # units by the columns they read (a layer has few distinct supports)
+    for unit, row in enumerate(nz):
+        groups.setdefault(row.tobytes(), []).append(unit)
+    for units in groups.values():
+        units = np.array(units)
+        cols = np.flatnonzero(nz[units[0]])
+        qx = lbX[:, cols].min(axis=1, initial=np.inf)
+        ok = np.ones(len(Xm), dtype=bool)
+        if fmt.matmul_bits is not None:
+            ok = fits(Xm[:, cols], fmt.matmul_bits).all(axis=1) & ~(Xr[:, cols] > 0).any(axis=1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            q = np.minimum(qx[:, None] * lbW[units], lbb[units])
+        exact[:, units] = ok[:, None] & okW[units] & fits_exactly(part[:, units], q, fmt)
+        quanta[:, units] = q
+    return exact, quanta
+
+
+def pos_up(x, n: int):
+    """:func:`up` of a nonnegative float64 result, leaving exact zeros 0: no product of the
+    pass underflows (radii and midpoints below 2^-600 are raised or cleared, :func:`_block`),
+    so a computed 0 is a sum of exact zeros."""
+    with np.errstate(invalid="ignore"):
+        return np.where(x > 0, up(x, n), np.where(x == 0, 0.0, np.inf))  # nan: unknown

@@ -1,0 +1,227 @@
+"""Enclosures of every reduced-precision evaluation of a model's exported dense computation.
+
+A pass in float64 carries beside each coordinate a midpoint m and a radius r such that
+**every** evaluation of the exported graph in a runtime (:mod:`.formats`: float32, TF32,
+bfloat16, float16; any summation order and blocking, with or without FMA) lies in
+[m − r, m + r]. The graph is the one the torch layouts run (FF: η·x + W·relu(U·x + b); SA:
+ρ·x + Σ_h β·y + p·(q·y) with y the hardmax or softmax average under scores
+α⟨x_i, x_l⟩ + (c·x_i)(a·x_l)); the TransformerLens layout's own steps are exact rescalings
+and erasures, covered as docs/numerics.md#proofs-for-reduced-precision-runtimes says, where
+the whole error model is written down. Values that every evaluation computes exactly (every
+partial sum a multiple of its terms' lowest bit within the format's significand) keep radius 0,
+which is what lets keyed models be proved. This module holds the FF layers and the pass; the
+boxes and linear maps are :mod:`.runtime_boxes`, the attention :mod:`.runtime_attention`.
+NumPy only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..evaluate.enclosure import rounding, sum_error, up, upper
+from ..model import Transformer
+from ..numbers import pad_columns
+from .formats import DEFAULT_EXP_ULPS, Format, conversions, fits, lowbit, matmul_input_error, theta
+from .runtime_attention import Context, sa_box
+from .runtime_boxes import (
+    Weights,
+    fits_exactly,
+    high,
+    linear,
+    low,
+    pos_up,
+    quantum,
+    scalar,
+    sign_parts,
+    unknown_if_overflow,
+)
+
+
+# ------------------------------------------------------------------------------ FF layers
+def ff_box(Xm, Xr, w: Weights, fmt: Format):
+    """Every runtime value of η·x + W·relu(U·x + b) on the boxes X ± Xr (T×D): the
+    certainly active units' affine piece moves by at most |J|·r (:func:`jacobian_spread`),
+    every undecided unit by its output's spread, and the output sum rounds once more
+    (nowhere, where the terms' quanta fit every partial sum). In a residual layer, rows at
+    which every unit is off even under a coarse bound pass as they are (x + 0 is x), and only
+    the others are enclosed: a keyed layer moves a few rows."""
+    if scalar(w.eta) == 1 and w.eta_r == 0 and len(Xm) > 1:
+        k = int((w.U != 0).sum(axis=1).max(initial=0)) + 1
+        aX = np.abs(Xm) + Xr
+        Z = Xm @ w.U.T + w.b
+        S = aX @ (np.abs(w.U) + w.U_r).T + np.abs(w.b) + w.b_r
+        coarse = Xr @ np.abs(w.U).T + (theta(k + 2, 2, fmt) + matmul_input_error(fmt)) * S + \
+            rounding(S, k)
+        with np.errstate(invalid="ignore"):
+            hi = upper(Z, up(coarse, k + 4) + (2 * k + 8) * fmt.tiny)
+            rows = np.flatnonzero(~(hi <= 0).all(axis=1))  # some unit may be on
+        if len(rows) < len(Xm):
+            Ym, Yr = Xm.copy(), Xr.copy()
+            if len(rows):
+                Ym[rows], Yr[rows] = _ff_rows(Xm[rows], Xr[rows], w, fmt)
+            return Ym, Yr
+    return _ff_rows(Xm, Xr, w, fmt)
+
+
+def _ff_rows(Xm, Xr, w: Weights, fmt: Format):
+    """:func:`ff_box` on every row."""
+    eta, W = scalar(w.eta), w.W
+    Zm, Zs, Zq, Zexact = linear(Xm, Xr, w.U, w.U_r, w.b, w.b_r, fmt)
+    Zr = Zs + Zq
+    with np.errstate(invalid="ignore"):
+        lo, hi = low(Zm, Zr), high(Zm, Zr)
+        active, unsure = lo > 0, ~(lo > 0) & ~(hi <= 0)
+        top = np.where(unsure, upper(np.maximum(hi, 0.0) * 0.5, 0.0), 0.0)
+    Am = np.where(active, Zm, top)  # the stored ReLU outputs' boxes: Am ± Ar
+    Ar = np.where(active, Zr, top)
+    aW = np.abs(W)
+    mid = eta * Xm + Am @ W.T
+    jac = jacobian_spread(Xr, active, W, w.U, eta)
+    chain = pos_up((Zq * active + top) @ aW.T, W.shape[1] + 2)
+    k = int((W != 0).sum(axis=1).max(initial=0)) + 1
+    S = pos_up(abs(eta) * (np.abs(Xm) + Xr) + (np.abs(Am) + Ar) @ (aW + w.W_r).T, k + 2)
+    rnd = (theta(k + 2, 3, fmt) + matmul_input_error(fmt)) * S + (2 * k + 6) * fmt.tiny
+    rnd = up(rnd + rounding(S, k) + (np.abs(Am) + Ar) @ w.W_r.T, 6)
+    exact, q = _ff_exact(Xm, Xr, Am, Ar, Zexact, active | unsure, w, k, fmt)
+    inexact_in = ((Xr > 0) & (eta != 0)) | \
+        ((((active | unsure) & (Ar > 0)).astype(float) @ (W != 0).T.astype(float)) > 0)
+    f64 = np.where(inexact_in, rounding(S, k), 0.0)  # the float64 midpoint's own rounding
+    rad = unknown_if_overflow(mid, jac + chain + np.where(exact, f64, rnd), fmt, S)
+    # a value every evaluation computes alike: no rounding, a constant affine piece (J = 0),
+    # and the midpoint nearer to it than half its quantum — it is the multiple of q nearest
+    loose = (unsure | (active & (Zexact == 0))).astype(float) @ (W != 0).T.astype(float)
+    snap = exact & (jac == 0) & (loose == 0)  # only units exactly computed write it
+    with np.errstate(invalid="ignore", over="ignore"):
+        snap &= up(chain + f64, 4) < q * 0.5
+        mid = np.where(snap, np.rint(mid / np.where(snap, q, 1.0)) * np.where(snap, q, 1.0), mid)
+    rad = np.where(snap, 0.0, rad)
+    if eta == 1 and w.eta_r == 0:  # a coordinate no unit that may be on writes: x + 0
+        touched = ((active | unsure).astype(float) @ (W != 0).T.astype(float)) > 0
+        keep = ~touched & np.isfinite(Xm)
+        mid, rad = np.where(keep, Xm, mid), np.where(keep, Xr, rad)
+    return mid, rad
+
+
+def _ff_exact(Xm, Xr, Am, Ar, Zq, on, w: Weights, k: int, fmt: Format):
+    """Where the FF's output sum η·x_c + Σ_k W_ck·a_k rounds nowhere: its terms' quanta (the
+    units that may be on, :func:`quantum`) fit every partial sum in the format; and the
+    quanta (each output a multiple of it). ``Zq``: the quanta of exactly computed
+    pre-activations (:func:`linear`), finer knowledge than their boxes give."""
+    eta = scalar(w.eta)
+    W = w.W
+    qA = np.where(on, np.maximum(quantum(Am, Ar, fmt), Zq), np.inf)
+    lbW = lowbit(W)
+    if fmt.matmul_bits is not None:  # the second product's inputs are cut in TF32
+        qA = np.where(fits(Am, fmt.matmul_bits) & (Ar == 0), qA, 0.0)
+        lbW = np.where(fits(W, fmt.matmul_bits), lbW, 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = np.where(eta == 0, np.inf, lowbit(eta) * quantum(Xm, Xr, fmt))
+        for unit in range(W.shape[1]):  # per output, over the units that may write it
+            term = qA[:, unit, None] * lbW[None, :, unit]
+            q = np.minimum(q, np.where(np.isnan(term), np.inf, term))
+    Ap, An = sign_parts(np.where(on, Am, 0.0), np.where(on, Ar, 0.0))
+    Xp, Xn = sign_parts(eta * Xm, abs(eta) * Xr)
+    Wp, Wn = np.maximum(W, 0.0), np.maximum(-W, 0.0)
+    part = np.maximum(Xp + Ap @ Wp.T + An @ Wn.T, Xn + An @ Wp.T + Ap @ Wn.T)
+    ok = (w.W_r == 0).all() & (w.eta_r == 0)
+    return ok & fits_exactly(pos_up(part, k + 2), q, fmt), q
+
+
+def jacobian_spread(Xr, active, W, U_, eta: float) -> np.ndarray:
+    """Per row, |J|·r for J = η·I + Σ_{k active} W_k U_kᵀ, the exact Jacobian of the row's
+    affine piece, with J's float64 rounding unless J is exact (its entries' quanta fit).
+    Rows are grouped by their pattern of active units; rows without radius get 0."""
+    out = np.zeros_like(Xr)
+    moving = np.flatnonzero(Xr.any(axis=1))
+    if not len(moving):
+        return out
+    patterns, which = np.unique(active[moving], axis=0, return_inverse=True)
+    which = which.reshape(-1)
+    d = W.shape[0]
+    for g, pat in enumerate(patterns):
+        rows = moving[which == g]
+        Wp, Up = W[:, pat], U_[pat]
+        J = eta * np.eye(d) + Wp @ Up
+        size = abs(eta) * np.eye(d) + np.abs(Wp) @ np.abs(Up)
+        with np.errstate(over="ignore", invalid="ignore"):
+            q = np.minimum(lowbit(eta) * np.where(np.eye(d) > 0, 1.0, np.inf),
+                           lowbit(Wp).min(axis=1, initial=np.inf)[:, None] *
+                           lowbit(Up).min(axis=0, initial=np.inf)[None, :])
+            exact = (q >= 2.0 ** -1000) & (size < q * 2.0 ** 53)
+        aJ = np.abs(J) + np.where(exact, 0.0, rounding(size, int(pat.sum()) + 1))
+        out[rows] = pos_up(Xr[rows] @ aJ.T, d + 2)
+    return out
+
+
+# ------------------------------------------------------------------------------ the pass
+def prepare(model: Transformer, fmt: Format):
+    """Each block's runtime weights: (FF Weights or None, (ρ Weights, [head Weights]) or
+    None)."""
+    params = model.to_float() if model.exact else model
+    out = []
+    for blk in params.blocks:
+        ff = None if blk.ff is None else Weights(
+            {"eta": blk.ff.eta, "U": blk.ff.U, "b": blk.ff.b, "W": blk.ff.W}, fmt)
+        sa = None
+        if blk.sa is not None and not blk.sa.is_identity():
+            heads = [Weights({"alpha": h.A.alpha, "a": h.A.a, "c": h.A.c, "beta": h.V.beta,
+                              "p": h.V.p, "q": h.V.q}, fmt) for h in blk.sa.heads]
+            sa = (Weights({"v": blk.sa.rho}, fmt), heads)
+        out.append((ff, sa))
+    return out, params
+
+
+def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
+                    exp_ulps: float = DEFAULT_EXP_ULPS) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(midpoints, radii) per sequence (n_j × D) enclosing the output of every evaluation of
+    the exported dense computation in ``fmt`` on ``inputs`` (zero-padded to the model's
+    width and stored in the format first; a causal model's positions added, rounded)."""
+    layers, params = prepare(model, fmt)
+    ctx = Context(model, fmt, exp_ulps)
+    xs = pad_columns([np.asarray(x, dtype=float) for x in inputs], model.d)
+    outs: list = [None] * len(xs)
+    for n in sorted({len(x) for x in xs}):
+        js = [j for j, x in enumerate(xs) if len(x) == n]
+        Xm, Xr = guard(*conversions(np.stack([xs[j] for j in js]), fmt))
+        if params.positions is not None:
+            Xm, Xr = guard(*_add_positions(Xm, Xr, np.asarray(params.positions[:n], dtype=float),
+                                           fmt))
+        with np.errstate(invalid="ignore", over="ignore"):
+            for ff, sa in layers:
+                Xm, Xr = _block(Xm, Xr, ff, sa, ctx)
+        for j, m, r in zip(js, Xm, Xr, strict=True):
+            outs[j] = (m, r)
+    return outs
+
+
+def _block(Xm, Xr, ff, sa, ctx: Context):
+    B, n, D = Xm.shape
+    if ff is not None:
+        m, r = ff_box(Xm.reshape(-1, D), Xr.reshape(-1, D), ff, ctx.fmt)
+        Xm, Xr = m.reshape(B, n, D), r.reshape(B, n, D)
+    if sa is not None:
+        Xm, Xr = sa_box(Xm, Xr, sa[1], sa[0], ctx)
+    return guard(Xm, Xr)
+
+
+def guard(Xm, Xr):
+    """Boxes fit for the next layer's float64 bounds: nan becomes an unknown (inf) radius,
+    radii in (0, 2^-600) are raised to 2^-600 and midpoints there cleared into the radius, so
+    that no product of two of them with a stored weight underflows (:func:`pos_up`)."""
+    small = 2.0 ** -600
+    tiny_m = (np.abs(Xm) < small) & (Xm != 0)
+    Xr = np.where(tiny_m, Xr + small, Xr)
+    Xm = np.where(tiny_m, 0.0, Xm)
+    Xr = np.where((Xr > 0) & (Xr < small), small, Xr)
+    return Xm, np.where(np.isnan(Xr) | np.isnan(Xm), np.inf, Xr)
+
+
+def _add_positions(Xm, Xr, P, fmt: Format):
+    """x + position, stored: exact where the float64 sum is (TwoSum) and is a stored value."""
+    Pm, Pr = conversions(P, fmt)
+    mid = Xm + Pm
+    err = sum_error(Xm, np.broadcast_to(Pm, Xm.shape), mid)
+    size = np.abs(mid) + Xr + Pr
+    exact = (err == 0) & (Xr == 0) & (Pr == 0) & (conversions(mid, fmt)[0] == mid)
+    rad = up(Xr + Pr + err + theta(1, 1, fmt) * size + fmt.tiny, 4)
+    return mid, unknown_if_overflow(mid, np.where(exact, 0.0, rad), fmt)

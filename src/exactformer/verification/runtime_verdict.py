@@ -1,0 +1,259 @@
+"""``prove_runtime``: is a model faithful in float32, TF32, bfloat16 or float16, in any order?
+
+PROVED FAITHFUL IN <runtime> when the enclosures of :mod:`.runtime_proof` put every pair
+(every constrained position of causal data) within the tolerance of its target, for every
+evaluation of the exported dense computation in that runtime. Otherwise a witness is
+sought: an actual evaluation in the runtime (NumPy float32 arithmetic, stores rounded to the
+format, every dot product summed in a stated order, :func:`witness_pass`); FAILED when one
+misses the tolerance, UNDECIDED (with the bound that fell short) when none does.
+docs/numerics.md#proofs-for-reduced-precision-runtimes, docs/verification.md.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from ..data import CausalDataset
+from ..distance import data_scale, hausdorff, relative, worst
+from ..evaluate.enclosure import hausdorff_upper, up
+from ..model import Transformer
+from ..numbers import pad_columns
+from ..tables import format_table
+from .formats import DEFAULT_EXP_ULPS, Format, get_format, round_to, stored
+from .runtime_proof import enclose_runtime
+
+DEFAULT_TOLERANCE = 1e-5  # relative to the data's coordinate scale
+ORDERS = ("sequential", "reversed")  # the witness passes' summation orders
+COVERED = "dense FFs: torch ff=dense, rho-eta, TransformerLens; any summation order"
+COVERED_TF32 = "dense FFs: torch ff=dense, rho-eta (not TransformerLens); any order"
+
+
+@dataclass
+class RuntimeVerdict:
+    """The outcome of :func:`prove_runtime` for one runtime (errors relative to the scale)."""
+
+    runtime: str
+    verdict: str  # "PROVED FAITHFUL IN <runtime>", "FAILED" or "UNDECIDED"
+    tolerance: float
+    bound: float  # largest proved error bound over the pairs (inf: some pair unbounded)
+    proved: int  # pairs (causal: positions) proved within the tolerance
+    checked: int
+    exp_ulps: float
+    seconds: float
+    witness: str | None = None  # the evaluation that missed, when FAILED
+    witness_error: float | None = None  # its error, or the witness passes' largest
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.startswith("PROVED")
+
+    def rows(self) -> list[tuple[str, object]]:
+        rows = [("runtime", self.runtime), ("verdict", self.verdict),
+                ("computation", COVERED_TF32 if self.runtime == "tf32" else COVERED),
+                ("tolerance / scale", f"{self.tolerance:.3g}"),
+                ("proved error bound / scale", f"{self.bound:.3g}"),
+                ("pairs proved", f"{self.proved} of {self.checked}"),
+                ("exp error bound", f"{self.exp_ulps:g} float32 ulps"),
+                ("proof time", f"{self.seconds:.2f} s")]
+        if self.witness is not None:
+            rows.append(("witness", self.witness))
+        if self.witness_error is not None:
+            rows.append(("witness error / scale", f"{self.witness_error:.3g}"))
+        return rows
+
+    def table(self) -> str:
+        return format_table(self.rows())
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"ok": self.ok}
+
+
+def prove_runtime(model: Transformer, dataset, runtime: str = "float32",
+                  tolerance: float = DEFAULT_TOLERANCE, exp_ulps: float = DEFAULT_EXP_ULPS,
+                  witness: bool = True) -> RuntimeVerdict:
+    """Prove that every evaluation of ``model``'s exported dense computation in ``runtime``
+    ("float32", "tf32", "bfloat16", "float16") reproduces ``dataset`` within ``tolerance`` ×
+    the data's coordinate scale (Hausdorff distance per pair; per constrained position for
+    causal data), exp within ``exp_ulps`` float32 ulps. ``witness``: when not proved, look
+    for a failing evaluation (else the verdict is UNDECIDED)."""
+    fmt = get_format(runtime)
+    if not tolerance > 0:
+        raise ValueError(f"tolerance must be positive, got {tolerance!r}")
+    if model.causal != isinstance(dataset, CausalDataset):
+        raise ValueError("a causal model is judged on causal data and a set model on set "
+                         "data (load the data with causal=True for a causal model)")
+    t0 = time.perf_counter()
+    data = dataset.padded(model.d)
+    xs, ys = data.floats()
+    scale = _scale(data)
+    boxes = enclose_runtime(model, xs, fmt, exp_ulps)
+    bounds = _bounds(boxes, ys, getattr(data, "known", None))
+    limit = Fraction(tolerance) * scale
+    proved = sum(1 for b in bounds if np.isfinite(b) and Fraction(b) <= limit)
+    bound = relative(worst(bounds), scale) if bounds else 0.0
+    verdict = RuntimeVerdict(runtime, f"PROVED FAITHFUL IN {runtime}", tolerance, bound,
+                             proved, len(bounds), exp_ulps, 0.0)
+    if proved < len(bounds):
+        verdict.verdict = "UNDECIDED"
+        if witness:
+            _seek_witness(verdict, model, data, fmt, tolerance)
+    verdict.seconds = time.perf_counter() - t0
+    return verdict
+
+
+def _scale(data) -> Fraction:
+    """The data's scale, exactly (causal data: over the inputs and the constrained targets)."""
+    exact = any(a.dtype == object for a in (*data.inputs, *data.targets))
+    xs, ys = data.fractions() if exact else data.floats()
+    if isinstance(data, CausalDataset):
+        ys = [y[k] for y, k in zip(ys, data.known, strict=True)]
+    return data_scale(xs, ys)
+
+
+def _bounds(boxes, ys, known) -> list[float]:
+    """Per pair (set data) or per constrained position (causal), an upper bound on the
+    distance of every enclosed output from the target (float64 targets carry half an ulp)."""
+    out = []
+    for (m, r), y in zip(boxes, ys, strict=True):
+        y_rad = np.abs(y) * 2.0 ** -53
+        if known is None:
+            h = hausdorff_upper(m[None], r[None], y[None], y_rad[None])[0]
+            out.append(float(h) if np.isfinite(h) else np.inf)
+    if known is not None:
+        for (m, r), y, k in zip(boxes, ys, known, strict=True):
+            rows = np.flatnonzero(k)
+            with np.errstate(over="ignore", invalid="ignore"):
+                d = np.sqrt(((m[rows] - y[rows]) ** 2).sum(axis=1))
+                rr = np.sqrt(((r[rows] + np.abs(y[rows]) * 2.0 ** -53) ** 2).sum(axis=1))
+                b = up((d + rr) * (1 + 2.0 ** -40) + 2.0 ** -500, 8)
+            out.extend(float(v) if np.isfinite(v) else np.inf for v in b)
+    return out
+
+
+def _seek_witness(verdict: RuntimeVerdict, model, data, fmt: Format, tolerance) -> None:
+    """Run the witness passes; the first that misses the tolerance makes the verdict FAILED."""
+    largest = 0.0
+    for order in ORDERS:
+        err = witness_error(model, data, fmt, order)
+        if not err <= tolerance:
+            verdict.verdict = "FAILED"
+            verdict.witness = (f"NumPy {fmt.name} pass (float32 accumulation, {order} "
+                               "summation, no FMA) misses the tolerance")
+            verdict.witness_error = err
+            return
+        largest = max(largest, err)
+    verdict.witness_error = largest
+
+
+def witness_error(model, data, fmt: Format, order: str = "sequential") -> float:
+    """The error (over the scale) of :func:`witness_pass` on ``data`` (already padded):
+    Hausdorff per pair, distance per constrained position for causal data."""
+    xs, ys = data.floats()
+    outs = witness_pass(model, xs, fmt, order)
+    if isinstance(data, CausalDataset):
+        errs = [float(np.linalg.norm(o[i] - y[i])) for o, y, k in
+                zip(outs, ys, data.known, strict=True) for i in np.flatnonzero(k)]
+        return relative(worst([0.0, *errs]), data.coordinate_scale())
+    return relative(worst(hausdorff(o, y) for o, y in zip(outs, ys, strict=True)),
+                    _scale(data))
+
+
+# ------------------------------------------------------------------------------ witness pass
+class _Runtime:
+    """NumPy float32 arithmetic with every result stored in ``fmt`` (values kept as
+    float64 arrays of format values) and dot products summed in ``order``."""
+
+    def __init__(self, fmt: Format, order: str):
+        self.fmt, self.reverse = fmt, order == "reversed"
+
+    def store(self, a) -> np.ndarray:
+        return stored(np.asarray(a, dtype=np.float64), self.fmt)
+
+    def op(self, f, *args) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return self.store(f(*(np.asarray(a, dtype=np.float64).astype(np.float32)
+                                  for a in args)).astype(np.float64))
+
+    def cut(self, a) -> np.ndarray:
+        bits = self.fmt.matmul_bits
+        return a if bits is None else round_to(a, bits, self.fmt.emin)
+
+    def dot(self, A, B) -> np.ndarray:
+        """Σ_j A[..., :, j] · B[..., j, :] (a matrix product), one float32 term at a time."""
+        A32, B32 = (self.cut(np.asarray(t, dtype=np.float64)).astype(np.float32)
+                    for t in (A, B))
+        shape = np.broadcast_shapes(A32.shape[:-1] + (1,), B32.shape[:-2] + (1, B32.shape[-1]))
+        acc = np.zeros(shape, dtype=np.float32)
+        steps = range(A32.shape[-1])
+        with np.errstate(all="ignore"):
+            for j in reversed(steps) if self.reverse else steps:
+                acc = acc + A32[..., :, j, None] * B32[..., j, None, :]
+        return self.store(acc.astype(np.float64))
+
+
+def witness_pass(model: Transformer, inputs: list[np.ndarray], fmt: Format,
+                 order: str = "sequential") -> list[np.ndarray]:
+    """One evaluation of the exported dense computation in ``fmt``: weights and inputs
+    stored in the format, float32 products and sums, every dot product in ``order``."""
+    rt = _Runtime(fmt, order)
+    params = model.to_float() if model.exact else model
+    xs = pad_columns([np.asarray(x, dtype=float) for x in inputs], model.d)
+    outs: list = [None] * len(xs)
+    for n in sorted({len(x) for x in xs}):
+        js = [j for j, x in enumerate(xs) if len(x) == n]
+        X = rt.store(np.stack([xs[j] for j in js]))
+        if params.positions is not None:
+            X = rt.op(np.add, X, rt.store(np.asarray(params.positions[:n], dtype=float)))
+        allowed = np.tril(np.ones((n, n), dtype=bool)) if model.causal else None
+        for blk in params.blocks:
+            X = _witness_block(rt, X, blk, model, allowed)
+        for j, y in zip(js, X, strict=True):
+            outs[j] = y
+    return outs
+
+
+def _witness_block(rt: _Runtime, X, blk, model, allowed):
+    w = rt.store
+    if blk.ff is not None:
+        ff = blk.ff
+        Z = rt.op(np.add, rt.dot(X, w(ff.U).T), w(ff.b))
+        A = np.maximum(Z, 0.0)
+        X = rt.op(np.add, rt.op(np.multiply, w(float(ff.eta)), X), rt.dot(A, w(ff.W).T))
+    if blk.sa is None or blk.sa.is_identity():
+        return X
+    out = rt.op(np.multiply, w(float(blk.sa.rho)), X)
+    for h in blk.sa.heads:
+        P = rt.dot(X, w(h.A.c)[:, None])
+        Q = rt.dot(X, w(h.A.a)[:, None])
+        S = rt.op(np.multiply, P, np.swapaxes(Q, 1, 2))
+        if float(h.A.alpha) != 0:
+            G = rt.dot(X, np.swapaxes(X, 1, 2))
+            S = rt.op(np.add, S, rt.op(np.multiply, w(float(h.A.alpha)), G))
+        if allowed is not None:
+            S = np.where(allowed, S, -np.inf)
+        Y = rt.dot(_weights(rt, S, model), X)
+        T = rt.dot(Y, w(h.V.q)[:, None])
+        out = rt.op(np.add, out, rt.op(np.multiply, w(float(h.V.beta)), Y))
+        out = rt.op(np.add, out, rt.op(np.multiply, T, w(h.V.p)))
+    return out
+
+
+def _weights(rt: _Runtime, S, model):
+    """The attention weights of the torch module: the argmax set averaged (hardmax), or
+    exp(s − max) over its float32 sum (softmax at the model's τ)."""
+    top = S.max(axis=2, keepdims=True)
+    if model.attention == "hardmax":
+        hit = (S == top).astype(np.float64)
+        return rt.op(np.divide, hit, hit.sum(axis=2, keepdims=True))
+    tau = 1.0 if model.tau is None else float(model.tau)
+    if tau != 1:
+        S = rt.op(np.divide, S, rt.store(tau))
+        top = S.max(axis=2, keepdims=True)
+    with np.errstate(all="ignore"):
+        e = np.exp(S.astype(np.float32) - top.astype(np.float32)).astype(np.float64)
+    Z = rt.dot(e, np.ones(S.shape[:-1] + (1,)))
+    return rt.op(np.divide, e, Z)
