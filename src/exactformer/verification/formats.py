@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..evaluate.grid import lowbit
+
 
 @dataclass(frozen=True)
 class Format:
@@ -86,19 +88,6 @@ def conversions(x, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
         mid = np.where(once == twice, once, (once + twice) / 2)
         rad = np.where(once == twice, 0.0, np.abs(once - twice) / 2)
     return mid, rad
-
-
-def lowbit(x) -> np.ndarray:
-    """The value of the lowest set bit of each |x| (x = odd·lowbit), inf for 0 and for
-    non-finite x: every sum of such terms is a multiple of the smallest."""
-    x = np.asarray(x, dtype=np.float64)
-    m, e = np.frexp(np.abs(x))
-    with np.errstate(invalid="ignore"):
-        M = np.where(np.isfinite(x), m * 2.0 ** 53, 0).astype(np.int64)
-    low = M & -M
-    with np.errstate(over="ignore"):
-        out = np.ldexp(low.astype(np.float64), e - 53)
-    return np.where(low == 0, np.inf, out)
 
 
 def fits(x, bits: int) -> np.ndarray:

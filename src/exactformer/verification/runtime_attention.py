@@ -10,11 +10,11 @@ import math
 import numpy as np
 
 from ..evaluate.enclosure import lower, rounding, up, upper
+from ..evaluate.grid import fits_exactly, lowbit
 from ..model import Transformer
-from .formats import ACC, Format, conversions, fits, lowbit, matmul_input_error, theta
+from .formats import ACC, Format, conversions, fits, matmul_input_error, theta
 from .runtime_boxes import (
     Weights,
-    fits_exactly,
     high,
     linear,
     low,
@@ -90,7 +90,7 @@ def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     M = pos_up(M, 2 * D + 8)
     rnd = (theta(k, k, fmt) + 2 * matmul_input_error(fmt)) * M + 4 * k * fmt.tiny + \
         rounding(M, k)
-    exact = exact & fits_exactly(M, q, fmt)
+    exact = exact & fits_exactly(M, q, fmt.bits, fmt.tiny)
     f64 = np.where(spread > 0, rounding(M, k), 0.0)
     rad = unknown_if_overflow(mid, spread + pos_up(np.where(exact, f64, rnd), 4), fmt, M)
     keep = untouched & np.isfinite(mid)
@@ -164,7 +164,7 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
         mid, spread, size = mid / ctx.tau, spread / ctx.tau, size / ctx.tau
         rnd = rnd / ctx.tau + theta(1, 1, fmt) * size + fmt.tiny
         exact &= lowbit(ctx.tau) == ctx.tau
-    exact &= fits_exactly(size, q, fmt)
+    exact &= fits_exactly(size, q, fmt.bits, fmt.tiny)
     f64 = np.where(spread > 0, rounding(size, D + 2), 0.0)
     rad = spread + pos_up(np.where(exact, f64, rnd), 4)
     return mid, unknown_if_overflow(mid, rad, fmt, size)

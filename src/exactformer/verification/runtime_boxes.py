@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..evaluate.enclosure import lower, rounding, up, upper
-from .formats import ACC, Format, conversions, fits, lowbit, matmul_input_error, theta
+from ..evaluate.grid import fits_exactly, lowbit, supports
+from .formats import ACC, Format, conversions, fits, matmul_input_error, theta
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -22,14 +23,6 @@ def unknown_if_overflow(mid, rad, fmt: Format, size=None):
         if size is not None:
             bad |= ~(size * 2 < ACC.huge)
     return np.where(bad, np.inf, rad)
-
-
-def fits_exactly(size, q, fmt: Format):
-    """Every partial sum of terms that are multiples of q, each partial sum at most ``size``
-    in magnitude, is stored exactly in ``fmt`` and in float32, whatever the order
-    (docs/numerics.md#proofs-for-reduced-precision-runtimes)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        return (q >= fmt.tiny) & (size < q * 2.0 ** fmt.bits)
 
 
 def quantum(m, r, fmt: Format) -> np.ndarray:
@@ -129,11 +122,7 @@ def _linear_exact(Xm, Xr, Wm, Wr, b, part, fmt: Format):
     okW = (Wr == 0).all(axis=1)
     if fmt.matmul_bits is not None:
         okW &= fits(Wm, fmt.matmul_bits).all(axis=1)
-    groups: dict = {}  # units by the columns they read (a layer has few distinct supports)
-    for unit, row in enumerate(nz):
-        groups.setdefault(row.tobytes(), []).append(unit)
-    for units in groups.values():
-        units = np.array(units)
+    for units in supports(Wm):
         cols = np.flatnonzero(nz[units[0]])
         qx = lbX[:, cols].min(axis=1, initial=np.inf)
         ok = np.ones(len(Xm), dtype=bool)
@@ -141,7 +130,8 @@ def _linear_exact(Xm, Xr, Wm, Wr, b, part, fmt: Format):
             ok = fits(Xm[:, cols], fmt.matmul_bits).all(axis=1) & ~(Xr[:, cols] > 0).any(axis=1)
         with np.errstate(over="ignore", invalid="ignore"):
             q = np.minimum(qx[:, None] * lbW[units], lbb[units])
-        exact[:, units] = ok[:, None] & okW[units] & fits_exactly(part[:, units], q, fmt)
+        exact[:, units] = ok[:, None] & okW[units] & fits_exactly(part[:, units], q, fmt.bits,
+                                                                  fmt.tiny)
         quanta[:, units] = q
     return exact, quanta
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..evaluate.enclosure import rounding, sum_error, up, upper
+from ..evaluate.grid import fits_exactly, lowbit
 from ..model import Transformer
 from ..numbers import pad_columns
-from .formats import DEFAULT_EXP_ULPS, Format, conversions, fits, lowbit, matmul_input_error, theta
+from .formats import DEFAULT_EXP_ULPS, Format, conversions, fits, matmul_input_error, theta
 from .runtime_attention import Context, sa_box
 from .runtime_boxes import (
     Weights,
-    fits_exactly,
     high,
     linear,
     low,
@@ -124,7 +124,7 @@ def _ff_exact(Xm, Xr, Am, Ar, Zq, on, w: Weights, k: int, fmt: Format):
     Wp, Wn = np.maximum(W, 0.0), np.maximum(-W, 0.0)
     part = np.maximum(Xp + Ap @ Wp.T + An @ Wn.T, Xn + An @ Wp.T + Ap @ Wn.T)
     ok = (w.W_r == 0).all() & (w.eta_r == 0)
-    return ok & fits_exactly(pos_up(part, k + 2), q, fmt), q
+    return ok & fits_exactly(pos_up(part, k + 2), q, fmt.bits, fmt.tiny), q
 
 
 def jacobian_spread(Xr, active, W, U_, eta: float) -> np.ndarray:
