@@ -308,7 +308,7 @@ def _export_lens(ef_torch, model, args) -> int:
     data = _data_for(model, args.data) if args.data else None
     if data is not None:
         data.padded(model.d)  # data wider than the model: refused before anything is written
-    config = ef_torch.save_lens(model, args.output, args.dtype)
+    config = ef_torch.save_lens(model, args.output, args.dtype, data=data)
     print(f"exported {model.n_blocks} blocks as {config['n_layers']} TransformerLens blocks "
           f"(d_model {config['d_model']}, d_mlp {config['d_mlp']}, {config['n_heads']} "
           f"head{'s' if config['n_heads'] != 1 else ''}, {args.dtype}) -> {args.output}/"

@@ -144,3 +144,13 @@ def _unused(model: Transformer, entries: list[dict]) -> dict:
         if free:
             heads[pattern_hook(i)] = free
     return {"units": units, "heads": heads}
+
+
+CIRCUIT_FILE = "circuit.json"
+
+
+def circuit_text(model: Transformer, data: Dataset | CausalDataset) -> str:
+    """``circuit.json``'s text, as the exporters write it beside the weights."""
+    import json
+
+    return json.dumps(circuit(model, data), separators=(",", ":"))

@@ -27,6 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .. import __version__
+from ..circuit.circuit import CIRCUIT_FILE, circuit_text
 from ..data import CausalDataset
 from ..model import Transformer
 from ..modelio import ModelFormatError, atomic_path, load_model, model_to_dict
@@ -48,6 +49,8 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
     tensors = native_tensors(module.model, torch.float64)  # the stored model, read back
     tensors |= {EVAL + k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
     texts = {CONFIG: json.dumps(config, indent=1), CARD: model_card(module.model, data, report)}
+    if data is not None:  # the circuit on the data, named by TL hooks (docs/circuit.md)
+        texts[CIRCUIT_FILE] = circuit_text(module.model, data)
     if module.model.exact:
         texts[MODEL] = json.dumps(model_to_dict(module.model), separators=(",", ":"))
     folder.mkdir(parents=True, exist_ok=True)
