@@ -1,6 +1,7 @@
 """Command line: build a model from data, verify it, run it, and the commands around them.
 
-The commands: build, verify, run, info, generate, text, demo, export, train, plot.
+The commands: build, verify, run, explain, info, generate, text, demo, export, train, plot,
+zoo.
 
 Errors go to stderr as one line with exit status 2, and no command leaves a partial output
 file. ``verify`` exits 0 only if every pair interpolates (exactly, for exact hardmax models),
@@ -285,6 +286,42 @@ def _export(args) -> int:
     return _range_verdict(model, args.dtype)
 
 
+def _explain(args) -> int:
+    """``explain``: one pair's (or causal position's) path, phase by phase, with TL hook names
+    (docs/circuit.md#explain); ``--json`` also writes it."""
+    from .circuit.explain import explain, render
+    model = load_model(args.model)
+    data = _data_for(model, args.data)
+    doc = explain(model, data, pair=args.pair, position=args.position)
+    print(render(doc))
+    if args.json:
+        write_text_atomic(args.json, json.dumps(doc, indent=1))
+    return 0
+
+
+def _zoo(args) -> int:
+    """``zoo``: build the documented models, each a Hub folder with its circuit
+    (docs/circuit.md#the-zoo)."""
+    zoo = _torch_module("export.zoo", "zoo")
+    index = zoo.build_zoo(args.output, small=args.small,
+                          progress=lambda name: print(f"building {name}", file=sys.stderr)
+                          if _progress(args) else None)
+    print(format_table([(m["name"], f"{m['kind']} {m['attention']} {m['construction']}, "
+                         f"{m['blocks']} blocks: {m['verify']}") for m in index["models"]]))
+    print(f"{len(index['models'])} models -> {args.output}/ (check: python "
+          f"{args.output}/check.py {args.output})")
+    return 0
+
+
+def _position(text: str) -> tuple[int, int]:
+    """An argparse type: "j,t", a sequence and a position in it."""
+    try:
+        j, t = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not j,t (two integers)") from None
+    return j, t
+
+
 def _range_verdict(model, dtype: str, data=None) -> int:
     """Exit status 1, with a FAILS line naming them, when numbers the ``dtype`` copy stores
     (or data coordinates) are outside its range (exactformer.runtime). A reduced-precision
@@ -457,6 +494,7 @@ def parser() -> argparse.ArgumentParser:
 
     _add_train(sub)
     _add_run(sub)
+    _add_explain(sub)
     _add_text(sub)
 
     dm = sub.add_parser("demo", help="build and verify a model for built-in data")
@@ -509,6 +547,26 @@ def _add_run(sub) -> None:
                    "data), else float")
     _add_progress(r)
     r.set_defaults(run=_run)
+
+
+def _add_explain(sub) -> None:
+    """The ``explain`` and ``zoo`` commands' options."""
+    x = sub.add_parser("explain", help="one pair's path through a model, phase by phase, "
+                                       "with TransformerLens hook names")
+    x.add_argument("model")
+    x.add_argument("data", help="the dataset the model was built for")
+    which = x.add_mutually_exclusive_group(required=True)
+    which.add_argument("--pair", type=_int_at_least(0), help="set data: the pair j")
+    which.add_argument("--position", type=_position, help="causal data: sequence j, "
+                       "position t, as j,t")
+    x.add_argument("--json", help="also write the explanation as JSON here")
+    x.set_defaults(run=_explain)
+    z = sub.add_parser("zoo", help="build a documented set of models with their circuits, "
+                                   "for TransformerLens")
+    z.add_argument("-o", "--output", required=True, help="folder to write")
+    z.add_argument("--small", action="store_true", help="only the small models (seconds)")
+    _add_progress(z)
+    z.set_defaults(run=_zoo)
 
 
 def _add_text(sub) -> None:

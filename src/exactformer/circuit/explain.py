@@ -85,6 +85,8 @@ def _num(v) -> str:
         return str(v)
     if isinstance(v, (int, np.integer)):
         return str(int(v))
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() else repr(v)
     return mpmath.nstr(v, 17)
 
 
