@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import dense_pass, token_set
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,6 @@ from exactformer.circuit import circuit, trace
 from exactformer.data import builtin
 from exactformer.model import SA, Block, Head, ValueMatrix
 from exactformer.numbers import to_fraction_array
-from tests.conftest import dense_pass, token_set
 
 
 def exact_arr(a):

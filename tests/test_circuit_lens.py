@@ -1,0 +1,117 @@
+"""circuit.json through TransformerLens alone: an exported folder loaded by its own helper, the
+units it names zero-ablated with forward hooks (docs/circuit.md). Float64, exactly: keyed
+hardmax models turn every unused unit off with an exact 0 in float too."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformer_lens")
+
+import exactformer as ef  # noqa: E402
+from exactformer import export as et  # noqa: E402
+from exactformer.data import builtin  # noqa: E402
+
+
+def helper(folder):
+    """The folder's own lens_helpers.py, imported from the file (no exactformer)."""
+    spec = importlib.util.spec_from_file_location(f"lens_helpers_{id(folder)}",
+                                                  folder / "lens_helpers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(h, bridge, inputs, units=None, heads=None):
+    """Logits per sequence with units (hook → indices) and heads zero-ablated by hooks."""
+    x, mask = h.pad_batch(inputs, bridge.cfg.d_model)
+
+    def zero(idx, head):
+        def hook(act, hook):
+            if head:
+                act[:, idx] = 0
+            else:
+                act[..., idx] = 0
+            return act
+        return hook
+
+    hooks = [(k, zero(v, False)) for k, v in (units or {}).items()] + \
+        [(k, zero(v, True)) for k, v in (heads or {}).items()]
+    with torch.no_grad():
+        y = bridge.run_with_hooks(x, return_type="logits", attention_mask=mask,
+                                  fwd_hooks=hooks)
+    return h.read_outputs(y, mask)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    data = builtin.demo()
+    model = ef.compile(data)
+    folder = tmp_path_factory.mktemp("tl")
+    et.save_lens(model, folder, data=data)
+    h = helper(folder)
+    return data, model, h, h.load_bridge(folder), json.loads((folder / "circuit.json").read_text())
+
+
+def test_circuit_hooks_exist_and_activations_are_zero_exactly_where_it_says(exported):
+    data, model, h, bridge, doc = exported
+    inputs = [x.astype(float) for x in data.inputs]
+    x, mask = h.pad_batch(inputs, bridge.cfg.d_model)
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(x, attention_mask=mask)
+    for e in doc["pairs"]:
+        j, n = e["pair"], len(inputs[e["pair"]])
+        for hook in doc["units"]:
+            act = cache[hook][j, :n]
+            named = set(e["units"].get(hook, []))
+            assert {u for u in range(act.shape[1]) if act[:, u].any()} == named, hook
+    assert set(doc["heads"]) <= set(cache.keys())
+    assert doc["readout"]["hook"] in cache.keys()
+
+
+def test_zero_ablation_through_transformer_lens(exported):
+    data, model, h, bridge, doc = exported
+    inputs = [x.astype(float) for x in data.inputs]
+    base = run(h, bridge, inputs)
+    for out, y in zip(base, data.targets, strict=True):  # the readout holds the targets
+        lo, hi = doc["readout"]["logits"]
+        got = {tuple(r[lo:hi].tolist()) for r in out}
+        assert got == {tuple(float(v) for v in r) for r in y}
+        assert not out[:, hi:].any()
+    unused = run(h, bridge, inputs, doc["unused"]["units"], doc["unused"]["heads"])
+    assert all(torch.equal(a, b) for a, b in zip(unused, base, strict=True))
+    for e in doc["pairs"]:
+        j = e["pair"]
+        after = run(h, bridge, inputs, e["units"], e["heads"])
+        assert not torch.equal(after[j], base[j]), f"pair {j}"
+        for f in doc["pairs"]:
+            disjoint = all(not set(v) & set(f["units"].get(k, [])) for k, v in e["units"].items())
+            disjoint &= all(not set(v) & set(f["heads"].get(k, [])) for k, v in e["heads"].items())
+            if disjoint:
+                assert torch.equal(after[f["pair"]], base[f["pair"]])
+
+
+def test_small_zoo_loads_with_transformer_lens_alone(tmp_path):
+    from exactformer.export.zoo import build_zoo
+    index = build_zoo(tmp_path, small=True)
+    names = [m["name"] for m in index["models"]]
+    assert {"set", "causal"} <= {m["kind"] for m in index["models"]}
+    assert {"hardmax", "softmax"} <= {m["attention"] for m in index["models"]}
+    for name in names:
+        for f in ("config.json", "model.safetensors", "README.md", "circuit.json", "data.json",
+                  "proof.json", "float32.json", "transformer_lens/circuit.json"):
+            assert (tmp_path / name / f).is_file(), f"{name}/{f}"
+    # the shipped check, in a fresh interpreter that cannot import exactformer
+    code = ("import sys; sys.modules['exactformer'] = None; "
+            f"sys.argv = ['check.py', {str(tmp_path)!r}, 'demo-keyed', 'two-texts']; "
+            f"exec(open({str(tmp_path / 'check.py')!r}).read())")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("OK") == 2 and "bit for bit" in res.stdout
