@@ -99,7 +99,8 @@ def test_ablating_units_leaves_every_pair_that_does_not_use_them(data, construct
     mine = units_by_block(doc, j)
     after = outputs(ablated(model, mine), data)
     _, ys = data.padded(model.d).fractions()
-    assert token_set(after[j]) != token_set(ys[j])
+    if any(v != 0 for v in ys[j].flat):  # a non-residual layer with its units off writes 0,
+        assert token_set(after[j]) != token_set(ys[j])  # which an all-zero target equals
     for k in range(data.N):
         theirs = units_by_block(doc, k)
         if all(not (mine[b] & theirs.get(b, set())) for b in mine):

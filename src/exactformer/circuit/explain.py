@@ -81,10 +81,10 @@ def coordinate_names(model: Transformer, d: int) -> list[str]:
 
 
 def _num(v) -> str:
-    if isinstance(v, Fraction):
-        return str(v)
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
+    """A number as text: exact ones (Fraction, int, the pass's mpq) as p/q, mpmath ones to 17
+    digits, floats as Python writes them."""
+    if isinstance(v, (Fraction, int, np.integer)) or type(v).__name__ == "mpq":
+        return str(Fraction(int(v.numerator), int(v.denominator)))
     if isinstance(v, float):
         return str(int(v)) if v.is_integer() else repr(v)
     return mpmath.nstr(v, 17)

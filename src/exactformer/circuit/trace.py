@@ -2,12 +2,13 @@
 weights and output, layer by layer, on the TransformerLens layout's blocks (docs/circuit.md).
 
 The pass computes each layer from its parts (η·x + W·relu(U·x + b); ρ·x + Σ_h V_h·(π^h x))
-and checks the result against the repository's evaluator (:func:`exactformer.evaluate.forward`
-on that one layer): equal in exact arithmetic (hardmax models, rational or float64 numbers,
-read exactly), within 10^(10−dps) of the scale in mpmath (softmax models, which no finite
-arithmetic evaluates exactly). A mismatch is an error, never a circuit. So an activation
-that this pass calls 0 is 0 in the model's exact evaluation. Sequences never interact: any
-subset of the data can be traced alone.
+and checks every block's result against the repository's evaluator
+(:func:`exactformer.evaluate.forward`: one pass with every block's snapshot for set models,
+each block alone for causal ones, which have no snapshots): equal in exact arithmetic
+(hardmax models, rational or float64 numbers, read exactly), within 10^(10−dps) of the
+scale in mpmath (softmax models, which no finite arithmetic evaluates exactly). A mismatch
+is an error, never a circuit. So an activation that this pass calls 0 is 0 in the model's
+exact evaluation. Sequences never interact: any subset of the data can be traced alone.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 from ..data import CausalDataset, Dataset
 from ..evaluate import Arithmetic, forward, relu, with_positions
 from ..lens_plan import is_identity_sa, layer_blocks, part_turns
-from ..model import FF, SA, Block, Transformer
+from ..model import FF, SA, Transformer
 from ..numbers import pad_columns
 
 ROLE_OF_PHASE = {"tagging": "tag", "interpolation": "move"}  # other phases keep their names
@@ -60,7 +61,8 @@ class AttnTrace:
 @dataclass
 class Trace:
     """Every MLP and attention of the TL layout on the traced sequences, the states after
-    each of our blocks (``states[b][j]``, b = 0 the input), and the arithmetic used."""
+    each of our blocks (``states[b][j]``, b = 0 the input), and the arithmetic used; the
+    numbers are the pass's own (gmpy2 ``mpq`` in exact arithmetic, ``mpf`` in mp)."""
 
     model: Transformer
     sequences: list[int]
@@ -82,7 +84,8 @@ def phase_names(model: Transformer) -> list[str]:
 def trace(model: Transformer, data: Dataset | CausalDataset, sequences=None,
           dps: int = 50) -> Trace:
     """Run ``model`` on ``data``'s sequences (all, or the indices ``sequences``) layer by
-    layer, in exact arithmetic (hardmax) or mpmath at ``dps`` digits (softmax)."""
+    layer, in exact arithmetic (hardmax) or mpmath at ``dps`` digits (softmax), each block's
+    result checked against the evaluator's."""
     sequences = list(range(data.N)) if sequences is None else list(sequences)
     kind = "exact" if model.attention == "hardmax" else "mp"
     ar = Arithmetic(kind, dps)
@@ -90,16 +93,34 @@ def trace(model: Transformer, data: Dataset | CausalDataset, sequences=None,
         xs = [ar.array(x) for x in pad_columns([data.inputs[j] for j in sequences], model.d)]
         if model.positions is not None:
             xs = with_positions(ar.array(model.positions), xs)
-        out = Trace(model, sequences, kind, states=[[ar.public(x) for x in xs]])
+        out = Trace(model, sequences, kind, states=[list(xs)])
+        reference = _reference(model, xs, ar)
         where, names = layer_blocks(model), phase_names(model)
         for b, blk in enumerate(model.blocks):
             ff_at, sa_at = where[b]
+            ys = xs
             if blk.ff is not None:
-                xs = _ff(out, ar, blk.ff, xs, ff_at, b, names[b])
+                ys = _ff(out, ar, blk.ff, ys, ff_at, b, names[b])
             if not is_identity_sa(blk.sa):
-                xs = _sa(out, ar, blk.sa, xs, sa_at, b, names[b])
-            out.states.append([ar.public(x) for x in xs])
+                ys = _sa(out, ar, blk.sa, ys, sa_at, b, names[b])
+            _check(out, ar, reference(b, blk, xs), ys, f"block {b}")
+            xs = ys
+            out.states.append(list(xs))
     return out
+
+
+def _reference(model: Transformer, xs, ar):
+    """(b, block, inputs) → the evaluator's outputs of block b: for set models from one pass
+    with every block's snapshot, for causal ones (no snapshots) by running that block alone
+    on the traced inputs."""
+    if not model.causal:
+        plain = replace(model, positions=None, record=None)
+        _, snaps = forward(plain, xs, ar.kind, ar.dps, workers=1,
+                           snapshots=set(range(1, model.n_blocks + 1)))
+        return lambda b, blk, inputs: snaps[b + 1]
+    return lambda b, blk, inputs: forward(replace(model, blocks=[blk], positions=None,
+                                                  record=None), inputs, ar.kind, ar.dps,
+                                          workers=1)
 
 
 def _ff(out: Trace, ar, ff: FF, xs, at: int, b: int, phase: str):
@@ -113,8 +134,7 @@ def _ff(out: Trace, ar, ff: FF, xs, at: int, b: int, phase: str):
         acts.append(_with_turns(ar, A, X, part_turns(("ff", ff))))
     roles = [_unit_role(ff, k, role) for k in range(ff.width)]
     roles += ["turn"] * (acts[0].shape[1] - ff.width) if acts else []
-    out.mlps.append(MLPTrace(at, b, phase, roles, [ar.public(a) for a in acts], ff.W))
-    _check(out, ar, Block(ff=ff), xs, ys, f"block {b} FF")
+    out.mlps.append(MLPTrace(at, b, phase, roles, acts, ff.W))
     return ys
 
 
@@ -147,13 +167,10 @@ def _sa(out: Trace, ar, sa: SA, xs, at: int, b: int, phase: str):
         pats.append(P)
         outs.append(O)
         ys.append(X * s.rho + O.sum(axis=0))
-    out.attns.append(AttnTrace(at, b, phase, [ar.public(p) for p in pats],
-                               [ar.public(o) for o in outs]))
+    out.attns.append(AttnTrace(at, b, phase, pats, outs))
     if sa.rho != 1:
-        acts = [ar.public(_with_turns(ar, np.zeros((len(X), 0), dtype=object), X, True))
-                for X in xs]
+        acts = [_with_turns(ar, np.zeros((len(X), 0), dtype=object), X, True) for X in xs]
         out.mlps.append(MLPTrace(at, b, phase, ["turn"] * (2 * out.model.d), acts))
-    _check(out, ar, Block(sa=sa), xs, ys, f"block {b} SA")
     return ys
 
 
@@ -186,12 +203,11 @@ def _value(avg: np.ndarray, head) -> np.ndarray:
     return avg * V.beta + np.outer(avg.dot(V.q), V.p)
 
 
-def _check(out: Trace, ar, block: Block, xs, ys, what: str) -> None:
-    """The evaluator's output for this one layer must be the one computed from its parts."""
-    sub = replace(out.model, blocks=[block], positions=None, record=None)
-    theirs = forward(sub, xs, ar.kind, ar.dps, workers=1)
+def _check(out: Trace, ar, theirs, ys, what: str) -> None:
+    """The evaluator's output of a block must be the one computed from its parts: equal in
+    exact arithmetic (gmpy2's mpq compares exactly with its Fractions), within 10^(10−dps)
+    of the scale in mpmath."""
     for j, (mine, ref) in zip(out.sequences, zip(ys, theirs, strict=True), strict=True):
-        mine = ar.public(mine)
         if ar.kind == "exact":
             ok = bool((mine == ref).all())
         else:
@@ -201,4 +217,3 @@ def _check(out: Trace, ar, block: Block, xs, ys, what: str) -> None:
         if not ok:
             raise TraceMismatch(f"{what}, sequence {j}: the traced layer differs from the "
                                 "evaluator's")
-
