@@ -169,3 +169,21 @@ def test_softmax_traces_in_mpmath_and_says_so():
     assert circuit(model, data)["arithmetic"] == "mp50"
     tr = trace(model, data)
     assert tr.arithmetic == "mp"
+
+
+def test_explain_command_prints_hooks_and_writes_json(tmp_path, capsys):
+    import json
+
+    from exactformer import cli
+    data = builtin.demo()
+    (tmp_path / "d.json").write_text(json.dumps(data.to_json_dict()))
+    ef.save_model(ef.compile(data), tmp_path / "m.json")
+    args = ["explain", str(tmp_path / "m.json"), str(tmp_path / "d.json")]
+    assert cli.main(args + ["--pair", "2", "--json", str(tmp_path / "e.json")]) == 0
+    out = capsys.readouterr().out
+    assert "blocks." in out and "EXACT" in out and "NOT EXACT" not in out
+    assert json.loads((tmp_path / "e.json").read_text())["pair"] == 2
+    assert cli.main(args + ["--pair", "12", "--json", str(tmp_path / "x.json")]) == 2
+    assert "pair 12" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()  # an error writes nothing
+    assert cli.main(args + ["--position", "0,1"]) == 2  # set data take --pair

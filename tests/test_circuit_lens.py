@@ -115,3 +115,33 @@ def test_small_zoo_loads_with_transformer_lens_alone(tmp_path):
                          timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("OK") == 2 and "bit for bit" in res.stdout
+
+
+def test_patching_the_collapse_head_hands_one_pair_the_others_outputs(exported):
+    """After the collapse (ρ = 0, the last attention of a keyed model) every layer reads one
+    token: patching pair j's collapse-head activations (hook_z) into pair k's run makes k's
+    outputs j's, token by token, bit for bit."""
+    data, model, h, bridge, doc = exported
+    inputs = [x.astype(float) for x in data.inputs]
+    (collapse,) = [p for p in doc["phases"] if p["name"] == "collapse"]
+    (hook,) = [k for k, v in doc["heads"].items() if v["phase"] == "collapse"]
+    assert max(int(k.split(".")[1]) for k in doc["heads"]) == int(hook.split(".")[1])
+    z_hook = hook.replace("hook_pattern", "hook_z")
+    lengths = [len(x) for x in inputs]
+    j, k = next((a, b) for a in range(len(inputs)) for b in range(len(inputs))
+                if a != b and lengths[a] == lengths[b])
+    x, mask = h.pad_batch(inputs, bridge.cfg.d_model)
+    with torch.no_grad():
+        base, cache = bridge.run_with_cache(x, attention_mask=mask)
+
+    def patch(z, hook):
+        z[k] = cache[z_hook][j]
+        return z
+
+    with torch.no_grad():
+        y = bridge.run_with_hooks(x, attention_mask=mask, fwd_hooks=[(z_hook, patch)])
+    n = lengths[j]
+    assert torch.equal(y[k, :n], base[j, :n])
+    assert not torch.equal(y[k, :n], base[k, :n])
+    assert all(torch.equal(y[i], base[i]) for i in range(len(inputs)) if i != k)
+    assert collapse["blocks"][0] <= int(hook.split(".")[1]) < collapse["blocks"][1]
