@@ -187,3 +187,22 @@ def test_explain_command_prints_hooks_and_writes_json(tmp_path, capsys):
     assert "pair 12" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()  # an error writes nothing
     assert cli.main(args + ["--position", "0,1"]) == 2  # set data take --pair
+
+
+def test_circuit_figure_marks_exactly_the_used_units_and_heads(tmp_path):
+    pytest.importorskip("matplotlib")
+    from exactformer.tools.circuit_plot import circuit_grids, plot_circuit
+    data = builtin.demo()
+    model = ef.compile(data, width=8, heads=2)
+    doc = circuit(model, data)
+    units, heads = circuit_grids(model, data, 4)
+    named = {(int(h.split(".")[1]), u) for h, us in doc["pairs"][4]["units"].items() for u in us}
+    assert {(int(b), int(u)) for u, b in zip(*np.nonzero(np.isfinite(units)), strict=True)} \
+        == named
+    named = {(int(k.split(".")[1]), h) for k, hs in doc["pairs"][4]["heads"].items() for h in hs}
+    assert {(int(b), int(h)) for h, b in zip(*np.nonzero(heads), strict=True)} == named
+    plot_circuit(model, data, tmp_path / "c.png", pair=4)
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="pair 12"):
+        plot_circuit(model, data, tmp_path / "x.png", pair=12)
+    assert not (tmp_path / "x.png").exists()

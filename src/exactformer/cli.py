@@ -420,6 +420,8 @@ def _plot(args) -> int:
             from None
     data = load_dataset(args.data, causal=args.causal)
     model = _compiled(args, data)
+    if args.explain is not None:
+        return _plot_explain(model, data, args)
     # both files appear or neither: each is written to a temporary path, moved at the end
     with atomic_path(args.output) as png, \
             (atomic_path(args.gif) if args.gif else nullcontext()) as gif:
@@ -428,6 +430,31 @@ def _plot(args) -> int:
     print(f"{len(plot.panels(fig))} panels ({kind}, {model.n_blocks} blocks) -> {args.output}"
           + (f", animation -> {args.gif}" if args.gif else ""))
     return 0
+
+
+def _plot_explain(model, data, args) -> int:
+    """``plot --explain j`` (causal: j,t): one pair's circuit over the TL blocks."""
+    from .tools.circuit_plot import plot_circuit
+    if args.gif:
+        raise UsageError("--gif steps through the phases; --explain draws one figure")
+    j, t = args.explain
+    if model.causal != (t is not None):
+        raise UsageError("--explain takes j for set data and j,t for causal data")
+    plot_circuit(model, data, args.output, pair=j if t is None else None,
+                 position=None if t is None else (j, t))
+    print(f"circuit of {'pair ' + str(j) if t is None else f'position {j},{t}'} over "
+          f"{model.n_blocks} blocks -> {args.output}")
+    return 0
+
+
+def _pair_or_position(text: str) -> tuple[int, int | None]:
+    """An argparse type: "j" (a pair) or "j,t" (a causal position)."""
+    if "," in text:
+        return _position(text)
+    try:
+        return int(text), None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not j or j,t") from None
 
 
 def _width_options(p: argparse.ArgumentParser) -> None:
@@ -506,6 +533,9 @@ def parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="figure of the token positions after each phase")
     _construction_options(pl, "figure to write (PNG)")
     pl.add_argument("--gif", help="also write an animation through the blocks here")
+    pl.add_argument("--explain", type=_pair_or_position, metavar="J[,T]", help="instead, "
+                    "the circuit of pair J (causal: position J,T) over the TransformerLens "
+                    "blocks (docs/circuit.md#the-figure)")
     pl.set_defaults(run=_plot)
     return p
 
