@@ -145,3 +145,17 @@ def test_patching_the_collapse_head_hands_one_pair_the_others_outputs(exported):
     assert not torch.equal(y[k, :n], base[k, :n])
     assert all(torch.equal(y[i], base[i]) for i in range(len(inputs)) if i != k)
     assert collapse["blocks"][0] <= int(hook.split(".")[1]) < collapse["blocks"][1]
+
+
+def test_explain_names_hooks_that_exist_in_the_exported_model(exported):
+    data, model, h, bridge, doc = exported
+    path = ef.explain(model, data, pair=5)
+    hooks = {s["hook"] for p in path["phases"] for s in p["steps"]}
+    hooks |= {m["hook"] for m in path["keyed"]["moves"]} | {path["readout"]["hook"]}
+    assert hooks and hooks <= set(bridge.hook_dict)
+    for p in path["phases"]:
+        for s in p["steps"]:
+            if "unit" in s:  # a unit's index is within its hook's width
+                assert s["unit"] < bridge.cfg.d_mlp
+            else:
+                assert s["head"] < bridge.cfg.n_heads
