@@ -101,6 +101,7 @@ def test_small_zoo_loads_with_transformer_lens_alone(tmp_path):
     from exactformer.export.zoo import build_zoo
     index = build_zoo(tmp_path, small=True)
     names = [m["name"] for m in index["models"]]
+    assert all(f"`{n}`" in (tmp_path / "README.md").read_text() for n in names)
     assert {"set", "causal"} <= {m["kind"] for m in index["models"]}
     assert {"hardmax", "softmax"} <= {m["attention"] for m in index["models"]}
     for name in names:

@@ -90,9 +90,30 @@ def build_zoo(folder: str | Path, small: bool = False, progress=None) -> dict:
         tmp.write_text(Path(lens_check.__file__).read_text())
     index = {"format": FORMAT, "small": small, "check": "python check.py .",
              "models": models}
+    with atomic_path(folder / "README.md") as tmp:
+        tmp.write_text(zoo_readme(index))
     with atomic_path(folder / "index.json") as tmp:
         tmp.write_text(json.dumps(index, indent=1))
     return index
+
+
+def zoo_readme(index: dict) -> str:
+    """The zoo's README: what each model shows, its shape and verdicts, and how to check it."""
+    rows = [f"| `{m['name']}` | {m['about']} | `{m['data']}` | {m['kind']}, {m['attention']}, "
+            f"{m['construction']}, width {m['width']}, {m['heads']} head(s) | {m['blocks']} "
+            f"({m['transformer_lens']['n_layers']} TL blocks) | {m['verify']} | "
+            f"{', '.join(k for k, v in m['float32'].items() if v) or 'none'} |"
+            for m in index["models"]]
+    return "\n".join([
+        "# exactformer zoo", "",
+        "Compiled transformers whose mechanism is known: each folder is a Hub folder",
+        "(config.json, model.safetensors, the card README.md) with circuit.json (per pair the",
+        "TransformerLens units and heads it uses), data.json, proof.json (the verify report),",
+        "float32.json and transformer_lens/ (the TransformerLens folder). `python check.py .`",
+        "loads every model with TransformerLens and torch alone and checks its targets and",
+        "the ablations circuit.json predicts. The schema: exactformer's docs/circuit.md.", "",
+        "| model | shows | data | kind | blocks | verify | float32 faithful (measured) |",
+        "|---|---|---|---|---|---|---|", *rows, ""])
 
 
 def write_model(e: Entry, folder: Path) -> dict:
