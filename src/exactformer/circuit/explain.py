@@ -159,16 +159,24 @@ def _keyed_summary(tr: Trace, model: Transformer, d: int, n: int) -> dict:
         P = heads[0].patterns[0][0, :n, :n]
         out["leaders"] = {str(i): [k for k in range(n) if P[i, k] != 0] for i in range(n)}
         out["collapse_head"] = {"hook": pattern_hook(heads[0].block), "head": 0}
-    moves = [m for m in tr.mlps if rec.phase("interpolation") is not None
-             and rec.phase("interpolation").start <= m.model_block and m.writes is not None]
-    out["moves"] = [{"hook": mlp_hook(m.block), "unit": u,
-                     "tokens": [i for i in range(n) if m.acts[0][i, u] != 0],
-                     "writes": {f"x{c}": _num(m.writes[c, u] * m.acts[0][i, u])
-                                for i in range(n) if m.acts[0][i, u] != 0
-                                for c in range(d) if m.writes[c, u] != 0}}
-                    for m in moves for u in range(m.writes.shape[1])
-                    if u < m.acts[0].shape[1] and any(m.writes[c, u] != 0 for c in range(d))
-                    and any(m.acts[0][i, u] != 0 for i in range(n))]
+    out["moves"] = _moves(tr, rec.phase("interpolation"), d, n)
+    return out
+
+
+def _moves(tr: Trace, phase, d: int, n: int) -> list[dict]:
+    """Each unit of the interpolation that writes the data coordinates and is on for some
+    token: the tokens, and per token what it adds to the data (weight times activation)."""
+    out = []
+    for m in tr.mlps:
+        if phase is None or m.model_block < phase.start or m.writes is None:
+            continue
+        for u in range(m.writes.shape[1]):
+            on = [i for i in range(n) if m.acts[0][i, u] != 0]
+            data = [c for c in range(d) if m.writes[c, u] != 0]
+            if on and data:
+                out.append({"hook": mlp_hook(m.block), "unit": u, "tokens": on,
+                            "writes": {str(i): {f"x{c}": _num(m.writes[c, u] * m.acts[0][i, u])
+                                                for c in data} for i in on}})
     return out
 
 

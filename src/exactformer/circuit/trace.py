@@ -124,21 +124,21 @@ def _reference(model: Transformer, xs, ar):
 
 
 def _ff(out: Trace, ar, ff: FF, xs, at: int, b: int, phase: str):
-    """Units of an FF (and its turn units), the layer's output checked by the evaluator."""
+    """The units of an FF (and its turn units) on every sequence; the FF's outputs."""
     f = ar.convert(ff)
     role = ROLE_OF_PHASE.get(phase, phase)
     acts, ys = [], []
     for X in xs:
         A = relu(X.dot(f.U.T) + f.b) if f.width else np.zeros((len(X), 0), dtype=object)
         ys.append(X * f.eta + A.dot(f.W.T))
-        acts.append(_with_turns(ar, A, X, part_turns(("ff", ff))))
+        acts.append(_with_turns(A, X, part_turns(("ff", ff))))
     roles = [_unit_role(ff, k, role) for k in range(ff.width)]
     roles += ["turn"] * (acts[0].shape[1] - ff.width) if acts else []
     out.mlps.append(MLPTrace(at, b, phase, roles, acts, ff.W))
     return ys
 
 
-def _with_turns(ar, A, X, turning: bool):
+def _with_turns(A, X, turning: bool):
     """A part's TL units: its own activations, then relu(x) and relu(−x) if it turns."""
     return np.concatenate([A, relu(X), relu(-X)], axis=1) if turning else A
 
@@ -155,8 +155,8 @@ def _unit_role(ff: FF, k: int, role: str) -> str:
 
 
 def _sa(out: Trace, ar, sa: SA, xs, at: int, b: int, phase: str):
-    """Each head's weights and output, the layer checked by the evaluator, and the turn
-    units of a non-residual SA (the TL MLP of the same block)."""
+    """Each head's weights and output on every sequence, and the turn units of a
+    non-residual SA (the TL MLP of the same block); the SA's outputs."""
     s = ar.convert(sa)
     tau = 1 if out.model.tau is None else ar.scalar(out.model.tau)
     pats, outs, ys = [], [], []
@@ -169,7 +169,7 @@ def _sa(out: Trace, ar, sa: SA, xs, at: int, b: int, phase: str):
         ys.append(X * s.rho + O.sum(axis=0))
     out.attns.append(AttnTrace(at, b, phase, pats, outs))
     if sa.rho != 1:
-        acts = [_with_turns(ar, np.zeros((len(X), 0), dtype=object), X, True) for X in xs]
+        acts = [_with_turns(np.zeros((len(X), 0), dtype=object), X, True) for X in xs]
         out.mlps.append(MLPTrace(at, b, phase, ["turn"] * (2 * out.model.d), acts))
     return ys
 
