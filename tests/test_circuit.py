@@ -58,9 +58,10 @@ def ablated(model, units: dict[int, set]):
 
 
 data_sets = st.builds(
-    lambda N, d, pool, n, seed: builtin.shared_pool(N, d, max(pool, n) + N + 2, n, 2, seed=seed),
+    lambda N, d, pool, n, seed, square: builtin.shared_pool(
+        N, d, max(pool, n) + N + 2, n, 2, seed=seed, m_equals_n=square),
     st.integers(1, 4), st.integers(2, 3), st.integers(2, 6), st.integers(1, 4),
-    st.integers(0, 10 ** 6))
+    st.integers(0, 10 ** 6), st.booleans())
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -126,6 +127,31 @@ def test_heads_used_are_those_whose_output_reaches_the_pair():
             for k in range(data.N):
                 if k not in users:
                     assert (after[k] == base[k]).all(), f"{hook} head {h}, pair {k}"
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(texts=st.lists(st.text("abc", min_size=2, max_size=6), min_size=1, max_size=3),
+       d=st.integers(2, 4))
+def test_causal_positions_use_the_units_nonzero_on_their_prefix(texts, d):
+    try:
+        data = ef.CausalDataset.from_text(texts, d=d)
+    except ef.DatasetError:  # texts that contradict each other are not data
+        return
+    model = ef.compile(data)
+    doc = circuit(model, data)
+    for e in doc["positions"]:
+        j, t = e["sequence"], e["position"]
+        _, pre = exact_states(model, data.inputs[j])
+        named: dict[int, set] = {}
+        for hook, idx in e["units"].items():
+            info = doc["units"][hook]
+            own = {u for u in idx if info["roles"][u] != "turn"}
+            if own:
+                named.setdefault(info["model_block"], set()).update(own)
+        for b, Z in enumerate(pre):
+            if Z is not None:
+                active = {u for u in range(Z.shape[1]) if (Z[: t + 1, u] > 0).any()}
+                assert named.get(b, set()) == active, f"position {j},{t}, block {b}"
 
 
 def test_causal_positions_use_prefixes_and_the_readout_is_the_data():
