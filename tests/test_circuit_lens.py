@@ -128,6 +128,7 @@ def test_patching_the_collapse_head_hands_one_pair_the_others_outputs(exported):
     (hook,) = [k for k, v in doc["heads"].items() if v["phase"] == "collapse"]
     assert max(int(k.split(".")[1]) for k in doc["heads"]) == int(hook.split(".")[1])
     z_hook = hook.replace("hook_pattern", "hook_z")
+    assert doc["patch"]["hook"] == z_hook and doc["patch"]["heads"] == [0]
     lengths = [len(x) for x in inputs]
     j, k = next((a, b) for a in range(len(inputs)) for b in range(len(inputs))
                 if a != b and lengths[a] == lengths[b])

@@ -94,7 +94,23 @@ def circuit(model: Transformer, data: Dataset | CausalDataset, dps: int = 50) ->
             entries.append(where | {"units": _listed(units, t), "heads": _listed(heads, t)})
     doc["positions" if causal else "pairs"] = entries
     doc["unused"] = _unused(model, entries)
+    doc["patch"] = patch_point(model)
     return doc
+
+
+def patch_point(model: Transformer) -> dict | None:
+    """Where one pair's activations replace another's wholesale: the last attention layer,
+    when it is not residual (ρ = 0, the collapse). Its turn units erase the token half and its
+    heads write the other, and every later layer reads one token, so patching every head's
+    ``hook_z`` there from pair j's run into pair k's (of the same length) makes k's outputs
+    j's, token by token. None where the last attention keeps ρ·x."""
+    layers = plan(model)
+    last = max((i for i, x in enumerate(layers) if x.attn is not None), default=None)
+    if last is None or layers[last].attn.rho != 0:
+        return None
+    heads = list(range(len(layers[last].attn.heads)))
+    return {"hook": f"blocks.{last}.attn.hook_z", "heads": heads,
+            "predicts": "the receiving pair's outputs become the giving pair's, token by token"}
 
 
 def _model_fields(model: Transformer, data) -> dict:

@@ -5,7 +5,9 @@ the bridge's outputs reproduce the targets (error within ``TOLERANCE`` of the da
 zero-ablating every unit and head the circuit names for no pair changes no output; and for
 each pair (set data) or sequence (causal data), zero-ablating the units and heads that it
 uses and no other pair uses moves its output by more than the tolerance and leaves every
-other pair's output as it was. "As it was" is reported twice: within the tolerance, which
+other pair's output as it was; where the circuit names a patch point (the collapse),
+patching one pair's head activations there into another pair's run of the same length gives
+that run the first pair's outputs. "As it was" is reported twice: within the tolerance, which
 decides, and bit for bit. This file never imports exactformer (docs/circuit.md#the-zoo).
 
     python check.py ZOO_DIR [NAME ...]
@@ -139,11 +141,44 @@ def check(folder: Path) -> dict:
             diff = float((out[k] - base[k]).abs().max())
             report["others_moved"] = max(report["others_moved"], diff)
             report["others_bitwise"] &= bool(torch.equal(out[k], base[k]))
+    if circuit.get("patch"):
+        report |= patched(helpers, bridge, data, circuit["patch"], base, tol)
     tested = report["groups"] - report["without_exclusive"]
     report["ok"] = bool(report["targets"] and report["unused_ok"]
                         and report["groups_changed"] == tested
-                        and report["others_moved"] <= tol)
+                        and report["others_moved"] <= tol and report.get("patch_ok", True))
     return report
+
+
+@torch.no_grad()
+def patched(helpers, bridge, data: dict, patch: dict, base, tol: float) -> dict:
+    """For each pair k with a partner j of the same length: patch j's head activations at
+    ``patch["hook"]`` into k's run; k's outputs must become j's (within ``tol``), every other
+    pair's stay. Reported: pairs patched, worst deviation, bit for bit or not."""
+    lengths = [len(s) for s in data["inputs"]]
+    x, mask = helpers.pad_batch(data["inputs"], bridge.cfg.d_model)
+    _, cache = bridge.run_with_cache(x, attention_mask=mask, names_filter=patch["hook"])
+    source = cache[patch["hook"]]
+    worst, bitwise, count = 0.0, True, 0
+    for k, n in enumerate(lengths):
+        j = next((i for i, m in enumerate(lengths) if m == n and i != k), None)
+        if j is None:
+            continue
+
+        def hook(z, hook, j=j, k=k):
+            z[k, :, patch["heads"]] = source[j, :, patch["heads"]]
+            return z
+
+        y = helpers.read_outputs(bridge.run_with_hooks(
+            x, return_type="logits", attention_mask=mask, fwd_hooks=[(patch["hook"], hook)]),
+            mask)
+        want = [base[j] if i == k else base[i] for i in range(len(base))]
+        for got, exp in zip(y, want, strict=True):
+            worst = max(worst, float((got - exp).abs().max()))
+            bitwise &= bool(torch.equal(got, exp))
+        count += 1
+    return {"patched": count, "patch_moved": worst, "patch_bitwise": bitwise,
+            "patch_ok": worst <= tol}
 
 
 def main(argv: list[str]) -> int:
@@ -158,7 +193,10 @@ def main(argv: list[str]) -> int:
               f"unused ablated moves {r['unused_moved']:.2g}, exclusive ablations change "
               f"{r['groups_changed']}/{r['groups'] - r['without_exclusive']} groups, others "
               f"move {r['others_moved']:.2g} ("
-              f"{'bit for bit' if r['others_bitwise'] else 'not bitwise'})")
+              f"{'bit for bit' if r['others_bitwise'] else 'not bitwise'})"
+              + (f"; {r['patched']} pairs patched at the collapse, off by {r['patch_moved']:.2g}"
+                 f" ({'bit for bit' if r['patch_bitwise'] else 'not bitwise'})"
+                 if "patched" in r else ""))
     return 1 if failed else 0
 
 
