@@ -161,3 +161,22 @@ def test_explain_names_hooks_that_exist_in_the_exported_model(exported):
                 assert s["unit"] < bridge.cfg.d_mlp
             else:
                 assert s["head"] < bridge.cfg.n_heads
+
+
+def test_export_writes_the_circuit_when_short_or_asked_and_never_a_stale_one(tmp_path, capsys,
+                                                                             monkeypatch):
+    from exactformer import cli
+    from exactformer.circuit import document as circuit_module
+    data = builtin.shared_pool(3, 2, 5, 3, 2, seed=4)
+    (tmp_path / "d.json").write_text(json.dumps(data.to_json_dict()))
+    ef.save_model(ef.compile(data), tmp_path / "m.json")
+    out = tmp_path / "tl"
+    args = ["export", str(tmp_path / "m.json"), "-o", str(out), "--layout", "transformer-lens",
+            "--data", str(tmp_path / "d.json")]
+    assert cli.main(args) == 0 and (out / "circuit.json").is_file()
+    monkeypatch.setattr(circuit_module, "AUTO_WORK", 0)  # every trace is now "long"
+    assert cli.main(args) == 0
+    assert not (out / "circuit.json").exists()  # the earlier one is gone with its weights
+    assert "circuit.json not written" in capsys.readouterr().out
+    assert cli.main(args + ["--circuit"]) == 0 and (out / "circuit.json").is_file()
+    assert cli.main(args + ["--no-circuit"]) == 0 and not (out / "circuit.json").exists()

@@ -25,6 +25,7 @@ from fractions import Fraction
 import numpy as np
 
 from .api import compile
+from .circuit.document import wanted
 from .cli_parser import SuggestingParser
 from .construct.generic import ConstructionError
 from .data import CausalDataset, Dataset, DatasetError, builtin, load_dataset
@@ -345,11 +346,16 @@ def _export_lens(ef_torch, model, args) -> int:
     data = _data_for(model, args.data) if args.data else None
     if data is not None:
         data.padded(model.d)  # data wider than the model: refused before anything is written
-    config = ef_torch.save_lens(model, args.output, args.dtype, data=data)
+    written = wanted(model, data, args.circuit)
+    config = ef_torch.save_lens(model, args.output, args.dtype, data=data, circuit=written)
     print(f"exported {model.n_blocks} blocks as {config['n_layers']} TransformerLens blocks "
           f"(d_model {config['d_model']}, d_mlp {config['d_mlp']}, {config['n_heads']} "
           f"head{'s' if config['n_heads'] != 1 else ''}, {args.dtype}) -> {args.output}/"
-          f"config.json + model.safetensors + lens_helpers.py")
+          f"config.json + model.safetensors + lens_helpers.py"
+          + (" + circuit.json" if written else ""))
+    if data is not None and not written and args.circuit is None:
+        print("note: circuit.json not written: its exact trace of these data is long "
+              "(pass --circuit to write it anyway, docs/circuit.md)")
     if not args.data:
         return _range_verdict(model, args.dtype)
     if _progress(args):  # booting a deep bridge takes a while before the bar can start
@@ -516,6 +522,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     e.add_argument("--data", help="transformer-lens: also run the rebuilt bridge on this "
                    "dataset and print its verdict (exit 1 if it fails)")
+    e.add_argument("--circuit", action=argparse.BooleanOptionalAction, default=None,
+                   help="transformer-lens with --data: write circuit.json (default: when its "
+                   "exact trace is short, docs/circuit.md)")
     _add_progress(e)
     e.set_defaults(run=_export)
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..data import CausalDataset, Dataset
 from ..model import Transformer
-from .circuit import mlp_hook, pattern_hook, phases, readout
+from .document import mlp_hook, pattern_hook, phases, readout
 from .trace import Trace, trace
 
 

@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .. import __version__
-from ..circuit.circuit import CIRCUIT_FILE, circuit_text
+from ..circuit.document import CIRCUIT_FILE, circuit_text, wanted
 from ..data import CausalDataset
 from ..model import Transformer
 from ..modelio import ModelFormatError, atomic_path, load_model, model_to_dict
@@ -49,7 +49,7 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
     tensors = native_tensors(module.model, torch.float64)  # the stored model, read back
     tensors |= {EVAL + k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
     texts = {CONFIG: json.dumps(config, indent=1), CARD: model_card(module.model, data, report)}
-    if data is not None:  # the circuit on the data, named by TL hooks (docs/circuit.md)
+    if wanted(module.model, data, None):  # the circuit, by TL hooks (docs/circuit.md)
         texts[CIRCUIT_FILE] = circuit_text(module.model, data)
     if module.model.exact:
         texts[MODEL] = json.dumps(model_to_dict(module.model), separators=(",", ":"))
@@ -59,6 +59,8 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
         save_file(tensors, str(tmp))
         for name, text in texts.items():
             stack.enter_context(atomic_path(folder / name)).write_text(text)
+    if CIRCUIT_FILE not in texts:  # an earlier folder's circuit would describe other weights
+        (folder / CIRCUIT_FILE).unlink(missing_ok=True)
 
 
 class FolderError(ValueError):

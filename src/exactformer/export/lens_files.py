@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..circuit.circuit import CIRCUIT_FILE, circuit_text
+from ..circuit.document import CIRCUIT_FILE, circuit_text, wanted
 from ..data import CausalDataset, Dataset
 from ..distance import smallest
 from ..model import Transformer
@@ -39,16 +39,18 @@ LENS_TOLERANCE = {"float64": 1e-9, "float32": 1e-3}
 
 
 def save_lens(model: Transformer, folder: str | Path, dtype: str = "float64",
-              n_ctx: int | None = None, data: Dataset | CausalDataset | None = None) -> dict:
+              n_ctx: int | None = None, data: Dataset | CausalDataset | None = None,
+              circuit: bool | None = None) -> dict:
     """Write ``folder``/config.json, ``folder``/model.safetensors and ``folder``/lens_helpers.py
     (all or none, the folder made if missing); the config returned. The helpers let the
     folder run with TransformerLens alone (docs/export.md#transformerlens-alone). With
-    ``data``, also ``folder``/circuit.json: the circuit on them (docs/circuit.md)."""
+    ``data``, also ``folder``/circuit.json, the circuit on them (docs/circuit.md): always
+    with ``circuit=True``, never with False, and by default when its trace is small."""
     from safetensors.torch import save_file
 
     config = lens_config(model, dtype, n_ctx)
     state = lens_state_dict(model, dtype, n_ctx)
-    circuit = None if data is None else circuit_text(model, data)
+    circuit = circuit_text(model, data) if wanted(model, data, circuit) else None
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     texts = {CONFIG: json.dumps(config, indent=1),
@@ -59,6 +61,8 @@ def save_lens(model: Transformer, folder: str | Path, dtype: str = "float64",
         save_file(state, str(stack.enter_context(atomic_path(folder / WEIGHTS))))
         for name, text in texts.items():
             stack.enter_context(atomic_path(folder / name)).write_text(text)
+    if circuit is None:  # a circuit of an earlier export would describe other weights
+        (folder / CIRCUIT_FILE).unlink(missing_ok=True)
     return config
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..api import compile as build
-from ..circuit.circuit import lens_shape
+from ..circuit.document import lens_shape
 from ..data import CausalDataset, Dataset, builtin
 from ..modelio import atomic_path
 from ..verification import verify
@@ -117,17 +117,18 @@ def zoo_readme(index: dict) -> str:
 
 
 def write_model(e: Entry, folder: Path) -> dict:
-    """One model's folder: the Hub files with circuit.json, data.json, proof.json,
-    float32.json and transformer_lens/; its index entry returned."""
+    """One model's folder: the Hub files with circuit.json (always, however long its trace),
+    data.json, proof.json, float32.json and transformer_lens/; its index entry returned."""
     data = e.data()
     model = build(data, **e.options)
     report = verify(model, data)
     to_torch(model).save_pretrained(folder, data=data, report=report)
-    save_lens(model, folder / "transformer_lens", data=data)
+    save_lens(model, folder / "transformer_lens", data=data, circuit=True)
     verdicts = {"transformer_lens": lens_verdict(to_lens(model, "float32"), data).to_dict()}
     if isinstance(data, Dataset):
         verdicts["native"] = float32_verdict(model, data).to_dict()
-    texts = {"data.json": json.dumps(data.to_json_dict()),
+    texts = {"circuit.json": (folder / "transformer_lens" / "circuit.json").read_text(),
+             "data.json": json.dumps(data.to_json_dict()),
              "proof.json": json.dumps(report.to_dict(), indent=1, default=str),
              "float32.json": json.dumps(verdicts, indent=1, default=str)}
     for name, text in texts.items():

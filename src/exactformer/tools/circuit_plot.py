@@ -19,7 +19,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..circuit.circuit import lens_shape, phases
+from ..circuit.document import lens_shape, phases
 from ..circuit.trace import trace
 from ..data import CausalDataset, Dataset
 from ..model import Transformer

@@ -163,6 +163,7 @@ def _unused(model: Transformer, entries: list[dict]) -> dict:
 
 
 CIRCUIT_FILE = "circuit.json"
+AUTO_WORK = 10 ** 7  # about 30 s of exact trace on the development machine (docs/circuit.md)
 
 
 def circuit_text(model: Transformer, data: Dataset | CausalDataset) -> str:
@@ -170,3 +171,25 @@ def circuit_text(model: Transformer, data: Dataset | CausalDataset) -> str:
     import json
 
     return json.dumps(circuit(model, data), separators=(",", ":"))
+
+
+def trace_work(model: Transformer, data: Dataset | CausalDataset) -> int:
+    """About how many exact multiply-adds the circuit's trace takes: every FF unit on every
+    token (D each) and every head's scores and average (n_j² per sequence, D each). The CLI
+    writes circuit.json unasked only up to :data:`AUTO_WORK` (docs/circuit.md)."""
+    tokens = sum(len(x) for x in data.inputs)
+    pairs = sum(len(x) ** 2 for x in data.inputs)
+    work = 0
+    for layer in plan(model):
+        work += sum(part_units(p, model.d) for p in layer.mlp) * tokens * model.d
+        if layer.attn is not None:
+            work += len(layer.attn.heads) * pairs * model.d
+    return work
+
+
+def wanted(model: Transformer, data, asked: bool | None) -> bool:
+    """Whether an exporter writes circuit.json: as ``asked``, or when None (the default)
+    whenever there are data and their trace is at most :data:`AUTO_WORK`."""
+    if data is None:
+        return False
+    return trace_work(model, data) <= AUTO_WORK if asked is None else asked
