@@ -232,3 +232,21 @@ def test_circuit_figure_marks_exactly_the_used_units_and_heads(tmp_path):
     with pytest.raises(ValueError, match="pair 12"):
         plot_circuit(model, data, tmp_path / "x.png", pair=12)
     assert not (tmp_path / "x.png").exists()
+
+
+def test_explain_judges_float_data_exactly_and_softmax_not_at_all():
+    """Float targets are compared with the exact outputs as the exact values they are; a
+    softmax model's mp pass decides no equality (``exact`` None) and reports the gap."""
+    fl = ef.Dataset.from_arrays([np.array([[0.1, 0.2], [0.3, -0.7]]),
+                                 np.array([[0.5, 0.25], [0.1, 0.9]])],
+                                [np.array([[0.3, 0.1]]), np.array([[1.1, 0.2], [0.0, 0.1]])])
+    model = ef.compile(fl)
+    for j in range(2):
+        doc = ef.explain(model, fl, pair=j)
+        assert doc["exact"] is True and doc["error"] == "0"
+        assert doc["targets"][0][0] in ("0.3", "1.1")
+    broken = replace(model, blocks=model.blocks[:-1])
+    assert ef.explain(broken, fl, pair=1)["exact"] is False
+    data = builtin.shared_pool(3, 2, 5, 3, 2, seed=1)
+    doc = ef.explain(ef.compile(data, attention="softmax"), data, pair=0)
+    assert doc["exact"] is None and doc["arithmetic"] == "mp"

@@ -124,13 +124,15 @@ def _model_fields(model: Transformer, data) -> dict:
 
 
 def phases(model: Transformer) -> list[dict]:
-    """The record's phases with our block ranges and the TL blocks that hold them."""
+    """The record's phases with our block ranges (cut to the model's blocks) and the TL
+    blocks that hold them."""
     where = layer_blocks(model)
     out = []
     for span in (model.record.phases if model.record is not None else []):
-        tl = [i for b in range(span.start, span.end) for i in where[b] if i is not None]
+        lo, hi = min(span.start, model.n_blocks), min(span.end, model.n_blocks)  # a record
+        tl = [i for b in range(lo, hi) for i in where[b] if i is not None]  # is input too
         out.append({"name": span.name, "role": ROLE_OF_PHASE.get(span.name, span.name),
-                    "model_blocks": [span.start, span.end],
+                    "model_blocks": [lo, hi],
                     "blocks": [min(tl), max(tl) + 1] if tl else None})
     return out
 

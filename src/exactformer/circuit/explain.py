@@ -17,6 +17,7 @@ import numpy as np
 
 from ..data import CausalDataset, Dataset
 from ..model import Transformer
+from ..numbers import pad_columns
 from .document import mlp_hook, pattern_hook, phases, readout
 from .trace import Trace, trace
 
@@ -37,19 +38,39 @@ def explain(model: Transformer, data: Dataset | CausalDataset, pair: int | None 
         [_phase(tr, {"name": "all", "role": "all", "model_blocks": [0, model.n_blocks],
                      "blocks": None}, n, names)]
     final = tr.states[-1][0][:n]
+    targets = pad_columns([data.targets[j]], model.d)[0]
     got = [_row(y[: data.d]) for y in final]
     if causal:
-        out |= {"output": got[t], "target": _row(data.targets[j][t]),
-                "exact": bool(all(final[t][: data.d] == data.targets[j][t]))
-                and not final[t][data.d:].any()}
+        out |= {"output": got[t], "target": _row(data.targets[j][t])}
+        mine, theirs = final[t:t + 1], targets[t:t + 1]
     else:
-        want = sorted(map(tuple, (_row(y) for y in data.targets[j])))
-        out |= {"outputs": got, "targets": [list(y) for y in want],
-                "exact": sorted({tuple(_row(y)) for y in final}) ==
-                sorted({tuple(w) + ("0",) * (model.d - data.d) for w in want})}
+        out |= {"outputs": got, "targets": [_row(y) for y in data.targets[j]]}
+        mine, theirs = final, targets
+    out["exact"] = _equal(mine, theirs, causal) if tr.arithmetic == "exact" else None
+    out["error"] = _num(_gap(mine, theirs, causal))
     if model.record is not None and model.record.keyed is not None:
         out["keyed"] = _keyed_summary(tr, model, data.d, n)
     return out
+
+
+def _equal(mine: np.ndarray, theirs: np.ndarray, causal: bool) -> bool:
+    """Exact outputs against exact targets (zero-padded): row by row (causal) or as sets."""
+    rows = [tuple(Fraction(v) if isinstance(v, float) else v for v in r) for r in theirs]
+    if causal:
+        return bool((mine == np.asarray(rows, dtype=object)).all())
+    return {tuple(r) for r in mine} == set(rows)
+
+
+def _gap(mine: np.ndarray, theirs: np.ndarray, causal: bool):
+    """The largest coordinate difference between outputs and targets (causal: position by
+    position; set: Hausdorff in the max norm), in the pass's numbers."""
+    def dist(a, b):
+        return max(abs(x - (Fraction(y) if isinstance(y, float) else y))
+                   for x, y in zip(a, b, strict=True))
+    if causal:
+        return max(dist(a, b) for a, b in zip(mine, theirs, strict=True))
+    return max(max(min(dist(a, b) for b in theirs) for a in mine),
+               max(min(dist(a, b) for a in mine) for b in theirs))
 
 
 def _which(data, causal: bool, pair, position) -> tuple[int, int | None]:
@@ -81,12 +102,16 @@ def coordinate_names(model: Transformer, d: int) -> list[str]:
 
 
 def _num(v) -> str:
-    """A number as text: exact ones (Fraction, int, the pass's mpq) as p/q, mpmath ones to 17
-    digits, floats as Python writes them."""
-    if isinstance(v, (Fraction, int, np.integer)) or type(v).__name__ == "mpq":
-        return str(Fraction(int(v.numerator), int(v.denominator)))
+    """A number as text, exactly: exact ones (Fraction, int, the pass's mpq) as p/q, or as the
+    float64 they equal when they are one with a denominator above 2^10 (float data read
+    exactly); floats as Python writes them; mpmath ones to 17 digits."""
     if isinstance(v, float):
-        return str(int(v)) if v.is_integer() else repr(v)
+        return repr(float(v))
+    if isinstance(v, (Fraction, int, np.integer)) or type(v).__name__ == "mpq":
+        q = Fraction(int(v.numerator), int(v.denominator))
+        if q.denominator > 1024 and abs(q) < 2 ** 1000 and Fraction(float(q)) == q:
+            return repr(float(q))
+        return str(q)
     return mpmath.nstr(v, 17)
 
 
@@ -145,14 +170,17 @@ def _keyed_summary(tr: Trace, model: Transformer, d: int, n: int) -> dict:
     tagged tokens (mark = 1 after the tagging), each token's signature (σ1, σ2) after the
     separation, its leader (the collapse head's key) and the moves that wrote its output."""
     rec = model.record
-    out = {}
+    out: dict = {}
+
+    def state(span):  # the states where a phase ends (a record is input: cut to the blocks)
+        return tr.states[min(span.end, model.n_blocks)][0][:n]
+
     tag = rec.phase("tagging")
     if tag is not None and d + 3 < model.d:
-        out["tagged"] = [i for i, x in enumerate(tr.states[tag.end][0][:n]) if x[d + 3] == 1]
+        out["tagged"] = [i for i, x in enumerate(state(tag)) if x[d + 3] == 1]
     sep = rec.phase("separation")
     if sep is not None:
-        out["signatures"] = [[_num(x[d + 1]), _num(x[d + 2])]
-                             for x in tr.states[sep.end][0][:n]]
+        out["signatures"] = [[_num(x[d + 1]), _num(x[d + 2])] for x in state(sep)]
     col = rec.phase("collapse")
     heads = [a for a in tr.attns if col is not None and col.start <= a.model_block < col.end]
     if heads:
@@ -207,9 +235,11 @@ def render(doc: dict) -> str:
             lines.append(f"  move {m['hook']}[{m['unit']}] on tokens {m['tokens']}: "
                          f"{m['writes']}")
     out = doc.get("outputs") or [doc.get("output")]
+    verdict = {True: "EXACT", False: f"NOT EXACT (off by {doc['error']})",
+               None: f"off by {doc['error']} ({doc['arithmetic']} arithmetic: no exact "
+                     "equality decided)"}[doc["exact"]]
     lines.append(f"\noutput {_tokens(out)}  target "
-                 f"{_tokens(doc.get('targets') or [doc.get('target')])}  "
-                 f"{'EXACT' if doc['exact'] else 'NOT EXACT'}")
+                 f"{_tokens(doc.get('targets') or [doc.get('target')])}  {verdict}")
     lines.append(f"readout: {doc['readout']['hook']} coordinates "
                  f"{doc['readout']['stream'][0]}..{doc['readout']['stream'][1] - 1}")
     return "\n".join(lines)
