@@ -250,3 +250,12 @@ def test_explain_judges_float_data_exactly_and_softmax_not_at_all():
     data = builtin.shared_pool(3, 2, 5, 3, 2, seed=1)
     doc = ef.explain(ef.compile(data, attention="softmax"), data, pair=0)
     assert doc["exact"] is None and doc["arithmetic"] == "mp"
+
+
+def test_data_of_the_other_kind_are_refused():
+    data = builtin.demo()
+    causal = ef.CausalDataset.from_text(["abcab"], d=3)
+    with pytest.raises(ValueError, match="causal"):
+        circuit(ef.compile(data), causal)
+    with pytest.raises(ValueError, match="causal"):
+        ef.explain(ef.compile(causal), data, pair=0)

@@ -23,6 +23,7 @@ from ..evaluate import Arithmetic, forward, relu, with_positions
 from ..lens_plan import is_identity_sa, layer_blocks, part_turns
 from ..model import FF, SA, Transformer
 from ..numbers import pad_columns
+from ..verification.decide import check_kind
 
 ROLE_OF_PHASE = {"tagging": "tag", "interpolation": "move"}  # other phases keep their names
 
@@ -86,6 +87,7 @@ def trace(model: Transformer, data: Dataset | CausalDataset, sequences=None,
     """Run ``model`` on ``data``'s sequences (all, or the indices ``sequences``) layer by
     layer, in exact arithmetic (hardmax) or mpmath at ``dps`` digits (softmax), each block's
     result checked against the evaluator's."""
+    check_kind(model, data)  # causal models on causal data, set models on set data
     sequences = list(range(data.N)) if sequences is None else list(sequences)
     kind = "exact" if model.attention == "hardmax" else "mp"
     ar = Arithmetic(kind, dps)
