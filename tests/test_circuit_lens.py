@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 
@@ -108,14 +109,25 @@ def test_small_zoo_loads_with_transformer_lens_alone(tmp_path):
         for f in ("config.json", "model.safetensors", "README.md", "circuit.json", "data.json",
                   "proof.json", "float32.json", "transformer_lens/circuit.json"):
             assert (tmp_path / name / f).is_file(), f"{name}/{f}"
+    # a copy whose circuit.json calls a used unit unused: the check must fail on it
+    shutil.copytree(tmp_path / "demo-keyed", tmp_path / "tampered")
+    path = tmp_path / "tampered" / "circuit.json"
+    doc = json.loads(path.read_text())
+    hook, units = next((k, v) for k, v in doc["pairs"][0]["units"].items()
+                       if doc["units"][k]["phase"] == "interpolation")
+    doc["unused"]["units"][hook] = sorted(set(doc["unused"]["units"].get(hook, [])) | set(units))
+    path.write_text(json.dumps(doc))
     # the shipped check, in a fresh interpreter that cannot import exactformer
     code = ("import sys; sys.modules['exactformer'] = None; "
-            f"sys.argv = ['check.py', {str(tmp_path)!r}, 'demo-keyed', 'two-texts']; "
+            f"sys.argv = ['check.py', {str(tmp_path)!r}, 'demo-keyed', 'two-texts', 'tampered']; "
             f"exec(open({str(tmp_path / 'check.py')!r}).read())")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count("OK") == 2 and "bit for bit" in res.stdout
+    lines = dict(line.split(": ", 1) for line in res.stdout.splitlines() if ": " in line)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert lines["demo-keyed"].startswith("OK") and "bit for bit" in lines["demo-keyed"]
+    assert lines["two-texts"].startswith("OK")
+    assert lines["tampered"].startswith("FAILS")
 
 
 def test_patching_the_collapse_head_hands_one_pair_the_others_outputs(exported):

@@ -47,7 +47,7 @@ ENTRIES = [
     Entry("demo-keyed", "set data with heavy sharing, the default keyed hardmax model",
           builtin.demo, "builtin.demo()"),
     Entry("demo-paper", "the same data, the paper's hat construction (exact in rationals only)",
-          builtin.demo, "builtin.demo()", {"construction": "paper"}),
+          builtin.demo, "builtin.demo()", {"construction": "paper"}, small=False),
     Entry("pool-softmax", "keyed softmax model, exact in real arithmetic",
           lambda: builtin.shared_pool(6, 2, 5, 3, 2, seed=1),
           "builtin.shared_pool(6, 2, 5, 3, 2, seed=1)", {"attention": "softmax"}),
