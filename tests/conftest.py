@@ -58,8 +58,9 @@ def dense_pass(model, x: np.ndarray, dtype, arr=None, exp=np.exp, pre=None
                     E = np.where(seen, E, arr(0))
                     weights = E / E.sum(axis=1, keepdims=True)
                 else:
-                    top = S == S.max(axis=1, keepdims=True)
-                    weights = top.astype(dtype) / top.sum(axis=1, keepdims=True).astype(dtype)
+                    top = S == S.max(axis=1, keepdims=True)  # counts through ``arr``: an
+                    # exact pass gets 1/|C| as a Fraction, not bool/int = a float
+                    weights = arr(top.astype(int)) / arr(top.sum(axis=1, keepdims=True))
                 out = out + (weights @ X) @ arr(h.V.dense()).T
             X = out
         states.append(X)

@@ -48,7 +48,8 @@ def test_the_folder_holds_config_weights_card_and_the_exact_model(tmp_path):
     report = ef.verify(model, data)
     et.to_torch(model).save_pretrained(tmp_path, data=data, report=report)
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["README.md", "config.json", "model.json", "model.safetensors"]
+    assert names == ["README.md", "circuit.json", "config.json", "model.json",
+                     "model.safetensors"]  # circuit.json: with data (docs/circuit.md)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["layout"] == "native" and config["d"] == model.d > data.d  # keyed: wider
     card = (tmp_path / "README.md").read_text()

@@ -184,8 +184,8 @@ def test_cli_exports_a_folder_and_judges_it(tmp_path, capsys):
     assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(out), "--layout",
                      "transformer-lens", "--data", str(tmp_path / "d.json")]) == 0
     assert re.search(r"transformer-lens float64 +INTERPOLATES", capsys.readouterr().out)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "lens_helpers.py",
-                                                      "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["circuit.json", "config.json",
+                                                      "lens_helpers.py", "model.safetensors"]
     assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(tmp_path / "x"),
                      "--data", str(tmp_path / "d.json")]) == 2
     assert "--layout transformer-lens" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Command line: build a model from data, verify it, run it, and the commands around them.
 
-The commands: build, verify, run, info, generate, text, demo, export, train, plot.
+The commands: build, verify, run, explain, info, generate, text, demo, export, train, plot,
+zoo.
 
 Errors go to stderr as one line with exit status 2, and no command leaves a partial output
 file. ``verify`` exits 0 only if every pair interpolates (exactly, for exact hardmax models),
@@ -24,6 +25,7 @@ from fractions import Fraction
 import numpy as np
 
 from .api import compile
+from .circuit.document import wanted
 from .cli_parser import SuggestingParser
 from .construct.generic import ConstructionError
 from .data import CausalDataset, Dataset, DatasetError, builtin, load_dataset
@@ -315,6 +317,42 @@ def _runtime_proof_line(model, data, dtype: str) -> int:
     return 0 if v.ok else 1
 
 
+def _explain(args) -> int:
+    """``explain``: one pair's (or causal position's) path, phase by phase, with TL hook names
+    (docs/circuit.md#explain); ``--json`` also writes it."""
+    from .circuit.explain import explain, render
+    model = load_model(args.model)
+    data = _data_for(model, args.data)
+    doc = explain(model, data, pair=args.pair, position=args.position)
+    print(render(doc))
+    if args.json:
+        write_text_atomic(args.json, json.dumps(doc, indent=1))
+    return 0
+
+
+def _zoo(args) -> int:
+    """``zoo``: build the documented models, each a Hub folder with its circuit
+    (docs/circuit.md#the-zoo)."""
+    zoo = _torch_module("export.zoo", "zoo")
+    index = zoo.build_zoo(args.output, small=args.small,
+                          progress=lambda name: print(f"building {name}", file=sys.stderr)
+                          if _progress(args) else None)
+    print(format_table([(m["name"], f"{m['kind']} {m['attention']} {m['construction']}, "
+                         f"{m['blocks']} blocks: {m['verify']}") for m in index["models"]]))
+    print(f"{len(index['models'])} models -> {args.output}/ (check: python "
+          f"{args.output}/check.py {args.output})")
+    return 0
+
+
+def _position(text: str) -> tuple[int, int]:
+    """An argparse type: "j,t", a sequence and a position in it."""
+    try:
+        j, t = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not j,t (two integers)") from None
+    return j, t
+
+
 def _range_verdict(model, dtype: str, data=None) -> int:
     """Exit status 1, with a FAILS line naming them, when numbers the ``dtype`` copy stores
     (or data coordinates) are outside its range (exactformer.runtime). A reduced-precision
@@ -344,11 +382,16 @@ def _export_lens(ef_torch, model, args) -> int:
     data = _data_for(model, args.data) if args.data else None
     if data is not None:
         data.padded(model.d)  # data wider than the model: refused before anything is written
-    config = ef_torch.save_lens(model, args.output, args.dtype)
+    written = wanted(model, data, args.circuit)
+    config = ef_torch.save_lens(model, args.output, args.dtype, data=data, circuit=written)
     print(f"exported {model.n_blocks} blocks as {config['n_layers']} TransformerLens blocks "
           f"(d_model {config['d_model']}, d_mlp {config['d_mlp']}, {config['n_heads']} "
           f"head{'s' if config['n_heads'] != 1 else ''}, {args.dtype}) -> {args.output}/"
-          f"config.json + model.safetensors + lens_helpers.py")
+          f"config.json + model.safetensors + lens_helpers.py"
+          + (" + circuit.json" if written else ""))
+    if data is not None and not written and args.circuit is None:
+        print("note: circuit.json not written: its exact trace of these data is long "
+              "(pass --circuit to write it anyway, docs/circuit.md)")
     if not args.data:
         return _range_verdict(model, args.dtype)
     if _progress(args):  # booting a deep bridge takes a while before the bar can start
@@ -420,6 +463,8 @@ def _plot(args) -> int:
             from None
     data = load_dataset(args.data, causal=args.causal)
     model = _compiled(args, data)
+    if args.explain is not None:
+        return _plot_explain(model, data, args)
     # both files appear or neither: each is written to a temporary path, moved at the end
     with atomic_path(args.output) as png, \
             (atomic_path(args.gif) if args.gif else nullcontext()) as gif:
@@ -428,6 +473,31 @@ def _plot(args) -> int:
     print(f"{len(plot.panels(fig))} panels ({kind}, {model.n_blocks} blocks) -> {args.output}"
           + (f", animation -> {args.gif}" if args.gif else ""))
     return 0
+
+
+def _plot_explain(model, data, args) -> int:
+    """``plot --explain j`` (causal: j,t): one pair's circuit over the TL blocks."""
+    from .tools.circuit_plot import plot_circuit
+    if args.gif:
+        raise UsageError("--gif steps through the phases; --explain draws one figure")
+    j, t = args.explain
+    if model.causal != (t is not None):
+        raise UsageError("--explain takes j for set data and j,t for causal data")
+    plot_circuit(model, data, args.output, pair=j if t is None else None,
+                 position=None if t is None else (j, t))
+    print(f"circuit of {'pair ' + str(j) if t is None else f'position {j},{t}'} over "
+          f"{model.n_blocks} blocks -> {args.output}")
+    return 0
+
+
+def _pair_or_position(text: str) -> tuple[int, int | None]:
+    """An argparse type: "j" (a pair) or "j,t" (a causal position)."""
+    if "," in text:
+        return _position(text)
+    try:
+        return int(text), None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not j or j,t") from None
 
 
 def _width_options(p: argparse.ArgumentParser) -> None:
@@ -496,11 +566,15 @@ def parser() -> argparse.ArgumentParser:
                    help="bfloat16: native and rho-eta layouts")
     e.add_argument("--data", help="also prove the copy faithful on this dataset in --dtype "
                    "(and, transformer-lens, run the rebuilt bridge on it); exit 1 if not")
+    e.add_argument("--circuit", action=argparse.BooleanOptionalAction, default=None,
+                   help="transformer-lens with --data: write circuit.json (default: when its "
+                   "exact trace is short, docs/circuit.md)")
     _add_progress(e)
     e.set_defaults(run=_export)
 
     _add_train(sub)
     _add_run(sub)
+    _add_explain(sub)
     _add_text(sub)
 
     dm = sub.add_parser("demo", help="build and verify a model for built-in data")
@@ -512,6 +586,9 @@ def parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="figure of the token positions after each phase")
     _construction_options(pl, "figure to write (PNG)")
     pl.add_argument("--gif", help="also write an animation through the blocks here")
+    pl.add_argument("--explain", type=_pair_or_position, metavar="J[,T]", help="instead, "
+                    "the circuit of pair J (causal: position J,T) over the TransformerLens "
+                    "blocks (docs/circuit.md#the-figure)")
     pl.set_defaults(run=_plot)
     return p
 
@@ -553,6 +630,26 @@ def _add_run(sub) -> None:
                    "data), else float")
     _add_progress(r)
     r.set_defaults(run=_run)
+
+
+def _add_explain(sub) -> None:
+    """The ``explain`` and ``zoo`` commands' options."""
+    x = sub.add_parser("explain", help="one pair's path through a model, phase by phase, "
+                                       "with TransformerLens hook names")
+    x.add_argument("model")
+    x.add_argument("data", help="the dataset the model was built for")
+    which = x.add_mutually_exclusive_group(required=True)
+    which.add_argument("--pair", type=_int_at_least(0), help="set data: the pair j")
+    which.add_argument("--position", type=_position, help="causal data: sequence j, "
+                       "position t, as j,t")
+    x.add_argument("--json", help="also write the explanation as JSON here")
+    x.set_defaults(run=_explain)
+    z = sub.add_parser("zoo", help="build a documented set of models with their circuits, "
+                                   "for TransformerLens")
+    z.add_argument("-o", "--output", required=True, help="folder to write")
+    z.add_argument("--small", action="store_true", help="only the small models (seconds)")
+    _add_progress(z)
+    z.set_defaults(run=_zoo)
 
 
 def _add_text(sub) -> None:

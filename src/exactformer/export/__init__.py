@@ -9,6 +9,7 @@ module a list of sequences, ``float32`` is the float32 verdict, ``hub`` the Hub-
 the ``lens`` extra). See docs/architecture.md and docs/numerics.md#the-torch-export.
 """
 
+from ..lens_plan import block_layers, stream_halves
 from .float32 import UNIT_ROUNDOFF_32, Float32Verdict, float32_verdict, max_error
 from .layouts import LAYOUTS, config_path, convert, export, load_torch, save_torch, to_torch
 from .lens_files import (
@@ -36,12 +37,10 @@ from .rho_eta import to_rho_eta
 from .run import apply, pad_batch
 from .transformer_lens import (
     LENS_DTYPES,
-    block_layers,
     build_bridge,
     hardmax_exponent,
     lens_config,
     lens_state_dict,
-    stream_halves,
     to_lens,
 )
 

@@ -27,6 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .. import __version__
+from ..circuit.document import CIRCUIT_FILE, circuit_text, wanted
 from ..data import CausalDataset
 from ..model import Transformer
 from ..modelio import ModelFormatError, atomic_path, load_model, model_to_dict
@@ -52,6 +53,8 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
         config["runtime_proofs"] = {v.runtime: v.verdict for v in proofs}
     texts = {CONFIG: json.dumps(config, indent=1),
              CARD: model_card(module.model, data, report, proofs)}
+    if wanted(module.model, data, None):  # the circuit, by TL hooks (docs/circuit.md)
+        texts[CIRCUIT_FILE] = circuit_text(module.model, data)
     if module.model.exact:
         texts[MODEL] = json.dumps(model_to_dict(module.model), separators=(",", ":"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -60,6 +63,8 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
         save_file(tensors, str(tmp))
         for name, text in texts.items():
             stack.enter_context(atomic_path(folder / name)).write_text(text)
+    if CIRCUIT_FILE not in texts:  # an earlier folder's circuit would describe other weights
+        (folder / CIRCUIT_FILE).unlink(missing_ok=True)
 
 
 class FolderError(ValueError):

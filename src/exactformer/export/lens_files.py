@@ -10,6 +10,7 @@ See docs/numerics.md#the-transformerlens-export.
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..circuit.document import CIRCUIT_FILE, circuit_text, wanted
 from ..data import CausalDataset, Dataset
 from ..distance import smallest
 from ..model import Transformer
@@ -37,21 +39,30 @@ LENS_TOLERANCE = {"float64": 1e-9, "float32": 1e-3}
 
 
 def save_lens(model: Transformer, folder: str | Path, dtype: str = "float64",
-              n_ctx: int | None = None) -> dict:
+              n_ctx: int | None = None, data: Dataset | CausalDataset | None = None,
+              circuit: bool | None = None) -> dict:
     """Write ``folder``/config.json, ``folder``/model.safetensors and ``folder``/lens_helpers.py
     (all or none, the folder made if missing); the config returned. The helpers let the
-    folder run with TransformerLens alone (docs/export.md#transformerlens-alone)."""
+    folder run with TransformerLens alone (docs/export.md#transformerlens-alone). With
+    ``data``, also ``folder``/circuit.json, the circuit on them (docs/circuit.md): always
+    with ``circuit=True``, never with False, and by default when its trace is small."""
     from safetensors.torch import save_file
 
     config = lens_config(model, dtype, n_ctx)
     state = lens_state_dict(model, dtype, n_ctx)
+    circuit = circuit_text(model, data) if wanted(model, data, circuit) else None
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with (atomic_path(folder / WEIGHTS) as tmp, atomic_path(folder / CONFIG) as tmp_config,
-          atomic_path(folder / HELPERS) as tmp_helpers):
-        save_file(state, str(tmp))
-        tmp_config.write_text(json.dumps(config, indent=1))
-        tmp_helpers.write_text(Path(lens_helpers.__file__).read_text())
+    texts = {CONFIG: json.dumps(config, indent=1),
+             HELPERS: Path(lens_helpers.__file__).read_text()}
+    if circuit is not None:
+        texts[CIRCUIT_FILE] = circuit
+    with ExitStack() as stack:
+        save_file(state, str(stack.enter_context(atomic_path(folder / WEIGHTS))))
+        for name, text in texts.items():
+            stack.enter_context(atomic_path(folder / name)).write_text(text)
+    if circuit is None:  # a circuit of an earlier export would describe other weights
+        (folder / CIRCUIT_FILE).unlink(missing_ok=True)
     return config
 
 

@@ -12,9 +12,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..lens_plan import is_identity_sa
 from ..model import Transformer
 from .hub import read_pretrained, write_pretrained
-from .native import FF_FORMS, ff_profile, floats, head_values, is_identity_sa, native_config
+from .native import FF_FORMS, ff_profile, floats, head_values, native_config
 
 
 # ------------------------------------------------------------------------------ attention

@@ -33,11 +33,6 @@ def floats(values) -> np.ndarray:
     return np.array([float(v) for v in a.flat], dtype=float).reshape(a.shape)
 
 
-def is_identity_sa(sa: SA | None) -> bool:
-    """No layer, or ρ = 1 and V = 0: the attention changes nothing."""
-    return sa is None or sa.is_identity()
-
-
 def ff_profile(ff: FF):
     """(f, breakpoints, values, (left slope, right slope)) in exact numbers when every hidden
     unit of ``ff`` reads one direction f (U_i = k_i·f), else None."""

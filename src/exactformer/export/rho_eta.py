@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..lens_plan import is_identity_sa
 from ..model import Transformer
 from .modules import RhoEtaTransformer, fill
-from .native import is_identity_sa
 
 
 def to_rho_eta(model: Transformer, dtype=torch.float64, device=None) -> RhoEtaTransformer:

@@ -19,14 +19,14 @@ by ``attn_scale`` = 2⁻ᵏ (:func:`hardmax_exponent`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from ..lens_plan import is_identity_sa, part_units, plan, turns
 from ..model import FF, SA, Transformer
 from .lens_helpers import boot as build_bridge
-from .native import floats, is_identity_sa
+from .native import floats
 
 LENS_DTYPES = ("float64", "float32")
 # Scaled hardmax scores are kept below g·‖x‖²·2^HALF_RANGE (g: the largest score coefficient),
@@ -37,73 +37,6 @@ HALF_RANGE = {"float64": 512, "float32": 64}
 # 2^−149 (float32), so exp(−t) rounds to 0 once t > ln 2 · 1075 (745.1…) or ln 2 · 150 (103.9…).
 EXP_UNDERFLOW = {"float64": 746.0, "float32": 104.0}
 DEFAULT_N_CTX = 2048  # set models have no positions: TL still needs a context length
-
-
-# ------------------------------------------------------------------------------ layout plan
-@dataclass
-class LensLayer:
-    """One TL block: the SA in its attention (or None) and its MLP's parts, each
-    ("ff", FF) or ("mix", ρ) — the ρ·x of a non-residual SA, added after its attention."""
-
-    attn: SA | None = None
-    mlp: list = field(default_factory=list)
-
-
-def plan(model: Transformer) -> list[LensLayer]:
-    """Our layers packed into TL blocks in order: an SA opens a block (its ρ part, if ρ ≠ 1,
-    takes that block's MLP), an FF takes the MLP of the open block if free, else opens one."""
-    layers: list[LensLayer] = []
-    for blk in model.blocks:
-        if blk.ff is not None:
-            if not layers or layers[-1].mlp:
-                layers.append(LensLayer())
-            layers[-1].mlp.append(("ff", blk.ff))
-        if not is_identity_sa(blk.sa):
-            layers.append(LensLayer(attn=blk.sa))
-            if blk.sa.rho != 1:
-                layers[-1].mlp.append(("mix", blk.sa.rho))
-    return layers or [LensLayer()]
-
-
-def block_layers(model: Transformer) -> list[int]:
-    """For each of our blocks, the TL block that ends it (holds its SA, else its FF; −1 for a
-    block of two identities before any TL block): where to read a phase's output."""
-    where, at = {}, -1
-    for i, layer in enumerate(plan(model)):
-        for part in [layer.attn, *(v for kind, v in layer.mlp if kind == "ff")]:
-            if part is not None:
-                where[id(part)] = i
-    out = []
-    for blk in model.blocks:
-        at = max([at] + [where[id(p)] for p in (blk.ff, blk.sa) if id(p) in where])
-        out.append(at)
-    return out
-
-
-def stream_halves(model: Transformer) -> list[int]:
-    """For each TL block, the half of the stream (0: coordinates 0..d−1, 1: d..2d−1) that
-    holds the tokens after it."""
-    half, out = 0, []
-    for layer in plan(model):
-        for kind, value in layer.mlp:
-            if kind == "mix" or value.eta != 1:
-                half = 1 - half
-        out.append(half)
-    return out
-
-
-def _turns(model: Transformer) -> bool:
-    """Whether some layer is not residual, so the stream needs two halves."""
-    return any((b.ff is not None and b.ff.eta != 1) or
-               (not is_identity_sa(b.sa) and b.sa.rho != 1) for b in model.blocks)
-
-
-def _units(part, d: int) -> int:
-    """Hidden units of one MLP part: the FF's own, plus 2d for the halves' turn (below)."""
-    kind, value = part
-    if kind == "mix":
-        return 2 * d
-    return value.width + (0 if value.eta == 1 else 2 * d)
 
 
 # ------------------------------------------------------------------------------ hardmax scale
@@ -154,8 +87,8 @@ def lens_config(model: Transformer, dtype: str = "float64", n_ctx: int | None = 
     if dtype not in LENS_DTYPES:
         raise ValueError(f"dtype must be one of {LENS_DTYPES}, got {dtype!r}")
     d, layers = model.d, plan(model)
-    wide = _turns(model)
-    d_mlp = max((_units(p, d) for layer in layers for p in layer.mlp), default=0)
+    wide = turns(model)
+    d_mlp = max((part_units(p, d) for layer in layers for p in layer.mlp), default=0)
     if model.positions is not None:
         n_ctx = len(model.positions)
     tau = 1.0 if model.tau is None else float(model.tau)
