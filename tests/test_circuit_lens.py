@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -18,6 +19,7 @@ pytest.importorskip("transformer_lens")
 import exactformer as ef  # noqa: E402
 from exactformer import export as et  # noqa: E402
 from exactformer.data import builtin  # noqa: E402
+from exactformer.distance import hausdorff  # noqa: E402
 
 
 def helper(folder):
@@ -29,9 +31,9 @@ def helper(folder):
     return module
 
 
-def run(h, bridge, inputs, units=None, heads=None):
+def run(h, bridge, inputs, units=None, heads=None, dtype=torch.float64):
     """Logits per sequence with units (hook → indices) and heads zero-ablated by hooks."""
-    x, mask = h.pad_batch(inputs, bridge.cfg.d_model)
+    x, mask = h.pad_batch(inputs, bridge.cfg.d_model, dtype=dtype)
 
     def zero(idx, head):
         def hook(act, hook):
@@ -96,6 +98,42 @@ def test_zero_ablation_through_transformer_lens(exported):
             disjoint &= all(not set(v) & set(f["heads"].get(k, [])) for k, v in e["heads"].items())
             if disjoint:
                 assert torch.equal(after[f["pair"]], base[f["pair"]])
+
+
+def test_float32_ablations_of_a_model_proved_faithful_in_float32(tmp_path):
+    """The same ablations in a float32 folder, for a model proved faithful in float32
+    (every float32 evaluation of the dense computation, docs/numerics.md): unused units
+    change nothing, and the units only pair j uses move pair j and leave every other pair bit
+    for bit: they are exact zeros there in float32 too."""
+    data = builtin.shared_pool(12, 3, 6, 4, 2, seed=3)
+    model = ef.compile(data)
+    assert ef.prove_runtime(model, data, "float32").ok
+    et.save_lens(model, tmp_path, "float32", data=data)
+    doc = json.loads((tmp_path / "circuit.json").read_text())
+    h = helper(tmp_path)
+    bridge = h.load_bridge(tmp_path)
+    inputs = [x.astype(np.float32) for x in data.floats()[0]]
+    base = run(h, bridge, inputs, dtype=torch.float32)
+    lo, hi = doc["readout"]["logits"]
+    scale = data.coordinate_scale()
+    for out, y in zip(base, data.targets, strict=True):  # within the proved tolerance
+        assert hausdorff(out[:, lo:hi].double().numpy(), y) <= 1e-5 * scale
+    unused = run(h, bridge, inputs, doc["unused"]["units"], doc["unused"]["heads"],
+                 dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(unused, base, strict=True))
+    owned = 0
+    for e in doc["pairs"]:  # the units only pair j uses: j's output moves, no other does
+        others = [f for f in doc["pairs"] if f["pair"] != e["pair"]]
+        own = {k: [u for u in v if not any(u in f["units"].get(k, []) for f in others)]
+               for k, v in e["units"].items()}
+        own = {k: v for k, v in own.items() if v}
+        if not own:
+            continue
+        owned += 1
+        after = run(h, bridge, inputs, own, dtype=torch.float32)
+        assert not torch.equal(after[e["pair"]], base[e["pair"]]), e["pair"]
+        assert all(torch.equal(after[f["pair"]], base[f["pair"]]) for f in others)
+    assert owned >= len(doc["pairs"]) // 2
 
 
 def test_small_zoo_loads_with_transformer_lens_alone(tmp_path):
