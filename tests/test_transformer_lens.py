@@ -185,7 +185,14 @@ def test_cli_exports_a_folder_and_judges_it(tmp_path, capsys):
                      "transformer-lens", "--data", str(tmp_path / "d.json")]) == 0
     assert re.search(r"transformer-lens float64 +INTERPOLATES", capsys.readouterr().out)
     assert sorted(p.name for p in out.iterdir()) == ["circuit.json", "config.json",
-                                                      "lens_helpers.py", "model.safetensors"]
+                                                      "lens_helpers.py", "model.safetensors",
+                                                      "runtime_proofs.json"]
+    proofs = json.loads((out / "runtime_proofs.json").read_text())
+    assert proofs["float32"]["verdict"] == ef.prove_runtime(ef.load_model(tmp_path / "m.json"),
+                                                            data, "float32").verdict
+    assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(out), "--layout",
+                     "transformer-lens"]) == 0  # no data: no proof of other weights stays
+    assert not (out / "runtime_proofs.json").exists() and not (out / "circuit.json").exists()
     assert cli.main(["export", str(tmp_path / "m.json"), "-o", str(tmp_path / "x"),
                      "--data", str(tmp_path / "d.json")]) == 2
     assert "--layout transformer-lens" in capsys.readouterr().err

@@ -303,13 +303,13 @@ def _export(args) -> int:
     return max(_range_verdict(model, args.dtype), _runtime_proof_line(model, data, args.dtype))
 
 
-def _runtime_proof_line(model, data, dtype: str) -> int:
+def _runtime_proof_line(model, data, dtype: str, v=None) -> int:
     """export --data in a reduced precision: the proof that every evaluation of the dense
     computation in ``dtype`` reproduces the data (one line; exit status 1 when not proved,
-    with the reason)."""
+    with the reason). ``v``: the verdict, when already made."""
     if data is None or dtype == "float64":
         return 0
-    v = prove_runtime(model, data, dtype)
+    v = v or prove_runtime(model, data, dtype)
     why = "" if v.ok else (f": {v.witness} ({v.witness_error:.3g} × scale)" if v.witness else
                            f": its bound {v.bound:.3g} × scale is above {v.tolerance:g}")
     print(f"{dtype} copy: {v.verdict}{why} (the dense computation, any summation order, "
@@ -383,12 +383,15 @@ def _export_lens(ef_torch, model, args) -> int:
     if data is not None:
         data.padded(model.d)  # data wider than the model: refused before anything is written
     written = wanted(model, data, args.circuit)
-    config = ef_torch.save_lens(model, args.output, args.dtype, data=data, circuit=written)
+    proof = None if data is None else prove_runtime(model, data, "float32")
+    config = ef_torch.save_lens(model, args.output, args.dtype, data=data, circuit=written,
+                                proofs=None if proof is None else [proof])
     print(f"exported {model.n_blocks} blocks as {config['n_layers']} TransformerLens blocks "
           f"(d_model {config['d_model']}, d_mlp {config['d_mlp']}, {config['n_heads']} "
           f"head{'s' if config['n_heads'] != 1 else ''}, {args.dtype}) -> {args.output}/"
           f"config.json + model.safetensors + lens_helpers.py"
-          + (" + circuit.json" if written else ""))
+          + (" + circuit.json" if written else "")
+          + (" + runtime_proofs.json" if data is not None else ""))
     if data is not None and not written and args.circuit is None:
         print("note: circuit.json not written: its exact trace of these data is long "
               "(pass --circuit to write it anyway, docs/circuit.md)")
@@ -404,7 +407,7 @@ def _export_lens(ef_torch, model, args) -> int:
     verdict = ef_torch.lens_verdict(bridge, data, progress=_progress(args))
     print(ef_torch.verdict_table([verdict]))
     return max(0 if verdict.interpolates else 1, _range_verdict(model, args.dtype, data),
-               _runtime_proof_line(model, data, args.dtype))
+               _runtime_proof_line(model, data, args.dtype, proof))
 
 
 def _train(args) -> int:

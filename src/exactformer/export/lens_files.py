@@ -32,6 +32,7 @@ from .native import floats
 from .transformer_lens import EXP_UNDERFLOW, lens_config, lens_state_dict
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
+PROOFS = "runtime_proofs.json"  # the float32 proof of the exported computation on the data
 HELPERS = "lens_helpers.py"  # a copy of exactformer/export/lens_helpers.py, no exactformer import
 # The verdict's default tolerances (error / coordinate scale): verify's for float64, and the
 # float32 verdict's (exactformer.export.float32_verdict) for float32.
@@ -40,29 +41,38 @@ LENS_TOLERANCE = {"float64": 1e-9, "float32": 1e-3}
 
 def save_lens(model: Transformer, folder: str | Path, dtype: str = "float64",
               n_ctx: int | None = None, data: Dataset | CausalDataset | None = None,
-              circuit: bool | None = None) -> dict:
+              circuit: bool | None = None, proofs: list | None = None) -> dict:
     """Write ``folder``/config.json, ``folder``/model.safetensors and ``folder``/lens_helpers.py
     (all or none, the folder made if missing); the config returned. The helpers let the
     folder run with TransformerLens alone (docs/export.md#transformerlens-alone). With
     ``data``, also ``folder``/circuit.json, the circuit on them (docs/circuit.md): always
-    with ``circuit=True``, never with False, and by default when its trace is small."""
+    with ``circuit=True``, never with False, and by default when its trace is small; and
+    ``folder``/runtime_proofs.json, the float32 proof on them (``prove_runtime``, or the
+    verdicts ``proofs`` already made; docs/numerics.md#proofs-for-reduced-precision-runtimes).
+    Files of an earlier export that these weights do not back are removed."""
     from safetensors.torch import save_file
 
     config = lens_config(model, dtype, n_ctx)
     state = lens_state_dict(model, dtype, n_ctx)
     circuit = circuit_text(model, data) if wanted(model, data, circuit) else None
+    if data is not None and proofs is None:
+        from ..verification import prove_runtime
+        proofs = [prove_runtime(model, data, "float32")]
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     texts = {CONFIG: json.dumps(config, indent=1),
              HELPERS: Path(lens_helpers.__file__).read_text()}
     if circuit is not None:
         texts[CIRCUIT_FILE] = circuit
+    if data is not None:
+        texts[PROOFS] = json.dumps({v.runtime: v.to_dict() for v in proofs}, indent=1)
     with ExitStack() as stack:
         save_file(state, str(stack.enter_context(atomic_path(folder / WEIGHTS))))
         for name, text in texts.items():
             stack.enter_context(atomic_path(folder / name)).write_text(text)
-    if circuit is None:  # a circuit of an earlier export would describe other weights
-        (folder / CIRCUIT_FILE).unlink(missing_ok=True)
+    for name in (CIRCUIT_FILE, PROOFS):  # an earlier export's would describe other weights
+        if name not in texts:
+            (folder / name).unlink(missing_ok=True)
     return config
 
 
