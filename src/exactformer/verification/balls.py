@@ -333,16 +333,16 @@ class _Seq:
         """Keep equal exact points once (with the summed count): a token's image depends
         only on the token and on its sequence's multiset, so equal points stay equal. Not in
         a causal pass, where equal points see different prefixes."""
-        toks, counts, remap, points = [], [], [], {}
+        toks, counts, remap, points = [], [], [], []
         for t, c in zip(self.toks, self.counts, strict=True):
-            key = tuple(t.o.entries()) if isinstance(t, Exact) else None
-            same = points.get(key) if key is not None else None
+            same = next((i for i in points if toks[i] is t or toks[i].o == t.o), None) \
+                if isinstance(t, Exact) else None
             if same is not None:
                 counts[same] += c
                 remap.append(same)
                 continue
-            if key is not None:
-                points[key] = len(toks)
+            if isinstance(t, Exact):
+                points.append(len(toks))
             remap.append(len(toks))
             toks.append(t)
             counts.append(c)
