@@ -12,7 +12,6 @@ terminal).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -25,83 +24,38 @@ from fractions import Fraction
 import numpy as np
 
 from .api import compile
-from .circuit.document import wanted
-from .cli_parser import SuggestingParser
+from .cli_circuit import add_explain, plot_explain
+from .cli_export import add_export
+from .cli_parser import (
+    SuggestingParser,
+    UsageError,
+    add_progress,
+    data_for,
+    exact_tau,
+    int_at_least,
+    nonnegative_float,
+    pair_or_position,
+    positive_float,
+    positive_int,
+    progress_on,
+    torch_module,
+)
 from .construct.generic import ConstructionError
 from .data import CausalDataset, Dataset, DatasetError, builtin, load_dataset
 from .data.text import read_vocabulary
 from .modelio import ModelFormatError, atomic_path, load_model, save_model, write_text_atomic
-from .numbers import as_number_array, fmt, normal_positive, parse_exact
-from .runtime import claimed_runtimes, range_faults, range_message
+from .numbers import as_number_array, fmt, parse_exact
 from .summary import model_summary
 from .tables import format_table
-from .verification import check_kind, prove_runtime, verify
+from .verification import prove_runtime, verify
 from .verification.formats import FORMATS
-
-
-class UsageError(Exception):
-    """A request the CLI cannot honour; printed as an error with exit status 2."""
-
-
-# ------------------------------------------------------------------------------ argument types
-def _int_at_least(low: int):
-    """An argparse type: an integer >= ``low``."""
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"{v} is not an integer >= {low}")
-        return v
-    return parse
-
-
-_positive_int = _int_at_least(1)
-
-
-def _float_at_least(low: float, strict: bool):
-    """An argparse type: a finite float above ``low`` (or at least ``low``)."""
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(v) or v < low or (strict and v == low):
-            bound = f"> {low:g}" if strict else f">= {low:g}"
-            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number {bound}")
-        return v
-    return parse
-
-
-_positive_float = _float_at_least(0.0, strict=True)
-_nonnegative_float = _float_at_least(0.0, strict=False)
-
-
-def _exact_tau(text: str):
-    """A softmax temperature given exactly ("1/64", "0.5"): positive and finite."""
-    try:
-        v = parse_exact(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an exact number ({e})"[:200]) \
-            from None
-    try:
-        return normal_positive(v, "--tau")
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _progress(args) -> bool:
-    """--progress/--no-progress, by default on only when stderr is a terminal."""
-    return sys.stderr.isatty() if args.progress is None else args.progress
-
 
 # ------------------------------------------------------------------------------ commands
 
 def _compiled(args, data):
     """The model that ``build`` and ``plot`` construct from their shared options."""
     return compile(data, attention=args.attention, exact=not args.float, seed=args.seed,
-                   tau=args.tau, progress=_progress(args), width=args.width, heads=args.heads,
+                   tau=args.tau, progress=progress_on(args), width=args.width, heads=args.heads,
                    n_layers=args.layers, construction=_construction(args))
 
 
@@ -128,10 +82,10 @@ def _build(args) -> int:
 
 def _verify(args) -> int:
     model = load_model(args.model)
-    data = _data_for(model, args.data)
+    data = data_for(model, args.data)
     if args.runtime:
         return _verify_runtimes(args, model, data)
-    report = verify(model, data, tolerance=args.tolerance or 1e-9, progress=_progress(args))
+    report = verify(model, data, tolerance=args.tolerance or 1e-9, progress=progress_on(args))
     print(report.table())
     if args.json:
         write_text_atomic(args.json, json.dumps(report.to_dict(), indent=1, default=str))
@@ -148,16 +102,6 @@ def _verify_runtimes(args, model, data) -> int:
         write_text_atomic(args.json, json.dumps(
             {"runtimes": [v.to_dict() for v in verdicts]}, indent=1, default=str))
     return 0 if all(v.ok for v in verdicts) else 1
-
-
-def _data_for(model, path: str):
-    """The dataset at ``path``, of the model's kind (causal or set), or a UsageError naming it."""
-    data = load_dataset(path, causal=model.causal)
-    try:
-        check_kind(model, data)
-    except ValueError as e:
-        raise UsageError(f"{path}: {e}") from None
-    return data
 
 
 def _info(args) -> int:
@@ -224,9 +168,9 @@ def _run(args) -> int:
     from .evaluate import run as run_model
     from .tools.decode import nearest
     model = load_model(args.model)
-    data = _data_for(model, args.data)
+    data = data_for(model, args.data)
     symbols, vocab = read_vocabulary(args.vocabulary) if args.vocabulary else (None, None)
-    outs = run_model(model, data, args.arithmetic, progress=_progress(args))
+    outs = run_model(model, data, args.arithmetic, progress=progress_on(args))
     kind = "sequence" if model.causal else "pair"
     doc = {"model": str(args.model), "data": str(args.data), "causal": model.causal,
            "number": _number_kind(outs), "outputs": [_json_rows(o) for o in outs]}
@@ -279,139 +223,8 @@ def _text(args) -> int:
     return 0
 
 
-def _torch_module(name: str, command: str):
-    """exactformer.<name> (which imports torch), or a UsageError saying how to install it."""
-    try:
-        return importlib.import_module(f"exactformer.{name}")
-    except ImportError as e:
-        raise UsageError(f"{command} needs PyTorch and safetensors (pip install "
-                         f"'exactformer[torch]'): {e}") from None
-
-
-def _export(args) -> int:
-    ef_torch = _torch_module("export", "export")
-    model = load_model(args.model)
-    if args.layout == "transformer-lens":
-        return _export_lens(ef_torch, model, args)
-    if args.data and args.dtype == "float64":
-        raise UsageError("--data (a verdict through the exported model) is for "
-                         "--layout transformer-lens or --dtype float32|bfloat16")
-    data = _data_for(model, args.data) if args.data else None
-    module = ef_torch.export(model, args.output, layout=args.layout, dtype=args.dtype)
-    print(f"exported {model.n_blocks} blocks as {len(module.blocks)} {args.layout} blocks "
-          f"({args.dtype}) -> {args.output} + {ef_torch.config_path(args.output)}")
-    return max(_range_verdict(model, args.dtype), _runtime_proof_line(model, data, args.dtype))
-
-
-def _runtime_proof_line(model, data, dtype: str, v=None) -> int:
-    """export --data in a reduced precision: the proof that every evaluation of the dense
-    computation in ``dtype`` reproduces the data (one line; exit status 1 when not proved,
-    with the reason). ``v``: the verdict, when already made."""
-    if data is None or dtype == "float64":
-        return 0
-    v = v or prove_runtime(model, data, dtype)
-    why = "" if v.ok else (f": {v.witness} ({v.witness_error:.3g} × scale)" if v.witness else
-                           f": its bound {v.bound:.3g} × scale is above {v.tolerance:g}")
-    print(f"{dtype} copy: {v.verdict}{why} (the dense computation, any summation order, "
-          "docs/numerics.md#proofs-for-reduced-precision-runtimes)")
-    return 0 if v.ok else 1
-
-
-def _explain(args) -> int:
-    """``explain``: one pair's (or causal position's) path, phase by phase, with TL hook names
-    (docs/circuit.md#explain); ``--json`` also writes it."""
-    from .circuit.explain import explain, render
-    model = load_model(args.model)
-    data = _data_for(model, args.data)
-    doc = explain(model, data, pair=args.pair, position=args.position)
-    print(render(doc))
-    if args.json:
-        write_text_atomic(args.json, json.dumps(doc, indent=1))
-    return 0
-
-
-def _zoo(args) -> int:
-    """``zoo``: build the documented models, each a Hub folder with its circuit
-    (docs/circuit.md#the-zoo)."""
-    zoo = _torch_module("export.zoo", "zoo")
-    index = zoo.build_zoo(args.output, small=args.small,
-                          progress=lambda name: print(f"building {name}", file=sys.stderr)
-                          if _progress(args) else None)
-    print(format_table([(m["name"], f"{m['kind']} {m['attention']} {m['construction']}, "
-                         f"{m['blocks']} blocks: {m['verify']}") for m in index["models"]]))
-    print(f"{len(index['models'])} models -> {args.output}/ (check: python "
-          f"{args.output}/check.py {args.output})")
-    return 0
-
-
-def _position(text: str) -> tuple[int, int]:
-    """An argparse type: "j,t", a sequence and a position in it."""
-    try:
-        j, t = (int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not j,t (two integers)") from None
-    return j, t
-
-
-def _range_verdict(model, dtype: str, data=None) -> int:
-    """Exit status 1, with a FAILS line naming them, when numbers the ``dtype`` copy stores
-    (or data coordinates) are outside its range (exactformer.runtime). A reduced-precision
-    copy of a model that claims no faithful pass in it (the paper's construction) gets a line
-    saying so and how to build one that does."""
-    claims = claimed_runtimes(model)
-    if dtype != "float64" and dtype not in claims and claims:
-        print(f"note: this model claims no faithful {dtype} pass (it claims "
-              f"{', '.join(claims)}), so the {dtype} copy may not reproduce the data")
-    elif dtype != "float64" and dtype not in claims:
-        print(f"note: this model claims no faithful {dtype} pass (the paper's hat construction "
-              f"cancels large terms that {dtype} rounds), so the {dtype} copy may not reproduce "
-              f"the data; the default keyed construction (exactformer build DATA -o MODEL, "
-              f"docs/keyed.md) builds one that does")
-    faults = range_faults(model, dtype, data)
-    if not faults:
-        return 0
-    print(f"{dtype} copy FAILS: {range_message(dtype, faults)}")
-    return 1
-
-
-def _export_lens(ef_torch, model, args) -> int:
-    """``export --layout transformer-lens``: the folder, then with ``--data`` the verdict of
-    the bridge rebuilt from it (exit 1 if it fails); data of the wrong kind write nothing."""
-    if args.dtype == "bfloat16":
-        raise UsageError("--layout transformer-lens is written in float64 or float32")
-    data = _data_for(model, args.data) if args.data else None
-    if data is not None:
-        data.padded(model.d)  # data wider than the model: refused before anything is written
-    written = wanted(model, data, args.circuit)
-    proof = None if data is None else prove_runtime(model, data, "float32")
-    config = ef_torch.save_lens(model, args.output, args.dtype, data=data, circuit=written,
-                                proofs=None if proof is None else [proof])
-    print(f"exported {model.n_blocks} blocks as {config['n_layers']} TransformerLens blocks "
-          f"(d_model {config['d_model']}, d_mlp {config['d_mlp']}, {config['n_heads']} "
-          f"head{'s' if config['n_heads'] != 1 else ''}, {args.dtype}) -> {args.output}/"
-          f"config.json + model.safetensors + lens_helpers.py"
-          + (" + circuit.json" if written else "")
-          + (" + runtime_proofs.json" if data is not None else ""))
-    if data is not None and not written and args.circuit is None:
-        print("note: circuit.json not written: its exact trace of these data is long "
-              "(pass --circuit to write it anyway, docs/circuit.md)")
-    if not args.data:
-        return _range_verdict(model, args.dtype)
-    if _progress(args):  # booting a deep bridge takes a while before the bar can start
-        print("transformer-lens: building the bridge from the folder", file=sys.stderr)
-    try:
-        bridge = ef_torch.load_lens(args.output)
-    except ImportError as e:
-        raise UsageError(f"--data needs transformer-lens (pip install 'exactformer[lens]'): "
-                         f"{e}") from None
-    verdict = ef_torch.lens_verdict(bridge, data, progress=_progress(args))
-    print(ef_torch.verdict_table([verdict]))
-    return max(0 if verdict.interpolates else 1, _range_verdict(model, args.dtype, data),
-               _runtime_proof_line(model, data, args.dtype, proof))
-
-
 def _train(args) -> int:
-    ef_torch, ef_train = _torch_module("export", "train"), _torch_module("tools.train", "train")
+    ef_torch, ef_train = torch_module("export", "train"), torch_module("tools.train", "train")
     data = Dataset.load(args.data)
     if args.start:
         model = load_model(args.start)
@@ -431,7 +244,7 @@ def _train(args) -> int:
         reference = ef_torch.to_rho_eta(load_model(reference))
         ef_train.check_same_architecture(start, reference)
     result = ef_train.train(start, data, eps=args.eps, epochs=args.epochs, lr=args.lr,
-                            time_budget=args.budget, progress=_progress(args))
+                            time_budget=args.budget, progress=progress_on(args))
     ef_torch.save_torch(result.module, args.output)
     print(f"trained {len(start.blocks)} ρ/η blocks: {result.steps} steps ({result.stop}), "
           f"{result.seconds:.1f} s; loss {result.final_loss:.4g}, max Hausdorff error "
@@ -467,7 +280,7 @@ def _plot(args) -> int:
     data = load_dataset(args.data, causal=args.causal)
     model = _compiled(args, data)
     if args.explain is not None:
-        return _plot_explain(model, data, args)
+        return plot_explain(model, data, args)
     # both files appear or neither: each is written to a temporary path, moved at the end
     with atomic_path(args.output) as png, \
             (atomic_path(args.gif) if args.gif else nullcontext()) as gif:
@@ -478,44 +291,14 @@ def _plot(args) -> int:
     return 0
 
 
-def _plot_explain(model, data, args) -> int:
-    """``plot --explain j`` (causal: j,t): one pair's circuit over the TL blocks."""
-    from .tools.circuit_plot import plot_circuit
-    if args.gif:
-        raise UsageError("--gif steps through the phases; --explain draws one figure")
-    j, t = args.explain
-    if model.causal != (t is not None):
-        raise UsageError("--explain takes j for set data and j,t for causal data")
-    plot_circuit(model, data, args.output, pair=j if t is None else None,
-                 position=None if t is None else (j, t))
-    print(f"circuit of {'pair ' + str(j) if t is None else f'position {j},{t}'} over "
-          f"{model.n_blocks} blocks -> {args.output}")
-    return 0
-
-
-def _pair_or_position(text: str) -> tuple[int, int | None]:
-    """An argparse type: "j" (a pair) or "j,t" (a causal position)."""
-    if "," in text:
-        return _position(text)
-    try:
-        return int(text), None
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not j or j,t") from None
-
-
 def _width_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=4, help="widest FF layer, a multiple of 4: "
                    "width/4 hats per layer, fewer blocks (docs/heads.md)")
-    p.add_argument("--layers", type=_positive_int, default=None, help="at most this many "
+    p.add_argument("--layers", type=positive_int, default=None, help="at most this many "
                    "blocks: the width (and heads, if --heads is 1) are chosen to fit")
     p.add_argument("--heads", type=int, default=1, help="attention heads a separation round "
                    "may use (at most d - 1); with --keys, separation rounds sharing an "
                    "attention layer, a head each (docs/keyed.md#heads)")
-
-
-def _add_progress(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bars on stderr (default: only when it is a terminal)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -529,16 +312,16 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check that a model interpolates a dataset")
     v.add_argument("model")
     v.add_argument("data")
-    v.add_argument("--tolerance", type=_positive_float, default=None,
+    v.add_argument("--tolerance", type=positive_float, default=None,
                    help="relative Hausdorff tolerance for non-exact verdicts (default 1e-9; "
                         "with --runtime 1e-5)")
     v.add_argument("--runtime", action="append", choices=list(FORMATS),
                    help="instead, prove the exported dense computation faithful in this "
                         "runtime in any summation order (repeatable)")
-    v.add_argument("--exp-ulps", type=_positive_float, default=2.0,
+    v.add_argument("--exp-ulps", type=positive_float, default=2.0,
                    help="with --runtime: exp's error bound in float32 ulps (softmax)")
     v.add_argument("--json", help="also write the report as JSON here")
-    _add_progress(v)
+    add_progress(v)
     v.set_defaults(run=_verify)
 
     g = sub.add_parser("generate", help="feed a causal model's output back as its next input")
@@ -557,27 +340,10 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("model")
     i.set_defaults(run=_info)
 
-    e = sub.add_parser("export", help="write a model as safetensors for PyTorch, or as a "
-                                      "TransformerLens folder")
-    e.add_argument("model")
-    e.add_argument("-o", "--output", required=True, help="safetensors file to write "
-                   "(transformer-lens: the folder for config.json, model.safetensors and "
-                   "lens_helpers.py)")
-    e.add_argument("--layout", choices=["native", "rho-eta", "transformer-lens"],
-                   default="native")
-    e.add_argument("--dtype", choices=["float64", "float32", "bfloat16"], default="float64",
-                   help="bfloat16: native and rho-eta layouts")
-    e.add_argument("--data", help="also prove the copy faithful on this dataset in --dtype "
-                   "(and, transformer-lens, run the rebuilt bridge on it); exit 1 if not")
-    e.add_argument("--circuit", action=argparse.BooleanOptionalAction, default=None,
-                   help="transformer-lens with --data: write circuit.json (default: when its "
-                   "exact trace is short, docs/circuit.md)")
-    _add_progress(e)
-    e.set_defaults(run=_export)
-
+    add_export(sub)
     _add_train(sub)
     _add_run(sub)
-    _add_explain(sub)
+    add_explain(sub)
     _add_text(sub)
 
     dm = sub.add_parser("demo", help="build and verify a model for built-in data")
@@ -589,7 +355,7 @@ def parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="figure of the token positions after each phase")
     _construction_options(pl, "figure to write (PNG)")
     pl.add_argument("--gif", help="also write an animation through the blocks here")
-    pl.add_argument("--explain", type=_pair_or_position, metavar="J[,T]", help="instead, "
+    pl.add_argument("--explain", type=pair_or_position, metavar="J[,T]", help="instead, "
                     "the circuit of pair J (causal: position J,T) over the TransformerLens "
                     "blocks (docs/circuit.md#the-figure)")
     pl.set_defaults(run=_plot)
@@ -605,18 +371,18 @@ def _add_train(sub) -> None:
     t.add_argument("--from", dest="start", help="warm start from this model (JSON)")
     t.add_argument("--reference", help="exact interpolant θ* (model JSON) for the diagnostic; "
                    "default: the --from model")
-    t.add_argument("--eps", type=_nonnegative_float, default=1e-3, help="penalty weight ε")
-    t.add_argument("--epochs", type=_int_at_least(0), default=2000,
+    t.add_argument("--eps", type=nonnegative_float, default=1e-3, help="penalty weight ε")
+    t.add_argument("--epochs", type=int_at_least(0), default=2000,
                    help="Adam steps (0: evaluate the start only)")
-    t.add_argument("--lr", type=_positive_float, default=1e-2)
-    t.add_argument("--budget", type=_positive_float, default=None,
+    t.add_argument("--lr", type=positive_float, default=1e-2)
+    t.add_argument("--budget", type=positive_float, default=None,
                    help="stop after this many seconds")
-    t.add_argument("--blocks", type=_positive_int, default=1,
+    t.add_argument("--blocks", type=positive_int, default=1,
                    help="random start: number of blocks")
-    t.add_argument("--h", type=_positive_int, default=1, help="random start: attention rank")
-    t.add_argument("--tau", type=_positive_float, default=1.0, help="random start: temperature")
+    t.add_argument("--h", type=positive_int, default=1, help="random start: attention rank")
+    t.add_argument("--tau", type=positive_float, default=1.0, help="random start: temperature")
     t.add_argument("--seed", type=int, default=0, help="random start: seed")
-    _add_progress(t)
+    add_progress(t)
     t.set_defaults(run=_train)
 
 
@@ -631,28 +397,8 @@ def _add_run(sub) -> None:
     r.add_argument("--arithmetic", choices=["exact", "float", "mp"], default=None,
                    help="default: exact for rational hardmax models (floats back for float "
                    "data), else float")
-    _add_progress(r)
+    add_progress(r)
     r.set_defaults(run=_run)
-
-
-def _add_explain(sub) -> None:
-    """The ``explain`` and ``zoo`` commands' options."""
-    x = sub.add_parser("explain", help="one pair's path through a model, phase by phase, "
-                                       "with TransformerLens hook names")
-    x.add_argument("model")
-    x.add_argument("data", help="the dataset the model was built for")
-    which = x.add_mutually_exclusive_group(required=True)
-    which.add_argument("--pair", type=_int_at_least(0), help="set data: the pair j")
-    which.add_argument("--position", type=_position, help="causal data: sequence j, "
-                       "position t, as j,t")
-    x.add_argument("--json", help="also write the explanation as JSON here")
-    x.set_defaults(run=_explain)
-    z = sub.add_parser("zoo", help="build a documented set of models with their circuits, "
-                                   "for TransformerLens")
-    z.add_argument("-o", "--output", required=True, help="folder to write")
-    z.add_argument("--small", action="store_true", help="only the small models (seconds)")
-    _add_progress(z)
-    z.set_defaults(run=_zoo)
 
 
 def _add_text(sub) -> None:
@@ -663,9 +409,9 @@ def _add_text(sub) -> None:
     t.add_argument("-o", "--output", required=True, help="causal dataset to write (.json)")
     t.add_argument("--vocabulary", required=True,
                    help="vocabulary to write (.json, object character -> vector)")
-    t.add_argument("--dim", type=_int_at_least(2), default=8, help="token dimension d")
+    t.add_argument("--dim", type=int_at_least(2), default=8, help="token dimension d")
     t.add_argument("--seed", type=int, default=0, help="seed of the character vectors")
-    t.add_argument("--chars", type=_int_at_least(2), default=None,
+    t.add_argument("--chars", type=int_at_least(2), default=None,
                    help="only the first this many characters")
     t.set_defaults(run=_text)
 
@@ -677,7 +423,7 @@ def _construction_options(p: argparse.ArgumentParser, output: str) -> None:
     p.add_argument("--attention", choices=["hardmax", "softmax"], default="hardmax")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--float", action="store_true", help="float64 parameters (large data)")
-    p.add_argument("--tau", type=_exact_tau, default=None,
+    p.add_argument("--tau", type=exact_tau, default=None,
                    help="softmax temperature, an exact positive number (default 1)")
     p.add_argument("--causal", action="store_true", help="causal data: a target or null per "
                    "position (implied by a dataset marked \"causal\": true)")
@@ -688,7 +434,7 @@ def _construction_options(p: argparse.ArgumentParser, output: str) -> None:
     p.add_argument("--keys", action="store_true", help="the older spelling of --construction "
                    "keyed")
     _width_options(p)
-    _add_progress(p)
+    add_progress(p)
 
 
 def main(argv: list[str] | None = None) -> int:

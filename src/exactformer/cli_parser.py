@@ -1,4 +1,5 @@
-"""The command line's argument parser: usage errors as one line with a suggestion.
+"""The command line's argument parser and what every command shares: argument types, usage
+errors as one line with a suggestion, the progress option, reading a dataset for a model.
 
 A mistyped command, option or choice (``--atention``, ``--attention sofmax``) gets the
 nearest known word, found by difflib, in the one-line error (docs/cli.md).
@@ -8,7 +9,18 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
+import math
 import re
+import sys
+
+from .data import load_dataset
+from .numbers import normal_positive, parse_exact
+from .verification import check_kind
+
+
+class UsageError(Exception):
+    """A request the CLI cannot honour; printed as an error with exit status 2."""
 
 
 class SuggestingParser(argparse.ArgumentParser):
@@ -45,3 +57,100 @@ def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
             for sub in action.choices.values():
                 out |= _option_strings(sub)
     return out
+
+
+# ------------------------------------------------------------------------------ argument types
+def int_at_least(low: int):
+    """An argparse type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{v} is not an integer >= {low}")
+        return v
+    return parse
+
+
+positive_int = int_at_least(1)
+
+
+def float_at_least(low: float, strict: bool):
+    """An argparse type: a finite float above ``low`` (or at least ``low``)."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(v) or v < low or (strict and v == low):
+            bound = f"> {low:g}" if strict else f">= {low:g}"
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number {bound}")
+        return v
+    return parse
+
+
+positive_float = float_at_least(0.0, strict=True)
+nonnegative_float = float_at_least(0.0, strict=False)
+
+
+def exact_tau(text: str):
+    """A softmax temperature given exactly ("1/64", "0.5"): positive and finite."""
+    try:
+        v = parse_exact(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an exact number ({e})"[:200]) \
+            from None
+    try:
+        return normal_positive(v, "--tau")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def position(text: str) -> tuple[int, int]:
+    """An argparse type: "j,t", a sequence and a position in it."""
+    try:
+        j, t = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not j,t (two integers)") from None
+    return j, t
+
+
+def pair_or_position(text: str) -> tuple[int, int | None]:
+    """An argparse type: "j" (a pair) or "j,t" (a causal position)."""
+    if "," in text:
+        return position(text)
+    try:
+        return int(text), None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not j or j,t") from None
+
+
+# ------------------------------------------------------------------------------ shared by commands
+def add_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars on stderr (default: only when it is a terminal)")
+
+
+def progress_on(args) -> bool:
+    """--progress/--no-progress, by default on only when stderr is a terminal."""
+    return sys.stderr.isatty() if args.progress is None else args.progress
+
+
+def data_for(model, path: str):
+    """The dataset at ``path``, of the model's kind (causal or set), or a UsageError naming it."""
+    data = load_dataset(path, causal=model.causal)
+    try:
+        check_kind(model, data)
+    except ValueError as e:
+        raise UsageError(f"{path}: {e}") from None
+    return data
+
+
+def torch_module(name: str, command: str):
+    """exactformer.<name> (which imports torch), or a UsageError saying how to install it."""
+    try:
+        return importlib.import_module(f"exactformer.{name}")
+    except ImportError as e:
+        raise UsageError(f"{command} needs PyTorch and safetensors (pip install "
+                         f"'exactformer[torch]'): {e}") from None
