@@ -15,28 +15,58 @@ def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None,
     """A plain float64 pass, written apart from :func:`forward` to check it independently:
     every token of every sequence, every layer dense (A and V as d×d matrices, full n×n
     scores, under the causal mask in a causal model), no multisets and no ridge windows.
-    Sequences of equal length run as one batch. Overflow is not trapped: it shows as inf or nan
-    in the outputs (see docs/verification.md). Inputs narrower than the model are zero-padded
-    and the model's positions added, as by :func:`forward`. ``peaks``, a dict, receives the
-    largest |value| of each intermediate, keyed (block, part), part one of "FF pre-activation",
-    "FF output", "scores", "state" (docs/numerics.md#runtime-ranges).
+    Sequences of equal length run as one batch through an attention layer; a stretch of
+    blocks without attention acts on each token alone, so it runs once per distinct token
+    of all sequences (:func:`_tokenwise`). Overflow is not trapped: it shows as inf or nan
+    in the outputs (see docs/verification.md). Inputs narrower than the model are
+    zero-padded and the model's positions added, as by :func:`forward`. ``peaks``, a dict,
+    receives the largest |value| of each intermediate, keyed (block, part), part one of "FF
+    pre-activation", "FF output", "scores", "state" (docs/numerics.md#runtime-ranges).
     """
     params = model.to_float() if model.exact else model
     t = float(tau if tau is not None else (model.tau if model.tau is not None else 1))
     xs = pad_columns([np.asarray(x, dtype=float) for x in inputs], model.d)
-    outs: list = [None] * len(xs)
+    if params.positions is not None:
+        xs = [x + np.asarray(params.positions[:len(x)], dtype=float) for x in xs]
+    blocks, i = params.blocks, 0
+    with np.errstate(all="ignore"):
+        while i < len(blocks):
+            j = next((k for k in range(i, len(blocks)) if _mixes(blocks[k])), len(blocks))
+            if j > i:
+                xs = _tokenwise(xs, blocks, i, j, peaks)
+            if j < len(blocks):
+                xs = _batched(xs, blocks[j], j, model, t, peaks)
+            i = j + 1
+    return xs
+
+
+def _mixes(blk) -> bool:
+    """Whether the block's attention mixes tokens (neither absent nor the identity)."""
+    return blk.sa is not None and not blk.sa.is_identity()
+
+
+def _tokenwise(xs: list[np.ndarray], blocks, i: int, j: int, peaks) -> list[np.ndarray]:
+    """Blocks i..j−1, none of which mixes tokens, on every distinct row of all sequences
+    (one (1, rows, d) batch), given back to each token."""
+    rows, inv = np.unique(np.concatenate(xs) + 0.0, axis=0, return_inverse=True)  # −0 = 0
+    X = rows[None]
+    for k in range(i, j):
+        X = _dense_block(X, blocks[k], "", 1.0, None, _Peaks(peaks, k))
+    return np.split(X[0][inv.reshape(-1)], np.cumsum([len(x) for x in xs])[:-1])
+
+
+def _batched(xs: list[np.ndarray], blk, i: int, model: Transformer, tau: float, peaks
+             ) -> list[np.ndarray]:
+    """Block i, whose attention mixes tokens, on each batch of sequences of one length."""
+    out: list = [None] * len(xs)
     for n in sorted({len(x) for x in xs}):
         js = [j for j, x in enumerate(xs) if len(x) == n]
-        X = np.stack([xs[j] for j in js])  # (B, n, d)
-        if params.positions is not None:
-            X = X + np.asarray(params.positions[:n], dtype=float)
         seen = np.tril(np.ones((n, n), dtype=bool)) if model.causal else None
-        with np.errstate(all="ignore"):
-            for i, blk in enumerate(params.blocks):
-                X = _dense_block(X, blk, model.attention, t, seen, _Peaks(peaks, i))
-        for j, y in zip(js, X, strict=True):
-            outs[j] = y
-    return outs
+        Y = _dense_block(np.stack([xs[j] for j in js]), blk, model.attention, tau, seen,
+                         _Peaks(peaks, i))
+        for j, y in zip(js, Y, strict=True):
+            out[j] = y
+    return out
 
 
 class _Peaks:

@@ -318,12 +318,25 @@ def ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     cols = np.flatnonzero(U_.any(axis=0) | W.any(axis=1))
     if eta != 1 or len(cols) == X.shape[1]:
         return _ff_dense(X, r, eta, U_, b, W)
-    part = _ff_dense(X[:, cols], r[:, cols], 1.0, U_[:, cols], b, W[cols])
+    Xc, rc, Uc = X[:, cols], r[:, cols], U_[:, cols]
+    live = np.flatnonzero(~_certainly_off(Xc, rc, Uc, b))
+    part = _ff_dense(Xc[live], rc[live], 1.0, Uc, b, W[cols])
     if not np.isfinite(part[0]).all():  # an infinite unit makes inf·0 = nan elsewhere
         return _ff_dense(X, r, eta, U_, b, W)
     out, rad = X.copy(), r.copy()
-    out[:, cols], rad[:, cols] = part
+    out[np.ix_(live, cols)], rad[np.ix_(live, cols)] = part
     return out, rad
+
+
+def _certainly_off(X, r, U_, b) -> np.ndarray:
+    """Rows on whose whole box every unit is certainly off, by the generic rounding bound
+    alone (no grid certificate: cheaper, and never smaller): with η = 1 the layer returns
+    such a row as it is, x + 0 in every evaluation, radius included. Most rows of a keyed
+    layer after the tagging are such rows (docs/numerics.md#enclosures)."""
+    aU = np.abs(U_)
+    Z = X @ U_.T + b
+    z_rad = up(r @ aU.T + rounding(np.abs(X) @ aU.T + np.abs(b), X.shape[1]), X.shape[1] + 1)
+    return (upper(Z, z_rad) <= 0).all(axis=1)
 
 
 def _ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:

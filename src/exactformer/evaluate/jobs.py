@@ -69,8 +69,11 @@ class Job:
     def walk(self, st: RowState, snapshots, stats: PassStats, progress: bool,
              start: int = 0, stop: int | None = None) -> dict:
         """Blocks ``start`` to ``stop`` (default: every block) on the state ``st``; returns
-        the snapshots asked for."""
-        st.compact()
+        the snapshots asked for. Up to the first attention layer rows are pooled across
+        sequences (:meth:`RowState.pool`)."""
+        mixes = self.first_attention()
+        pooled = start < mixes
+        st.pool() if pooled else st.compact()
         snaps = {}
         if snapshots and 0 in snapshots:
             snaps[0] = st.outputs()
@@ -80,6 +83,9 @@ class Job:
                    disable=not progress, leave=False, delay=1)
         i = start
         while i < stop:
+            if pooled and i >= mixes:
+                st.unpool()
+                pooled = False
             kr = self.key_runs.get(i)
             if kr is not None and kr[0] <= stop and \
                     not any(i < k <= kr[0] for k in snapshots or ()):  # (as runs below)
@@ -104,7 +110,14 @@ class Job:
             if snapshots and i in snapshots:
                 snaps[i] = st.outputs()
         bar.close()
+        if pooled:  # a later walk from here may reach attention
+            st.unpool()
         return snaps
+
+    def first_attention(self) -> int:
+        """The first block whose attention mixes rows (the number of blocks if none)."""
+        return next((i for i, b in enumerate(self.blocks)
+                     if b.sa is not None and not b.sa.is_identity()), len(self.blocks))
 
 
 def layer_forms(model: Transformer, ffs: list, ar: Arithmetic) -> tuple[list, list]:

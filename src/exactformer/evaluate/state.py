@@ -259,6 +259,27 @@ class RowState:
         self.row_epoch = np.zeros(len(first), dtype=np.int64)
         self.changed_everything()
 
+    def pool(self) -> None:
+        """Merge equal rows of *every* sequence, not only of one: before the first attention
+        layer a row's value depends on its own token alone, so shared tokens (a vocabulary
+        drawn on by many sequences) are computed once (docs/numerics.md#pooled-rows).
+        :meth:`unpool` gives each sequence its rows back before attention mixes them."""
+        self.seq = np.zeros(len(self.seq), dtype=np.int64)
+        self.compact()
+
+    def unpool(self) -> None:
+        """Every original token's row again, in its own sequence (then merged per sequence)."""
+        self.P, self.seq = _columns(self.P, self.owner), np.repeat(np.arange(self.N),
+                                                                   self.lengths)
+        if self.rad is not None:
+            self.rad = _columns(self.rad, self.owner)
+        self.cnt = np.ones(len(self.seq), dtype=np.int64)
+        self.owner = np.arange(len(self.seq))
+        self._by_sequence = None
+        self.row_epoch = np.zeros(len(self.seq), dtype=np.int64)
+        self.changed_everything()
+        self.compact()
+
     def _grouping(self):
         if self._by_sequence is None:
             first = np.concatenate([[True], self.seq[1:] != self.seq[:-1]])
@@ -297,6 +318,13 @@ class CausalState(RowState):
 
     def compact(self):
         self.changed_everything()
+
+    def pool(self) -> None:
+        """No merging (:meth:`compact`): the causal order keeps a causal pass's rows apart."""
+        self.compact()
+
+    def unpool(self) -> None:
+        """Nothing (see :meth:`pool`)."""
 
 
 def _columns(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
