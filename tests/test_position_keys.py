@@ -178,6 +178,31 @@ def test_keyed_construction_is_exact_and_small(data, width, attention, exact):
     assert report.ok and report.proved >= exact and (equal or not report.proved)
 
 
+@settings(max_examples=20, **SETTINGS)
+@given(keyed_data(), st.booleans(), st.data())
+def test_softmax_without_attention_is_verified_as_its_hardmax_twin(data, exact, draws):
+    """A position-keys model has no attention layer, so softmax and hardmax compute one
+    function: verify decides it by the hardmax path (exact pass, or enclosures), reports it
+    as softmax, and a moved output weight of a rational model FAILS, never PROVED."""
+    assume(exact or not data.exact)
+    model = ef.compile(data, attention="softmax", exact=exact)
+    twin = Transformer(d=model.d, attention="hardmax", blocks=model.blocks, exact=model.exact,
+                       causal=True, positions=model.positions)
+    report, want = ef.verify(model, data), ef.verify(twin, data)
+    assert report.attention == "softmax" and report.ok
+    assert (report.verdict(), report.errors) == (want.verdict(), want.errors)
+    assume(exact and model.n_blocks)
+    i = draws.draw(st.integers(0, model.n_blocks - 1))
+    ff = model.blocks[i].ff
+    W = ff.W.copy()
+    W[0, draws.draw(st.integers(0, ff.width - 1))] += Fraction(1, 1024)
+    blocks = list(model.blocks)
+    blocks[i] = Block(FF(ff.eta, ff.U, ff.b, W), None)
+    moved = Transformer(d=model.d, attention="softmax", blocks=blocks, exact=True, causal=True,
+                        positions=model.positions)
+    assert not ef.verify(moved, data).proved
+
+
 def test_code_size_is_the_smallest_code():
     for n in range(1, 300):
         q, w = code_size(n)

@@ -143,6 +143,11 @@ class Block:
     ff: FF | None = None
     sa: SA | None = None
 
+    def mixes(self) -> bool:
+        """Whether the block's attention mixes tokens (neither absent nor the identity); a
+        stretch of blocks that do not acts on each token alone (docs/numerics.md#pooled-rows)."""
+        return self.sa is not None and not self.sa.is_identity()
+
     def converted(self, scalar, array) -> Block:
         """The same block with every scalar and array parameter mapped (a change of arithmetic)."""
         return Block(None if self.ff is None else self.ff.converted(scalar, array),

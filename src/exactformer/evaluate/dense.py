@@ -31,18 +31,13 @@ def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None,
     blocks, i = params.blocks, 0
     with np.errstate(all="ignore"):
         while i < len(blocks):
-            j = next((k for k in range(i, len(blocks)) if _mixes(blocks[k])), len(blocks))
+            j = next((k for k in range(i, len(blocks)) if blocks[k].mixes()), len(blocks))
             if j > i:
                 xs = _tokenwise(xs, blocks, i, j, peaks)
             if j < len(blocks):
                 xs = _batched(xs, blocks[j], j, model, t, peaks)
             i = j + 1
     return xs
-
-
-def _mixes(blk) -> bool:
-    """Whether the block's attention mixes tokens (neither absent nor the identity)."""
-    return blk.sa is not None and not blk.sa.is_identity()
 
 
 def _tokenwise(xs: list[np.ndarray], blocks, i: int, j: int, peaks) -> list[np.ndarray]:

@@ -116,8 +116,7 @@ class Job:
 
     def first_attention(self) -> int:
         """The first block whose attention mixes rows (the number of blocks if none)."""
-        return next((i for i, b in enumerate(self.blocks)
-                     if b.sa is not None and not b.sa.is_identity()), len(self.blocks))
+        return next((i for i, b in enumerate(self.blocks) if b.mixes()), len(self.blocks))
 
 
 def layer_forms(model: Transformer, ffs: list, ar: Arithmetic) -> tuple[list, list]:

@@ -370,11 +370,15 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     constrained position against 10^-(digits−10) × scale (rational parameters) or
     ``tolerance`` × scale, UNDECIDED where it stays too wide. Float64 models fail on any inf or
     nan output of their float64 pass. The scale is the data's own largest |coordinate|
-    (docs/verification.md).
+    (docs/verification.md). A softmax model with no layer that attends (position keys) is
+    decided as hardmax: the two compute one function.
     """
     check_kind(model, dataset)
     checked = data_check(model, dataset)
     dataset = check_layers(model, dataset)
+    # with no layer that attends (position keys), softmax computes what hardmax does
+    runs = model if any(b.mixes() for b in model.blocks) else \
+        replace(model, attention="hardmax")
     stats = PassStats()
     if dataset.exact:
         xs, ys = dataset.fractions()
@@ -385,23 +389,23 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     exact_scale = data_scale(xs_f if xs is None else xs,
                              [y[k] for y, k in zip(ys_f if ys is None else ys, dataset.known,
                                                    strict=True)])
-    enclosed = _causal_enclosure(model, dataset, xs_f, progress)
+    enclosed = _causal_enclosure(runs, dataset, xs_f, progress)
     if enclosed is not None and enclosed[2].floats_plain:
         outs_f, stats = enclosed[0], enclosed[2]
     else:
         try:
             with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
-                outs_f = forward_causal(model, xs_f, "float", stats=stats, tau=tau,
+                outs_f = forward_causal(runs, xs_f, "float", stats=stats, tau=tau,
                                         progress=progress)
         except OverflowError:  # a rational parameter beyond float64: no float64 form
             outs_f = [np.full(x.shape, math.inf) for x in xs_f]
     err_f = _position_errors(outs_f, ys_f, dataset.known)
-    tolerance = softmax_tolerance(model, digits, tolerance)
+    tolerance = softmax_tolerance(runs, digits, tolerance)
     limit = Fraction(tolerance) * exact_scale
-    if model.attention == "hardmax":
-        found = _causal_hardmax(model, dataset, enclosed, ys_f, limit, progress)
+    if runs.attention == "hardmax":
+        found = _causal_hardmax(runs, dataset, enclosed, ys_f, limit, progress)
     else:
-        found = _causal_softmax(model, dataset, limit, digits, tau)
+        found = _causal_softmax(runs, dataset, limit, digits, tau)
     nonfinite = [] if model.exact else \
         [j for j, o in enumerate(outs_f) if not np.isfinite(np.asarray(o, dtype=float)).all()]
     rec = model.record if isinstance(model.record, CausalConstruction) else None
