@@ -311,21 +311,29 @@ def ff_change(X, r, U_, b, W):
 
 def ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     """A whole FF layer on every row: float64 output η·X + relu(X Uᵀ + b) Wᵀ and its radius
-    (as in :func:`ff_change`). With η = 1, a finite output coordinate that no unit which may
-    be on writes is x itself in both passes and keeps its radius (docs/numerics.md, keyed
-    models), and a coordinate no unit reads or writes is not even looked at: a keyed layer
-    touches a few of the model's coordinates."""
+    (as in :func:`ff_change`), as new arrays (:func:`ff_dense_into` writes into X and r)."""
+    out, rad = X.copy(), r.copy()
+    ff_dense_into(out, rad, eta, U_, b, W)
+    return out, rad
+
+
+def ff_dense_into(X, r, eta: float, U_, b, W) -> None:
+    """:func:`ff_dense` in place. With η = 1, a finite output coordinate that no unit which
+    may be on writes is x itself in both passes and keeps its radius (docs/numerics.md,
+    keyed models), a coordinate no unit reads or writes is not even looked at (a keyed layer
+    touches a few of the model's coordinates), and a row whose units are all certainly off
+    is left as it is."""
     cols = np.flatnonzero(U_.any(axis=0) | W.any(axis=1))
     if eta != 1 or len(cols) == X.shape[1]:
-        return _ff_dense(X, r, eta, U_, b, W)
+        X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
+        return
     Xc, rc, Uc = X[:, cols], r[:, cols], U_[:, cols]
     live = np.flatnonzero(~_certainly_off(Xc, rc, Uc, b))
-    part = _ff_dense(Xc[live], rc[live], 1.0, Uc, b, W[cols])
-    if not np.isfinite(part[0]).all():  # an infinite unit makes inf·0 = nan elsewhere
-        return _ff_dense(X, r, eta, U_, b, W)
-    out, rad = X.copy(), r.copy()
-    out[np.ix_(live, cols)], rad[np.ix_(live, cols)] = part
-    return out, rad
+    out, rad = _ff_dense(Xc[live], rc[live], 1.0, Uc, b, W[cols])
+    if not np.isfinite(out).all():  # an infinite unit makes inf·0 = nan elsewhere
+        X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
+        return
+    X[np.ix_(live, cols)], r[np.ix_(live, cols)] = out, rad
 
 
 def _certainly_off(X, r, U_, b) -> np.ndarray:

@@ -60,9 +60,8 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
         return
     if st.rad is not None:  # each row alone: slices written back in place stay small
         for s in range(0, len(st.P), DENSE_ROWS):
-            rows = slice(s, s + DENSE_ROWS)
-            st.P[rows], st.rad[rows] = enclosure.ff_dense(st.P[rows], st.rad[rows], ff.eta,
-                                                          ff.U, ff.b, ff.W)
+            rows = slice(s, s + DENSE_ROWS)  # views: written in place
+            enclosure.ff_dense_into(st.P[rows], st.rad[rows], ff.eta, ff.U, ff.b, ff.W)
     elif st.ar.kind == "exact":
         st.P = exact_dense_ff(st.P, st.ar.convert(ff))
     else:
@@ -77,7 +76,9 @@ def ff_rows(st: RowState, ff: FF, rows: np.ndarray) -> None:
     """The FF ``ff`` (η = 1, in the pass's arithmetic) on ``rows`` alone, densely."""
     X = st.P[rows]
     if st.rad is not None:
-        st.P[rows], st.rad[rows] = enclosure.ff_dense(X, st.rad[rows], ff.eta, ff.U, ff.b, ff.W)
+        r = st.rad[rows]
+        enclosure.ff_dense_into(X, r, ff.eta, ff.U, ff.b, ff.W)
+        st.P[rows], st.rad[rows] = X, r
     elif st.ar.kind == "exact":
         st.P[rows] = exact_dense_ff(X, ff)
     else:
