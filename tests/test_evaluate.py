@@ -547,13 +547,45 @@ def test_dense_reference_pass_agrees_with_the_reference(data):
                                  scores(data.draw(st.sampled_from([0, 1])), data.draw(dy),
                                         data.draw(dy)),
                                  values(1, data.draw(dy), data.draw(dy)))))
+    blocks += [Block(data.draw(ridge_ffs(d, max_gadgets=2, dyadic=True)), None)
+               for _ in range(data.draw(st.integers(0, 2)))]
     model = model_of(d, *blocks)
     pool = data.draw(st.lists(st.lists(dyadics(-3, 3, 4), min_size=d, max_size=d),
                               min_size=1, max_size=6, unique_by=tuple))
     X = [F(data.draw(st.permutations(pool))) for _ in range(data.draw(st.integers(1, 3)))]
-    got = ef.evaluate.dense_forward(model, [np.asarray(x, float) for x in X])
+    peaks: dict = {}
+    got = ef.evaluate.dense_forward(model, [np.asarray(x, float) for x in X], peaks=peaks)
     for g, w in zip(got, ref_forward(model, X), strict=True):
         np.testing.assert_allclose(g, np.asarray(w, dtype=float), rtol=1e-12, atol=1e-9)
+    want = ref_peaks(model, X)  # the stretches run on distinct rows: the same peaks
+    assert peaks.keys() == want.keys()
+    for key, top in want.items():
+        assert abs(peaks[key] - float(top)) <= 1e-12 * float(top) + 1e-9, key
+
+
+def ref_peaks(model, inputs) -> dict:
+    """The largest |value| of every intermediate (block, part), token by token, exactly."""
+    peaks: dict = {}
+
+    def note(k, part, values):
+        peaks[k, part] = max([peaks.get((k, part), Fraction(0)), *map(abs, values)])
+
+    for X in inputs:
+        X = [[Fraction(v) for v in row] for row in X]
+        for k, blk in enumerate(model.blocks):
+            if blk.ff is not None:
+                ff = blk.ff
+                note(k, "FF pre-activation", [dot(ff.U[i], x) + ff.b[i] for x in X
+                                              for i in range(ff.width)])
+                X = [ref_ff(ff, x) for x in X]
+                note(k, "FF output", [v for x in X for v in x])
+            if blk.sa is not None and not blk.sa.is_identity():
+                A = blk.sa.A
+                note(k, "scores", [A.alpha * dot(xi, xl) + dot(A.c, xi) * dot(A.a, xl)
+                                   for xi in X for xl in X])
+                X = ref_sa(blk.sa, X)
+            note(k, "state", [v for x in X for v in x])
+    return peaks
 
 
 @SETTINGS

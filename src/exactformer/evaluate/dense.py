@@ -41,13 +41,33 @@ def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None,
 
 
 def _tokenwise(xs: list[np.ndarray], blocks, i: int, j: int, peaks) -> list[np.ndarray]:
-    """Blocks i..j−1, none of which mixes tokens, on every distinct row of all sequences
-    (one (1, rows, d) batch), given back to each token."""
-    rows, inv = np.unique(np.concatenate(xs) + 0.0, axis=0, return_inverse=True)  # −0 = 0
-    X = rows[None]
+    """Blocks i..j−1, none of which mixes tokens, on every distinct row of all sequences,
+    given back to each token. The largest |value| of each column is kept current, so a
+    residual FF (η = 1) touches only the columns its units read and write: x + 0 is x."""
+    X, inv = np.unique(np.concatenate(xs) + 0.0, axis=0, return_inverse=True)  # −0 = 0
+    X = np.asfortranarray(X)
+    top = np.abs(X).max(axis=0)
     for k in range(i, j):
-        X = _dense_block(X, blocks[k], "", 1.0, None, _Peaks(peaks, k))
-    return np.split(X[0][inv.reshape(-1)], np.cumsum([len(x) for x in xs])[:-1])
+        peak = _Peaks(peaks, k)
+        if blocks[k].ff is not None:
+            X = _tokenwise_ff(X, blocks[k].ff, top, peak)
+        peak.note("state", top.max())
+    return np.split(X[inv.reshape(-1)], np.cumsum([len(x) for x in xs])[:-1])
+
+
+def _tokenwise_ff(X: np.ndarray, ff, top: np.ndarray, peak) -> np.ndarray:
+    """One FF on the rows X (rows × d), with ``top``, the columns' largest |value|, kept."""
+    if ff.eta != 1:
+        Z = peak("FF pre-activation", X @ ff.U.T + ff.b)
+        X = np.asfortranarray(ff.eta * X + np.maximum(Z, 0.0) @ ff.W.T)
+        top[:] = np.abs(X).max(axis=0)
+    else:
+        reads, writes = np.flatnonzero(ff.U.any(axis=0)), np.flatnonzero(ff.W.any(axis=1))
+        Z = peak("FF pre-activation", X[:, reads] @ ff.U[:, reads].T + ff.b)
+        X[:, writes] += np.maximum(Z, 0.0) @ ff.W[writes].T
+        top[writes] = np.abs(X[:, writes]).max(axis=0)
+    peak.note("FF output", top.max())
+    return X
 
 
 def _batched(xs: list[np.ndarray], blk, i: int, model: Transformer, tau: float, peaks
@@ -72,10 +92,14 @@ class _Peaks:
 
     def __call__(self, part: str, values: np.ndarray) -> np.ndarray:
         if self.peaks is not None and values.size:
-            top = float(np.abs(values).max())
-            key = (self.i, part)
-            self.peaks[key] = top if math.isnan(top) else max(self.peaks.get(key, 0.0), top)
+            self.note(part, np.abs(values).max())
         return values
+
+    def note(self, part: str, top) -> None:
+        """Record ``top``, a largest |value| of the part (nan stays nan)."""
+        if self.peaks is not None:
+            top, key = float(top), (self.i, part)
+            self.peaks[key] = top if math.isnan(top) else max(self.peaks.get(key, 0.0), top)
 
 
 def _dense_block(X: np.ndarray, blk, attention: str, tau: float, seen, peak) -> np.ndarray:
