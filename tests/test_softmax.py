@@ -186,3 +186,29 @@ def test_bad_temperature_is_refused_before_any_search(tau, monkeypatch):
     monkeypatch.setattr(sm, "find_tau_star", no_search)
     with pytest.raises(ValueError, match="tau"):
         paper(builtin.demo(), attention="softmax", tau=tau)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), exact=st.booleans())
+def test_ball_pass_from_the_exact_prefix_is_the_pass_from_the_inputs(data, exact):
+    """The ball pass starts at the first attention layer that mixes tokens, from the exact
+    pass's rows there (verification/bound.exact_prefix): every output token must be the one
+    the ball pass computes from the inputs, form and value (an exact point the same point, a
+    ball the same ball)."""
+    from conftest import datasets
+
+    from exactformer.verification.balls import Layers, Run, as_ball
+    from exactformer.verification.bound import exact_prefix
+    ds = data.draw(datasets(max_pool=5))
+    model = ef.compile(ds, attention="softmax", exact=exact)
+    xs, _ = ds.padded(model.d).fractions()
+    start, rows = exact_prefix(model, xs)
+    assert start == next(i for i, b in enumerate(model.blocks) if b.mixes())
+    layers = Layers(model)
+    whole, prefixed = Run(layers, 64).outputs(xs), Run(layers, 64).outputs(rows, start)
+    for a, b in zip(whole, prefixed, strict=True):
+        for s, t in zip(a, b, strict=True):
+            assert type(s) is type(t)
+            u, v = as_ball(s), as_ball(t)
+            assert all(u[i, 0].mid() == v[i, 0].mid() and u[i, 0].rad() == v[i, 0].rad()
+                       for i in range(u.nrows()))

@@ -358,13 +358,14 @@ class Run:
         self.first_doubt: str | None = None  # the first undecided ReLU sign, if any
         self._arb: dict[int, tuple] = {}
 
-    def outputs(self, xs: list[np.ndarray]) -> list[list]:
-        """Per pair, the token (in one of the three forms) at every output position."""
+    def outputs(self, xs: list[np.ndarray], start: int = 0) -> list[list]:
+        """Per pair, the token (in one of the three forms) at every output position. ``xs``:
+        the exact rows entering block ``start`` (the inputs, before the positions, when 0)."""
         saved_prec = ctx.prec
         ctx.prec = self.bits
         try:
-            seqs = [self._start(j, x) for j, x in enumerate(xs)]
-            for k, (ff, sa) in enumerate(self.layers.blocks):
+            seqs = [self._start(j, x, start == 0) for j, x in enumerate(xs)]
+            for k, (ff, sa) in enumerate(self.layers.blocks[start:], start):
                 for j, seq in enumerate(seqs):
                     old = seq.toks
                     if ff is not None:
@@ -378,11 +379,12 @@ class Run:
         finally:
             ctx.prec = saved_prec
 
-    def _start(self, j: int, x) -> _Seq:
-        """Sequence j's input tokens as exact points, its stored positions added first."""
+    def _start(self, j: int, x, positions: bool) -> _Seq:
+        """Sequence j's rows as exact points, with its stored positions added when
+        ``positions`` (the rows are the inputs)."""
         rows = [[as_fmpq(v) for v in r] for r in x]
         pos = self.layers.positions
-        if pos is not None:
+        if pos is not None and positions:
             if len(rows) > len(pos):
                 raise ValueError(f"sequence {j} has {len(rows)} tokens but the model stores "
                                  f"{len(pos)} positions")

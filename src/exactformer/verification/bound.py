@@ -13,13 +13,14 @@ output to its target (causal models). See docs/verification.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 import numpy as np
 from flint import arb, arb_mat, ctx, fmpq
 
 from ..distance import smallest, worst
+from ..evaluate import forward, forward_causal
 from .balls import Exact, Layers, Run, as_ball, as_fmpq, column
 from .certify import Proof, judge
 
@@ -55,15 +56,28 @@ class Bound:
         return all(u == 0 for u in self.upper)
 
 
+def exact_prefix(model, xs: list) -> tuple[int, list]:
+    """(first block whose attention mixes tokens, the exact rows entering it): the blocks
+    before act on each token alone, exactly as the exact pass computes them (positions
+    added, equal tokens of all sequences pooled, keyed layers looked up), so the ball pass
+    starts there instead of carrying every token through them one by one."""
+    first = next((i for i, b in enumerate(model.blocks) if b.mixes()), model.n_blocks)
+    if first == 0:
+        return 0, xs
+    prefix = replace(model, blocks=model.blocks[:first], attention="hardmax")
+    return first, (forward_causal if model.causal else forward)(prefix, xs, "exact")
+
+
 def bound_set(model, dataset, limit: Fraction, digits: int = 50, tau=None) -> Bound:
     """Bound the Hausdorff error of every pair of a softmax set model (docs/verification.md)."""
     xs, ys = dataset.fractions()
     targets = [[column(map(as_fmpq, row)) for row in y] for y in ys]
     layers, bits = Layers(model, tau), START_BITS
+    start, xs = exact_prefix(model, xs)
     lim2 = _fmpq(limit) ** 2
     while True:
         run = Run(layers, bits)
-        outs = run.outputs(xs)
+        outs = run.outputs(xs, start)
         proof = judge(outs, targets, bits, run.first_doubt)
         with _precision(bits):
             found = [_hausdorff(o, t) for o, t in zip(outs, targets, strict=True)]
@@ -78,9 +92,10 @@ def bound_causal(model, dataset, limit: Fraction, digits: int = 50, tau=None) ->
     """Bound the error at every constrained position of a softmax causal model."""
     xs, ys = dataset.fractions()
     layers, bits = Layers(model, tau), START_BITS
+    start, xs = exact_prefix(model, xs)
     lim2 = _fmpq(limit) ** 2
     while True:
-        outs = Run(layers, bits).outputs(xs)
+        outs = Run(layers, bits).outputs(xs, start)
         with _precision(bits):
             per = [[(i, *_squared(o[i], column(map(as_fmpq, y[i]))))
                     for i in range(len(k)) if k[i]]
