@@ -683,3 +683,19 @@ def test_distinct_within_never_misses_a_repeat(rows):
     shift = max(int(seq.max(initial=0)).bit_length(), 1)
     kept = [(s, int((np.float64(v) + 0.0).view(np.uint64)) >> shift) for s, v in rows]
     assert got == (len(set(kept)) == len(kept))
+
+
+@pytest.mark.parametrize("writes", [False, True])
+def test_dense_pass_shows_an_overflow_wherever_the_plain_pass_does(writes):
+    """A unit that overflows (relu(inf)) times a zero output weight is nan in a plain float64
+    pass; the dense reference, which skips the columns a residual FF does not write, must
+    still show it, not hand back a finite row."""
+    W = np.array([[1.0 if writes else 0.0], [0.0]])
+    ff = FF(1.0, np.array([[1e200, 0.0]]), np.array([0.0]), W)
+    model = Transformer(d=2, attention="hardmax", blocks=[Block(ff, None)], exact=False)
+    x = np.array([[1e200, 1.0]])
+    with np.errstate(all="ignore"):
+        plain = x + np.maximum(x @ ff.U.T + ff.b, 0.0) @ ff.W.T
+        got = ef.evaluate.dense_forward(model, [x])[0]
+    assert np.array_equal(np.isnan(got), np.isnan(plain)) and np.isnan(got).any()
+    assert ef.evaluate.dense_forward(model, []) == []

@@ -26,6 +26,8 @@ def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None,
     params = model.to_float() if model.exact else model
     t = float(tau if tau is not None else (model.tau if model.tau is not None else 1))
     xs = pad_columns([np.asarray(x, dtype=float) for x in inputs], model.d)
+    if not xs:
+        return []
     if params.positions is not None:
         xs = [x + np.asarray(params.positions[:len(x)], dtype=float) for x in xs]
     blocks, i = params.blocks, 0
@@ -56,15 +58,19 @@ def _tokenwise(xs: list[np.ndarray], blocks, i: int, j: int, peaks) -> list[np.n
 
 
 def _tokenwise_ff(X: np.ndarray, ff, top: np.ndarray, peak) -> np.ndarray:
-    """One FF on the rows X (rows × d), with ``top``, the columns' largest |value|, kept."""
-    if ff.eta != 1:
+    """One FF on the rows X (rows × d), with ``top``, the columns' largest |value|, kept.
+    Only where every value is finite: an inf (inf·0 = nan) reaches every column in the plain
+    pass, and so it does here."""
+    reads, writes = np.flatnonzero(ff.U.any(axis=0)), np.flatnonzero(ff.W.any(axis=1))
+    Z = None
+    if ff.eta == 1 and np.isfinite(top).all():
+        Z = X[:, reads] @ ff.U[:, reads].T + ff.b
+    if Z is None or not np.isfinite(Z).all():
         Z = peak("FF pre-activation", X @ ff.U.T + ff.b)
         X = np.asfortranarray(ff.eta * X + np.maximum(Z, 0.0) @ ff.W.T)
         top[:] = np.abs(X).max(axis=0)
     else:
-        reads, writes = np.flatnonzero(ff.U.any(axis=0)), np.flatnonzero(ff.W.any(axis=1))
-        Z = peak("FF pre-activation", X[:, reads] @ ff.U[:, reads].T + ff.b)
-        X[:, writes] += np.maximum(Z, 0.0) @ ff.W[writes].T
+        X[:, writes] += np.maximum(peak("FF pre-activation", Z), 0.0) @ ff.W[writes].T
         top[writes] = np.abs(X[:, writes]).max(axis=0)
     peak.note("FF output", top.max())
     return X

@@ -379,6 +379,8 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     # with no layer that attends (position keys), softmax computes what hardmax does
     runs = model if any(b.mixes() for b in model.blocks) else \
         replace(model, attention="hardmax")
+    if model.attention == "softmax" and tau is not None and not tau > 0:  # (as balls.Layers)
+        raise ValueError(f"the model's temperature tau must be positive, got {tau}")
     stats = PassStats()
     if dataset.exact:
         xs, ys = dataset.fractions()
