@@ -102,3 +102,15 @@ def test_a_single_zero_weight_is_not_attention_free():
     with torch.no_grad():
         bridge.blocks[0].attn.k.bias[0] = 1.0  # scores still 0 here (q = 0), but not free
     assert not lens_helpers.attention_free(bridge)
+
+
+def test_by_position_gives_back_the_thread_count(monkeypatch):
+    bridge = et.to_lens(ef.compile(texts_data(2, 1)))
+    x, _ = et.lens_batch(bridge, texts_data(2, 1).floats()[0], 2)
+    threads = torch.get_num_threads()
+    seen = []
+    run = bridge.run_with_hooks
+    monkeypatch.setattr(bridge, "run_with_hooks",
+                        lambda *a, **k: seen.append(torch.get_num_threads()) or run(*a, **k))
+    lens_helpers.by_position(bridge, x)
+    assert seen and set(seen) == {1} and torch.get_num_threads() == threads
