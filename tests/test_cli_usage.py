@@ -36,3 +36,23 @@ def test_datasets_print_short():
     assert repr(big) == "Dataset(N=500, d=2, lengths 1..1, Σm=500, float64)"
     text = ef.CausalDataset.from_text("hello world")
     assert repr(text) == "CausalDataset(N=1, d=8, lengths 11..11, 10 constrained, float64)"
+
+
+
+def test_a_warning_is_one_line_naming_the_command(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = {c: [k, k % 3] for k, c in enumerate("abcdefg")}
+    text = "abcdef"  # set data that look like a text's next characters: a --causal hint
+    (tmp_path / "d.json").write_text(json.dumps(
+        {"inputs": [[code[c] for c in text]], "targets": [[code[c] for c in text[1:] + "g"]]}))
+    done = subprocess.run([sys.executable, "-m", "exactformer.cli", "build",
+                           str(tmp_path / "d.json"), "-o", str(tmp_path / "m.json")],
+                          capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    assert done.returncode == 0, done.stderr
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("exactformer build: warning: ")
+    assert "--causal" in err[0] and ".py:" not in err[0]

@@ -60,3 +60,28 @@ def test_float32_runtime_small():
     assert all(r["ok"] for r in rows) and rows[0]["verdict"] == "PROVED EXACT"
     assert rows[1]["verdict"] == rows[2]["verdict"] == "PROVED EXACT"
     assert rows[1]["float32"] <= 1e-5 and rows[2]["float32"] <= 1e-5
+
+
+def test_lens_generate_runs_a_folder_without_exactformer(tmp_path):
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformer_lens")
+    from exactformer.cli import main
+
+    text = "It is a truth universally acknowledged."
+    (tmp_path / "t.txt").write_text(text)
+    (tmp_path / "other.txt").write_text(text.replace("truth", "trout"))  # not the model's
+    for argv in (["text", "t.txt", "-o", "t.json", "--vocabulary", "v.json", "--dim", "3"],
+                 ["build", "t.json", "-o", "m.json"],
+                 ["export", "m.json", "--layout", "transformer-lens", "-o", "tl"]):
+        assert main([str(tmp_path / a) if a.endswith((".txt", ".json", "tl")) else a
+                     for a in argv]) == 0
+    for name, status in (("t.txt", 0), ("other.txt", 1)):
+        done = subprocess.run([sys.executable, str(EXAMPLES / "lens_generate.py"),
+                               str(tmp_path / "tl"), str(tmp_path / "v.json"),
+                               str(tmp_path / name)], capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin"}, timeout=300)
+        assert done.returncode == status, done.stderr
+        assert ("every text back exactly" in done.stdout) is (status == 0)
+        assert "attention-free: tabulated" in done.stdout

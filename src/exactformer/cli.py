@@ -439,6 +439,9 @@ def _construction_options(p: argparse.ArgumentParser, output: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    shown = warnings.formatwarning
+    warnings.formatwarning = lambda message, category, *_, **__: \
+        _warning_line(args.command, message, category)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
@@ -453,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     except OverflowError as e:
         return _fail(args.command, f"a number left the float64 range ({e}): the data span too "
                      "many orders of magnitude for the float64 computations beside the exact ones")
+    finally:  # a warning is one line naming the command, not a source line of ours
+        warnings.formatwarning = shown
 
 
 def _reader_gone() -> int:
@@ -461,6 +466,13 @@ def _reader_gone() -> int:
     the null device so that the interpreter's last flush finds nothing to complain of."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 141
+
+
+def _warning_line(command: str, message, category) -> str:
+    """A warning as one line on stderr naming the command (and the warning's kind where it is
+    one of ours), instead of Python's file, line number and source line."""
+    kind = "warning" if category is UserWarning else category.__name__
+    return f"exactformer {command}: {kind}: {' '.join(str(message).splitlines())}\n"
 
 
 def _fail(command: str, message: str) -> int:

@@ -109,19 +109,50 @@ def lens_apply(bridge, inputs, d: int) -> list[np.ndarray]:
 @torch.no_grad()
 def lens_run(bridge, inputs, d: int, margin: bool = False, progress: bool = False
              ) -> tuple[list[np.ndarray], float | None]:
-    """One forward pass of the bridge on sequences (n_j × d): its logits as float64 arrays
-    and, with ``margin``, the smallest gap between a query's best and second-best scaled
-    score (q·k/attn_scale, from the bridge's own q and k) over every attention layer and
-    real query (None where no query has two distinct scores).
+    """The bridge's forward pass on sequences (n_j × d): its logits as float64 arrays and,
+    with ``margin``, the smallest gap between a query's best and second-best scaled score
+    (q·k/attn_scale, from the bridge's own q and k) over every attention layer and real
+    query (None where no query has two distinct scores).
 
-    The gaps are taken in hooks as each layer runs, so no layer's q, k or scores outlive
-    it: memory stays that of one layer, not of a cache of all of them."""
+    Layer by layer, nothing kept: the gaps are taken in hooks as each layer runs, so memory
+    stays that of one layer, not of a cache of all of them. An attention-free bridge (every
+    attention weight zero: no query has two distinct scores) runs position by position
+    (``lens_helpers.by_position``), linear in the length; should some position's logits not
+    be finite there, the full pass decides instead (a non-finite residual would reach the
+    later positions through the zero-weight attention)."""
     x, mask = lens_batch(bridge, inputs, d)
-    n, keep = x.shape[1], mask.bool()
+    free = lens_helpers.attention_free(bridge)
+    gaps: list = []
+    passes = -(-mask.numel() // lens_helpers.CHUNK_ROWS) if free else 1
+    bar = tqdm(total=bridge.cfg.n_layers * passes, desc="transformer-lens check",
+               unit="layer", disable=not progress, leave=False)
+
+    def count(out, hook):
+        bar.update()  # a hook that returns nothing leaves the activation as it is
+
+    hooks = [(lambda name: name.endswith(".hook_out") and name.count(".") == 2, count)]
+    with bar:
+        y = lens_helpers.by_position(bridge, x, fwd_hooks=hooks) if free else None
+        if y is None or not torch.isfinite(y[mask.bool()]).all():
+            if margin:
+                hooks += _gap_hooks(bridge, mask, gaps)
+            bar.reset(total=bridge.cfg.n_layers)
+            y = bridge.run_with_hooks(x, return_type="logits", fwd_hooks=hooks,
+                                      attention_mask=None if mask.all() else mask)
+    y = y.double().cpu().numpy()
+    found = [g for g in gaps if g is not None]
+    return [y[j, : len(seq)] for j, seq in enumerate(inputs)], \
+        smallest(found) if found else None
+
+
+def _gap_hooks(bridge, mask: torch.Tensor, gaps: list) -> list:
+    """Hooks that append each attention layer's smallest score gap (:func:`_smallest_gap`)
+    to ``gaps`` from its q and k as they are made; nothing of a layer outlives it."""
+    n, keep = mask.shape[1], mask.bool()
     allowed = keep[:, None, None, :]
     if bridge.cfg.attention_dir == "causal":
-        allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
-    query, gaps = {}, []
+        allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
+    query = {}
 
     def keep_q(q, hook):
         query["q"] = q
@@ -132,22 +163,8 @@ def lens_run(bridge, inputs, d: int, margin: bool = False, progress: bool = Fals
             gaps.append(_smallest_gap(torch.einsum("bqhe,bkhe->bhqk", q, k)
                                       / bridge.cfg.attn_scale, allowed, keep))
 
-    def count(out, hook):
-        bar.update()  # a hook that returns nothing leaves the activation as it is
-
-    bar = tqdm(total=bridge.cfg.n_layers, desc="transformer-lens check", unit="layer",
-               disable=not progress, leave=False)
-    hooks = [(lambda name: name.endswith(".hook_out") and name.count(".") == 2, count)]
-    if margin:
-        hooks += [(lambda name: name.endswith("attn.hook_q"), keep_q),
-                  (lambda name: name.endswith("attn.hook_k"), gap_of)]
-    with bar:
-        y = bridge.run_with_hooks(x, return_type="logits", attention_mask=mask,
-                                  fwd_hooks=hooks)
-    y = y.double().cpu().numpy()
-    found = [g for g in gaps if g is not None]
-    return [y[j, : len(seq)] for j, seq in enumerate(inputs)], \
-        smallest(found) if found else None
+    return [(lambda name: name.endswith("attn.hook_q"), keep_q),
+            (lambda name: name.endswith("attn.hook_k"), gap_of)]
 
 
 def _smallest_gap(scores: torch.Tensor, allowed: torch.Tensor, keep: torch.Tensor
