@@ -138,6 +138,13 @@ class SA:
         return SA(scalar(self.rho), heads=[h.converted(scalar, array) for h in self.heads])
 
 
+def first_mixing(blocks: list, start: int = 0) -> int:
+    """The first of ``blocks`` at or after ``start`` whose attention mixes tokens
+    (:meth:`Block.mixes`), len(blocks) if none: the blocks before it act on each token alone
+    (docs/numerics.md#pooled-rows)."""
+    return next((i for i in range(start, len(blocks)) if blocks[i].mixes()), len(blocks))
+
+
 @dataclass
 class Block:
     ff: FF | None = None

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..model import Transformer
+from ..model import Transformer, first_mixing
 from ..numbers import pad_columns
 
 
@@ -33,7 +33,7 @@ def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None,
     blocks, i = params.blocks, 0
     with np.errstate(all="ignore"):
         while i < len(blocks):
-            j = next((k for k in range(i, len(blocks)) if blocks[k].mixes()), len(blocks))
+            j = first_mixing(blocks, i)
             if j > i:
                 xs = _tokenwise(xs, blocks, i, j, peaks)
             if j < len(blocks):

@@ -18,7 +18,7 @@ import mpmath
 import numpy as np
 from tqdm import tqdm
 
-from ..model import Transformer
+from ..model import Transformer, first_mixing
 from . import runs
 from .arithmetic import Arithmetic, PassStats
 from .causal import apply_causal_sa
@@ -70,8 +70,8 @@ class Job:
              start: int = 0, stop: int | None = None) -> dict:
         """Blocks ``start`` to ``stop`` (default: every block) on the state ``st``; returns
         the snapshots asked for. Up to the first attention layer rows are pooled across
-        sequences (:meth:`RowState.pool`)."""
-        mixes = self.first_attention()
+        sequences (:meth:`RowState.pool`, :func:`~exactformer.model.first_mixing`)."""
+        mixes = first_mixing(self.blocks)
         pooled = start < mixes
         st.pool() if pooled else st.compact()
         snaps = {}
@@ -113,10 +113,6 @@ class Job:
         if pooled:  # a later walk from here may reach attention
             st.unpool()
         return snaps
-
-    def first_attention(self) -> int:
-        """The first block whose attention mixes rows (the number of blocks if none)."""
-        return next((i for i, b in enumerate(self.blocks) if b.mixes()), len(self.blocks))
 
 
 def layer_forms(model: Transformer, ffs: list, ar: Arithmetic) -> tuple[list, list]:

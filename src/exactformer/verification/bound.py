@@ -21,6 +21,7 @@ from flint import arb, arb_mat, ctx, fmpq
 
 from ..distance import smallest, worst
 from ..evaluate import forward, forward_causal
+from ..model import first_mixing
 from .balls import Exact, Layers, Run, as_ball, as_fmpq, column
 from .certify import Proof, judge
 
@@ -61,7 +62,7 @@ def exact_prefix(model, xs: list) -> tuple[int, list]:
     before act on each token alone, exactly as the exact pass computes them (positions
     added, equal tokens of all sequences pooled, keyed layers looked up), so the ball pass
     starts there instead of carrying every token through them one by one."""
-    first = next((i for i, b in enumerate(model.blocks) if b.mixes()), model.n_blocks)
+    first = first_mixing(model.blocks)
     if first == 0:
         return 0, xs
     prefix = replace(model, blocks=model.blocks[:first], attention="hardmax")

@@ -44,7 +44,7 @@ from ..evaluate import (
     forward,
     forward_causal,
 )
-from ..model import Transformer
+from ..model import Transformer, first_mixing
 from ..numbers import safe_float, safe_floats, to_fraction_array
 from ..record import CausalConstruction
 from .bound import bound_causal, bound_set
@@ -377,7 +377,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     checked = data_check(model, dataset)
     dataset = check_layers(model, dataset)
     # with no layer that attends (position keys), softmax computes what hardmax does
-    runs = model if any(b.mixes() for b in model.blocks) else \
+    runs = model if first_mixing(model.blocks) < model.n_blocks else \
         replace(model, attention="hardmax")
     if model.attention == "softmax" and tau is not None and not tau > 0:  # (as balls.Layers)
         raise ValueError(f"the model's temperature tau must be positive, got {tau}")
