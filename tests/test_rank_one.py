@@ -27,7 +27,7 @@ from test_enclosure import (
 )
 
 import exactformer as ef
-from exactformer.evaluate import PassStats, enclose, enclosure, rank_one
+from exactformer.evaluate import PassStats, enclose, enclosure, head_radius, rank_one
 from exactformer.evaluate.attention import float_hardmax_rows, float_scores_batch
 from exactformer.model import SA, Block
 
@@ -125,7 +125,7 @@ def naive_hull_radius(X, r, q, q_rad, k, k_rad, alpha, C, C_rad, avg):
     """One sequence, row by row: the hull of the carrier boxes of every key whose score
     interval reaches the row's best certain score (written out with loops)."""
     S = float_scores_batch(X, q, k, alpha)
-    E = enclosure.score_error(X, r, q, q_rad, k, k_rad, alpha)
+    E = head_radius.score_error(X, r, q, q_rad, k, k_rad, alpha)
     out = np.empty(C.shape)
     for i in range(len(X)):
         hi, lo = enclosure.upper(S[i], E[i]), enclosure.lower(S[i], E[i])
@@ -135,7 +135,7 @@ def naive_hull_radius(X, r, q, q_rad, k, k_rad, alpha, C, C_rad, avg):
         c_lo = np.min([C[j] for j in cand], axis=0)
         c_hi = np.max([C[j] for j in cand], axis=0)
         c_rad = np.max([C_rad[j] for j in cand], axis=0)
-        out[i] = enclosure.hull_radius(avg[i], c_lo, c_hi, c_rad)
+        out[i] = head_radius.hull_radius(avg[i], c_lo, c_hi, c_rad)
     return out
 
 
@@ -159,13 +159,13 @@ def test_batched_general_heads(B, n, d, data):
     S = float_scores_batch(X, q, k, alpha)
     ends = S.max(axis=-1), S.min(axis=-1)
     avg = float_hardmax_rows(S, X, w, together, X, *ends)
-    rad = enclosure.head_radius(S, *ends, X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
+    rad = head_radius.head_radius(S, *ends, X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
     alone = PassStats()
     for b in range(B):
         one = float_hardmax_rows(S[b], X[b], w[b], alone, X[b], ends[0][b], ends[1][b])
         assert np.array_equal(one, avg[b])
         args = (X[b], r[b], q[b], q_rad[b], k[b], k_rad[b], alpha, X[b], r[b], avg[b])
-        assert np.array_equal(enclosure.head_radius(S[b], ends[0][b], ends[1][b], *args),
+        assert np.array_equal(head_radius.head_radius(S[b], ends[0][b], ends[1][b], *args),
                               rad[b])
         assert np.array_equal(naive_hull_radius(*args), rad[b])
     assert together == alone
@@ -195,7 +195,7 @@ def test_sole_candidate_shortcut_at_float_ties(B, n, d, data):
     S = float_scores_batch(X, q, k, alpha)
     ends = S.max(axis=-1), S.min(axis=-1)
     avg = float_hardmax_rows(S, X, np.ones((B, n)), PassStats(), X, *ends)
-    rad = enclosure.head_radius(S, *ends, X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
+    rad = head_radius.head_radius(S, *ends, X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
     for b in range(B):
         args = (X[b], r[b], q[b], q_rad[b], k[b], k_rad[b], alpha, X[b], r[b], avg[b])
         assert np.array_equal(naive_hull_radius(*args), rad[b])

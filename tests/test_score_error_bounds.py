@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 
 import exactformer as ef
-from exactformer.evaluate import PassStats, enclosure
+from exactformer.evaluate import PassStats, enclosure, head_radius
 from exactformer.evaluate.attention import float_hardmax_rows, float_scores_batch
 from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 
@@ -39,7 +39,7 @@ def test_head_radius_holds_the_exact_average_when_alpha_scales_subnormal_product
     top, bottom = S.max(axis=-1), S.min(axis=-1)
     w = np.ones((1, 3))
     avg = float_hardmax_rows(S, X, w, PassStats(), X, top, bottom)
-    rad = enclosure.head_radius(S, top, bottom, X, r, z, z, z, z, ALPHA, X, r, avg)
+    rad = head_radius.head_radius(S, top, bottom, X, r, z, z, z, z, ALPHA, X, r, avg)
     for i in range(3):
         ex = _exact_average(X[0], w[0], ALPHA, i)
         for j in range(2):
@@ -78,13 +78,13 @@ def test_sole_candidate_with_a_rival_whose_lower_end_overflows():
     S = float_scores_batch(X, q, k, alpha)
     top, bottom = S.max(axis=-1), S.min(axis=-1)
     assert np.isfinite(S).all()
-    sole = enclosure.sole_candidates(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha)
-    E = enclosure.score_error(X, r, q, q_rad, k, k_rad, alpha)
+    sole = head_radius.sole_candidates(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha)
+    E = head_radius.score_error(X, r, q, q_rad, k, k_rad, alpha)
     assert np.isneginf(enclosure.lower(S, E)[0, 0, 0])  # the full hull: key 0 unknown
     assert sole[0, 0]
     avg = float_hardmax_rows(S, X, np.ones((1, 2)), PassStats(), X, top, bottom)
-    rad = enclosure.head_radius(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
-    full = enclosure.hull_radius(avg, *enclosure._candidate_hull(S, X, r, q, q_rad, k, k_rad,
+    rad = head_radius.head_radius(S, top, bottom, X, r, q, q_rad, k, k_rad, alpha, X, r, avg)
+    full = head_radius.hull_radius(avg, *head_radius._candidate_hull(S, X, r, q, q_rad, k, k_rad,
                                                                  alpha, X, r))
     assert (rad <= full).all() and (rad[0, 0] < full[0, 0]).all()
     assert avg[0, 0, 0] == -1.0 and rad[0, 0, 0] <= 2.0 ** -51  # key 1 alone

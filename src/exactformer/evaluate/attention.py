@@ -14,7 +14,7 @@ import mpmath
 import numpy as np
 
 from ..numbers import safe_float, safe_floats, sparse_dot
-from . import enclosure
+from . import enclosure, head_radius
 from .arithmetic import Arithmetic, PassStats
 from .state import RowState
 
@@ -254,7 +254,7 @@ def _float_hardmax(st: RowState, qa, q_rad, ka, k_rad, alpha, C, C_rad, stats: P
         avg = float_hardmax_rows(S, X, w[rows], stats, Cb, top, bottom)
         out[rows] = avg
         if rad is not None:
-            out_rad[rows] = enclosure.head_radius(S, top, bottom, X, r, qa[rows], q_rad[rows],
+            out_rad[rows] = head_radius.head_radius(S, top, bottom, X, r, qa[rows], q_rad[rows],
                                                   ka[rows], k_rad[rows], alpha, Cb, Cb_rad,
                                                   avg)
     return out, out_rad

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..numbers import safe_floats, sparse_dot
-from . import enclosure
+from . import enclosure, head_radius
 from .rows import Rows, Segments
 
 
@@ -50,7 +50,7 @@ def head(X, r, w, sg: Segments, c, a, q, stats: bool) -> Result:
         return Result(avg, None, ties, margin)
     q_rad, k_rad = enclosure.dot_radius(X, r, c), enclosure.dot_radius(X, r, a)
     C_rad = r if q is None else enclosure.dot_radius(X, r, q)[:, None]
-    rad = enclosure.rank_one_radius(avg, qa, q_rad, ka, k_rad, C, C_rad, sg.seg, sg.starts)
+    rad = head_radius.rank_one_radius(avg, qa, q_rad, ka, k_rad, C, C_rad, sg.seg, sg.starts)
     return Result(avg, rad, ties, margin)
 
 
