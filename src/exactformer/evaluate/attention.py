@@ -16,6 +16,7 @@ import numpy as np
 from ..numbers import safe_float, safe_floats, sparse_dot
 from . import enclosure, head_radius
 from .arithmetic import Arithmetic, PassStats
+from .softmax_radius import softmax_box
 from .state import RowState
 
 
@@ -53,6 +54,7 @@ def head_average(st: RowState, A, q, attention: str, tau, stats: PassStats, dots
     if attention == "hardmax" and not ar.is_object:
         return _float_hardmax(st, qa, q_rad, ka, k_rad, A.alpha, C, C_rad, stats)
     out = np.empty(C.shape, dtype=C.dtype)
+    out_rad = None if st.rad is None else np.empty(C.shape)
     for s, e in st.segments():
         X, w, Cs = P[s:e], weights[s:e], C[s:e]
         if attention == "hardmax":
@@ -68,7 +70,11 @@ def head_average(st: RowState, A, q, attention: str, tau, stats: PassStats, dots
         if tau != 1:
             Z = Z / tau
         out[s:e] = softmax_average(Z, Cs, ar, w[None, :])
-    return out, None
+        if out_rad is not None:
+            E = head_radius.score_error(X, st.rad[s:e], qa[s:e], q_rad[s:e], ka[s:e],
+                                        k_rad[s:e], A.alpha)
+            out[s:e], out_rad[s:e] = softmax_box(out[s:e], S, E, w, tau, Cs, C_rad[s:e])
+    return out, out_rad
 
 
 def softmax_average(Z, C, ar: Arithmetic, w=None) -> np.ndarray:

@@ -80,12 +80,13 @@ def _with_positions(model: Transformer, inputs, ar: Arithmetic) -> list[np.ndarr
 
 def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray] | None,
             stats: PassStats | None = None, progress: bool = False, give_up: float = math.inf):
-    """The float64 pass of a float64 hardmax model with a radius on every coordinate: returns
-    the float64 outputs and per token a bound on the distance of the *exact* evaluation of
-    the stored numbers on the exact inputs from them, given the inputs' own radii
-    (docs/numerics.md#enclosures); ``radii`` None: exact inputs (radius 0). Inputs (and radii)
-    narrower than the model are zero-padded, as by :func:`forward`. Radii are inf
-    where nothing is known. The outputs are a float64 evaluation in which gadget layers act
+    """The float64 pass of a float64 model (hardmax, or a softmax set model) with a radius on
+    every coordinate: returns the float64 outputs and per token a bound on the distance of
+    the *exact* evaluation of the stored numbers on the exact inputs from them, given the
+    inputs' own radii (docs/numerics.md#enclosures; softmax averages:
+    #softmax-averages-in-the-enclosures); ``radii`` None: exact inputs (radius 0). Inputs
+    (and radii) narrower than the model are zero-padded, as by :func:`forward`. Radii are
+    inf where nothing is known. The outputs are a float64 evaluation in which gadget layers act
     as their affine pieces (a flat top adds its move exactly), so they can differ from
     :func:`forward`'s in the last bits, or be finite where it overflows; they are its values
     exactly when every layer was a key lookup (``stats.floats_plain``). ``stats`` records the
@@ -98,10 +99,10 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
     rounded to floats with their rounding as radius; without attention the positions are
     added in float64, their rounding bounded exactly. Their inputs must be exact (``radii`` None).
     """
-    if model.exact or model.attention != "hardmax" or (model.positions is not None and
-                                                       not model.causal):
-        raise ValueError("enclosures are made for float64 hardmax models (set models without "
-                         "stored positions)")
+    if model.exact or (model.attention != "hardmax" and model.causal) or \
+            (model.positions is not None and not model.causal):
+        raise ValueError("enclosures are made for float64 models: hardmax, or softmax set "
+                         "models (set models without stored positions)")
     stats = PassStats() if stats is None else stats
     xs = pad_columns([np.asarray(x, dtype=float) for x in inputs], model.d)
     radii = None if radii is None else pad_columns(radii, model.d)

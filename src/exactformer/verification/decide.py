@@ -104,7 +104,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         exact_equal = None
         within, undecided, arithmetic, proved, proof = _softmax_verdict(
             model, dataset, limit, digits, tau, (snap, snaps_f), extra, progress, workers,
-            scale)
+            scale, enclosed)
     nonfinite: list[int] = []
     if not model.exact:  # the model's own arithmetic: inf or nan there is a failure
         nonfinite = [j for j, o in enumerate(outs_f) if not np.isfinite(o).all()]
@@ -160,15 +160,23 @@ def softmax_tolerance(model: Transformer, digits: int, tolerance: float) -> floa
 
 # ------------------------------------------------------------------------------ softmax
 def _softmax_verdict(model, dataset, limit, digits, tau, snapped, extra, progress, workers,
-                     scale):
+                     scale, enclosed=None):
     """(within per pair, undecided pairs, arithmetic, proved, proof) of a softmax model,
-    decided by the ball bound. One mpmath pass at ``digits`` digits is reported beside it
-    (``hausdorff_mp``), and its positions on the snap line give the snap margins
-    (``snapped``: the first snap block and the float pass's snapshots). A model without a
-    snap line that the bound proves exact gets no mpmath pass: it would only measure the 0
-    the proof shows (keyed softmax models, docs/keyed.md#softmax), nor one whose every pair
-    the bound puts within the limit: it would only measure what the bound already shows, at
-    the cost of a pass in mpmath (30 s where the bound takes 4 on a keyed float64 model)."""
+    decided by the float64 enclosures when their bounds (``enclosed``, per pair) put every
+    pair within the limit (OK, never a proof of exactness), else by the ball bound. One
+    mpmath pass at ``digits`` digits is reported beside it (``hausdorff_mp``), and its
+    positions on the snap line give the snap margins (``snapped``: the first snap block and
+    the float pass's snapshots). A model without a snap line that the bound proves exact gets no
+    mpmath pass: it would only measure the 0 the proof shows (keyed softmax models,
+    docs/keyed.md#softmax), nor one whose every pair the bound puts within the limit: it would
+    only measure what the bound already shows, at the cost of a pass in mpmath (30 s where the
+    bound takes 4 on a keyed float64 model)."""
+    if enclosed is not None and all(b <= _float_cap(limit) for b in enclosed):
+        extra["hausdorff_bound"] = enclosed
+        extra["mp pass"] = "not run: the float64 enclosures put every pair within the limit"
+        extra["decided by"] = f"float64 enclosures: {len(enclosed)} pairs"
+        return [True] * len(enclosed), [], "enclosures", False, \
+            "not proved exact: float64 enclosures bound every pair within the limit"
     b = bound_set(model, dataset, limit, digits, tau)
     if snapped[0] is not None or not all(s == "within" for s in b.status):
         _mp_measurement(model, dataset, digits, tau, snapped, extra, progress, workers, scale)
@@ -238,9 +246,7 @@ def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool
         outs = forward(model, list(dataset.inputs), "exact", progress=progress, workers=workers)
         return [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)], None
     bounds = bounds if bounds is not None else [math.nan] * dataset.N
-    cap = safe_float(limit)  # a float ≤ limit
-    if math.isfinite(cap) and Fraction(cap) > limit:
-        cap = float(np.nextafter(cap, 0.0))
+    cap = _float_cap(limit)
     within = [b <= cap for b in bounds]  # nan (unknown) is never ≤
     rest = [j for j, ok in enumerate(within) if not ok]
     dist = [float(b) for b in bounds]
@@ -256,12 +262,24 @@ def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool
     return None, within
 
 
+def _float_cap(limit: Fraction) -> float:
+    """The largest float ≤ ``limit`` that float64 bounds are compared with."""
+    cap = safe_float(limit)
+    if math.isfinite(cap) and Fraction(cap) > limit:
+        cap = float(np.nextafter(cap, 0.0))
+    return cap
+
+
 def _first_pass(model, dataset, xs_f, stats, progress: bool, tau, snap, limit: float):
     """The float64 pass every verify runs: (outputs, snapshots at the first snap block, the
     enclosure's per-pair bounds or None, the outputs' per-pair float64 Hausdorff distances
-    or None). A float64 hardmax model without stored positions gets the enclosure pass
-    (docs/numerics.md#enclosures), any other the plain float pass."""
-    if model.attention == "hardmax" and not model.exact and model.positions is None:
+    or None). A float64 model without stored positions gets the enclosure pass
+    (docs/numerics.md#enclosures) when hardmax, or when softmax at its own temperature and
+    without a snap line (the mpmath measurement of a snap line reads the plain pass's
+    snapshots); any other model the plain float pass."""
+    own_tau = tau is None or tau == model.tau
+    if not model.exact and model.positions is None and \
+            (model.attention == "hardmax" or (snap is None and own_tau)):
         outs, bounds, hd = _float_and_enclosure(model, dataset, stats, progress, limit)
         return outs, {}, bounds, hd
     at = {snap} if snap is not None else set()

@@ -56,8 +56,9 @@ class Report(_Verdict):
 
     attention: str
     arithmetic: str  # how interpolation was decided: "exact" (set ==), "exact-floats" (exact
-    # evaluation of a float64 model against the tolerance) or "ball<bits>" (softmax: rigorous
-    # ball arithmetic at that precision)
+    # evaluation of a float64 model against the tolerance), "ball<bits>" (softmax: rigorous
+    # ball arithmetic at that precision) or "enclosures" (float64 softmax: the float64
+    # enclosures' bounds)
     N: int
     d: int
     sum_m: int
@@ -173,6 +174,9 @@ class Report(_Verdict):
         if "hausdorff_exact" in self.extra:
             return (f"max Hausdorff error ≤ {fmt(worst(self.extra['hausdorff_exact']))} in exact "
                     f"arithmetic on the stored floats {limit}")
+        if self.arithmetic == "enclosures":
+            return (f"max Hausdorff error ≤ {fmt(worst(self.extra['hausdorff_bound']))} by "
+                    f"float64 enclosures of the stored floats {limit}")
         measured = (f" (measured {fmt(worst(self.extra['hausdorff_mp']))} at "
                     f"{self.extra['mp digits']} digits)" if "hausdorff_mp" in self.extra else "")
         return (f"max Hausdorff error ≤ {fmt(worst(self.extra['hausdorff_bound']))} in ball "

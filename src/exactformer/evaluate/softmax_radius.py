@@ -1,0 +1,87 @@
+"""Radii of softmax attention averages in the float64 enclosures
+(docs/numerics.md#softmax-averages-in-the-enclosures).
+
+A softmax average is a convex combination of its keys' carriers, so it lies in the hull of
+their boxes, coordinate by coordinate. When the enclosed scores certify that one key beats
+every other of its row by a gap g_l > 0, the other keys' weights add up to at most
+W = Σ_l w_l·e^(−g_l/τ) / w_best (w the multiplicities), so the average also lies within W
+times the carriers' spread of the best key's box. No exponential is evaluated in floats:
+e^(−g) is bounded from above by a power of two times a chord of 2^(−f).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .enclosure import lower, up, upper
+from .head_radius import hull_radius
+
+LOG2E_LOW = float(np.nextafter(1.4426950408889634, 0.0))  # a float below log2(e)
+FLOOR_EXPONENT = 1000  # e^(−g) below 2^-1000 is bounded by 2^-1000 (a normal float)
+
+
+def exp_neg_upper(g) -> np.ndarray:
+    """A float ≥ e^(−g) for each g ≥ 0, within a factor 1.07 down to 2^-1000 (1 where g is
+    nan or negative). e^(−g) ≤ 2^(−y) for any y ≤ g·log2(e), and with k = ⌊y⌋, f = y − k
+    (exact): 2^(−y) = 2^(−k)·2^(−f) ≤ 2^(−k)·(1 − f/2), the chord of the convex 2^(−f) on
+    [0, 1]. ldexp of a number in [½, 1] by −k ≥ −999 is exact."""
+    g = np.asarray(g, dtype=float)
+    with np.errstate(all="ignore"):
+        y = np.nextafter(g * LOG2E_LOW, -np.inf)
+        known = y >= 0  # false for nan and for negative g
+        y = np.where(known, y, 0.0)
+        tiny = y >= FLOOR_EXPONENT  # inf included
+        k = np.floor(np.where(tiny, 0.0, y))
+        m = np.nextafter(1.0 - (y - k) / 2, np.inf)
+        out = np.ldexp(m, -k.astype(np.int64))
+    return np.where(tiny, 2.0 ** -FLOOR_EXPONENT, np.where(known, out, 1.0))
+
+
+def tail_weight(S, E, w, tau: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(each row's best key by float score, whether its enclosed scores certify that key
+    above every other, and an upper bound on the total weight of the others, W above) for
+    one sequence's scores S (n × n, float) with error bounds E, multiplicities w and
+    temperature τ > 0. Rows with a score or bound that is not finite are never certified."""
+    n = S.shape[0]
+    rows = np.arange(n)
+    with np.errstate(all="ignore"):
+        s_hi, s_lo = upper(S, E), lower(S, E)
+        finite = (np.isfinite(s_hi) & np.isfinite(s_lo)).all(axis=1)
+        best = np.argmax(np.where(np.isnan(S), -np.inf, S), axis=1)
+        gap = np.nextafter(s_lo[rows, best][:, None] - s_hi, -np.inf)
+        if tau != 1:
+            gap = np.nextafter(gap / tau, -np.inf)
+        gap[rows, best] = np.inf
+        certain = finite & (gap > 0).all(axis=1)
+        terms = exp_neg_upper(gap) * w[None, :]
+        terms[rows, best] = 0.0
+        W = up(terms.sum(axis=1) / w[best], 2 * n + 2)
+    return best, certain, W
+
+
+def softmax_box(avg, S, E, w, tau: float, C, C_rad) -> tuple[np.ndarray, np.ndarray]:
+    """(midpoints, radii) of one sequence's softmax averages of the carrier C (n × k, radii
+    C_rad), whose float values are ``avg``: each row's box is the hull of the carriers'
+    boxes, cut down to the best key's box widened by W × the spread where the scores certify
+    a best key (:func:`tail_weight`). A coordinate whose box is one point gets that point as
+    midpoint (equal carriers average to themselves exactly); radii are inf where anything is
+    not finite."""
+    best, certain, W = tail_weight(S, E, w, tau)
+    with np.errstate(all="ignore"):
+        lo = lower(C, C_rad).min(axis=0)[None, :]
+        hi = upper(C, C_rad).max(axis=0)[None, :]
+        c_lo, c_hi = lower(C[best], C_rad[best]), upper(C[best], C_rad[best])
+        spread = np.maximum(_up(hi - c_lo), _up(c_hi - lo))
+        blur = np.where(spread == 0, 0.0, np.nextafter(W[:, None] * spread, np.inf))
+        reach = np.where(blur == 0, C_rad[best], _up(C_rad[best] + blur))
+        b_lo = np.where(certain[:, None], np.maximum(lo, lower(C[best], reach)), lo)
+        b_hi = np.where(certain[:, None], np.minimum(hi, upper(C[best], reach)), hi)
+        mid = np.where(b_lo == b_hi, b_lo, avg)
+    return mid, hull_radius(mid, b_lo, b_hi, np.zeros_like(mid))
+
+
+def _up(x):
+    """x rounded up one step, 0 kept: a float ≥ the exact difference or sum of nonnegative
+    floats that gave x under round-to-nearest (such a result is 0 only when exact). A
+    product that may underflow to 0 is rounded up with ``nextafter`` alone."""
+    return np.where(x == 0, x, np.nextafter(x, np.inf))

@@ -1,0 +1,190 @@
+"""Float64 enclosures of softmax averages (evaluate/softmax_radius.py, docs/numerics.md
+#softmax-averages-in-the-enclosures): every box is checked against averages of points drawn
+inside the rows' boxes, computed here in mpmath at 60 digits, and float64 softmax models
+that verify decides by the enclosures against test_verify_bounds' 600-digit reference."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+from test_verify_bounds import check, doc, ff, sa, set_data
+
+import exactformer as ef
+from exactformer.evaluate import enclosure
+from exactformer.evaluate.head_radius import score_error
+from exactformer.evaluate.softmax_radius import exp_neg_upper, softmax_box
+from exactformer.modelio import model_from_dict
+
+
+# ------------------------------------------------------------------------------ e^(−g)
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.floats(0, 2000), st.sampled_from([0.0, 5e-324, 1e-300, 0.5, 1.0, 690.0,
+                                                      693.1, 1e300, np.inf])))
+def test_exp_neg_upper_is_an_upper_bound_within_seven_percent(g):
+    b = float(exp_neg_upper(np.array([g]))[0])
+    with mpmath.workdps(60):
+        true = mpmath.exp(-mpmath.mpf(g))
+        assert mpmath.mpf(b) >= true
+        if g < 690:
+            assert mpmath.mpf(b) <= true * mpmath.mpf("1.07")
+
+
+def test_exp_neg_upper_knows_nothing_of_nan_or_negative_gaps():
+    assert (exp_neg_upper(np.array([np.nan, -1.0, -np.inf])) == 1.0).all()
+
+
+# ------------------------------------------------------------------------------ boxes
+def _case(seed: int, scale: float, ties: bool):
+    """One sequence's rows X ± r, score vectors, α, τ and multiplicities."""
+    rng = np.random.default_rng(seed)
+    n, d = int(rng.integers(1, 7)), int(rng.integers(1, 4))
+    X = rng.integers(-4, 5, size=(n, d)) / 4 + (0 if ties else rng.normal(0, 1e-3, (n, d)))
+    if ties and n > 1:
+        X[-1] = X[0]
+    r = np.where(rng.random((n, d)) < 0.5, 0.0, rng.random((n, d)) * 1e-6)
+    c, a = rng.normal(0, scale, d), rng.normal(0, 1, d)
+    alpha = float(rng.choice([0.0, 0.125, -2.0]))
+    tau = float(rng.choice([1.0, 0.5, 3.0]))
+    w = rng.integers(1, 4, n).astype(float)
+    return X, r, c, a, alpha, tau, w
+
+
+def _box(X, r, c, a, alpha, tau, w, float_average=True):
+    """What head_average computes for one sequence in a tracking pass; with
+    ``float_average`` False the midpoints start from each row's best key instead of the
+    float average (whose accuracy would otherwise hide a box too small around it)."""
+    qa, ka = X @ c, X @ a
+    q_rad, k_rad = enclosure.dot_radius(X, r, c), enclosure.dot_radius(X, r, a)
+    S = np.outer(qa, ka) + ((X @ X.T) * alpha if alpha != 0 else 0.0)
+    Z = (S - S.max(axis=1)[:, None]) / tau
+    M = np.exp(Z) * w[None, :]
+    avg = (M / M.sum(axis=1, keepdims=True)) @ X if float_average else X[np.argmax(S, axis=1)]
+    E = score_error(X, r, qa, q_rad, ka, k_rad, alpha)
+    return softmax_box(avg, S, E, w, tau, X, r)
+
+
+def _true_average(P, c, a, alpha, tau, w) -> list[list]:
+    """Softmax averages of the points P (mpmath rows) at the working precision."""
+    def dot(u, v):
+        return mpmath.fsum(s * t for s, t in zip(u, v, strict=True))
+    out = []
+    for x in P:
+        s = [dot(c, x) * dot(a, y) + alpha * dot(x, y) for y in P]
+        top = max(s)
+        e = [wl * mpmath.exp((v - top) / tau) for v, wl in zip(s, w, strict=True)]
+        out.append([mpmath.fsum(el * y[t] for el, y in zip(e, P, strict=True)) / mpmath.fsum(e)
+                    for t in range(len(x))])
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.sampled_from([1.0, 30.0, 1e3, 1e5]), st.booleans(),
+       st.sampled_from(["centre", "corners", "random"]), st.booleans())
+def test_softmax_boxes_hold_every_average_of_points_in_the_rows_boxes(seed, scale, ties, where,
+                                                                       float_average):
+    X, r, c, a, alpha, tau, w = _case(seed, scale, ties)
+    mid, rad = _box(X, r, c, a, alpha, tau, w, float_average)
+    rng = np.random.default_rng(seed + 1)
+    u = {"centre": np.zeros(X.shape), "corners": rng.choice([-1.0, 1.0], X.shape),
+         "random": rng.uniform(-1, 1, X.shape)}[where]
+    with mpmath.workdps(60):
+        P = [[mpmath.mpf(x) + mpmath.mpf(s) * mpmath.mpf(rr)
+              for x, s, rr in zip(xr, ur, rw, strict=True)]
+             for xr, ur, rw in zip(X, u, r, strict=True)]
+        mp = [mpmath.mpf(v) for v in (*c, *a, alpha, tau)]
+        d = X.shape[1]
+        true = _true_average(P, mp[:d], mp[d:2 * d], mp[2 * d], mp[2 * d + 1],
+                             [mpmath.mpf(v) for v in w])
+        for i, row in enumerate(true):
+            for t, v in enumerate(row):
+                slack = mpmath.mpf(10) ** -50 * (1 + abs(v))  # the reference's own rounding
+                assert abs(v - mpmath.mpf(mid[i, t])) <= mpmath.mpf(rad[i, t]) + slack, (i, t)
+    event("a best key certified" if (rad < 1e-3).all() and scale >= 1e3 else "hull")
+
+
+def test_a_certified_best_key_leaves_only_its_blur():
+    """Scores 10³ apart: each row's average is its best key's carrier within e^-1000 (the
+    box then rounds out to a unit in the last place), and a coordinate equal on every key
+    keeps radius 0 and its exact value."""
+    X = np.array([[0.0, 1.0], [1.0, 1.0], [2.0, 1.0]])
+    r = np.zeros(X.shape)
+    mid, rad = _box(X, r, np.array([0.0, 1e3]), np.array([1.0, 0.0]), 0.0, 1.0, np.ones(3))
+    assert (rad[:, 1] == 0).all() and (mid[:, 1] == 1.0).all()
+    assert rad[:, 0].max() <= 2 * np.spacing(2.0) and (np.abs(mid[:, 0] - 2.0) <= rad[:, 0]).all()
+
+
+def test_rows_without_a_certified_best_key_get_the_hull():
+    """Two keys with equal scores: the average lies anywhere between them."""
+    X = np.array([[0.0, 0.0], [1.0, 0.0]])
+    mid, rad = _box(X, np.zeros(X.shape), np.zeros(2), np.zeros(2), 0.0, 1.0, np.ones(2))
+    assert np.allclose(mid[:, 0], 0.5) and (rad[:, 0] >= 0.5).all()
+
+
+# ------------------------------------------------------------------------------ verify
+def _keyed_float64(seed: int, n: int):
+    rng = np.random.default_rng(seed)
+    xs = [rng.uniform(-1, 1, (n, 2)) for _ in range(3)]
+    ys = [rng.integers(-3, 4, (1, 2)).astype(float) for _ in range(3)]
+    data = ef.Dataset.from_arrays(xs, ys)
+    return ef.compile(data, attention="softmax", exact=False), data
+
+
+def _check(model, data):
+    """verify's report on the data, after test_verify_bounds.check has asserted on the data
+    as the model reads them (zero-padded: the reference does not pad) that an OK is never
+    contradicted by the 600-digit reference."""
+    check(model, data.padded(model.d))
+    return ef.verify(model, data)
+
+
+@pytest.mark.parametrize("n", [30, 100])
+def test_keyed_float64_softmax_models_are_decided_by_the_enclosures(n):
+    """Where the collapse's blur is below the limit (here), no ball pass runs; where it is
+    not (a few tokens a sequence, small score scales) the ball pass decides, as tested below."""
+    model, data = _keyed_float64(n, n)
+    report = _check(model, data)
+    assert report.ok and report.arithmetic == "enclosures", report.table()
+    assert "float64 enclosures" in report.extra["decided by"]
+
+
+def _moved(model, block: int, which: str, at: tuple, rel: float):
+    blocks = list(model.blocks)
+    ffl = blocks[block].ff
+    arr = getattr(ffl, which).copy()
+    arr[at] = arr[at] * (1 + rel) + rel
+    blocks[block] = replace(blocks[block], ff=replace(ffl, **{which: arr}))
+    return replace(model, blocks=blocks)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2 ** 16), st.sampled_from([1e-12, 1e-9, 1e-6, 1e-2]), st.data())
+def test_no_enclosure_ok_that_the_reference_contradicts(seed, rel, draw):
+    """A keyed float64 softmax model with one FF weight moved: whatever verify says, an OK
+    is within the limit in the 600-digit reference (check asserts it)."""
+    model, data = _keyed_float64(seed, 3)
+    ffs = [k for k, b in enumerate(model.blocks) if b.ff is not None]
+    k = draw.draw(st.sampled_from(ffs))
+    which = draw.draw(st.sampled_from(["W", "b", "U"]))
+    arr = getattr(model.blocks[k].ff, which)
+    nz = np.argwhere(arr != 0)
+    assume(len(nz))
+    at = tuple(nz[draw.draw(st.integers(0, len(nz) - 1))])
+    report = _check(_moved(model, k, which, at, rel), data)
+    event(f"{report.verdict()} by {report.arithmetic[:5]}")
+
+
+@pytest.mark.parametrize("target, ok", [([2, 4], True), ([0, 4], False)])
+def test_a_huge_cancellation_goes_to_the_ball_bound(target, ok):
+    """relu(x₁ + 2^400) − relu(2^400) is x₁ in real arithmetic and 0 in float64, then the
+    layer doubles the token: (1, 2) ↦ (2, 4). The enclosures cannot put the pair within the
+    limit, so the ball bound decides, right about the real answer and against the float one."""
+    blocks = [{"ff": ff(0, [[1, 0], [0, 0], [0, 1]], [2.0 ** 400, 2.0 ** 400, 0],
+                        [[1, -1, 0], [0, 0, 1]]), "sa": sa([1, 0], [0, 0], rho="1")}]
+    model = model_from_dict(doc(blocks, number="float64"))
+    report = check(model, set_data([[[1, 2]]], [[target]]))
+    assert report.ok == ok and report.arithmetic.startswith("ball"), report.table()
