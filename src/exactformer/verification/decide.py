@@ -5,7 +5,8 @@ A verdict is a bound, never a measurement (docs/verification.md#what-verify-deci
 * hardmax, rational parameters: exact pass, output sets compared with ``==``;
 * hardmax, float64 parameters: float64 enclosures, then the exact pass, compared exactly;
 * softmax: a rigorous ball-arithmetic bound (``bound``), compared with the limit in rationals;
-  PROVED EXACT when certify's judgement of the same pass closes;
+  PROVED EXACT when certify's judgement of the same pass closes; float64 set models first by
+  the float64 enclosures (OK where they put every pair within the limit);
 * float64 models, set or causal: any inf or nan output of their own float64 pass fails.
 
 Causal models are checked position by position (:func:`verify_causal`).
@@ -67,10 +68,12 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
       float64 implementation (torch, else a dense NumPy pass) is reported beside it;
     * softmax: OK when a ball-arithmetic bound (no weight dropped, precision doubled up to
       16 × ``digits`` decimal digits) puts every pair within 10^-(digits−10) × scale (rational
-      parameters) or ``tolerance`` × scale (float64); PROVED EXACT when the same pass shows
-      every output to be exactly a target; UNDECIDED (not ok) when the bound stays too wide;
-      the error measured at ``digits`` digits and the snap margins are reported beside it
-      (no measurement where there is no snap line and the bound puts every pair within);
+      parameters) or ``tolerance`` × scale (float64; a set model without a snap line is first
+      tried by the float64 enclosures, which settle it where they put every pair within);
+      PROVED EXACT when the same pass shows every output to be exactly a target; UNDECIDED
+      (not ok) when the bound stays too wide; the error measured at ``digits`` digits and the
+      snap margins are reported beside it (no measurement where there is no snap line and
+      the bound puts every pair within);
     * float64 models whose float64 outputs are inf or nan fail.
 
     ``tau`` evaluates a softmax model at another temperature than the one it was built for.
