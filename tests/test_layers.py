@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import exactformer as ef
 from exactformer import cli
 from exactformer.data import CausalDataset, builtin
+from exactformer.summary import model_summary
 
 
 def fewest(dataset, **kw) -> int:
@@ -83,3 +84,20 @@ def test_cli_build_layers_and_info_shape(tmp_path, capsys):
                      "--layers", "2"]) == 2
     err = capsys.readouterr().err
     assert "too few" in err and "at least" in err and not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ef.compile(builtin.demo()),
+    lambda: ef.compile(builtin.demo(), construction="paper", attention="softmax"),
+    lambda: ef.compile(CausalDataset.from_text("a short text, recited")),
+])
+def test_info_prints_the_shape_of_the_transformer_lens_export(make):
+    """The row is the exported config's own shape: a model without attention gets the one
+    head TransformerLens needs, a non-residual one the doubled stream."""
+    pytest.importorskip("torch")
+    from exactformer.export.transformer_lens import lens_config
+    model = make()
+    cfg = lens_config(model)
+    rows = dict(model_summary(model))
+    want = " × ".join(str(cfg[k]) for k in ("n_layers", "d_model", "d_mlp", "n_heads"))
+    assert rows["TransformerLens export, the same"] == want

@@ -103,3 +103,13 @@ def part_turns(part) -> bool:
 def part_units(part, d: int) -> int:
     """Hidden units of one MLP part: its own, plus 2d turn units if it turns the halves."""
     return own_units(part) + (2 * d if part_turns(part) else 0)
+
+
+def lens_shape(model: Transformer) -> tuple[int, int, int, int]:
+    """(n_layers, d_model, d_mlp, n_heads) of the TransformerLens export: its blocks, the
+    stream (2D where it turns halves), the widest MLP part and at least one head (a config
+    with none is refused by TransformerLens, so a model without attention gets one unused)."""
+    layers = plan(model)
+    d_mlp = max((part_units(p, model.d) for layer in layers for p in layer.mlp), default=0)
+    return (len(layers), 2 * model.d if turns(model) else model.d, max(1, d_mlp),
+            max(1, model.max_heads()))

@@ -3,6 +3,7 @@ card of a Hub folder (``export.hub``) as a Markdown table, so the two always agr
 
 from __future__ import annotations
 
+from .lens_plan import lens_shape
 from .model import Transformer
 
 LICENCE = "MIT"  # exactformer's licence, as pyproject.toml declares it
@@ -19,6 +20,7 @@ def model_summary(model: Transformer) -> list[tuple[str, str]]:
             ("blocks", model.n_blocks), ("max FF width", model.max_width()),
             ("n_layers × d_model × d_mlp × n_heads",
              f"{model.n_blocks} × {model.d} × {model.max_width()} × {model.max_heads()}"),
+            ("TransformerLens export, the same", " × ".join(map(str, lens_shape(model)))),
             ("max attention heads", model.max_heads()),
             ("parameters (structured / dense)", f"{model.n_params()} / {model.n_params_dense()}")]
     if model.tau is not None:

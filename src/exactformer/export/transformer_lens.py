@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from ..lens_plan import is_identity_sa, part_units, plan, turns
+from ..lens_plan import is_identity_sa, lens_shape, plan
 from ..model import FF, SA, Transformer
 from .lens_helpers import boot as build_bridge
 from .native import floats
@@ -86,16 +86,14 @@ def lens_config(model: Transformer, dtype: str = "float64", n_ctx: int | None = 
     stream width d_model = d, or 2d where some layer is not residual."""
     if dtype not in LENS_DTYPES:
         raise ValueError(f"dtype must be one of {LENS_DTYPES}, got {dtype!r}")
-    d, layers = model.d, plan(model)
-    wide = turns(model)
-    d_mlp = max((part_units(p, d) for layer in layers for p in layer.mlp), default=0)
+    n_layers, d_model, d_mlp, n_heads = lens_shape(model)
     if model.positions is not None:
         n_ctx = len(model.positions)
     tau = 1.0 if model.tau is None else float(model.tau)
     scale = query_scale(model)
-    return {"n_layers": len(layers), "d_model": 2 * d if wide else d, "d_head": d + 1,
-            "n_heads": max(1, model.max_heads()), "d_mlp": max(1, d_mlp),
-            "n_ctx": n_ctx or DEFAULT_N_CTX, "d_vocab": 1, "d_vocab_out": d,
+    return {"n_layers": n_layers, "d_model": d_model, "d_head": model.d + 1,
+            "n_heads": n_heads, "d_mlp": d_mlp,
+            "n_ctx": n_ctx or DEFAULT_N_CTX, "d_vocab": 1, "d_vocab_out": model.d,
             "act_fn": "relu", "normalization_type": None,
             "attention_dir": "causal" if model.causal else "bidirectional",
             "positional_embedding_type": "standard", "use_attn_scale": True,
