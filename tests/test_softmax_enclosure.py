@@ -6,6 +6,7 @@ that verify decides by the enclosures against test_verify_bounds' 600-digit refe
 from __future__ import annotations
 
 from dataclasses import replace
+from fractions import Fraction
 
 import mpmath
 import numpy as np
@@ -188,3 +189,51 @@ def test_a_huge_cancellation_goes_to_the_ball_bound(target, ok):
     model = model_from_dict(doc(blocks, number="float64"))
     report = check(model, set_data([[[1, 2]]], [[target]]))
     assert report.ok == ok and report.arithmetic.startswith("ball"), report.table()
+
+
+# ------------------------------------------------------------------------------ FF pieces
+def _exact_ff(xs: list, eta, U, b, W) -> list:
+    """η·x + W relu(U x + b) in Fractions, for one point x (Fractions; floats read exactly)."""
+    F = Fraction
+    h = [max(F(0), sum((F(float(u)) * v for u, v in zip(row, xs, strict=True)), F(0))
+             + F(float(bi))) for row, bi in zip(U, b, strict=True)]
+    return [F(float(eta)) * xs[k] + sum((F(float(W[k, i])) * h[i] for i in range(len(h))), F(0))
+            for k in range(len(xs))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.sampled_from([1.0, 0.0, -1.0, 0.5]),
+       st.sampled_from([1e-12, 1e-6, 0.0]), st.sampled_from([1.0, 1e3, 1e6]))
+def test_dense_ff_boxes_hold_the_exact_layer(seed, eta, reach, size):
+    """ff_dense (units' evaluation, or the affine piece where every sign is certain) against
+    the exact layer at points of the boxes; layers with cancelling pairs of units (a clip
+    pair) as the keyed moves have, arguments of every size."""
+    rng = np.random.default_rng(seed)
+    n, d, pairs = 6, int(rng.integers(1, 4)), int(rng.integers(1, 3))
+    f = rng.integers(-3, 4, size=(pairs, d)).astype(float)
+    U = np.repeat(f, 2, axis=0)
+    b = np.concatenate([[-0.5, -1.5] for _ in range(pairs)]) * rng.choice([1.0, size])
+    w = rng.normal(0, 1, (d, pairs))
+    W = np.stack([w, -w], axis=2).reshape(d, 2 * pairs)
+    X = rng.normal(0, size, (n, d))
+    r = np.abs(rng.normal(0, reach * size, (n, d)))
+    out, rad = enclosure.ff_dense(X, r, eta, U, b, W)
+    for i in range(n):
+        for s in (-1.0, 0.0, 1.0):
+            point = [Fraction(float(m)) + Fraction(s) * Fraction(float(e))
+                     for m, e in zip(X[i], r[i], strict=True)]  # exactly in the box
+            exact = _exact_ff(point, eta, U, b, W)
+            for k in range(d):
+                if np.isfinite(rad[i, k]):
+                    assert abs(exact[k] - Fraction(float(out[i, k]))) <= Fraction(float(rad[i, k]))
+
+
+def test_a_flat_clip_pair_adds_its_move_without_the_argument_s_rounding():
+    """relu(2a − ½) − relu(2a − 3/2) is exactly 1 for a ≥ ¾: on a = 1000 ± 10⁻⁶ the layer
+    adds w to the written coordinate, which keeps its own radius (0) plus the rounding of
+    x + w, however large 2a is and however wide its box."""
+    X, r = np.array([[1000.0, 0.25]]), np.array([[1e-6, 0.0]])
+    U, b = np.array([[2.0, 0.0], [2.0, 0.0]]), np.array([-0.5, -1.5])
+    W = np.array([[0.0, 0.0], [0.75, -0.75]])
+    out, rad = enclosure.ff_dense(X, r, 1.0, U, b, W)
+    assert out[0, 1] == 1.0 and rad[0, 1] <= 1e-15

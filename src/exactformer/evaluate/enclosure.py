@@ -348,9 +348,14 @@ def _certainly_off(X, r, U_, b) -> np.ndarray:
 
 
 def _ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`ff_dense` on every coordinate of X."""
+    """:func:`ff_dense` on every coordinate of X; a coordinate of a row whose units' signs
+    are all certain takes the affine piece's evaluation where that bounds it tighter
+    (:func:`_pieces_into`)."""
     d, h = X.shape[1], len(b)
-    A, (rad,), maybe_on = _ff_parts(X, r, U_, b, W, (eta,))
+    Z, z_round, z_rad = _pre_activations(X, r, U_, b)
+    active, unsure = signs(Z, z_rad)
+    A, maybe_on = np.maximum(Z, 0.0), active | unsure
+    rad = units_radius(r, active, unsure, z_round, z_rad, W, U_, eta)
     out = eta * X + A @ W.T
     sums = rounding(abs(eta) * np.abs(X) + A @ np.abs(W).T, h + 1)
     written = np.flatnonzero(W.any(axis=1))
@@ -360,7 +365,41 @@ def _ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     if eta == 1:  # a coordinate no unit that may be on writes: x + 0, exactly, in both
         untouched = (maybe_on.astype(np.float64) @ (W != 0).T.astype(np.float64)) == 0
         rad = np.where(untouched & np.isfinite(out), r, rad)  # inf·0 = nan is not x
+    rows = np.flatnonzero(~unsure.any(axis=1) & active.any(axis=1))
+    if len(rows):
+        _pieces_into(out, rad, X, r, eta, U_, b, W, active, rows)
     return out, rad
+
+
+def _pieces_into(out, rad, X, r, eta: float, U_, b, W, active, rows) -> None:
+    """On ``rows``, where every unit's sign is certain on the box, F is the affine piece
+    x ↦ J_P x + W_P b_P of the row's pattern P of active units. Where the active units'
+    slopes cancel (J_P from :func:`_jacobian` is exactly η·I: a clip pair that is flat), the
+    piece is evaluated so: a coordinate is bounded by (|J_P| + e_J)·r + e_J·|X| + the rounding
+    of W_P b_P and of the piece's own sum, and where that is below its radius from the
+    units' evaluation it takes this midpoint and radius instead (docs/numerics.md#enclosures:
+    the move is added without the rounding of the units' large arguments)."""
+    d = X.shape[1]
+    patterns, which = _groups(active[rows])
+    for g, pat in enumerate(patterns):
+        J, size, n = _jacobian(W, U_, pat, eta)
+        if not np.array_equal(J, eta * np.eye(d)):
+            continue
+        at = rows[which == g]
+        J_err = np.zeros(J.shape) if size is None else rounding(size, n)
+        Wp, bp = W[:, pat], b[pat]
+        c = Wp @ bp
+        Xa, ra = X[at], r[at]
+        with np.errstate(all="ignore"):
+            m = Xa @ J.T + c
+            aJ = np.abs(J)
+            e = ra @ (aJ + J_err).T + np.abs(Xa) @ J_err.T + \
+                rounding(np.abs(Wp) @ np.abs(bp), int(pat.sum())) + \
+                rounding(np.abs(Xa) @ aJ.T + np.abs(c), d + 1)
+            e = up(e, 4 * d + 8)
+            better = np.isfinite(m) & (e < rad[at])
+        out[at] = np.where(better, m, out[at])
+        rad[at] = np.where(better, e, rad[at])
 
 
 def jacobian_bound(r, active, W, U_, eta: float) -> np.ndarray:
