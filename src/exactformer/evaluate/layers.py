@@ -137,18 +137,20 @@ def _ridge_spread(st: RowState, sp: SortedProjection, ridge: Ridge, part: FF):
     return change, (rows, whole, alone, out, zone), gap
 
 
-def apply_sa(st: RowState, sa: SA, attention: str, tau, stats: PassStats):
+def apply_sa(st: RowState, sa: SA, attention: str, tau, stats: PassStats,
+             average=head_average):
     """ρ·x_i plus, for every head, V_h applied to the head's own average (docs/heads.md).
     Every head reads the layer's input. A head with V = p·qᵀ (β = 0) averages only the scalar
     x·q and changes only the columns where p ≠ 0, so sorted indices along other directions
-    survive the layer.
+    survive the layer. ``average``: how a head averages (a causal tracking pass gives
+    :func:`.causal_radius.causal_head_average`).
 
     Equal points are merged only when ρ = 0 (each token replaced by averages, as in the
     collapse): with ρ ≠ 0 distinct points almost never meet, and an unmerged pair of equal
     rows only costs time, never changes a result (they carry their multiplicities)."""
     dots: dict = {}
     terms = [t for head in sa.heads
-             if (t := _head_term(st, head, attention, tau, stats, dots)) is not None]
+             if (t := _head_term(st, head, attention, tau, stats, dots, average)) is not None]
     _write_terms(st, sa.rho, terms)
     if sa.rho == 0:
         st.compact()
@@ -235,8 +237,8 @@ class _Term:
         return val, abs(beta) * self.avg_rad[rows, c] + self.s_rad[rows] * abs(p), factors
 
 
-def _head_term(st: RowState, head, attention: str, tau, stats: PassStats, dots: dict
-               ) -> _Term | None:
+def _head_term(st: RowState, head, attention: str, tau, stats: PassStats, dots: dict,
+               average=head_average) -> _Term | None:
     """What one head adds (its average, computed from the layer's input); None when V = 0.
     ``dots`` holds the layer's products x·v already computed (heads often read the same
     vector)."""
@@ -245,8 +247,8 @@ def _head_term(st: RowState, head, attention: str, tau, stats: PassStats, dots: 
         cols = frozenset(k for k, v in enumerate(V.p) if v != 0)
         if not cols:
             return None
-        return _Term(V, cols, *head_average(st, head.A, V.q, attention, tau, stats, dots))
-    avg, avg_rad = head_average(st, head.A, None, attention, tau, stats, dots)
+        return _Term(V, cols, *average(st, head.A, V.q, attention, tau, stats, dots))
+    avg, avg_rad = average(st, head.A, None, attention, tau, stats, dots)
     s_rad = None if avg_rad is None else enclosure.dot_radius(avg, avg_rad, V.q)
     return _Term(V, frozenset(range(st.P.shape[1])), avg, avg_rad, sparse_dot(avg, V.q),
                  s_rad)
