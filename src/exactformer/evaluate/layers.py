@@ -184,15 +184,20 @@ def _write_column(st: RowState, rho, k: int, parts: list, rows: slice, c: int) -
     if st.rad is not None:
         size = np.abs(new)
         r = st.rad[rows, c]
+        exact = (r == 0) if rho == 1 else np.zeros(len(r), dtype=bool)
         if rho != 1:
             r = abs(rho) * r + enclosure.rounding(size, 1)
-        for v, vr, _ in parts:
+        for v, vr, _, known in parts:
             size += np.abs(v)
             r += vr
+            exact &= known
         size = enclosure.rounding(size, k, out=size)
-        size[_exact_column(x, rho, parts)] = 0.0  # docs/numerics.md#grid
+        unrounded = _exact_column(x, rho, parts)
+        size[unrounded] = 0.0  # docs/numerics.md#grid
         r += size
-        st.rad[rows, c] = enclosure.up(r, 4 * k, out=r)
+        r = enclosure.up(r, 4 * k, out=r)
+        r[exact & unrounded] = 0.0  # docs/numerics.md#exact-rows
+        st.rad[rows, c] = r
     for v, *_ in parts:
         new += v
     if rho != 1:
@@ -202,7 +207,7 @@ def _write_column(st: RowState, rho, k: int, parts: list, rows: slice, c: int) -
 def _exact_column(x, rho, parts: list) -> np.ndarray:
     """Rows where ρ·x plus the terms' products is a sum no evaluation rounds (the heads'
     values v = a·p are such products, ``parts`` carries their factors)."""
-    factors = [(x, rho)] + [f for *_, fs in parts for f in fs]
+    factors = [(x, rho)] + [f for _, _, fs, _ in parts for f in fs]
     X = np.stack([a for a, _ in factors], axis=1)
     w = np.array([[float(wt) for _, wt in factors]])
     return exact_dots(X, w, np.zeros(1))[:, 0]
@@ -222,19 +227,23 @@ class _Term:
     s: np.ndarray | None = None
     s_rad: np.ndarray | None = None
 
-    def column(self, c: int, rows: slice) -> tuple[np.ndarray, np.ndarray | None]:
-        """The term's values in column c of the rows ``rows`` and, in a tracking pass, their
-        radii."""
+    def column(self, c: int, rows: slice) -> tuple:
+        """The term's values in column c of the rows ``rows``, in a tracking pass their radii
+        (else None), the factors of its products, and (tracking) where the averages it reads
+        have radius 0, so that the term is exact (docs/numerics.md#exact-rows)."""
         p, beta = self.V.p[c], self.V.beta
         if beta == 0:
-            val = self.avg[rows, 0] * p
-            return val, None if self.avg_rad is None else \
-                self.avg_rad[rows, 0] * float(abs(p)), [(self.avg[rows, 0], p)]
+            val, factors = self.avg[rows, 0] * p, [(self.avg[rows, 0], p)]
+            if self.avg_rad is None:
+                return val, None, factors, None
+            src = self.avg_rad[rows, 0]
+            return val, src * float(abs(p)), factors, src == 0
         val = self.avg[rows, c] * beta + self.s[rows] * p
         factors = [(self.avg[rows, c], beta), (self.s[rows], p)]
         if self.avg_rad is None:
-            return val, None, factors
-        return val, abs(beta) * self.avg_rad[rows, c] + self.s_rad[rows] * abs(p), factors
+            return val, None, factors, None
+        src, s_src = self.avg_rad[rows, c], self.s_rad[rows]
+        return val, abs(beta) * src + s_src * abs(p), factors, (src == 0) & (s_src == 0)
 
 
 def _head_term(st: RowState, head, attention: str, tau, stats: PassStats, dots: dict,
