@@ -1,7 +1,8 @@
 """Causal float64 enclosures through rank-one hardmax heads (evaluate/causal_radius.py,
 docs/numerics.md#enclosures): wherever a radius is finite the exact causal pass lies within it,
 on random models with ties, near-ties and non-finite values, and on keyed causal builds, whose
-verdict they decide without an exact pass; a moved weight is never accepted.
+verdict they decide without an exact pass; a moved weight is never accepted. Causal passes
+pool equal points before their first attention layer (docs/numerics.md#pooled-rows).
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from conftest import conflict_data
+from conftest import conflict_data, dense_pass
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_enclosure import float_coordinates, head, random_ffs, transformer, values, vectors
 
 import exactformer as ef
 from exactformer.evaluate import enclose, forward_causal
+from exactformer.evaluate.arithmetic import Arithmetic
 from exactformer.evaluate.causal_radius import causal_rank_one, prefix_candidates
+from exactformer.evaluate.state import CausalState
 from exactformer.model import SA, Block, Transformer
 
 
@@ -201,3 +204,30 @@ def test_a_moved_weight_is_never_accepted():
         assert not ok or worst <= 1e-9 * scale, where
         rejected += not ok
     assert rejected
+
+
+def test_a_causal_pass_pools_equal_points_and_gives_every_token_back():
+    """Before the first attention layer equal (token, position) points of different sequences
+    are one row (CausalState.pool); unpooling gives every token its own row in input order."""
+    a, b = np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([[1.0, 2.0], [5.0, 6.0], [3.0, 4.0]])
+    st = CausalState([a, b], Arithmetic("float"))
+    st.pool()
+    assert len(st.P) == 3
+    st.unpool()
+    assert len(st.P) == 5
+    for got, x in zip(st.outputs(), [a, b], strict=True):
+        assert np.array_equal(got, x)
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_pooled_causal_pass_matches_the_dense_reference(seed):
+    """A rational keyed causal model on sequences sharing (token, position) points: the exact
+    causal pass, pooled before its first attention layer, gives every token the output of
+    the dense reference pass run on its sequence alone."""
+    data = conflict_data(seed)
+    model = ef.compile(data, causal=True, keys=True, width=4)
+    xs, _ = data.fractions()
+    for x, out in zip(xs, forward_causal(model, xs, "exact"), strict=True):
+        ref = dense_pass(model, np.asarray(x, dtype=object), object,
+                         lambda v: np.asarray(v, dtype=object))[-1]
+        assert (out == ref).all()
