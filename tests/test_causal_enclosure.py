@@ -47,12 +47,14 @@ def assert_contains(model, xs) -> int:
 
 @st.composite
 def rank_one_sas(draw, d: int, extreme: bool):
-    """ρ ∈ {0, 1, other}, one or two rank-one heads (α = 0), V = β·I + p·qᵀ; keys often take
-    few values (ties within a prefix) or differ by an ulp."""
+    """ρ ∈ {0, 1, other}, one or two heads, mostly rank one (α = 0, tracked) and sometimes with
+    an α·I part (then the enclosure passes the blocks up to that layer exactly), V = β·I + p·qᵀ;
+    keys often take few values (ties within a prefix)."""
     heads = []
     for _ in range(draw(st.integers(1, 2))):
         a = draw(st.one_of(vectors(d, extreme), st.just([1.0] + [0.0] * (d - 1))))
-        heads.append(head(0.0, a, draw(vectors(d, extreme)),
+        alpha = draw(st.sampled_from([0.0, 0.0, 0.0, 1.0, -0.5]))
+        heads.append(head(alpha, a, draw(vectors(d, extreme)),
                           draw(st.sampled_from([0.0, 0.0, 1.0, -0.5])),
                           draw(vectors(d, extreme)), draw(vectors(d, extreme))))
     return SA(draw(st.sampled_from([0.0, 1.0, 1.0, 0.5])), heads=heads)

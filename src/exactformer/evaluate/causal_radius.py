@@ -23,9 +23,11 @@ CHUNK = 1 << 22  # prefix-mask entries (rows × keys × carrier columns) formed 
 
 
 def tracked(sa: SA) -> bool:
-    """Whether a causal enclosure can carry radii through ``sa``: every head that writes
-    anything has rank-one scores (α = 0)."""
-    return all(h.V.is_zero() or h.A.alpha == 0 for h in sa.heads)
+    """Whether a causal enclosure can carry radii through ``sa``: every head that the layer
+    averages (all but those with β = 0 and p = 0, :func:`.layers.apply_sa`) has rank-one
+    scores (α = 0)."""
+    return all(h.A.alpha == 0 or (h.V.beta == 0 and not np.any(h.V.p != 0))
+               for h in sa.heads)
 
 
 def causal_head_average(st: RowState, A, q, attention: str, tau, stats, dots: dict
