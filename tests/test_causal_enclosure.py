@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
 import pytest
 from conftest import conflict_data, dense_pass
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from test_enclosure import float_coordinates, head, random_ffs, transformer, values, vectors
 
@@ -23,7 +24,9 @@ from exactformer.evaluate import enclose, forward_causal
 from exactformer.evaluate.arithmetic import Arithmetic
 from exactformer.evaluate.causal_radius import causal_rank_one, prefix_candidates
 from exactformer.evaluate.state import CausalState
-from exactformer.model import SA, Block, Transformer
+from exactformer.model import FF, SA, Block, Transformer
+from exactformer.numbers import to_fraction_array
+from exactformer.verification.float_twin import float_twin
 
 
 def causal(model: Transformer, positions=None) -> Transformer:
@@ -233,3 +236,105 @@ def test_pooled_causal_pass_matches_the_dense_reference(seed):
         ref = dense_pass(model, np.asarray(x, dtype=object), object,
                          lambda v: np.asarray(v, dtype=object))[-1]
         assert (out == ref).all()
+
+
+# ------------------------------------------------------------------------------ rational models
+def rational(model: Transformer) -> Transformer:
+    """The same model with every parameter a Fraction (the float64 values, unrounded)."""
+    return replace(model, blocks=[b.converted(Fraction, to_fraction_array)
+                                  for b in model.blocks], exact=True)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(d=st.integers(2, 3), data=st.data(), nudge=st.sampled_from([None, 2, 70, "round"]))
+def test_rational_verdicts_by_enclosure_agree_with_the_exact_pass(d, data, nudge):
+    """Random rational causal models with float64 parameters, targets their own exact outputs,
+    one of them moved by 2^-2 or 2^-70 of its size or rounded to float64 (or none): verify
+    proves the data exactly when the exact pass finds every output equal to its target, and
+    never otherwise, whichever sequences the radius-0 enclosure decided."""
+    xs = data.draw(causal_inputs(d))
+    blocks = [Block(data.draw(st.none() | random_ffs(d, False, list(float_coordinates(xs)))),
+                    data.draw(st.none() | rank_one_sas(d, False)))
+              for _ in range(data.draw(st.integers(1, 3)))]
+    model = rational(causal(transformer(blocks, d)))
+    exact_xs = [to_fraction_array(x) for x in xs]
+    outs = [list(map(list, y)) for y in forward_causal(model, exact_xs, "exact")]
+    ys = copy.deepcopy(outs)
+    y = ys[0][-1]
+    if nudge == "round":  # the float64 nearest the exact output (a float target)
+        y[0] = Fraction(float(y[0])) if abs(y[0]) < 2 ** 1000 else y[0]
+    elif nudge is not None:
+        y[0] += (abs(y[0]) or 1) / 2 ** nudge
+    try:
+        dataset = ef.CausalDataset.from_arrays(exact_xs, ys)
+    except ef.DatasetError:
+        assume(False)  # the moved target breaks an equal prefix's, or is not finite
+    report = ef.verify(model, dataset)
+    equal = ys == outs
+    assert report.proved == equal, (report.arithmetic, report.exact_equal)
+    event(report.arithmetic)
+
+
+def test_rational_keyed_causal_builds_are_proved_by_the_enclosure():
+    """A rational keyed causal build with integer data: every sequence proved equal by
+    radius-0 enclosures, without the exact pass; a target moved by 2^-60 is not."""
+    data = conflict_data(6)
+    model = ef.compile(data, causal=True, keys=True, width=4)
+    assert model.exact and float_twin(model) is not None
+    report = ef.verify(model, data)
+    assert report.proved and report.arithmetic == "float64 enclosures (radius 0)"
+    xs, ys = data.fractions()
+    j = next(j for j, k in enumerate(data.known) if k.any())
+    i = int(np.flatnonzero(data.known[j])[-1])
+    moved = [y.copy() for y in ys]
+    moved[j][i, 0] += Fraction(1, 2 ** 60)
+    targets = [[list(y[t]) if k[t] else None for t in range(len(k))]
+               for y, k in zip(moved, data.known, strict=True)]
+    try:
+        nudged = ef.CausalDataset.from_arrays(xs, targets)
+    except ef.DatasetError:
+        pytest.skip("the moved target breaks an equal prefix's")
+    report = ef.verify(model, nudged)
+    assert not report.ok and report.first_failure is not None
+
+
+def test_a_parameter_off_the_float64_grid_sends_the_model_to_the_exact_pass():
+    """A rational parameter that no float64 holds (1/3): no float twin, the exact pass."""
+    data = conflict_data(6)
+    model = ef.compile(data, causal=True, keys=True, width=4)
+    blk = model.blocks[0]
+    U = blk.ff.U.copy()
+    U[0, 0] += Fraction(1, 3 * 2 ** 80)
+    odd = replace(model, blocks=[replace(blk, ff=replace(blk.ff, U=U)), *model.blocks[1:]])
+    assert float_twin(odd) is None
+    assert ef.verify(odd, data).arithmetic == "exact"
+
+
+def test_a_target_equal_to_the_rounded_output_is_not_proved():
+    """relu(fl(0.1)·3) is no float64: the enclosure's float output equals the target
+    fl(3·fl(0.1)) but its radius is not 0, so the exact pass decides, and finds them unequal."""
+    ff = FF(Fraction(0), to_fraction_array([[0.1, 0.0]]), to_fraction_array([0.0]),
+            to_fraction_array([[1.0], [0.0]]))
+    model = Transformer(d=2, attention="hardmax", blocks=[Block(ff, None)], exact=True,
+                        causal=True)
+    exact = Fraction(0.1) * 3
+    assert Fraction(float(exact)) != exact
+    data = ef.CausalDataset.from_arrays([[[Fraction(3), Fraction(0)]]],
+                                        [[[Fraction(float(exact)), Fraction(0)]]])
+    report = ef.verify(model, data)
+    assert not report.ok and not report.proved
+
+
+def test_inputs_off_the_float64_grid_are_not_enclosed():
+    """An input 1/3 is no float64: the enclosure would run on fl(1/3) and prove the target
+    fl(1/3) that the exact model (here the identity) does not output."""
+    ff = FF(Fraction(1), to_fraction_array([[0.0, 0.0]]), to_fraction_array([0.0]),
+            to_fraction_array([[0.0], [0.0]]))
+    model = Transformer(d=2, attention="hardmax", blocks=[Block(ff, None)], exact=True,
+                        causal=True)
+    third = Fraction(1, 3)
+    data = ef.CausalDataset.from_arrays([[[third, Fraction(0)]]],
+                                        [[[Fraction(float(third)), Fraction(0)]]])
+    report = ef.verify(model, data)
+    assert not report.ok and report.arithmetic == "exact"
