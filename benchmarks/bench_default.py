@@ -122,9 +122,6 @@ def why(row: dict) -> str:
         return ""
     if float(row["verify s"]) < 0.3:
         return " (verify's fixed cost, about 0.1 s, against a build this short)"
-    if "causal" in row["data"]:
-        return " (a keyed causal model's enclosure starts after an exact pass up to its last " \
-               "attention layer)"
     if row["attention"].startswith("softmax"):
         return " (the softmax bound carries every token through the layers after the first " \
                "attention in Python ball arithmetic, O(n²) per attention layer)"

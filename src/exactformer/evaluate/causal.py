@@ -14,6 +14,8 @@ from ..model import SA
 from ..numbers import pad_columns, safe_float, safe_floats, sparse_dot
 from .arithmetic import FLOAT, Arithmetic, PassStats
 from .attention import float_scores, softmax_average
+from .causal_radius import causal_head_average
+from .layers import apply_sa
 from .state import RowState
 
 
@@ -33,7 +35,12 @@ def with_positions(positions, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def apply_causal_sa(st: RowState, sa: SA, attention: str, tau, stats: PassStats) -> None:
-    """ρ·x_i plus every head's V_h applied to its causal average (docs/heads.md)."""
+    """ρ·x_i plus every head's V_h applied to its causal average (docs/heads.md). A tracking
+    pass (radii) writes as a set pass does, with causal averages and their radii
+    (:mod:`.causal_radius`)."""
+    if st.rad is not None:
+        apply_sa(st, sa, attention, tau, stats, average=causal_head_average)
+        return
     P = st.P
     new = P if sa.rho == 1 else P * sa.rho
     for head in sa.heads:

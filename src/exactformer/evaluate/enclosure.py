@@ -74,7 +74,8 @@ def upper(m, r):
 
 def dot_radius(X, r, v) -> np.ndarray:
     """A bound on |x·v − fl(X·v)| for every x with |x − X| ≤ r, however the float64 dot
-    product X·v was summed (zero entries of v add nothing and are skipped)."""
+    product X·v was summed (zero entries of v add nothing and are skipped); 0 where the row
+    is exact on v's support and no evaluation rounds the sum (docs/numerics.md#exact-rows)."""
     nz = np.flatnonzero(v)
     if len(nz) == 1:
         k = nz[0]
@@ -83,18 +84,30 @@ def dot_radius(X, r, v) -> np.ndarray:
     else:
         av = np.abs(v[nz])
         spread, sums = r[:, nz] @ av, rounding(np.abs(X[:, nz]) @ av, len(nz))
-    sums[exact_dots(X[:, nz], v[None, nz], np.zeros(1))[:, 0]] = 0.0  # (grid.py)
-    return up(spread + sums, len(nz) + 1)
+    exact = exact_dots(X[:, nz], v[None, nz], np.zeros(1))[:, 0]  # (grid.py)
+    sums[exact] = 0.0
+    out = up(spread + sums, len(nz) + 1)
+    out[exact & exact_rows(r[:, nz])] = 0.0
+    return out
 
 
 def _pre_activations(X, r, U_, b):
     """Float pre-activations Z = X Uᵀ + b, the rounding of Z alone, and the radius of Z over
-    the boxes X ± r (rounding included)."""
+    the boxes X ± r (rounding included). A pre-activation of an exact row (radius 0) that no
+    evaluation rounds is the exact value: its radius is 0, not the few 2^-1022 that
+    :func:`up` adds, so its sign is decided even at 0 (docs/numerics.md#exact-rows)."""
     aU = np.abs(U_)
     Z = X @ U_.T + b
     z_round = rounding(np.abs(X) @ aU.T + np.abs(b), X.shape[1])
     z_round[exact_dots(X, U_, b)] = 0.0  # no evaluation rounds these (docs/numerics.md#grid)
-    return Z, z_round, up(r @ aU.T + z_round, X.shape[1] + 1)
+    z_rad = up(r @ aU.T + z_round, X.shape[1] + 1)
+    z_rad[exact_rows(r)[:, None] & (z_round == 0)] = 0.0
+    return Z, z_round, z_rad
+
+
+def exact_rows(r) -> np.ndarray:
+    """Rows whose radius is 0 in every coordinate: their float point is the exact one."""
+    return ~(r != 0).any(axis=1)
 
 
 def signs(Z, z_rad) -> tuple[np.ndarray, np.ndarray]:
@@ -111,15 +124,23 @@ def window_pad(widening, lo, hi):
 
 
 def _ff_parts(X, r, U_, b, W, etas):
-    """(A, per η in ``etas`` a radius part, the units that may be on) of a layer's units on
-    the boxes X ± r: the float ReLU outputs, a bound on |F(x) − F̃(X)| for
+    """(A, per η in ``etas`` a radius part, the units that may be on, the exact rows) of a
+    layer's units on the boxes X ± r: the float ReLU outputs, a bound on |F(x) − F̃(X)| for
     F(x) = η·x + W relu(U x + b), every x in the box and F̃ the float evaluation before the
-    rounding of its output sum (:func:`units_radius`), and per row the units certainly active
-    or undecided."""
+    rounding of its output sum (:func:`units_radius`), per row the units certainly active or
+    undecided, and the rows whose A is exact (an exact row whose every unit that may be on
+    has an exact pre-activation; the others are certainly off and give exactly 0)."""
     Z, z_round, z_rad = _pre_activations(X, r, U_, b)
     active, unsure = signs(Z, z_rad)
+    maybe_on = active | unsure
     return np.maximum(Z, 0.0), [units_radius(r, active, unsure, z_round, z_rad, W, U_, eta)
-                                for eta in etas], active | unsure
+                                for eta in etas], maybe_on, _exact_units(r, z_rad, maybe_on)
+
+
+def _exact_units(r, z_rad, maybe_on) -> np.ndarray:
+    """Rows whose ReLU outputs are exact: an exact row whose every unit that may be on has
+    an exact pre-activation (the others are certainly off and give exactly 0)."""
+    return exact_rows(r) & ~((z_rad != 0) & maybe_on).any(axis=1)
 
 
 PATTERNS = 4  # undecided units per row up to which their on/off patterns are enumerated
@@ -303,7 +324,7 @@ def ff_change(X, r, U_, b, W):
     (|I + J| r for the Jacobian J of the units certainly active, grouped by activity pattern,
     plus every unit's rounding and the undecided units' spread), and of the change alone."""
     h = len(b)
-    A, (whole, alone), _ = _ff_parts(X, r, U_, b, W, (1.0, 0.0))
+    A, (whole, alone), *_ = _ff_parts(X, r, U_, b, W, (1.0, 0.0))
     spread = rounding(np.abs(X) + A @ np.abs(W).T, h + 1)
     n = 2 * (h + X.shape[1]) + 4
     return A @ W.T, up(whole + spread, n), up(alone + spread, n)
@@ -356,12 +377,14 @@ def _ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     active, unsure = signs(Z, z_rad)
     A, maybe_on = np.maximum(Z, 0.0), active | unsure
     rad = units_radius(r, active, unsure, z_round, z_rad, W, U_, eta)
+    exact = _exact_units(r, z_rad, maybe_on)
     out = eta * X + A @ W.T
     sums = rounding(abs(eta) * np.abs(X) + A @ np.abs(W).T, h + 1)
     written = np.flatnonzero(W.any(axis=1))
     if eta in (0, 1, -1):  # η·x exact: the row's own term of each sum (grid.py)
         sums[:, written] *= ~exact_dots(A, W[written], eta * X[:, written])
     rad = up(rad + sums, 2 * (h + d) + 4)
+    rad[exact[:, None] & (sums == 0)] = 0.0  # exact A, a sum no evaluation rounds
     if eta == 1:  # a coordinate no unit that may be on writes: x + 0, exactly, in both
         untouched = (maybe_on.astype(np.float64) @ (W != 0).T.astype(np.float64)) == 0
         rad = np.where(untouched & np.isfinite(out), r, rad)  # inf·0 = nan is not x

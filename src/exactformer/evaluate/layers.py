@@ -137,18 +137,20 @@ def _ridge_spread(st: RowState, sp: SortedProjection, ridge: Ridge, part: FF):
     return change, (rows, whole, alone, out, zone), gap
 
 
-def apply_sa(st: RowState, sa: SA, attention: str, tau, stats: PassStats):
+def apply_sa(st: RowState, sa: SA, attention: str, tau, stats: PassStats,
+             average=head_average):
     """ρ·x_i plus, for every head, V_h applied to the head's own average (docs/heads.md).
     Every head reads the layer's input. A head with V = p·qᵀ (β = 0) averages only the scalar
     x·q and changes only the columns where p ≠ 0, so sorted indices along other directions
-    survive the layer.
+    survive the layer. ``average``: how a head averages (a causal tracking pass gives
+    :func:`.causal_radius.causal_head_average`).
 
     Equal points are merged only when ρ = 0 (each token replaced by averages, as in the
     collapse): with ρ ≠ 0 distinct points almost never meet, and an unmerged pair of equal
     rows only costs time, never changes a result (they carry their multiplicities)."""
     dots: dict = {}
     terms = [t for head in sa.heads
-             if (t := _head_term(st, head, attention, tau, stats, dots)) is not None]
+             if (t := _head_term(st, head, attention, tau, stats, dots, average)) is not None]
     _write_terms(st, sa.rho, terms)
     if sa.rho == 0:
         st.compact()
@@ -182,15 +184,20 @@ def _write_column(st: RowState, rho, k: int, parts: list, rows: slice, c: int) -
     if st.rad is not None:
         size = np.abs(new)
         r = st.rad[rows, c]
+        exact = (r == 0) if rho == 1 else np.zeros(len(r), dtype=bool)
         if rho != 1:
             r = abs(rho) * r + enclosure.rounding(size, 1)
-        for v, vr, _ in parts:
+        for v, vr, _, known in parts:
             size += np.abs(v)
             r += vr
+            exact &= known
         size = enclosure.rounding(size, k, out=size)
-        size[_exact_column(x, rho, parts)] = 0.0  # docs/numerics.md#grid
+        unrounded = _exact_column(x, rho, parts)
+        size[unrounded] = 0.0  # docs/numerics.md#grid
         r += size
-        st.rad[rows, c] = enclosure.up(r, 4 * k, out=r)
+        r = enclosure.up(r, 4 * k, out=r)
+        r[exact & unrounded] = 0.0  # docs/numerics.md#exact-rows
+        st.rad[rows, c] = r
     for v, *_ in parts:
         new += v
     if rho != 1:
@@ -200,7 +207,7 @@ def _write_column(st: RowState, rho, k: int, parts: list, rows: slice, c: int) -
 def _exact_column(x, rho, parts: list) -> np.ndarray:
     """Rows where ρ·x plus the terms' products is a sum no evaluation rounds (the heads'
     values v = a·p are such products, ``parts`` carries their factors)."""
-    factors = [(x, rho)] + [f for *_, fs in parts for f in fs]
+    factors = [(x, rho)] + [f for _, _, fs, _ in parts for f in fs]
     X = np.stack([a for a, _ in factors], axis=1)
     w = np.array([[float(wt) for _, wt in factors]])
     return exact_dots(X, w, np.zeros(1))[:, 0]
@@ -220,23 +227,27 @@ class _Term:
     s: np.ndarray | None = None
     s_rad: np.ndarray | None = None
 
-    def column(self, c: int, rows: slice) -> tuple[np.ndarray, np.ndarray | None]:
-        """The term's values in column c of the rows ``rows`` and, in a tracking pass, their
-        radii."""
+    def column(self, c: int, rows: slice) -> tuple:
+        """The term's values in column c of the rows ``rows``, in a tracking pass their radii
+        (else None), the factors of its products, and (tracking) where the averages it reads
+        have radius 0, so that the term is exact (docs/numerics.md#exact-rows)."""
         p, beta = self.V.p[c], self.V.beta
         if beta == 0:
-            val = self.avg[rows, 0] * p
-            return val, None if self.avg_rad is None else \
-                self.avg_rad[rows, 0] * float(abs(p)), [(self.avg[rows, 0], p)]
+            val, factors = self.avg[rows, 0] * p, [(self.avg[rows, 0], p)]
+            if self.avg_rad is None:
+                return val, None, factors, None
+            src = self.avg_rad[rows, 0]
+            return val, src * float(abs(p)), factors, src == 0
         val = self.avg[rows, c] * beta + self.s[rows] * p
         factors = [(self.avg[rows, c], beta), (self.s[rows], p)]
         if self.avg_rad is None:
-            return val, None, factors
-        return val, abs(beta) * self.avg_rad[rows, c] + self.s_rad[rows] * abs(p), factors
+            return val, None, factors, None
+        src, s_src = self.avg_rad[rows, c], self.s_rad[rows]
+        return val, abs(beta) * src + s_src * abs(p), factors, (src == 0) & (s_src == 0)
 
 
-def _head_term(st: RowState, head, attention: str, tau, stats: PassStats, dots: dict
-               ) -> _Term | None:
+def _head_term(st: RowState, head, attention: str, tau, stats: PassStats, dots: dict,
+               average=head_average) -> _Term | None:
     """What one head adds (its average, computed from the layer's input); None when V = 0.
     ``dots`` holds the layer's products x·v already computed (heads often read the same
     vector)."""
@@ -245,8 +256,8 @@ def _head_term(st: RowState, head, attention: str, tau, stats: PassStats, dots: 
         cols = frozenset(k for k, v in enumerate(V.p) if v != 0)
         if not cols:
             return None
-        return _Term(V, cols, *head_average(st, head.A, V.q, attention, tau, stats, dots))
-    avg, avg_rad = head_average(st, head.A, None, attention, tau, stats, dots)
+        return _Term(V, cols, *average(st, head.A, V.q, attention, tau, stats, dots))
+    avg, avg_rad = average(st, head.A, None, attention, tau, stats, dots)
     s_rad = None if avg_rad is None else enclosure.dot_radius(avg, avg_rad, V.q)
     return _Term(V, frozenset(range(st.P.shape[1])), avg, avg_rad, sparse_dot(avg, V.q),
                  s_rad)

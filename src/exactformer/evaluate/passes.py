@@ -18,6 +18,7 @@ from ..model import Transformer
 from ..numbers import pad_columns, safe_floats
 from .arithmetic import Arithmetic, PassStats
 from .causal import with_positions
+from .causal_radius import tracked
 from .enclosure import float_radius, sum_error
 from .jobs import Job, chunk_bounds, run_parallel
 
@@ -94,10 +95,11 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
     radius inf (verify passes its tolerance limit: such a row could not be certified anyway);
     radii no layer touches are returned as they are.
 
-    Causal models (outputs in input order): the blocks up to the last attention layer run as
-    an exact pass (causal attention has no radius rule), whose outputs enter the tracking pass
-    rounded to floats with their rounding as radius; without attention the positions are
-    added in float64, their rounding bounded exactly. Their inputs must be exact (``radii`` None).
+    Causal models (outputs in input order): rank-one heads are tracked with their causal
+    hulls (:mod:`.causal_radius`); the blocks up to the last attention layer with another head
+    run as an exact pass, whose outputs enter the tracking pass rounded to floats with their
+    rounding as radius; without such a layer the positions are added in float64, their
+    rounding bounded exactly. Their inputs must be exact (``radii`` None).
     """
     if model.exact or (model.attention != "hardmax" and model.causal) or \
             (model.positions is not None and not model.causal):
@@ -135,11 +137,12 @@ def _lookups_only(job: Job) -> bool:
 
 
 def _causal_start(model: Transformer, xs: list[np.ndarray], stats: PassStats):
-    """Where a causal enclosure starts tracking (after the last attention layer), and the
-    rows there as floats with radii: from an exact pass over the blocks before, or the float
-    sums of tokens and positions when there are none (``xs`` already at the model's width)."""
-    attends = [i for i, b in enumerate(model.blocks) if b.sa is not None and not b.sa.is_identity()]
-    start = attends[-1] + 1 if attends else 0
+    """Where a causal enclosure starts tracking (after the last attention layer that it cannot
+    track, :func:`.causal_radius.tracked`), and the rows there as floats with radii: from an
+    exact pass over the blocks before, or the float sums of tokens and positions when there
+    are none (``xs`` already at the model's width)."""
+    untracked = [i for i, b in enumerate(model.blocks) if b.mixes() and not tracked(b.sa)]
+    start = untracked[-1] + 1 if untracked else 0
     if start:
         head = replace(model, blocks=model.blocks[:start])
         exact = forward_causal(head, xs, "exact", stats=stats)

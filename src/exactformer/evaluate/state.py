@@ -313,18 +313,20 @@ class RowState:
 
 
 class CausalState(RowState):
-    """Rows in input order, never merged: under a causal mask two equal points of a sequence
-    see different prefixes, so they are not interchangeable as in a set pass."""
+    """Rows in input order, never merged by attention layers: under a causal mask two equal
+    points of a sequence see different prefixes, so they are not interchangeable as in a set
+    pass. Before the first attention layer they are (:meth:`pool`)."""
 
     def compact(self):
         self.changed_everything()
 
     def pool(self) -> None:
-        """No merging (:meth:`compact`): the causal order keeps a causal pass's rows apart."""
-        self.compact()
-
-    def unpool(self) -> None:
-        """Nothing (see :meth:`pool`)."""
+        """Merge equal rows of every sequence, as a set pass does: before the first attention
+        layer a row's value depends on its own point alone (token plus position), whatever its
+        prefix (docs/numerics.md#pooled-rows). :meth:`unpool` puts every token back in its
+        place before attention reads the order."""
+        self.seq = np.zeros(len(self.seq), dtype=np.int64)
+        RowState.compact(self)
 
 
 def _columns(a: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -51,6 +51,7 @@ from ..record import CausalConstruction
 from .bound import bound_causal, bound_set
 from .certify import FLOAT64_NOTE
 from .data_check import data_check, kind_mismatch
+from .float_twin import float_twin, floats_exactly, proved_equal
 from .margins import snap_margins, snap_start
 from .report import CausalReport, Report, fmt
 from .shape import causal_sizes, hats_of, model_fields
@@ -415,7 +416,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     exact_scale = data_scale(xs_f if xs is None else xs,
                              [y[k] for y, k in zip(ys_f if ys is None else ys, dataset.known,
                                                    strict=True)])
-    enclosed = _causal_enclosure(runs, dataset, xs_f, progress)
+    enclosed = _causal_enclosure(runs, dataset, xs, xs_f, progress)
     if enclosed is not None and enclosed[2].floats_plain:
         outs_f, stats = enclosed[0], enclosed[2]
     else:
@@ -453,32 +454,45 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         **found)
 
 
-def _causal_enclosure(model, dataset, xs_f, progress: bool):
-    """For a float64 hardmax model on float data, its causal enclosure
-    (:func:`exactformer.evaluate.enclose`) as (outputs, radii, the pass's statistics); None for
-    every other model. Where the statistics say its float values are the plain float64
-    pass's (every layer a key lookup), it is verify's float64 pass too."""
-    if model.exact or dataset.exact or model.attention != "hardmax":
+def _causal_enclosure(model, dataset, xs, xs_f, progress: bool):
+    """For a hardmax model, float64 or rational with float64 parameters (:func:`float_twin`),
+    on inputs that are float64 values (``xs``: the exact inputs of exact data, else None), its
+    causal enclosure (:func:`exactformer.evaluate.enclose`) as (outputs, radii, the pass's
+    statistics); None for every other model. Where the statistics say its float values are
+    the plain float64 pass's (every layer a key lookup), it is verify's float64 pass too."""
+    twin = float_twin(model) if model.exact else model
+    if twin is None or model.attention != "hardmax" or \
+            (xs is not None and not floats_exactly(xs, xs_f)):
+        return None
+    if dataset.exact and not model.exact:  # (the float64 path decides float data only)
         return None
     own = PassStats()
-    mids, rads = enclose(model, xs_f, None, stats=own, progress=progress)
+    with _one_blas_thread():
+        mids, rads = enclose(twin, xs_f, None, stats=own, progress=progress)
     return mids, rads, own
 
 
 def _causal_hardmax(model, dataset, enclosed, ys_f, limit: Fraction, progress: bool) -> dict:
-    """The hardmax verdict fields. A float64 model on float data is first enclosed
-    (``enclosed``, from :func:`_causal_enclosure`): a sequence whose every constrained
-    position has a rigorous error bound within the limit is decided by it; the others, and
-    every rational model, go to the exact pass, which compares with ``==`` (rational
-    parameters) or compares exact squared distances with limit² (float64 parameters)."""
+    """The hardmax verdict fields. A model is first enclosed where it can be (``enclosed``,
+    from :func:`_causal_enclosure`): a float64 model's sequence whose every constrained
+    position has a rigorous error bound within the limit is decided by it, a rational
+    model's whose every constrained output has radius 0 and equals its target
+    (:func:`.float_twin.proved_equal`) is proved by it; the others go to the exact pass,
+    which compares with ``==`` (rational parameters) or compares exact squared distances
+    with limit² (float64 parameters)."""
     errs: list = [None] * dataset.N
-    if enclosed is not None:
+    if enclosed is not None and model.exact:  # radius 0 and equal: proved (float_twin.py)
+        for j, (m, r) in enumerate(zip(*enclosed[:2], strict=True)):
+            if proved_equal(m, r, dataset.targets[j], dataset.known[j]):
+                errs[j] = [0.0] * len(dataset.known[j])
+    elif enclosed is not None:
         below = _float_below(limit)
         for j, b in enumerate(_causal_bounds(enclosed, dataset, ys_f)):
             if (b <= below).all():
                 errs[j] = list(b)
     open_ = [j for j in range(dataset.N) if errs[j] is None]
-    exact_equal, first = None, None
+    exact_equal = [True] * dataset.N if model.exact else None
+    first = None
     if open_:
         xs, ys = _subset_fractions(dataset, open_)
         known = [dataset.known[j] for j in open_]
@@ -488,14 +502,16 @@ def _causal_hardmax(model, dataset, enclosed, ys_f, limit: Fraction, progress: b
         if model.exact:
             unequal = [[i for i in np.flatnonzero(k) if tuple(o[i]) != tuple(y[i])]
                        for o, y, k in zip(outs, ys, known, strict=True)]
-            exact_equal = [not u for u in unequal]
+            for j, u in zip(open_, unequal, strict=True):
+                exact_equal[j] = not u
             first = next(((open_[j], int(u[0])) for j, u in enumerate(unequal) if u), None)
         else:
             found = _first_exact_over(outs, ys, known, limit)
             first = None if found is None else (open_[found[0]], found[1])
     enclosed = dataset.N - len(open_)
-    how = ("exact" if model.exact else "exact-floats" if not enclosed else
-           "float64 enclosures" if not open_ else "float64 enclosures and exact-floats")
+    exact = "exact" if model.exact else "exact-floats"
+    how = (exact if not enclosed else "float64 enclosures" + (" (radius 0)" if model.exact else "")
+           + ("" if not open_ else f" and {exact}"))
     return dict(arithmetic=how, exact_equal=exact_equal, position_errors=errs,
                 first_failure=first)
 
