@@ -64,8 +64,10 @@ def softmax_box(avg, S, E, w, tau: float, C, C_rad) -> tuple[np.ndarray, np.ndar
     C_rad), whose float values are ``avg``: each row's box is the hull of the carriers'
     boxes, cut down to the best key's box widened by W × the spread where the scores certify
     a best key (:func:`tail_weight`). A coordinate whose box is one point gets that point as
-    midpoint (equal carriers average to themselves exactly); radii are inf where anything is
-    not finite."""
+    midpoint (equal carriers average to themselves exactly), unless the float average is inf
+    or nan there: it stays, so that the pass's outputs are finite only where the plain float64
+    pass's are (verify fails a pair on those, docs/verification.md); radii are inf where
+    anything is not finite."""
     best, certain, W = tail_weight(S, E, w, tau)
     with np.errstate(all="ignore"):
         lo = lower(C, C_rad).min(axis=0)[None, :]
@@ -76,7 +78,7 @@ def softmax_box(avg, S, E, w, tau: float, C, C_rad) -> tuple[np.ndarray, np.ndar
         reach = np.where(blur == 0, C_rad[best], _up(C_rad[best] + blur))
         b_lo = np.where(certain[:, None], np.maximum(lo, lower(C[best], reach)), lo)
         b_hi = np.where(certain[:, None], np.minimum(hi, upper(C[best], reach)), hi)
-        mid = np.where(b_lo == b_hi, b_lo, avg)
+        mid = np.where((b_lo == b_hi) & np.isfinite(avg), b_lo, avg)
     return mid, hull_radius(mid, b_lo, b_hi, np.zeros_like(mid))
 
 

@@ -84,6 +84,11 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     """
     if model.causal or isinstance(dataset, CausalDataset):
         return verify_causal(model, dataset, tolerance, progress, digits, tau)
+    used_tau = model.tau if tau is None else tau
+    if model.attention == "softmax" and used_tau is not None and not 0 < used_tau < math.inf:
+        # (as balls.Layers: the enclosures, which may decide alone, would take any τ)
+        raise ValueError(f"the model's temperature tau must be positive and finite, got "
+                         f"{used_tau}")
     checked = data_check(model, dataset)
     dataset = check_layers(model, dataset)
     xs_f, ys_f = dataset.floats() if not dataset.exact else \
