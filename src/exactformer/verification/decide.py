@@ -185,7 +185,8 @@ def _softmax_verdict(model, dataset, limit, digits, tau, snapped, extra, progres
         extra["mp pass"] = "not run: the float64 enclosures put every pair within the limit"
         extra["decided by"] = f"float64 enclosures: {len(enclosed)} pairs"
         return [True] * len(enclosed), [], "enclosures", False, \
-            "not proved exact: float64 enclosures bound every pair within the limit"
+            "not proved exact: float64 enclosures bound every pair within the limit" + \
+            FLOAT64_NOTE
     b = bound_set(model, dataset, limit, digits, tau)
     if snapped[0] is not None or not all(s == "within" for s in b.status):
         _mp_measurement(model, dataset, digits, tau, snapped, extra, progress, workers, scale)
