@@ -28,8 +28,8 @@ target − token (docs/numerics.md#keyed-models-the-bound-for-set-data).
 
 This module is the spine: the plan (``plan``), what both keyed set models share
 (``prepare``), the hardmax model's collapse, and ``build``, which calls the phases in order:
-construct/tagging.py, keyed_separation.py, the collapse here, keyed_moves.py (the softmax
-model's collapse and moves: keyed_softmax.py).
+construct/tagging.py, keyed_tests.py, keyed_separation.py, the collapse here, keyed_moves.py
+(the softmax model's collapse and moves: keyed_softmax.py).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ from ..model import SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from ..numbers import num, safe_floats, zeros
 from ..record import Construction, Span
 from .keyed_moves import move_layers, one_top, warn_wide_moves
-from .keyed_separation import Signatures, height_resets, plan_tests, rounds, separation
+from .keyed_separation import Signatures, height_resets, rounds, separation
+from .keyed_tests import plan_tests
 from .keyed_units import SLOTS, Layout, ff_layer, on_code, vec
 from .position_keys import code_size, code_words
 from .separation import TokenTable

@@ -8,6 +8,7 @@ batch is the unique largest g·σ among the states not yet moved, so a batch sha
 
 from __future__ import annotations
 
+import heapq
 import math
 import warnings
 from typing import TYPE_CHECKING
@@ -137,13 +138,19 @@ def schedule(queues: list[list[list]], width: int, size=None) -> list[list]:
     """Layers of at most ``width`` units, an item taking ``size(item)`` of them (default 1).
     Each queue is one tag's batches: the items of a batch may share a layer (each fires at
     its own state alone while the batch's states are all present), but a batch starts only
-    after the one before it has acted. Longest queues first."""
+    after the one before it has acted. Each layer visits the queues with the most items left
+    first (ties in their given order), kept in a heap so that a layer costs the queues it
+    visits, not all of them (docs/keyed.md#moves)."""
     size = size or (lambda item: 1)
+    heap = [(-sum(map(len, q)), k) for k, q in enumerate(queues) if q]
+    heapq.heapify(heap)
     layers = []
-    while any(queues):
+    while heap:
         layer: list = []
-        room = width
-        for q in sorted((q for q in queues if q), key=lambda q: -sum(map(len, q))):
+        room, visited = width, []
+        while heap and room > 0:
+            left, k = heapq.heappop(heap)
+            q = queues[k]
             take = 0
             while take < len(q[0]) and size(q[0][take]) <= room:
                 room -= size(q[0][take])
@@ -152,8 +159,10 @@ def schedule(queues: list[list[list]], width: int, size=None) -> list[list]:
             del q[0][:take]
             if not q[0]:
                 q.pop(0)
-            if room == 0:
-                break
+            visited.append((left + take, k))
+        for item in visited:
+            if item[0] < 0:
+                heapq.heappush(heap, item)
         layers.append(layer)
     return layers
 
@@ -168,40 +177,53 @@ def hull_batches(values: np.ndarray, owners: np.ndarray, reach: int):
     not yet taken (before the batch), so the batch's units can act in one layer. g is a small
     integer direction (smallest |g|₁ first), else a normal of the pairs' convex hull at the
     pair, of |g|₁ ≤ ``reach`` (points in convex position all go in one batch; 0: none). A
-    set none of these orders gives its lexicographic largest pair alone."""
-    left = list(range(len(owners)))
-    while left:
+    set none of these orders gives its lexicographic largest pair alone. Every direction is
+    tried on every pair left at once (:func:`unique_tops`)."""
+    left = np.arange(len(owners))
+    while len(left):
+        points = values[left]
         batch: dict[int, tuple] = {}
-        for g in DIRECTIONS:
-            proj = values[left] @ np.array(g)
-            if one_top(proj):
-                batch.setdefault(left[int(np.argmax(proj))], g)
-        for i, g in (hull_normals(values[left]) if reach else {}).items():
-            proj = values[left] @ np.array(g)
-            if left[i] not in batch and abs(g[0]) + abs(g[1]) <= reach and one_top(proj) \
-                    and int(np.argmax(proj)) == i:
-                batch[left[i]] = g
+        for i, g in zip(unique_tops(points, DIRECTIONS), DIRECTIONS, strict=True):
+            if i >= 0:
+                batch.setdefault(int(left[i]), g)
+        normals = [(i, g) for i, g in (hull_normals(points) if reach else {}).items()
+                   if abs(g[0]) + abs(g[1]) <= reach]
+        tops = unique_tops(points, [g for _, g in normals])
+        for (i, g), top in zip(normals, tops, strict=True):
+            if top == i:
+                batch.setdefault(int(left[i]), g)
         if not batch:  # lexicographic: (B, 1) with B above every spread of the second entry
-            spread = int(np.ptp(values[left][:, 1])) + 1
-            g = (spread, 1)
-            proj = values[left] @ np.array(g)
-            batch[left[int(np.argmax(proj))]] = g
+            g = (int(np.ptp(points[:, 1])) + 1, 1)
+            batch[int(left[int(np.argmax(points @ np.array(g)))])] = g
         yield [(int(owners[i]), g) for i, g in batch.items()]
-        left = [i for i in left if i not in batch]
+        left = left[~np.isin(left, list(batch))]
+
+
+def unique_tops(points: np.ndarray, directions: list) -> list[int]:
+    """Per direction g, the row of ``points`` that is the unique largest g·x, or −1 where
+    the largest is taken twice."""
+    if not directions:
+        return []
+    proj = points @ np.array(directions, dtype=np.int64).T
+    top = proj.max(axis=0)
+    once = (proj == top).sum(axis=0) == 1
+    return np.where(once, proj.argmax(axis=0), -1).tolist()
 
 
 def hull_normals(points: np.ndarray) -> dict[int, tuple[int, int]]:
     """Per vertex of the convex hull of distinct integer points (its row index), an integer
     direction g at which it is the unique largest g·x: the sum of the outward normals of its
     two edges, which lies strictly inside its normal cone (the two ends, with the edge
-    itself, when the points are collinear)."""
-    order = sorted(range(len(points)), key=lambda i: (int(points[i][0]), int(points[i][1])))
+    itself, when the points are collinear). Python integers throughout: exact, and quicker
+    than NumPy scalars one at a time."""
+    points = [(int(x), int(y)) for x, y in np.asarray(points).tolist()]
+    order = sorted(range(len(points)), key=points.__getitem__)
     if len(order) < 2:
         return {}
 
     def cross(o, a, b):
         (ox, oy), (ax, ay), (bx, by) = (points[o], points[a], points[b])
-        return int(ax - ox) * int(by - oy) - int(ay - oy) * int(bx - ox)
+        return (ax - ox) * (by - oy) - (ay - oy) * (bx - ox)
 
     hull: list[int] = []
     for sweep in (order, order[::-1]):  # Andrew's monotone chain: lower, then upper hull
@@ -213,10 +235,9 @@ def hull_normals(points: np.ndarray) -> dict[int, tuple[int, int]]:
         hull.pop()
     out = {}
     for k, v in enumerate(hull):
-        before = points[hull[k - 1]] - points[v]
-        after = points[hull[(k + 1) % len(hull)]] - points[v]
-        g = (int(after[1] - before[1]), int(before[0] - after[0])) if len(hull) > 2 else \
-            (int(-before[0]), int(-before[1]))
+        (x, y), (px, py) = points[v], points[hull[k - 1]]
+        nx, ny = points[hull[(k + 1) % len(hull)]]
+        g = (ny - py, px - nx) if len(hull) > 2 else (x - px, y - py)
         c = math.gcd(*g)
         out[v] = (g[0] // c, g[1] // c)
     return out

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from itertools import combinations
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,54 +28,6 @@ if TYPE_CHECKING:
 
 SIGNATURE_BITS = 16  # signatures below 2^16: every move's argument is exact in float32
 DRAWS = 64  # multiplier draws tried before giving up
-
-
-def plan_tests(tags: list[int], owners: list[np.ndarray], seqs: list[np.ndarray],
-           per_round: int) -> list[list[int]]:
-    """Separation rounds of up to ``per_round`` tests at heights 1, 2, …: a sequence's outcome
-    in a round is the height of the highest test it holds (0 if none). Pairs of sequences
-    holding a common leader tag must end with different outcomes in some round. Each test is
-    greedily the token in the most symmetric differences of pairs the round has not told apart
-    yet (a leader tag wins a tie: it needs no tag of its own); a further test joins a round
-    only if the round then tells more pairs apart (a higher test held by both sequences of a
-    pair undoes its split). The first test of a round tells at least one pair apart, so the
-    rounds end."""
-    pairs = sorted({(int(a), int(b)) for t in tags for a, b in combinations(owners[t], 2)})
-    if not pairs:
-        return []
-    P = np.array(pairs)
-    sets = [set(s.tolist()) for s in seqs]
-    diffs = [np.fromiter(sets[a] ^ sets[b], dtype=np.int64) for a, b in P]
-    score = np.zeros(len(owners), dtype=np.int64)
-    for dlt in diffs:
-        np.add.at(score, dlt, 1)
-    bonus = np.zeros(len(owners), dtype=np.int64)
-    bonus[tags] = 1
-    alive = np.ones(len(P), dtype=bool)
-    rounds = []
-    while alive.any():
-        outcome = np.zeros(len(seqs), dtype=np.int64)
-        split = np.zeros(len(P), dtype=bool)
-        tests: list[int] = []
-        while len(tests) < per_round:
-            t = int(np.argmax(np.where(np.isin(np.arange(len(score)), tests), -1,
-                                       score * 2 + bonus)))
-            if t in tests or score[t] <= 0:
-                break
-            trial = outcome.copy()
-            trial[owners[t]] = len(tests) + 1
-            now = alive & (trial[P[:, 0]] != trial[P[:, 1]])
-            if tests and now.sum() <= split.sum():
-                break
-            for k in np.flatnonzero(now & ~split):
-                np.subtract.at(score, diffs[k], 1)
-            for k in np.flatnonzero(split & ~now):
-                np.add.at(score, diffs[k], 1)
-            outcome, split = trial, now
-            tests.append(t)
-        alive &= ~split
-        rounds.append(tests)
-    return rounds
 
 
 @dataclass

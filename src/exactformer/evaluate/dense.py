@@ -59,8 +59,11 @@ def _tokenwise(xs: list[np.ndarray], blocks, i: int, j: int, peaks) -> list[np.n
 
 def _tokenwise_ff(X: np.ndarray, ff, top: np.ndarray, peak) -> np.ndarray:
     """One FF on the rows X (rows × d), with ``top``, the columns' largest |value|, kept.
-    Only where every value is finite: an inf (inf·0 = nan) reaches every column in the plain
-    pass, and so it does here."""
+    A residual FF (η = 1) on finite rows changes only the rows where a unit is active
+    (elsewhere it adds exactly 0), so only those are written (:func:`_write`); a layer of
+    many rows and few active ones, as a keyed model's moves, then costs its pre-activations
+    alone. Only where every value is finite: an inf (inf·0 = nan) reaches every column in the
+    plain pass, and so it does here."""
     reads, writes = np.flatnonzero(ff.U.any(axis=0)), np.flatnonzero(ff.W.any(axis=1))
     Z = None
     if ff.eta == 1 and np.isfinite(top).all():
@@ -70,10 +73,24 @@ def _tokenwise_ff(X: np.ndarray, ff, top: np.ndarray, peak) -> np.ndarray:
         X = np.asfortranarray(ff.eta * X + np.maximum(Z, 0.0) @ ff.W.T)
         top[:] = np.abs(X).max(axis=0)
     else:
-        X[:, writes] += np.maximum(peak("FF pre-activation", Z), 0.0) @ ff.W[writes].T
-        top[writes] = np.abs(X[:, writes]).max(axis=0)
+        on = np.flatnonzero((peak("FF pre-activation", Z) > 0).any(axis=1))
+        if len(on):
+            _write(X, on, writes, np.maximum(Z[on], 0.0) @ ff.W[writes].T, top)
     peak.note("FF output", top.max())
     return X
+
+
+def _write(X: np.ndarray, on: np.ndarray, writes: np.ndarray, add: np.ndarray,
+           top: np.ndarray) -> None:
+    """X[on, writes] += add, ``on`` the rows where a unit is active (every other row would
+    gain exactly 0), with ``top`` kept the columns' largest |value|: a column's largest can
+    fall only where a row of ``on`` reached it, and only such a column is read again."""
+    before = np.abs(X[np.ix_(on, writes)]).max(axis=0)
+    X[np.ix_(on, writes)] += add
+    top[writes] = np.maximum(top[writes], np.abs(X[np.ix_(on, writes)]).max(axis=0))
+    fell = writes[before >= top[writes]]
+    if len(fell):
+        top[fell] = np.abs(X[:, fell]).max(axis=0)
 
 
 def _batched(xs: list[np.ndarray], blk, i: int, model: Transformer, tau: float, peaks
