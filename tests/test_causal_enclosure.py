@@ -338,3 +338,12 @@ def test_inputs_off_the_float64_grid_are_not_enclosed():
                                         [[[Fraction(float(third)), Fraction(0)]]])
     report = ef.verify(model, data)
     assert not report.ok and report.arithmetic == "exact"
+
+
+def test_a_scale_beyond_float64_is_read_as_inf():
+    """An exact data scale past float64's range (targets that are a model's own huge exact
+    outputs, found by the test above) made the report's relative clearance raise
+    OverflowError; it reads as inf, so a finite value relative to it is 0."""
+    from exactformer.distance import relative
+    assert relative(1.0, Fraction(10) ** 400) == 0.0
+    assert relative(0.0, Fraction(10) ** 400) == 0.0

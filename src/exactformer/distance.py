@@ -114,8 +114,9 @@ def data_scale(xs: list[np.ndarray], ys: list[np.ndarray]) -> Fraction:
 
 def relative(value: float, scale) -> float:
     """``value`` over the data's scale (:func:`data_scale`): 0 stays 0 and anything else is inf
-    on all-zero data, where every tolerance is exact equality."""
-    scale = float(scale)
+    on all-zero data, where every tolerance is exact equality. A scale beyond float64's range
+    (an exact one from huge data) reads as inf, not an OverflowError."""
+    scale = safe_float(scale)
     if scale > 0:
         return value / scale
     return 0.0 if value == 0 else math.inf
