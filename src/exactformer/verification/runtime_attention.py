@@ -295,10 +295,18 @@ def _mix_quanta(Pm, Pr, Xm, Xr, fmt: Format) -> np.ndarray:
     if fmt.matmul_bits is not None:
         lbP = np.where(fits(Pm, fmt.matmul_bits) & (Pr == 0), lbP, 0.0)
         lbX = np.where(fits(Xm, fmt.matmul_bits) & (Xr == 0), lbX, 0.0)
-    q = np.empty((B, n, D))
-    step = max(1, BATCH_CELLS // max(1, n * n * D))
+    # a term whose weight bit is 0 (uncertain) and whose key bit is finite makes q = 0, and
+    # a coordinate no key has a finite bit in has no term (q = inf): both are found for all
+    # rows at once; the min over keys runs only on rows with some other coordinate
+    zero = ((lbP == 0).astype(float) @ np.isfinite(lbX).astype(float)) > 0
+    empty = ~np.isfinite(lbX).any(axis=1, keepdims=True)
+    q = np.where(empty, np.inf, np.zeros((B, n, D)))
+    rows = np.flatnonzero(~(zero | empty).all(axis=2).reshape(-1))
+    lbP = lbP.reshape(B * n, n)[rows]
+    step = max(1, BATCH_CELLS // max(1, n * D))
     with np.errstate(over="ignore", invalid="ignore"):
-        for s in range(0, B, step):
-            prod = lbP[s:s + step, :, :, None] * lbX[s:s + step, None, :, :]
-            q[s:s + step] = np.where(np.isnan(prod), np.inf, prod).min(axis=2)
+        for s in range(0, len(rows), step):
+            prod = lbP[s:s + step, :, None] * lbX[rows[s:s + step] // n]
+            q.reshape(B * n, D)[rows[s:s + step]] = np.where(np.isnan(prod), np.inf,
+                                                              prod).min(axis=1)
     return q
