@@ -26,8 +26,8 @@ from transformer_lens.model_bridge import TransformerBridge  # noqa: E402
 import exactformer as ef  # noqa: E402
 from exactformer import cli  # noqa: E402
 from exactformer import export as et  # noqa: E402
-from exactformer.export import lens_helpers  # noqa: E402
 from exactformer.data import CausalDataset, builtin  # noqa: E402
+from exactformer.export import lens_helpers  # noqa: E402
 from exactformer.model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix  # noqa: E402
 
 SHAPES = [(4, 1), (8, 2), (12, 3)]  # (width, heads): narrow, wide and multi-head
