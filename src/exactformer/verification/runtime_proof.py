@@ -22,7 +22,15 @@ from ..evaluate.enclosure import rounding, sum_error, up, upper
 from ..evaluate.grid import fits_exactly, lowbit
 from ..model import Transformer
 from ..numbers import pad_columns
-from .formats import DEFAULT_EXP_ULPS, Format, conversions, fits, matmul_input_error, theta
+from .formats import (
+    ACC,
+    DEFAULT_EXP_ULPS,
+    Format,
+    conversions,
+    fits,
+    matmul_input_error,
+    theta,
+)
 from .runtime_attention import Context, sa_box
 from .runtime_boxes import (
     Weights,
@@ -52,9 +60,11 @@ def ff_box(Xm, Xr, w: Weights, fmt: Format):
         S = aX @ (np.abs(w.U) + w.U_r).T + np.abs(w.b) + w.b_r
         coarse = Xr @ np.abs(w.U).T + (theta(k + 2, 2, fmt) + matmul_input_error(fmt)) * S + \
             rounding(S, k)
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):
             hi = upper(Z, up(coarse, k + 4) + (2 * k + 8) * fmt.tiny)
-            rows = np.flatnonzero(~(hi <= 0).all(axis=1))  # some unit may be on
+            # some unit may be on, or its float32 partial sums may overflow (inf − inf is nan,
+            # and relu(nan) reaches every output through W)
+            rows = np.flatnonzero(~((hi <= 0) & (S * 2 < ACC.huge)).all(axis=1))
         if len(rows) < len(Xm):
             Ym, Yr = Xm.copy(), Xr.copy()
             if len(rows):
