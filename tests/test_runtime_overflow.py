@@ -23,3 +23,31 @@ def test_an_off_unit_whose_float32_sums_overflow_is_not_passed_over():
         z = np.float32(2e38) * np.float32(2) + np.float32(2e38) * np.float32(-4)
     assert np.isnan(z)  # what every float32 evaluation of the unit computes
     assert not ef.prove_runtime(model, data, "float32").ok
+
+
+def _one_head(alpha, a, c, beta, p, q, rho=0.0):
+    head = SA(rho, ScoreMatrix(alpha, np.array(a), np.array(c)),
+              ValueMatrix(beta, np.array(p), np.array(q)))
+    return Transformer(len(a), "hardmax", [Block(None, head)], exact=False)
+
+
+def test_the_value_maps_intermediates_may_not_overflow():
+    """Each layout's value map has an intermediate that θ·M does not bound: the ρ/η layout's
+    V·x_l on a key of weight 0 (0·inf = nan), the torch module's q·y before p scales it
+    down, a dense V entry beyond the format. None of these models may be proved."""
+    # ρ/η: V·x_2 = 4·1e38 overflows, and the hardmax weight 0 of key 2 makes it nan
+    rho_eta = _one_head(0.0, [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], 4.0, [0.0] * 3, [0.0] * 3)
+    data = ef.Dataset.from_arrays([[[1.0, 1.0, 1.0], [1e38, 0.0, 1.0]]], [[[4.0, 4.0, 4.0]]])
+    assert not ef.prove_runtime(rho_eta, data, "float32").ok
+    big = 2.0 ** 30  # torch: q·y = 2^130 overflows, p·(q·y) would be 2^20
+    torch_qy = _one_head(0.0, [1.0, 0.0], [1.0, 0.0], 0.0, [2.0 ** -110, 0.0], [2.0 ** 100, 0.0])
+    data = ef.Dataset.from_arrays([[[big, 1.0]]], [[[2.0 ** 20, 0.0]]])
+    assert not ef.prove_runtime(torch_qy, data, "float32").ok
+    # float16: q·y = 2^4·8000 = 128 000 is beyond 65 504
+    torch_qy = _one_head(0.0, [1.0, 0.0], [1.0, 0.0], 0.0, [2.0 ** -10, 0.0], [2.0 ** 4, 0.0])
+    data = ef.Dataset.from_arrays([[[8000.0, 1.0]]], [[[125.0, 0.0]]])
+    assert not ef.prove_runtime(torch_qy, data, "float16").ok
+    # a dense V entry p·q = 2^200 is inf in float32 though p·(q·y) = 2^80 is not
+    dense_v = _one_head(0.0, [1.0, 0.0], [1.0, 0.0], 0.0, [2.0 ** 100, 0.0], [2.0 ** 100, 0.0])
+    data = ef.Dataset.from_arrays([[[2.0 ** -120, 1.0]]], [[[2.0 ** 80, 0.0]]])
+    assert not ef.prove_runtime(dense_v, data, "float32").ok

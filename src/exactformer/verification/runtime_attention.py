@@ -74,8 +74,11 @@ def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     exact = rho.v_r == 0
     untouched = np.full(Xm.shape[-1], r0 == 1 and rho.v_r == 0)
     n, D = Xm.shape[1], Xm.shape[2]
+    k = n + D + 2 * len(sa_w) + 6  # roundings on any term's path, in any of the orders
+    overflow = np.zeros(Xm.shape[:2], dtype=bool)
     for w in sa_w:
         Ym, Ys, Ybar, qy = head_box(Xm, Xr, w, ctx)
+        overflow |= _value_overflow(aX, Ybar, w, k, fmt)
         beta, aq, ap = scalar(w.beta), np.abs(w.q) + w.q_r, np.abs(w.p) + w.p_r
         aY = np.abs(Ym) + Ys
         mid = mid + beta * Ym + (Ym @ w.q)[..., None] * w.p
@@ -85,7 +88,6 @@ def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
         M = M + (abs(beta) + w.beta_r) * Ybar + (Ybar @ aq)[..., None] * ap
         q, exact = _value_quanta(q, exact, qy, w, fmt)
         untouched &= (beta == 0) & (w.beta_r == 0) & (w.p == 0) & (w.p_r == 0)
-    k = n + D + 2 * len(sa_w) + 6  # roundings on any term's path, in any of the orders
     spread = pos_up(spread, 2 * D + 8)
     M = pos_up(M, 2 * D + 8)
     rnd = (theta(k, k, fmt) + 2 * matmul_input_error(fmt)) * M + 4 * k * fmt.tiny + \
@@ -94,7 +96,30 @@ def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     f64 = np.where(spread > 0, rounding(M, k), 0.0)
     rad = unknown_if_overflow(mid, spread + pos_up(np.where(exact, f64, rnd), 4), fmt, M)
     keep = untouched & np.isfinite(mid)
-    return np.where(keep, Xm, mid), np.where(keep, Xr, rad)
+    rad = np.where(overflow[..., None], np.inf, np.where(keep, Xr, rad))
+    return np.where(keep, Xm, mid), rad
+
+
+def _value_overflow(aX, Ybar, w: Weights, k: int, fmt: Format) -> np.ndarray:
+    """Rows (B×n) where an intermediate of one of the three orders of the value map may
+    overflow though the terms ρ·x_c and V_cj·π_l·x_lj that θ·M bounds do not: an entry of the
+    dense V (TransformerLens, ρ/η), the torch module's q·y (then p·(q·y) is inf, or nan where
+    p_c = 0), and the ρ/η layout's V·x_l on every key, weight 0 or not (0·inf is nan in every
+    row of the sequence)."""
+    beta, aq = scalar(w.beta), np.abs(w.q) + w.q_r
+    Vm, Vr = conversions(beta * np.eye(len(w.p)) + np.outer(w.p, w.q), fmt)
+    aV = np.abs(Vm) + Vr + (abs(beta) + w.beta_r) * np.eye(len(w.p)) * 2.0 ** -50 + \
+        np.outer(np.abs(w.p) + w.p_r, aq) * 2.0 ** -50
+    grow = 1 + theta(k, k, fmt)
+
+    def big(size):
+        with np.errstate(over="ignore", invalid="ignore"):
+            return ~((size * grow + 4 * k * fmt.tiny < fmt.huge) & (size * 2 < ACC.huge))
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        rows = big(Ybar @ aq)  # the torch module's q·y
+        keys = big(aX @ aV.T).any(axis=(1, 2))  # the ρ/η layout's V·x_l, every key
+    return rows | keys[:, None] | bool(big(aV).any())
 
 
 def _value_quanta(q, exact, qy, w: Weights, fmt: Format):
