@@ -51,3 +51,14 @@ def test_the_value_maps_intermediates_may_not_overflow():
     dense_v = _one_head(0.0, [1.0, 0.0], [1.0, 0.0], 0.0, [2.0 ** 100, 0.0], [2.0 ** 100, 0.0])
     data = ef.Dataset.from_arrays([[[2.0 ** -120, 1.0]]], [[[2.0 ** 80, 0.0]]])
     assert not ef.prove_runtime(dense_v, data, "float32").ok
+
+
+def test_a_score_that_may_overflow_loses_its_row():
+    """c·x = 2^130 overflows float32, so the only key's score is inf·0 = nan: torch's max of
+    the row is nan and so is every weight. One candidate is not 'weight exactly 1' then."""
+    model = _one_head(0.0, [0.0, 1.0], [2.0 ** 100, 0.0], 1.0, [0.0, 0.0], [0.0, 0.0])
+    x = [2.0 ** 30, 0.0]
+    data = ef.Dataset.from_arrays([[x]], [[x]])
+    assert not ef.prove_runtime(model, data, "float32").ok
+    softmax = Transformer(2, "softmax", model.blocks, exact=False)
+    assert not ef.prove_runtime(softmax, data, "float32").ok

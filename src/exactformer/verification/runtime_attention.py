@@ -208,8 +208,14 @@ def head_box(Xm, Xr, w: Weights, ctx: Context):
     allowed = _allowed(Xm.shape[1], ctx.causal)
     if ctx.attention == "softmax":
         Pm, Pr = softmax_box(sm, sr, allowed, ctx)
-        return mix(Pm, Pr, Xm, Xr, ctx.fmt)
-    return hardmax_box(sm, sr, allowed, Xm, Xr, ctx)
+        Ym, Yr, Ybar, qy = mix(Pm, Pr, Xm, Xr, ctx.fmt)
+    else:
+        Ym, Yr, Ybar, qy = hardmax_box(sm, sr, allowed, Xm, Xr, ctx)
+    # a score that may overflow may be inf or nan in the runtime (inf·0, inf − inf): the max
+    # of a row holding a nan is nan, and so are its weights, whatever the other keys
+    lost = (allowed & ~(np.isfinite(sr) & np.isfinite(sm))).any(axis=2)
+    return np.where(lost[..., None], 0.0, Ym), np.where(lost[..., None], np.inf, Yr), \
+        np.where(lost[..., None], np.inf, Ybar), np.where(lost[..., None], 0.0, qy)
 
 
 def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
