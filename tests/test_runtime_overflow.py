@@ -62,3 +62,14 @@ def test_a_score_that_may_overflow_loses_its_row():
     assert not ef.prove_runtime(model, data, "float32").ok
     softmax = Transformer(2, "softmax", model.blocks, exact=False)
     assert not ef.prove_runtime(softmax, data, "float32").ok
+
+
+def test_the_torch_modules_gram_may_not_overflow():
+    """α = −2^−100 makes every score moderate, but the torch module forms ⟨x_i, x_l⟩ before
+    scaling it: ⟨x_1, x_1⟩ = 2^128 is inf in float32, α·inf = −inf, and query 1 takes key 2
+    instead of key 1. (Keyed models of data at 1e20 have such heads.)"""
+    model = _one_head(-2.0 ** -100, [0.0, -1.0], [2.0 ** -60, 0.0], 1.0, [0.0, 0.0],
+                      [0.0, 0.0])
+    x1, x2 = [2.0 ** 64, 0.0], [1.0, 2.0 ** 30]
+    data = ef.Dataset.from_arrays([[x1, x2]], [[x1]])
+    assert not ef.prove_runtime(model, data, "float32").ok

@@ -163,6 +163,7 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     with np.errstate(over="ignore", invalid="ignore"):
         q = quantum(Pm, Pr, fmt)[:, :, None] * quantum(Qm, Qr, fmt)[:, None, :]
     exact = np.ones(mid.shape, dtype=bool)
+    inter = np.zeros(mid.shape)  # intermediates beside the terms that ``size`` bounds
     if alpha != 0 or alpha_r != 0:
         XT = np.swapaxes(Xm, 1, 2)
         G = Xm @ XT
@@ -171,6 +172,10 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
         spread = spread + abs(alpha) * (Xr @ np.abs(XT) + aX @ np.swapaxes(Xr, 1, 2)) + \
             alpha_r * SG
         size = size + (abs(alpha) + alpha_r) * SG
+        # the torch module's ⟨x_i, x_l⟩ before α scales it, the other layouts' α·x_i (times
+        # the query scale, at most 4, of TransformerLens's softmax)
+        with np.errstate(over="ignore", invalid="ignore"):
+            inter = np.maximum(SG, 4 * (abs(alpha) + alpha_r) * aX.max(axis=2)[:, :, None])
         exact &= (alpha_r == 0) & (lowbit(alpha) == abs(alpha))  # α a power of two
         with np.errstate(over="ignore", invalid="ignore"):
             q = np.minimum(q, abs(alpha) * qX[:, :, None] * qX[:, None, :])
@@ -192,7 +197,10 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     exact &= fits_exactly(size, q, fmt.bits, fmt.tiny)
     f64 = np.where(spread > 0, rounding(size, D + 2), 0.0)
     rad = spread + pos_up(np.where(exact, f64, rnd), 4)
-    return mid, unknown_if_overflow(mid, rad, fmt, size)
+    with np.errstate(over="ignore", invalid="ignore"):
+        grow = 1 + theta(D + 4, 4, fmt)
+        bad = ~((inter * grow + (2 * D + 10) * fmt.tiny < fmt.huge) & (inter * 2 < ACC.huge))
+    return mid, unknown_if_overflow(mid, np.where(bad, np.inf, rad), fmt, size)
 
 
 def _allowed(n: int, causal: bool) -> np.ndarray:
