@@ -73,3 +73,21 @@ def test_the_torch_modules_gram_may_not_overflow():
     x1, x2 = [2.0 ** 64, 0.0], [1.0, 2.0 ** 30]
     data = ef.Dataset.from_arrays([[x1, x2]], [[x1]])
     assert not ef.prove_runtime(model, data, "float32").ok
+
+
+def test_an_underflowed_intermediate_scaled_up_is_not_exact():
+    """The terms V_cj·π_l·x_lj = 2^27·9·2^−50 are normal, but the torch module's q·y =
+    9·2^−150 is subnormal in float32 (rounded to 2^−147) before p = 2^127 scales it back:
+    the output is 2^−20, not 9·2^−23."""
+    model = _one_head(0.0, [0.0, 0.0], [0.0, 0.0], 0.0, [2.0 ** 127, 0.0], [2.0 ** -100, 0.0])
+    x = [9 * 2.0 ** -50, 0.0]
+    data = ef.Dataset.from_arrays([[x]], [[[9 * 2.0 ** -23, 0.0]]])
+    with np.errstate(under="ignore"):
+        qy = np.float32(2.0 ** -100) * np.float32(x[0])
+    assert np.float32(2.0 ** 127) * qy == np.float32(2.0 ** -20)
+    assert not ef.prove_runtime(model, data, "float32").ok
+    # the average itself: ½·2^−149 is 0 in float32, and p = 2^100 reads it (tie of 2 keys)
+    model = _one_head(0.0, [0.0, 0.0], [0.0, 0.0], 0.0, [2.0 ** 100, 0.0], [1.0, 0.0])
+    X = [[2.0 ** -149, 0.0], [0.0, 2.0 ** -140]]
+    data = ef.Dataset.from_arrays([X], [[[2.0 ** -50, 0.0]]])
+    assert not ef.prove_runtime(model, data, "float32").ok

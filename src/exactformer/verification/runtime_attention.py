@@ -76,8 +76,9 @@ def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     n, D = Xm.shape[1], Xm.shape[2]
     k = n + D + 2 * len(sa_w) + 6  # roundings on any term's path, in any of the orders
     overflow = np.zeros(Xm.shape[:2], dtype=bool)
+    amp = 1.0  # per output coordinate: how much the intermediates' underflow is scaled up
     for w in sa_w:
-        Ym, Ys, Ybar, qy = head_box(Xm, Xr, w, ctx)
+        Ym, Ys, Ybar, qy, one = head_box(Xm, Xr, w, ctx)
         overflow |= _value_overflow(aX, Ybar, w, k, fmt)
         beta, aq, ap = scalar(w.beta), np.abs(w.q) + w.q_r, np.abs(w.p) + w.p_r
         aY = np.abs(Ym) + Ys
@@ -87,10 +88,17 @@ def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
             (aY @ aq)[..., None] * w.p_r
         M = M + (abs(beta) + w.beta_r) * Ybar + (Ybar @ aq)[..., None] * ap
         q, exact = _value_quanta(q, exact, qy, w, fmt)
+        # a y_j or q·y that may pass through subnormal numbers is not exact, and its
+        # underflow (at most one smallest normal per operation) is scaled up by V or p
+        sub_y, sub_t = _subnormal_intermediates(Ym, Ys, qy, one, w, fmt)
+        aV = (abs(beta) + w.beta_r) * np.eye(D) + np.outer(ap, aq)
+        exact = exact & ~(sub_y.astype(float) @ (aV > 0).T > 0) & \
+            ~(sub_t[..., None] & (ap > 0))
+        amp = amp + sub_y.astype(float) @ aV.T + sub_t[..., None] * ap * (1 + aq.sum())
         untouched &= (beta == 0) & (w.beta_r == 0) & (w.p == 0) & (w.p_r == 0)
     spread = pos_up(spread, 2 * D + 8)
     M = pos_up(M, 2 * D + 8)
-    rnd = (theta(k, k, fmt) + 2 * matmul_input_error(fmt)) * M + 4 * k * fmt.tiny + \
+    rnd = (theta(k, k, fmt) + 2 * matmul_input_error(fmt)) * M + 4 * k * fmt.tiny * amp + \
         rounding(M, k)
     exact = exact & fits_exactly(M, q, fmt.bits, fmt.tiny)
     f64 = np.where(spread > 0, rounding(M, k), 0.0)
@@ -98,6 +106,25 @@ def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     keep = untouched & np.isfinite(mid)
     rad = np.where(overflow[..., None], np.inf, np.where(keep, Xr, rad))
     return np.where(keep, Xm, mid), rad
+
+
+def _subnormal_intermediates(Ym, Ys, qy, one, w: Weights, fmt: Format):
+    """Where the average's y_j (B×n×D), and in which rows the torch module's q·y (B×n), may
+    pass through nonzero numbers below the format's smallest normal one: their terms
+    π_l·x_lj, q_j·π_l·x_lj are not multiples of it (a row whose weight is one key's exact 1
+    copies y_j = x_lj, which may only be 0 or normal). Those are not among the terms whose
+    quanta :func:`_value_quanta` folds in, and p or V may scale an underflow up."""
+    beta = scalar(w.beta)
+    p_on = bool((w.p != 0).any() or (w.p_r > 0).any())
+    used = (beta != 0) | (w.beta_r > 0) | (p_on & ((w.q != 0) | (w.q_r > 0)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        copied = one[..., None] & (((Ym == 0) & (Ys == 0)) | (low(np.abs(Ym), Ys) >= fmt.tiny))
+        sub_y = used & ~(qy >= fmt.tiny) & ~copied
+        lbq = np.where((w.q != 0) & p_on, lowbit(w.q), np.inf)
+        lbq = np.where(w.q_r > 0, 0.0, lbq)
+        t = qy * lbq
+        sub_t = (~(np.where(np.isnan(t), np.inf, t) >= fmt.tiny)).any(axis=-1)
+    return sub_y, sub_t
 
 
 def _value_overflow(aX, Ybar, w: Weights, k: int, fmt: Format) -> np.ndarray:
@@ -217,13 +244,14 @@ def head_box(Xm, Xr, w: Weights, ctx: Context):
     if ctx.attention == "softmax":
         Pm, Pr = softmax_box(sm, sr, allowed, ctx)
         Ym, Yr, Ybar, qy = mix(Pm, Pr, Xm, Xr, ctx.fmt)
+        one = ((Pr == 0) & ((Pm == 0) | (Pm == 1))).all(axis=2)
     else:
-        Ym, Yr, Ybar, qy = hardmax_box(sm, sr, allowed, Xm, Xr, ctx)
+        Ym, Yr, Ybar, qy, one = hardmax_box(sm, sr, allowed, Xm, Xr, ctx)
     # a score that may overflow may be inf or nan in the runtime (inf·0, inf − inf): the max
     # of a row holding a nan is nan, and so are its weights, whatever the other keys
     lost = (allowed & ~(np.isfinite(sr) & np.isfinite(sm))).any(axis=2)
     return np.where(lost[..., None], 0.0, Ym), np.where(lost[..., None], np.inf, Yr), \
-        np.where(lost[..., None], np.inf, Ybar), np.where(lost[..., None], 0.0, qy)
+        np.where(lost[..., None], np.inf, Ybar), np.where(lost[..., None], 0.0, qy), one & ~lost
 
 
 def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
@@ -249,7 +277,7 @@ def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
     for b, i in zip(*np.nonzero(~tie), strict=True):
         Ym[b, i], Yr[b, i], Ybar[b, i] = _hull(Xm[b, cand[b, i]], Xr[b, cand[b, i]], ctx)
         qy[b, i] = 0.0
-    return Ym, Yr, Ybar, qy
+    return Ym, Yr, Ybar, qy, count == 1
 
 
 def _hull(C, C_r, ctx: Context):
