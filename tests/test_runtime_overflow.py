@@ -91,3 +91,12 @@ def test_an_underflowed_intermediate_scaled_up_is_not_exact():
     X = [[2.0 ** -149, 0.0], [0.0, 2.0 ** -140]]
     data = ef.Dataset.from_arrays([X], [[[2.0 ** -50, 0.0]]])
     assert not ef.prove_runtime(model, data, "float32").ok
+
+
+def test_transformer_lens_scaled_hardmax_scores_may_not_overflow():
+    """TransformerLens runs hardmax as softmax of the scores times 2^k (2^k·g = 2^64): the
+    scores 2^80 and 2^79 are moderate in float32, but 2^144 is inf and its softmax nan."""
+    model = _one_head(1.0, [0.0, 0.0], [0.0, 0.0], 1.0, [0.0, 0.0], [0.0, 0.0])
+    xa, xb = [2.0 ** 40, 0.0], [2.0 ** 39, 0.0]
+    data = ef.Dataset.from_arrays([[xa, xb]], [[xa]])
+    assert not ef.prove_runtime(model, data, "float32").ok

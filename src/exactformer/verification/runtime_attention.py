@@ -38,6 +38,9 @@ class Context:
         self.tau = 1.0 if model.tau is None else float(model.tau)
         self.exp_err = exp_ulps * 2.0 ** -23 * (1 + 2.0 ** -40)
         self.slack = lens_slack(model) if model.attention == "hardmax" else 0.0
+        # what TransformerLens (float32 only) multiplies the scores by before its softmax:
+        # 2^k for hardmax (the slack's 104·2^−k), the query scale (2 or 4) for softmax
+        self.lens_scale = 104.0 / self.slack if self.slack else 4.0 * max(1.0, self.tau)
 
 
 def lens_slack(model: Transformer) -> float:
@@ -227,6 +230,8 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     with np.errstate(over="ignore", invalid="ignore"):
         grow = 1 + theta(D + 4, 4, fmt)
         bad = ~((inter * grow + (2 * D + 10) * fmt.tiny < fmt.huge) & (inter * 2 < ACC.huge))
+        if fmt.name == "float32":  # TransformerLens's scaled scores: inf − inf is nan
+            bad |= ~(size * ctx.lens_scale * 2 < ACC.huge)
     return mid, unknown_if_overflow(mid, np.where(bad, np.inf, rad), fmt, size)
 
 
