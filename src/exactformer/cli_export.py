@@ -30,6 +30,8 @@ def add_export(sub) -> None:
                    help="bfloat16: native and rho-eta layouts")
     e.add_argument("--data", help="also prove the copy faithful on this dataset in --dtype "
                    "(and, transformer-lens, run the rebuilt bridge on it); exit 1 if not")
+    e.add_argument("--vocabulary", help="with --data, causal text: the vocabulary the proof "
+                   "decodes to (JSON list of vectors or object symbol -> vector)")
     e.add_argument("--circuit", action=argparse.BooleanOptionalAction, default=None,
                    help="transformer-lens with --data: write circuit.json (default: when its "
                    "exact trace is short, docs/circuit.md)")
@@ -38,6 +40,8 @@ def add_export(sub) -> None:
 
 
 def export_command(args) -> int:
+    if args.vocabulary and not args.data:
+        raise UsageError("--vocabulary is for --data (decoding proofs)")
     ef_torch = torch_module("export", "export")
     model = load_model(args.model)
     if args.layout == "transformer-lens":
@@ -45,7 +49,7 @@ def export_command(args) -> int:
     if args.data and args.dtype == "float64":
         raise UsageError("--data (a verdict through the exported model) is for "
                          "--layout transformer-lens or --dtype float32|bfloat16")
-    data = data_for(model, args.data) if args.data else None
+    data = data_for(model, args.data, args.vocabulary) if args.data else None
     module = ef_torch.export(model, args.output, layout=args.layout, dtype=args.dtype)
     print(f"exported {model.n_blocks} blocks as {len(module.blocks)} {args.layout} blocks "
           f"({args.dtype}) -> {args.output} + {ef_torch.config_path(args.output)}")
@@ -57,7 +61,7 @@ def _export_lens(ef_torch, model, args) -> int:
     the bridge rebuilt from it (exit 1 if it fails); data of the wrong kind write nothing."""
     if args.dtype == "bfloat16":
         raise UsageError("--layout transformer-lens is written in float64 or float32")
-    data = data_for(model, args.data) if args.data else None
+    data = data_for(model, args.data, args.vocabulary) if args.data else None
     if data is not None:
         data.padded(model.d)  # data wider than the model: refused before anything is written
     written = wanted(model, data, args.circuit)
@@ -95,9 +99,9 @@ def _runtime_proof_line(model, data, dtype: str, v=None) -> int:
     if data is None or dtype == "float64":
         return 0
     v = v or prove_runtime(model, data, dtype)
-    why = "" if v.ok else (f": {v.witness} ({v.witness_error:.3g} × scale)" if v.witness else
-                           f": its bound {v.bound:.3g} × scale is above {v.tolerance:g}")
-    print(f"{dtype} copy: {v.verdict}{why} (the dense computation, any summation order, "
+    why = f": {v.reason()}" if v.reason() else ""
+    judged = " decoding every position" if v.criterion == "decoding" else ""
+    print(f"{dtype} copy: {v.verdict}{why} (the dense computation{judged}, any summation order, "
           "docs/numerics.md#proofs-for-reduced-precision-runtimes)")
     return 0 if v.ok else 1
 

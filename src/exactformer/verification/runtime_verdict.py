@@ -78,6 +78,17 @@ class RuntimeVerdict:
     def table(self) -> str:
         return format_table(self.rows())
 
+    def reason(self) -> str:
+        """Why the verdict is not a proof ("" when it is): the witness, else what fell short."""
+        if self.ok:
+            return ""
+        if self.witness is not None:
+            return f"{self.witness} (error {self.witness_error:.3g} × scale)"
+        if self.criterion == "decoding":
+            return (f"{self.checked - self.proved} of {self.checked} positions not proved to "
+                    f"decode (least margin {self.margin:.3g} × scale)")
+        return f"the bound {self.bound:.3g} × scale is above the tolerance {self.tolerance:g}"
+
     def to_dict(self) -> dict:
         return asdict(self) | {"ok": self.ok}
 
