@@ -153,8 +153,9 @@ def test_every_proved_decoding_survives_random_orders(data, attention, fmt):
 @st.composite
 def near_boundary(draw):
     """A vocabulary, a target t and a box whose nearest point to another entry v lies on
-    their bisector, moved by a few ulps either way; sometimes a point, sometimes with large
-    coordinates beyond the vocabulary's (which only the decoder's float64 sums see)."""
+    their bisector, moved either way by a few ulps up to 2^-8 of its size; sometimes a point,
+    sometimes with large coordinates beyond the vocabulary's (which only the decoder's
+    float64 sums see)."""
     rng = np.random.default_rng(draw(st.integers(0, 2 ** 20)))
     V, d = draw(st.integers(2, 4)), draw(st.integers(1, 3))
     vocab = rng.integers(-4, 5, (V, d)).astype(float)
@@ -168,7 +169,8 @@ def near_boundary(draw):
     # on the bisector: y·w = (|t|² − |v|²)/2 at the box's corner nearest v
     corner = (t + v) / 2
     m = corner + r * np.sign(w)
-    m = m + draw(st.integers(-8, 8)) * np.spacing(np.abs(m).max() + 1) * w / np.abs(w).max()
+    step = draw(st.integers(-8, 8)) * 2.0 ** draw(st.integers(-56, -8))
+    m = m + step * (np.abs(m).max() + 1) * w / np.abs(w).max()
     extra = draw(st.sampled_from([0, 1, 2]))
     big = float(draw(st.sampled_from([0.0, 1.0, 1e3, 1e6])))
     Ym = np.concatenate([m, np.full(extra, big)])[None]

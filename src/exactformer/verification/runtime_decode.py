@@ -33,11 +33,11 @@ def target_indices(vocab: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 def decoding_margins(vocab: np.ndarray, Ym: np.ndarray, Yr: np.ndarray,
                      index: np.ndarray) -> np.ndarray:
-    """Per output box Ym ± Yr (k × D) with target vocabulary index ``index`` (−1: none), a
-    float below which no point of the box comes to the boundary of the target's decoding
-    region, less the decoder's rounding: the least over the other entries v of
-    (min of the form − its error bounds) / (2·|t − v|). The box is proved to decode to its
-    target exactly where this is positive; −inf where no target, nan where the box is."""
+    """Per output box Ym ± Yr (k × D) with target vocabulary index ``index`` (−1: none), the
+    least over the other entries v of (min of the form − its error bounds) / (2·|t − v|):
+    where positive, how far every point of the box stays inside the target's decoding region
+    (less the rounding); the box is proved to decode to its target exactly there. −inf where
+    there is no target or an entry equals it, nan where the box is nan."""
     out = np.full(len(Ym), -np.inf)
     with np.errstate(all="ignore"):
         rest = up(((np.abs(Ym[:, vocab.shape[1]:]) + Yr[:, vocab.shape[1]:]) ** 2)
@@ -64,8 +64,7 @@ def _margins(vocab, Ym, Yr, index, rest, D: int) -> np.ndarray:
     near = ((np.abs(m - t) + r) ** 2).sum(axis=2)
     dist = up(far + rest[:, None], d + 2) + up(near + rest[:, None], d + 2)
     slack = up(err + rounding(dist, D + 1), 2)  # + both distances' rounding in the decoder
-    margin = np.where(form > slack, (form - slack) / (2 * np.sqrt((aw ** 2).sum(axis=2))),
-                      np.where(np.isnan(form - slack), np.nan, -np.inf))
+    margin = (form - slack) / (2 * np.sqrt((aw ** 2).sum(axis=2)))  # > 0: form > slack
     margin[np.arange(len(Ym)), np.maximum(index, 0)] = np.inf  # t itself
     margin[index < 0] = -np.inf
     return margin.min(axis=1)
