@@ -112,6 +112,22 @@ def wrong_decodes(model, data, fmt: str, seed: int) -> int:
     return wrong
 
 
+def torch_wrong_decodes(model, data) -> int:
+    """Constrained positions that the torch module in bfloat16 (``ff="dense"``, the graph
+    proved) does not decode to their targets; 0 without torch."""
+    try:
+        import torch
+
+        from exactformer import export as et
+    except ImportError:
+        return 0
+    outs = et.apply(et.to_torch(model, dtype=torch.bfloat16, ff="dense"), data.floats()[0])
+    return sum(nearest(data.vocabulary, np.asarray(o[i], dtype=float)) !=
+               nearest(data.vocabulary, y[i])
+               for o, y, k in zip(outs, data.floats()[1], data.known, strict=True)
+               for i in np.flatnonzero(k))
+
+
 def _build(data, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -146,6 +162,8 @@ def test_every_proved_decoding_survives_random_orders(data, attention, fmt):
         assert v.margin > 0 and v.proved == v.checked
         for seed in range(3):
             assert wrong_decodes(model, data, fmt, seed) == 0, v.table()
+        if fmt == "bfloat16":
+            assert torch_wrong_decodes(model, data) == 0, v.table()
     elif v.verdict == "FAILED":
         assert "decodes" in v.witness
 
@@ -282,6 +300,7 @@ def test_cli_and_hub_say_decoding(tmp_path, capsys):
     assert json.loads((tmp_path / "r.json").read_text())["runtimes"][0]["criterion"] == \
         "distance"
     assert cli_main([*args, "--vocabulary", str(tmp_path / "v.json")]) == 0
+    assert cli_main([*args[:3], "--vocabulary", str(tmp_path / "v.json")]) == 2  # no --runtime
     out = capsys.readouterr().out
     assert "decodes to its target" in out and "PROVED FAITHFUL IN bfloat16" in out
     doc = json.loads((tmp_path / "r.json").read_text())["runtimes"][0]

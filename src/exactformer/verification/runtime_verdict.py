@@ -66,7 +66,8 @@ class RuntimeVerdict:
                 ("proved error bound / scale", f"{self.bound:.3g}"),
                 *([("decoding margin / scale", f"{self.margin:.3g}")]
                   if self.margin is not None else []),
-                ("pairs proved", f"{self.proved} of {self.checked}"),
+                ("positions proved to decode" if self.criterion == "decoding" else
+                 "pairs proved", f"{self.proved} of {self.checked}"),
                 ("exp error bound", f"{self.exp_ulps:g} float32 ulps"),
                 ("proof time", f"{self.seconds:.2f} s")]
         if self.witness is not None:
