@@ -27,6 +27,7 @@ import exactformer as ef  # noqa: E402
 from exactformer import cli  # noqa: E402
 from exactformer import export as et  # noqa: E402
 from exactformer.data import CausalDataset, builtin  # noqa: E402
+from exactformer.export import lens_helpers  # noqa: E402
 from exactformer.model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix  # noqa: E402
 
 SHAPES = [(4, 1), (8, 2), (12, 3)]  # (width, heads): narrow, wide and multi-head
@@ -104,6 +105,26 @@ def test_the_folder_rebuilds_with_transformer_lens_alone(tmp_path, dtype):
     same = et.lens_apply(et.to_lens(model, dtype), xs, data.d)
     assert all(np.array_equal(a, b) for a, b in
                zip(et.lens_apply(bridge, xs, data.d), same, strict=True))
+
+
+def test_the_folders_own_loader_is_strict_loading(tmp_path):
+    """lens_helpers.load_strictly puts every tensor where load_state_dict(strict=True) does,
+    and refuses a state with a name missing, an extra name or a shape that differs."""
+    model = ef.compile(builtin.demo(), attention="softmax", width=8, heads=2)
+    et.save_lens(model, tmp_path, "float64")
+    reference = boot_from_files(tmp_path).state_dict()
+    state = load_file(str(tmp_path / "model.safetensors"))
+    ours = et.to_lens(model, "float64").state_dict()
+    assert ours.keys() == reference.keys()
+    assert all(torch.equal(ours[k], reference[k]) for k in reference)
+    config = json.loads((tmp_path / "config.json").read_text())
+    name = next(k for k in state if k.endswith("mlp.in.weight"))
+    bad = [{k: v for k, v in state.items() if k != name},
+           {**state, "blocks.0.extra": state[name]},
+           {**state, name: state[name][:1]}]  # would broadcast
+    for broken in bad:
+        with pytest.raises(ValueError, match="state does not fit|shape"):
+            lens_helpers.boot(config, broken)
 
 
 def test_input_is_the_residual_stream_and_padding_is_masked():

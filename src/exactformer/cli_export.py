@@ -78,7 +78,7 @@ def _export_lens(ef_torch, model, args) -> int:
         print("note: circuit.json not written: its exact trace of these data is long "
               "(pass --circuit to write it anyway, docs/circuit.md)")
     if not args.data:
-        return _range_verdict(model, args.dtype)
+        return max(_range_verdict(model, args.dtype), _runtime_proof_line(model, None, args.dtype))
     if progress_on(args):  # booting a deep bridge takes a while before the bar can start
         print("transformer-lens: building the bridge from the folder", file=sys.stderr)
     try:
@@ -95,8 +95,15 @@ def _export_lens(ef_torch, model, args) -> int:
 def _runtime_proof_line(model, data, dtype: str, v=None) -> int:
     """export --data in a reduced precision: the proof that every evaluation of the dense
     computation in ``dtype`` reproduces the data (one line; exit status 1 when not proved,
-    with the reason). ``v``: the verdict, when already made."""
-    if data is None or dtype == "float64":
+    with the reason; without data, a model that claims ``dtype`` is told how to prove it).
+    ``v``: the verdict, when already made."""
+    if dtype == "float64":
+        return 0
+    if data is None:
+        if dtype in claimed_runtimes(model):
+            print(f"note: the {dtype} copy is not proved faithful: without data there is "
+                  f"nothing to prove it on (--data DATA proves it for any summation order, "
+                  f"docs/numerics.md#proofs-for-reduced-precision-runtimes)")
         return 0
     v = v or prove_runtime(model, data, dtype)
     why = f": {v.reason()}" if v.reason() else ""
