@@ -144,9 +144,9 @@ def texts(draw):
     embedding = text_embedding(alphabet, d, seed=int(rng.integers(1000)))
     if draw(st.booleans()):
         embedding = {c: v + 0.3 * rng.standard_normal(d) for c, v in embedding.items()}
-    texts = [alphabet[j] + "".join(rng.choice(list(alphabet[:size]), int(rng.integers(1, 9))))
-             for j in range(n)]
-    return ef.CausalDataset.from_text(texts, embedding)
+    seqs = [alphabet[j] + "".join(rng.choice(list(alphabet[:size]), int(rng.integers(1, 9))))
+            for j in range(n)]
+    return ef.CausalDataset.from_text(seqs, embedding)
 
 
 # ------------------------------------------------------------------------------ properties
