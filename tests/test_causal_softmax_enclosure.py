@@ -1,0 +1,142 @@
+"""Causal float64 enclosures of softmax models (evaluate/causal_radius.causal_softmax_box,
+evaluate/softmax_radius.py over each row's prefix, verification/causal_enclosure.py;
+docs/numerics.md#causal-softmax-averages), judged by test_verify_bounds' dense mpmath
+reference, which keeps every weight of every prefix: random causal softmax models (several
+heads, α ≠ 0, τ ≠ 1, repeated rows, huge and subnormal coordinates, stored positions) whose
+every finite radius must hold the 400-digit value; a later key that outscores a row's whole
+prefix, which the row must not see; keyed causal builds on random sequences and on texts,
+which verify decides by the enclosures (OK, never PROVED EXACT), agreeing with the ball pass;
+and moved weights, which must never turn into a wrong OK.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+import pytest
+from conftest import conflict_data
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from test_causal_enclosure import moved_weights
+from test_softmax_enclosure_attacks import _random_inputs, _random_model, mpf
+from test_verify_bounds import reference, true_error
+
+import exactformer as ef
+from exactformer.evaluate import enclose
+from exactformer.evaluate.causal_radius import causal_softmax_box
+from exactformer.evaluate.softmax_radius import tail_weight
+from exactformer.verification import decide
+
+
+def _causal_model(rng):
+    """test_softmax_enclosure_attacks' random softmax model under the causal mask, with stored
+    positions (four rows: its sequences are at most four tokens long) half the time."""
+    model = replace(_random_model(rng), causal=True)
+    if rng.random() < 0.5:
+        model = replace(model, positions=rng.normal(0, 1, (4, model.d)) *
+                        float(rng.choice([1.0, 1e-3, 1e5])))
+    return model
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2 ** 32 - 1))
+def test_random_causal_softmax_models_are_enclosed(seed):
+    """Every finite radius of the causal enclosure bounds the distance of its float output
+    from the 400-digit causal value of the stored floats."""
+    rng = np.random.default_rng(seed)
+    model = _causal_model(rng)
+    xs = _random_inputs(rng, model.d)
+    outs, rads = enclose(model, xs, None)
+    finite = 0
+    with mpmath.workdps(400):
+        refs = reference(model, [[[Fraction(float(v)) for v in r] for r in x] for x in xs])
+        for o, r, ref in zip(outs, rads, refs, strict=True):
+            for (i, t), rv in np.ndenumerate(r):
+                if math.isfinite(rv):
+                    finite += 1
+                    assert math.isfinite(o[i, t])
+                    assert abs(ref[i][t] - mpf(o[i, t])) <= mpf(rv), (i, t, rv)
+    event("all radii finite" if finite == sum(x.size for x in outs) else
+          "some radii finite" if finite else "no finite radius")
+
+
+def test_a_later_key_that_outscores_the_prefix_is_not_seen():
+    """Key 1 outscores key 0 by 100, but row 0 sees key 0 alone: its certified best key is
+    key 0 with no tail, and its box is key 0's exact carrier. Row 1's best key is key 1."""
+    S = np.array([[0.0, 100.0], [0.0, 100.0]])
+    best, certain, W = tail_weight(S, np.zeros((2, 2)), np.ones(2), 1.0, causal=True)
+    assert best.tolist() == [0, 1] and certain.all()
+    assert W[0] <= 1e-300 and 0 < W[1] <= 1.07 * math.exp(-100)
+    X, zero = np.array([[1.0], [2.0]]), np.zeros(2)
+    avg, rad = causal_softmax_box(X, np.zeros((2, 1)), np.array([1.0, 1.0]), zero,
+                                  np.array([0.0, 100.0]), zero, 0.0, 1.0, X,
+                                  np.zeros((2, 1)))
+    assert avg[0, 0] == 1.0 and rad[0, 0] == 0.0
+    assert abs(avg[1, 0] - 2.0) <= rad[1, 0] <= 1e-15
+
+
+def _keyed_softmax(data, width: int = 4):
+    return ef.compile(data, causal=True, keys=True, attention="softmax", width=width,
+                      exact=False)
+
+
+def _true_error(model, data) -> float:
+    """The largest true error of the model on the data, relative to their scale, at 600
+    digits (test_verify_bounds.true_error), on the data zero-padded to the model's width as
+    verify reads them."""
+    xs, ys = data.fractions()
+    pad = [Fraction(0)] * (model.d - data.d)
+    padded = ef.CausalDataset.from_arrays(
+        [[[*r, *pad] for r in x] for x in xs],
+        [[[*y[i], *pad] if k[i] else None for i in range(len(k))]
+         for y, k in zip(ys, data.known, strict=True)])
+    return max(true_error(model, padded))
+
+
+def _ball_verdict(model, data, report) -> dict:
+    """The ball pass's verdict fields on the data (padded as verify pads them), at the limit
+    verify used."""
+    limit = Fraction(report.tolerance) * Fraction(report.coordinate_scale)
+    return decide._causal_softmax(model, decide.check_layers(model, data), limit, 50, None)
+
+
+def _texts() -> ef.CausalDataset:
+    """Three short texts, each opened by a marker of its own (as the benchmark's sentences):
+    the same character at the same position continues differently."""
+    return ef.CausalDataset.from_text(["1abcab.", "2abdab!", "3xbcaby"], d=3)
+
+
+@pytest.mark.parametrize("data", [conflict_data(3, n=6, length=5), _texts()],
+                         ids=["random sequences", "texts"])
+def test_keyed_causal_softmax_builds_are_decided_by_the_enclosures(data):
+    """A float64 keyed causal softmax build: verify says OK by float64 enclosures (not proved
+    exact), every constrained position's true error is within the limit, and the ball pass,
+    run on its own, finds no failure either."""
+    model = _keyed_softmax(data)
+    report = ef.verify(model, data)
+    assert report.ok and not report.proved, report.table()
+    assert report.arithmetic == "float64 enclosures"
+    assert _true_error(model, data) <= report.tolerance
+    ball = _ball_verdict(model, data, report)
+    assert ball["first_failure"] is None
+
+
+def test_a_moved_weight_never_becomes_a_wrong_ok():
+    """Every attention value weight and (first) FF output weight of a keyed causal softmax
+    model moved by 1/64 of itself: an OK is never contradicted by the 600-digit reference,
+    an OK of the enclosures is never a failure of the ball pass, and some moves fail."""
+    data = conflict_data(3, n=6, length=5)
+    model = _keyed_softmax(data)
+    rejected = 0
+    for where, moved in moved_weights(model):
+        report = ef.verify(moved, data)
+        if report.ok:
+            assert _true_error(moved, data) <= report.tolerance, where
+        if report.arithmetic == "float64 enclosures":
+            assert _ball_verdict(moved, data, report)["first_failure"] is None, where
+        rejected += report.first_failure is not None
+    assert rejected
