@@ -29,6 +29,7 @@ import exactformer as ef
 from exactformer.evaluate import enclose
 from exactformer.evaluate.causal_radius import causal_softmax_box
 from exactformer.evaluate.softmax_radius import tail_weight
+from exactformer.model import SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from exactformer.verification import decide
 
 
@@ -77,6 +78,39 @@ def test_a_later_key_that_outscores_the_prefix_is_not_seen():
                                   np.zeros((2, 1)))
     assert avg[0, 0] == 1.0 and rad[0, 0] == 0.0
     assert abs(avg[1, 0] - 2.0) <= rad[1, 0] <= 1e-15
+
+
+def _three_and_one(s: float, tau: float) -> tuple[Transformer, ef.CausalDataset]:
+    """The sequence (0, 1), (0, 1), (0, 1), (1, 1) under one causal head with scores s·x_l1 and
+    V = I: the first three positions see (0, 1) alone and return it exactly; the last sees
+    all four, its best key (1, 1) behind three others, and returns 1 − 3/(3 + e^(s/τ)) in its
+    first coordinate. Every target is the token itself (scale 1)."""
+    sa = SA(0.0, ScoreMatrix(0.0, np.array([1.0, 0.0]), np.array([0.0, s])),
+            ValueMatrix(1.0, np.zeros(2), np.zeros(2)))
+    model = Transformer(d=2, attention="softmax", blocks=[Block(None, sa)], tau=tau,
+                        exact=False, causal=True)
+    x = [[0.0, 1.0]] * 3 + [[1.0, 1.0]]
+    return model, ef.CausalDataset.from_arrays([x], [x])
+
+
+@pytest.mark.parametrize("s, tau", [(20.0, 1.0), (12.0, 0.5), (45.0, 3.0)])
+def test_a_causal_verdict_at_the_edge_of_the_limit(s, tau):
+    """The true error e = 3/(3 + e^(s/τ)) at the last position: a tolerance 2.2 e is OK by the
+    enclosures (their bound is 2 e, as for set models: the radius is taken about the float
+    average, which the distance to the target counts again), 1.1 e by the ball pass, and one
+    1 % below e is never OK; the first three positions are bounded by the
+    distance's underflow slack alone."""
+    model, data = _three_and_one(s, tau)
+    with mpmath.workdps(50):
+        rel = float(3 / (3 + mpmath.exp(mpmath.mpf(s) / mpmath.mpf(tau))))
+    above = ef.verify(model, data, tolerance=rel * 2.2)
+    assert above.ok and above.arithmetic == "float64 enclosures", above.table()
+    assert max(above.position_errors[0][:3]) <= 1e-150  # (the distance's underflow slack)
+    assert 1.99 * rel <= above.position_errors[0][3] <= 2.01 * rel
+    between = ef.verify(model, data, tolerance=rel * 1.1)
+    assert between.ok and between.arithmetic.startswith("ball"), between.table()
+    below = ef.verify(model, data, tolerance=rel * 0.99)
+    assert not below.ok and below.first_failure == (0, 3), below.table()
 
 
 def _keyed_softmax(data, width: int = 4):
