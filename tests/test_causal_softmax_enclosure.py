@@ -80,6 +80,21 @@ def test_a_later_key_that_outscores_the_prefix_is_not_seen():
     assert abs(avg[1, 0] - 2.0) <= rad[1, 0] <= 1e-15
 
 
+def test_a_score_lead_within_the_score_error_certifies_nothing():
+    """Queries 1000 and keys 0 and 0.05 (radius 0.1): key 1 leads row 1 by 50 in float64, but
+    the keys may be 0.1 and −0.05, where key 0 leads by 150; row 1's box must then hold the
+    average of carriers 1.0 and 1.05 (radius 10^-3) near 1.0, which only the score error
+    bounds keep in (no certified key: the hull)."""
+    X, r = np.array([[1.0], [1.05]]), np.full((2, 1), 1e-3)
+    k, k_rad = np.array([0.0, 0.05]), np.full(2, 0.1)
+    avg, rad = causal_softmax_box(X, r, np.full(2, 1000.0), np.zeros(2), k, k_rad, 0.0, 1.0,
+                                  X, r)
+    with mpmath.workdps(40):
+        e0, e1 = mpmath.exp(1000 * mpmath.mpf("0.1")), mpmath.exp(1000 * mpmath.mpf("-0.05"))
+        true = (e0 * mpf(1.0) + e1 * mpf(1.05)) / (e0 + e1)
+        assert abs(true - mpf(avg[1, 0])) <= mpf(rad[1, 0])
+
+
 def _three_and_one(s: float, tau: float) -> tuple[Transformer, ef.CausalDataset]:
     """The sequence (0, 1), (0, 1), (0, 1), (1, 1) under one causal head with scores s·x_l1 and
     V = I: the first three positions see (0, 1) alone and return it exactly; the last sees

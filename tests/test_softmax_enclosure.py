@@ -17,6 +17,7 @@ from test_verify_bounds import check, doc, ff, sa, set_data
 
 import exactformer as ef
 from exactformer.evaluate import enclosure
+from exactformer.evaluate.causal_radius import causal_softmax_box
 from exactformer.evaluate.head_radius import score_error
 from exactformer.evaluate.softmax_radius import exp_neg_upper, softmax_box
 from exactformer.modelio import model_from_dict
@@ -56,12 +57,14 @@ def _case(seed: int, scale: float, ties: bool):
 
 
 def _box(X, r, c, a, alpha, tau, w, float_average=True, causal=False):
-    """What head_average computes for one sequence in a tracking pass (``causal``: over each
-    row's prefix, as causal_radius does); with ``float_average`` False the midpoints start
-    from each row's best key instead of the float average (whose accuracy would otherwise
-    hide a box too small around it)."""
+    """What head_average computes for one sequence in a tracking pass (``causal``: what
+    causal_radius.causal_softmax_box computes, every row of weight 1); with ``float_average``
+    False the midpoints start from each row's best key instead of the float average (whose
+    accuracy would otherwise hide a box too small around it)."""
     qa, ka = X @ c, X @ a
     q_rad, k_rad = enclosure.dot_radius(X, r, c), enclosure.dot_radius(X, r, a)
+    if causal and float_average:
+        return causal_softmax_box(X, r, qa, q_rad, ka, k_rad, alpha, tau, X, r)
     S = np.outer(qa, ka) + ((X @ X.T) * alpha if alpha != 0 else 0.0)
     Sm = np.where(np.tri(len(X), dtype=bool), S, -np.inf) if causal else S
     Z = (Sm - Sm.max(axis=1)[:, None]) / tau
@@ -95,6 +98,7 @@ def test_softmax_boxes_hold_every_average_of_points_in_the_rows_boxes(seed, scal
     """Set and causal boxes (docs/numerics.md#causal-softmax-averages): each holds every
     average of points drawn inside the rows' boxes, over the whole sequence or the prefix."""
     X, r, c, a, alpha, tau, w = _case(seed, scale, ties)
+    w = np.ones(len(X)) if causal else w  # (a causal pass never merges rows)
     mid, rad = _box(X, r, c, a, alpha, tau, w, float_average, causal)
     rng = np.random.default_rng(seed + 1)
     u = {"centre": np.zeros(X.shape), "corners": rng.choice([-1.0, 1.0], X.shape),
