@@ -126,9 +126,8 @@ def why(row: dict) -> str:
         return " (rational parameters have no float64 enclosure: the ball pass carries every " \
                "token through the layers after the first attention in Python)"
     if row["attention"].startswith("softmax") and "causal" in row["data"]:
-        return " (the causal enclosure applies every FF layer after the first softmax densely " \
-               "to the blurred rows, which no key lookup takes, and verify runs the plain " \
-               "float64 causal pass beside it)"
+        return " (the causal enclosure applies every FF layer that is no key lookup densely to " \
+               "every row, and verify runs the plain float64 causal pass beside it)"
     if row["attention"].startswith("softmax"):
         return " (the float64 enclosures bound n² scores per softmax layer, and the report " \
                "runs an independent dense float64 pass beside them)"
