@@ -5,8 +5,9 @@ A verdict is a bound, never a measurement (docs/verification.md#what-verify-deci
 * hardmax, rational parameters: exact pass, output sets compared with ``==``;
 * hardmax, float64 parameters: float64 enclosures, then the exact pass, compared exactly;
 * softmax: a rigorous ball-arithmetic bound (``bound``), compared with the limit in rationals;
-  PROVED EXACT when certify's judgement of the same pass closes; float64 set models first by
-  the float64 enclosures (OK where they put every pair within the limit);
+  PROVED EXACT when certify's judgement of the same pass closes; float64 models (set, or
+  causal at their own τ) first by the float64 enclosures (OK where they put every pair, or
+  every constrained position, within the limit);
 * float64 models, set or causal: any inf or nan output of their own float64 pass fails.
 
 Causal models are checked position by position (:func:`verify_causal`).
@@ -398,9 +399,11 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
 
     Hardmax: an exact pass (floats read as their exact binary values); rational models compare
     every constrained output with ``==`` to its target, float64 ones compare the exact squared
-    distance with (``tolerance`` × scale)², exactly. Softmax: the ball bound of every
-    constrained position against 10^-(digits−10) × scale (rational parameters) or
-    ``tolerance`` × scale, UNDECIDED where it stays too wide. Float64 models fail on any inf or
+    distance with (``tolerance`` × scale)², exactly. Softmax: float64 models at their own τ on
+    float data first by their causal enclosure, OK where it bounds every constrained position
+    within the limit (:func:`.causal_enclosure.softmax_by_enclosures`); otherwise the ball
+    bound of every constrained position against 10^-(digits−10) × scale (rational parameters)
+    or ``tolerance`` × scale, UNDECIDED where it stays too wide. Float64 models fail on any inf or
     nan output of their float64 pass. The scale is the data's own largest |coordinate|
     (docs/verification.md). A softmax model with no layer that attends (position keys) is
     decided as hardmax: the two compute one function.
