@@ -31,6 +31,7 @@ from exactformer.evaluate.causal_radius import causal_softmax_box
 from exactformer.evaluate.softmax_radius import tail_weight
 from exactformer.model import SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from exactformer.verification import decide
+from exactformer.verification.margins import snap_start
 
 
 def _causal_model(rng):
@@ -189,3 +190,14 @@ def test_a_moved_weight_never_becomes_a_wrong_ok():
             assert _ball_verdict(moved, data, report)["first_failure"] is None, where
         rejected += report.first_failure is not None
     assert rejected
+
+
+def test_a_hat_model_goes_to_the_ball_pass_alone():
+    """A float64 causal softmax hat model (a snap line) is not enclosed: its enclosure loses
+    nearly every row (docs/numerics.md#causal-softmax-averages), so the ball pass decides."""
+    data = conflict_data(2, n=4, length=3)
+    model = ef.compile(data, causal=True, attention="softmax", exact=False,
+                       construction="paper")
+    assert snap_start(model) is not None
+    assert decide._causal_enclosure(model, data, None, data.floats()[0], False, None) is None
+    assert ef.verify(model, data).arithmetic.startswith("ball")
