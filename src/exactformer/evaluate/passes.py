@@ -97,10 +97,10 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
 
     Causal models (outputs in input order): rank-one hardmax heads are tracked with their
     causal hulls, softmax heads with their prefixes' boxes (:mod:`.causal_radius`); the blocks
-    up to the last attention layer with another hardmax head
-    run as an exact pass, whose outputs enter the tracking pass rounded to floats with their
-    rounding as radius; without such a layer the positions are added in float64, their
-    rounding bounded exactly. Their inputs must be exact (``radii`` None).
+    up to the last attention layer with another hardmax head run as an exact pass, whose
+    outputs enter the tracking pass rounded to floats with their rounding as radius; without
+    such a layer the positions are added in float64, their rounding bounded exactly. Their
+    inputs must be exact (``radii`` None).
     """
     if model.exact or (model.positions is not None and not model.causal):
         raise ValueError("enclosures are made for float64 models (set models without stored "

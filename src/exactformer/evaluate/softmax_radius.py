@@ -6,7 +6,9 @@ their boxes, coordinate by coordinate. When the enclosed scores certify that one
 every other of its row by a gap g_l > 0, the other keys' weights add up to at most
 W = Σ_l w_l·e^(−g_l/τ) / w_best (w the multiplicities), so the average also lies within W
 times the carriers' spread of the best key's box. No exponential is evaluated in floats:
-e^(−g) is bounded from above by a power of two times a chord of 2^(−f).
+e^(−g) is bounded from above by a power of two times a chord of 2^(−f). Under a causal
+mask every part of the rule is taken over each row's prefix (docs/numerics.md
+#causal-softmax-averages).
 """
 
 from __future__ import annotations
@@ -69,11 +71,10 @@ def softmax_box(avg, S, E, w, tau: float, C, C_rad, causal: bool = False
     C_rad), whose float values are ``avg``: each row's box is the hull of the carriers'
     boxes (``causal``: of rows 0..i alone, a running extreme), cut down to the best key's
     box widened by W × the spread where the scores certify a best key (:func:`tail_weight`).
-    A coordinate whose box is one point gets that point as
-    midpoint (equal carriers average to themselves exactly), unless the float average is inf
-    or nan there: it stays, so that the pass's outputs are finite only where the plain float64
-    pass's are (verify fails a pair on those, docs/verification.md); radii are inf where
-    anything is not finite."""
+    A coordinate whose box is one point gets that point as midpoint (equal carriers average
+    to themselves exactly), unless the float average is inf or nan there: it stays, so that
+    the pass's outputs are finite only where the plain float64 pass's are (verify fails a
+    pair on those, docs/verification.md); radii are inf where anything is not finite."""
     best, certain, W = tail_weight(S, E, w, tau, causal)
     with np.errstate(all="ignore"):
         lo, hi = _hull(lower(C, C_rad), upper(C, C_rad), causal)
