@@ -122,12 +122,12 @@ def why(row: dict) -> str:
         return ""
     if float(row["verify s"]) < 0.3:
         return " (verify's fixed cost, about 0.1 s, against a build this short)"
-    if row["attention"].startswith("softmax") and "causal" in row["data"]:
-        return " (a causal softmax model has no float64 enclosure: the ball pass carries " \
-               "every token through the layers after the first attention in Python)"
     if row["attention"].startswith("softmax") and "float64 build" not in row["data"]:
         return " (rational parameters have no float64 enclosure: the ball pass carries every " \
                "token through the layers after the first attention in Python)"
+    if row["attention"].startswith("softmax") and "causal" in row["data"]:
+        return " (the causal enclosure applies every FF layer that is no key lookup densely to " \
+               "every row, and verify runs the plain float64 causal pass beside it)"
     if row["attention"].startswith("softmax"):
         return " (the float64 enclosures bound n² scores per softmax layer, and the report " \
                "runs an independent dense float64 pass beside them)"

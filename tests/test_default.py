@@ -176,7 +176,8 @@ def test_softmax_at_any_temperature(tau):
 def test_a_float32_export_of_the_paper_construction_says_it_may_miss(tmp_path, capsys):
     """export --dtype float32 never says only "exported" for a model that claims no faithful
     float32 pass: it says so and names the construction that gives one; the default keyed
-    model's export has no such line."""
+    model's export, without data to prove it on, says that it is not proved and how to prove
+    it (issue: "exporting a model not proved faithful in that dtype says so")."""
     pytest.importorskip("torch")
     from exactformer.cli import main
     data = tmp_path / "d.json"
@@ -192,3 +193,5 @@ def test_a_float32_export_of_the_paper_construction_says_it_may_miss(tmp_path, c
             said = capsys.readouterr().out
             assert ("claims no faithful float32 pass" in said) is noted, said
             assert ("default keyed construction" in said) is noted
+            assert ("float32 copy is not proved faithful" in said) is not noted, said
+            assert ("--data DATA proves it" in said) is not noted

@@ -17,6 +17,7 @@ from test_verify_bounds import check, doc, ff, sa, set_data
 
 import exactformer as ef
 from exactformer.evaluate import enclosure
+from exactformer.evaluate.causal_radius import causal_softmax_box
 from exactformer.evaluate.head_radius import score_error
 from exactformer.evaluate.softmax_radius import exp_neg_upper, softmax_box
 from exactformer.modelio import model_from_dict
@@ -55,41 +56,50 @@ def _case(seed: int, scale: float, ties: bool):
     return X, r, c, a, alpha, tau, w
 
 
-def _box(X, r, c, a, alpha, tau, w, float_average=True):
-    """What head_average computes for one sequence in a tracking pass; with
-    ``float_average`` False the midpoints start from each row's best key instead of the
-    float average (whose accuracy would otherwise hide a box too small around it)."""
+def _box(X, r, c, a, alpha, tau, w, float_average=True, causal=False):
+    """What head_average computes for one sequence in a tracking pass (``causal``: what
+    causal_radius.causal_softmax_box computes, every row of weight 1); with ``float_average``
+    False the midpoints start from each row's best key instead of the float average (whose
+    accuracy would otherwise hide a box too small around it)."""
     qa, ka = X @ c, X @ a
     q_rad, k_rad = enclosure.dot_radius(X, r, c), enclosure.dot_radius(X, r, a)
+    if causal and float_average:
+        return causal_softmax_box(X, r, qa, q_rad, ka, k_rad, alpha, tau, X, r)
     S = np.outer(qa, ka) + ((X @ X.T) * alpha if alpha != 0 else 0.0)
-    Z = (S - S.max(axis=1)[:, None]) / tau
+    Sm = np.where(np.tri(len(X), dtype=bool), S, -np.inf) if causal else S
+    Z = (Sm - Sm.max(axis=1)[:, None]) / tau
     M = np.exp(Z) * w[None, :]
-    avg = (M / M.sum(axis=1, keepdims=True)) @ X if float_average else X[np.argmax(S, axis=1)]
+    avg = (M / M.sum(axis=1, keepdims=True)) @ X if float_average else X[np.argmax(Sm, axis=1)]
     E = score_error(X, r, qa, q_rad, ka, k_rad, alpha)
-    return softmax_box(avg, S, E, w, tau, X, r)
+    return softmax_box(avg, S, E, w, tau, X, r, causal=causal)
 
 
-def _true_average(P, c, a, alpha, tau, w) -> list[list]:
-    """Softmax averages of the points P (mpmath rows) at the working precision."""
+def _true_average(P, c, a, alpha, tau, w, causal=False) -> list[list]:
+    """Softmax averages of the points P (mpmath rows) at the working precision, row i over
+    the rows l ≤ i alone when ``causal``."""
     def dot(u, v):
         return mpmath.fsum(s * t for s, t in zip(u, v, strict=True))
     out = []
-    for x in P:
-        s = [dot(c, x) * dot(a, y) + alpha * dot(x, y) for y in P]
+    for i, x in enumerate(P):
+        keys, wk = (P[: i + 1], w[: i + 1]) if causal else (P, w)
+        s = [dot(c, x) * dot(a, y) + alpha * dot(x, y) for y in keys]
         top = max(s)
-        e = [wl * mpmath.exp((v - top) / tau) for v, wl in zip(s, w, strict=True)]
-        out.append([mpmath.fsum(el * y[t] for el, y in zip(e, P, strict=True)) / mpmath.fsum(e)
-                    for t in range(len(x))])
+        e = [wl * mpmath.exp((v - top) / tau) for v, wl in zip(s, wk, strict=True)]
+        out.append([mpmath.fsum(el * y[t] for el, y in zip(e, keys, strict=True)) /
+                    mpmath.fsum(e) for t in range(len(x))])
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.integers(0, 2 ** 32 - 1), st.sampled_from([1.0, 30.0, 1e3, 1e5]), st.booleans(),
-       st.sampled_from(["centre", "corners", "random"]), st.booleans())
+       st.sampled_from(["centre", "corners", "random"]), st.booleans(), st.booleans())
 def test_softmax_boxes_hold_every_average_of_points_in_the_rows_boxes(seed, scale, ties, where,
-                                                                       float_average):
+                                                                       float_average, causal):
+    """Set and causal boxes (docs/numerics.md#causal-softmax-averages): each holds every
+    average of points drawn inside the rows' boxes, over the whole sequence or the prefix."""
     X, r, c, a, alpha, tau, w = _case(seed, scale, ties)
-    mid, rad = _box(X, r, c, a, alpha, tau, w, float_average)
+    w = np.ones(len(X)) if causal else w  # (a causal pass never merges rows)
+    mid, rad = _box(X, r, c, a, alpha, tau, w, float_average, causal)
     rng = np.random.default_rng(seed + 1)
     u = {"centre": np.zeros(X.shape), "corners": rng.choice([-1.0, 1.0], X.shape),
          "random": rng.uniform(-1, 1, X.shape)}[where]
@@ -100,12 +110,13 @@ def test_softmax_boxes_hold_every_average_of_points_in_the_rows_boxes(seed, scal
         mp = [mpmath.mpf(v) for v in (*c, *a, alpha, tau)]
         d = X.shape[1]
         true = _true_average(P, mp[:d], mp[d:2 * d], mp[2 * d], mp[2 * d + 1],
-                             [mpmath.mpf(v) for v in w])
+                             [mpmath.mpf(v) for v in w], causal)
         for i, row in enumerate(true):
             for t, v in enumerate(row):
                 slack = mpmath.mpf(10) ** -50 * (1 + abs(v))  # the reference's own rounding
                 assert abs(v - mpmath.mpf(mid[i, t])) <= mpmath.mpf(rad[i, t]) + slack, (i, t)
-    event("a best key certified" if (rad < 1e-3).all() and scale >= 1e3 else "hull")
+    event(("causal: " if causal else "") +
+          ("a best key certified" if (rad < 1e-3).all() and scale >= 1e3 else "hull"))
 
 
 def test_a_certified_best_key_leaves_only_its_blur():

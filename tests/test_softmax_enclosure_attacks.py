@@ -60,11 +60,13 @@ def test_exp_neg_upper_bounds_e_to_the_minus_g_at_every_power_of_two():
                 assert mpf(bi) <= true * mpmath.mpf("1.0625"), gi  # the chord's 6.2 %
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seed", range(4))
-def test_tail_weight_bounds_the_other_keys_weight_for_all_scores_in_their_boxes(seed):
+def test_tail_weight_bounds_the_other_keys_weight_for_all_scores_in_their_boxes(seed, causal):
     """W ≥ Σ_{l≠b} w_l e^(s_l/τ) / (w_b e^(s_b/τ) + Σ_{l≠b} …) at the worst scores of the
     boxes (s_b at its lower end, the others at their upper ends); a certified key beats every
-    other over the boxes. Multiplicities up to 7000, τ from 10^-3 to 10^3."""
+    other over the boxes. Multiplicities up to 7000, τ from 10^-3 to 10^3. ``causal``: row i's
+    keys are 0..i, and its best key is one of them."""
     rng = np.random.default_rng(seed)
     with mpmath.workdps(60):
         for _ in range(150):
@@ -77,11 +79,12 @@ def test_tail_weight_bounds_the_other_keys_weight_for_all_scores_in_their_boxes(
                 float(rng.choice([0, 1e-16, 1e-3, 1, 10]))
             w = rng.integers(1, 8, n).astype(float) * float(rng.choice([1, 1000]))
             tau = float(rng.choice([1.0, 0.5, 3.0, 1e-3, 1e3, 0.1, 7.0]))
-            best, certain, W = tail_weight(S, E, w, tau)
+            best, certain, W = tail_weight(S, E, w, tau, causal)
+            assert not causal or (best <= np.arange(n)).all()
             for i in np.flatnonzero(certain).tolist():
                 b = best[i]
                 low = mpf(S[i, b]) - mpf(E[i, b])
-                others = [l for l in range(n) if l != b]
+                others = [l for l in range(i + 1 if causal else n) if l != b]
                 assert all(low > mpf(S[i, l]) + mpf(E[i, l]) for l in others)
                 num = mpmath.fsum(mpf(w[l]) * mpmath.exp((mpf(S[i, l]) + mpf(E[i, l]) - low) /
                                                          mpf(tau)) for l in others)
@@ -89,9 +92,10 @@ def test_tail_weight_bounds_the_other_keys_weight_for_all_scores_in_their_boxes(
 
 
 # ------------------------------------------------------------------------------ boxes
-def _worst_box(rng):
+def _worst_box(rng, causal: bool):
     """One sequence of rank-one scores q·k_l (τ, multiplicities, carrier radii) and its
-    softmax boxes about the *best key's carrier*, not the float average."""
+    softmax boxes (``causal``: over each row's prefix) about the *best key's carrier*, not the
+    float average."""
     n = int(rng.integers(2, 6))
     k = rng.normal(0, 1, n)
     q = float(rng.choice([1, 5, 20, 50, 200, 700])) * float(rng.choice([-1, 1]))
@@ -102,31 +106,34 @@ def _worst_box(rng):
     qa, X = np.full(n, q), np.stack([k, np.zeros(n)], axis=1)
     S = np.outer(qa, k)
     E = score_error(X, np.zeros((n, 2)), qa, np.zeros(n), k, np.zeros(n), 0.0)
-    mid, rad = softmax_box(C[np.argmax(S, axis=1)], S, E, w, tau, C, C_rad)
+    Sm = np.where(np.tri(n, dtype=bool), S, -np.inf) if causal else S
+    mid, rad = softmax_box(C[np.argmax(Sm, axis=1)], S, E, w, tau, C, C_rad, causal=causal)
     return q, k, tau, w, C, C_rad, mid, rad
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seed", range(3))
-def test_boxes_about_the_best_key_hold_the_averages_at_their_corners(seed):
+def test_boxes_about_the_best_key_hold_the_averages_at_their_corners(seed, causal):
     """Every average of carriers drawn at a corner (or the centre) of their boxes is in the
-    row's box; with the midpoint at the best key, the radius is the blur itself, so a W that
-    missed a multiplicity, τ or the chord's slack would show (the largest error/radius ratio
-    seen is 1 − 10^-15)."""
+    row's box (``causal``: row i's average over keys 0..i); with the midpoint at the best
+    key, the radius is the blur itself, so a W that missed a multiplicity, τ or the chord's
+    slack would show (the largest error/radius ratio seen is 1 − 10^-15; a row of one key,
+    radius 0, is held to the 80-digit reference's own rounding)."""
     rng = np.random.default_rng(100 + seed)
     with mpmath.workdps(80):
         for _ in range(150):
-            q, k, tau, w, C, C_rad, mid, rad = _worst_box(rng)
+            q, k, tau, w, C, C_rad, mid, rad = _worst_box(rng, causal)
             n = len(k)
             z = [mpf(w[l]) * mpmath.exp(mpf(q) * mpf(k[l]) / mpf(tau)) for l in range(n)]
-            Z = mpmath.fsum(z)
             for corner in range(3):
                 sign = [[0 if corner == 0 else (1 if (corner + l + t) % 2 else -1)
                          for t in range(2)] for l in range(n)]
-                for t in range(2):
+                for t, i in np.ndindex(2, n):
+                    keys = range(i + 1) if causal else range(n)
                     v = mpmath.fsum(z[l] * (mpf(C[l, t]) + sign[l][t] * mpf(C_rad[l, t]))
-                                    for l in range(n)) / Z
-                    for i in range(n):
-                        assert abs(v - mpf(mid[i, t])) <= mpf(rad[i, t]), (i, t)
+                                    for l in keys) / mpmath.fsum(z[l] for l in keys)
+                    slack = mpmath.mpf(10) ** -70 * (1 + abs(v))  # the reference's rounding
+                    assert abs(v - mpf(mid[i, t])) <= mpf(rad[i, t]) + slack, (i, t)
 
 
 def test_the_blur_of_two_keys_is_their_weight_within_the_chord():

@@ -82,7 +82,9 @@ def _build(args) -> int:
 
 def _verify(args) -> int:
     model = load_model(args.model)
-    data = data_for(model, args.data)
+    if args.vocabulary and not args.runtime:
+        raise UsageError("--vocabulary is for --runtime (decoding proofs)")
+    data = data_for(model, args.data, args.vocabulary)
     if args.runtime:
         return _verify_runtimes(args, model, data)
     report = verify(model, data, tolerance=args.tolerance or 1e-9, progress=progress_on(args))
@@ -320,6 +322,8 @@ def parser() -> argparse.ArgumentParser:
                         "runtime in any summation order (repeatable)")
     v.add_argument("--exp-ulps", type=positive_float, default=2.0,
                    help="with --runtime: exp's error bound in float32 ulps (softmax)")
+    v.add_argument("--vocabulary", help="with --runtime, causal text: JSON list of vectors or "
+                   "object symbol -> vector; prove that every position decodes to its target")
     v.add_argument("--json", help="also write the report as JSON here")
     add_progress(v)
     v.set_defaults(run=_verify)

@@ -30,6 +30,8 @@ def add_export(sub) -> None:
                    help="bfloat16: native and rho-eta layouts")
     e.add_argument("--data", help="also prove the copy faithful on this dataset in --dtype "
                    "(and, transformer-lens, run the rebuilt bridge on it); exit 1 if not")
+    e.add_argument("--vocabulary", help="with --data, causal text: the vocabulary the proof "
+                   "decodes to (JSON list of vectors or object symbol -> vector)")
     e.add_argument("--circuit", action=argparse.BooleanOptionalAction, default=None,
                    help="transformer-lens with --data: write circuit.json (default: when its "
                    "exact trace is short, docs/circuit.md)")
@@ -38,6 +40,8 @@ def add_export(sub) -> None:
 
 
 def export_command(args) -> int:
+    if args.vocabulary and not args.data:
+        raise UsageError("--vocabulary is for --data (decoding proofs)")
     ef_torch = torch_module("export", "export")
     model = load_model(args.model)
     if args.layout == "transformer-lens":
@@ -45,7 +49,7 @@ def export_command(args) -> int:
     if args.data and args.dtype == "float64":
         raise UsageError("--data (a verdict through the exported model) is for "
                          "--layout transformer-lens or --dtype float32|bfloat16")
-    data = data_for(model, args.data) if args.data else None
+    data = data_for(model, args.data, args.vocabulary) if args.data else None
     module = ef_torch.export(model, args.output, layout=args.layout, dtype=args.dtype)
     print(f"exported {model.n_blocks} blocks as {len(module.blocks)} {args.layout} blocks "
           f"({args.dtype}) -> {args.output} + {ef_torch.config_path(args.output)}")
@@ -57,7 +61,7 @@ def _export_lens(ef_torch, model, args) -> int:
     the bridge rebuilt from it (exit 1 if it fails); data of the wrong kind write nothing."""
     if args.dtype == "bfloat16":
         raise UsageError("--layout transformer-lens is written in float64 or float32")
-    data = data_for(model, args.data) if args.data else None
+    data = data_for(model, args.data, args.vocabulary) if args.data else None
     if data is not None:
         data.padded(model.d)  # data wider than the model: refused before anything is written
     written = wanted(model, data, args.circuit)
@@ -74,7 +78,7 @@ def _export_lens(ef_torch, model, args) -> int:
         print("note: circuit.json not written: its exact trace of these data is long "
               "(pass --circuit to write it anyway, docs/circuit.md)")
     if not args.data:
-        return _range_verdict(model, args.dtype)
+        return max(_range_verdict(model, args.dtype), _runtime_proof_line(model, None, args.dtype))
     if progress_on(args):  # booting a deep bridge takes a while before the bar can start
         print("transformer-lens: building the bridge from the folder", file=sys.stderr)
     try:
@@ -91,13 +95,20 @@ def _export_lens(ef_torch, model, args) -> int:
 def _runtime_proof_line(model, data, dtype: str, v=None) -> int:
     """export --data in a reduced precision: the proof that every evaluation of the dense
     computation in ``dtype`` reproduces the data (one line; exit status 1 when not proved,
-    with the reason). ``v``: the verdict, when already made."""
-    if data is None or dtype == "float64":
+    with the reason; without data, a model that claims ``dtype`` is told how to prove it).
+    ``v``: the verdict, when already made."""
+    if dtype == "float64":
+        return 0
+    if data is None:
+        if dtype in claimed_runtimes(model):
+            print(f"note: the {dtype} copy is not proved faithful: without data there is "
+                  f"nothing to prove it on (--data DATA proves it for any summation order, "
+                  f"docs/numerics.md#proofs-for-reduced-precision-runtimes)")
         return 0
     v = v or prove_runtime(model, data, dtype)
-    why = "" if v.ok else (f": {v.witness} ({v.witness_error:.3g} × scale)" if v.witness else
-                           f": its bound {v.bound:.3g} × scale is above {v.tolerance:g}")
-    print(f"{dtype} copy: {v.verdict}{why} (the dense computation, any summation order, "
+    why = f": {v.reason()}" if v.reason() else ""
+    judged = " decoding every position" if v.criterion == "decoding" else ""
+    print(f"{dtype} copy: {v.verdict}{why} (the dense computation{judged}, any summation order, "
           "docs/numerics.md#proofs-for-reduced-precision-runtimes)")
     return 0 if v.ok else 1
 

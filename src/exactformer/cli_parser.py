@@ -14,7 +14,8 @@ import math
 import re
 import sys
 
-from .data import load_dataset
+from .data import DatasetError, load_dataset
+from .data.text import read_vocabulary
 from .numbers import normal_positive, parse_exact
 from .verification import check_kind
 
@@ -137,14 +138,23 @@ def progress_on(args) -> bool:
     return sys.stderr.isatty() if args.progress is None else args.progress
 
 
-def data_for(model, path: str):
-    """The dataset at ``path``, of the model's kind (causal or set), or a UsageError naming it."""
+def data_for(model, path: str, vocabulary: str | None = None):
+    """The dataset at ``path``, of the model's kind (causal or set), or a UsageError naming it;
+    with the ``vocabulary`` file's vectors attached (runtime proofs then judge decoding,
+    docs/numerics.md#decoding-to-a-vocabulary)."""
     data = load_dataset(path, causal=model.causal)
     try:
         check_kind(model, data)
     except ValueError as e:
         raise UsageError(f"{path}: {e}") from None
-    return data
+    if vocabulary is None:
+        return data
+    if not model.causal:
+        raise UsageError("--vocabulary is for causal models (text data)")
+    try:
+        return data.with_vocabulary(read_vocabulary(vocabulary)[1])
+    except DatasetError as e:
+        raise UsageError(f"{vocabulary}: {e}") from None
 
 
 def torch_module(name: str, command: str):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from .sets import (
     read_npz,
     split_rows,
 )
-from .text import next_characters, text_embedding
+from .text import check_vocabulary, next_characters, text_embedding
 
 
 @dataclass(frozen=True, repr=False)
@@ -43,6 +43,8 @@ class CausalDataset(SequenceData):
     known: tuple[np.ndarray, ...]
     # the data's own d when zero-padded to a wider model (``padded``), else None
     padded_from: int | None = field(default=None, compare=False, repr=False)
+    # V×d float64 vectors the outputs decode to (text data, :meth:`with_vocabulary`), or None
+    vocabulary: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def lengths(self) -> list[int]:
@@ -104,7 +106,17 @@ class CausalDataset(SequenceData):
         vector, none at the last (docs/causal.md#text)."""
         if embedding is None:
             embedding = text_embedding(text, d, seed)
-        return cls.from_arrays(*next_characters(text, embedding))
+        data = cls.from_arrays(*next_characters(text, embedding))
+        return data.with_vocabulary(list(embedding.values()))
+
+    def with_vocabulary(self, vectors) -> CausalDataset:
+        """These data with the vocabulary their outputs decode to, by the nearest vector
+        (``tools.decode.nearest``; proofs: docs/numerics.md#decoding-to-a-vocabulary): V
+        distinct float64 vectors of the data's own d holding every constrained target, or
+        a DatasetError saying which rule fails (:func:`.text.check_vocabulary`)."""
+        d = self.padded_from or self.d
+        targets = [y[k][:, :d] for y, k in zip(self.targets, self.known, strict=True)]
+        return replace(self, vocabulary=check_vocabulary(vectors, d, targets))
 
     @classmethod
     def from_dict(cls, doc, where: str = "data") -> CausalDataset:

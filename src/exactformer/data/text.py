@@ -4,12 +4,14 @@ character's vector (docs/causal.md#text).
 :func:`text_embedding` gives the characters of some texts distinct small-integer vectors,
 :func:`next_characters` the inputs and targets of ``CausalDataset.from_text``, and
 :func:`read_vocabulary` reads the symbol → vector file that ``exactformer text`` writes and
-``generate`` and ``run`` read (numbers by docs/problem.md#numbers).
+``generate``, ``run`` and ``verify --runtime`` read (numbers by docs/problem.md#numbers), and
+:func:`check_vocabulary` checks one for decoding proofs.
 """
 
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -99,3 +101,41 @@ def vocabulary_json(embedding: dict) -> str:
     lines = [f"{json.dumps(s, ensure_ascii=False)}: {json.dumps([number(v) for v in vec])}"
              for s, vec in embedding.items()]
     return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def check_vocabulary(vectors, d: int, targets: list[np.ndarray]) -> np.ndarray:
+    """``vectors`` as a V×d float64 array fit for decoding proofs
+    (docs/numerics.md#decoding-to-a-vocabulary), or a DatasetError: finite float64 numbers
+    (exact values must be float64 values), no two vectors equal (a tie would decode to either)
+    and every row of ``targets`` (arrays of constrained targets, d columns) among them."""
+    raw = np.asarray(vectors)
+    if raw.ndim != 2 or not len(raw) or raw.shape[1] != d:
+        raise DatasetError(f"the vocabulary must be V×{d} (the data's d), got shape "
+                           f"{raw.shape}")
+    vocab = _exact_floats(raw)
+    if vocab is None:
+        raise DatasetError("the vocabulary's numbers must be finite float64 values")
+    rows: dict[tuple, int] = {}
+    for k, v in enumerate(vocab.tolist()):
+        if rows.setdefault(tuple(v), k) != k:
+            raise DatasetError(f"vocabulary vectors {rows[tuple(v)]} and {k} are equal")
+    for y in targets:
+        ys = _exact_floats(np.asarray(y))
+        for t in [] if ys is None else ys.tolist():
+            if tuple(t) not in rows:
+                raise DatasetError(f"the target {t} is not a vocabulary vector")
+        if ys is None:
+            raise DatasetError("a target is not a float64 vector, so not a vocabulary vector")
+    return vocab
+
+
+def _exact_floats(a: np.ndarray) -> np.ndarray | None:
+    """``a`` (an array of numbers) as float64 when every value is a finite float64 number
+    exactly, else None."""
+    out = a.astype(float)
+    if not np.isfinite(out).all():
+        return None
+    if a.dtype != object:
+        return out
+    same = all(Fraction(x) == Fraction(v) for x, v in zip(a.flat, out.flat, strict=True))
+    return out if same else None

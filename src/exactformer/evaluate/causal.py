@@ -14,7 +14,7 @@ from ..model import SA
 from ..numbers import pad_columns, safe_float, safe_floats, sparse_dot
 from .arithmetic import FLOAT, Arithmetic, PassStats
 from .attention import float_scores, softmax_average
-from .causal_radius import causal_head_average
+from .causal_radius import causal_float_softmax, causal_head_average
 from .layers import apply_sa
 from .state import RowState
 
@@ -160,8 +160,7 @@ def causal_softmax_rows(X, qa, ka, alpha, tau, ar: Arithmetic) -> np.ndarray:
     n = len(X)
     if not ar.is_object:
         with np.errstate(invalid="ignore", over="ignore"):
-            Sf = np.where(np.tri(n, dtype=bool), float_scores(X, qa, ka, alpha), -np.inf)
-            return softmax_average((Sf - Sf.max(axis=1)[:, None]) / float(tau), X, ar)
+            return causal_float_softmax(float_scores(X, qa, ka, alpha), X, tau, ar)
     out = np.empty_like(X)
     for i in range(n):
         idx = np.arange(i + 1)

@@ -1,12 +1,15 @@
-"""Causal rank-one hardmax attention in a float64 enclosure (docs/numerics.md#enclosures).
+"""Causal attention in a float64 enclosure (docs/numerics.md#enclosures): rank-one hardmax
+heads and softmax heads.
 
 A causal head with scores (c·x_i)(a·x_l), α = 0, lets row i average the rows l ≤ i holding the
 prefix's largest key a·x (c·x_i > 0), its smallest (c·x_i < 0) or all of them (c·x_i = 0). Given
 every row's box, the exact argmax set of row i lies among the rows l ≤ i whose key interval
 reaches the prefix's best certain bound, so the exact average lies in the hull of their carrier
 boxes: the set rule of :func:`.head_radius.rank_one_radius`, with each row's own prefix in
-place of its whole sequence. Heads with α ≠ 0 are not tracked: a causal enclosure runs them in
-an exact pass (:func:`.passes.enclose`).
+place of its whole sequence. Hardmax heads with α ≠ 0 are not tracked: a causal enclosure runs
+them in an exact pass (:func:`.passes.enclose`). A softmax head, any α, takes the set rule of
+:func:`.softmax_radius.softmax_box` over each row's prefix
+(docs/numerics.md#causal-softmax-averages).
 """
 
 from __future__ import annotations
@@ -14,38 +17,70 @@ from __future__ import annotations
 import numpy as np
 
 from ..model import SA
-from .attention import _dot
+from .arithmetic import FLOAT, Arithmetic
+from .attention import _dot, softmax_average
 from .enclosure import lower, upper
-from .head_radius import hull_radius
+from .head_radius import hull_radius, score_error
+from .softmax_radius import softmax_box
 from .state import RowState
 
 CHUNK = 1 << 22  # prefix-mask entries (rows × keys × carrier columns) formed at once
 
 
-def tracked(sa: SA) -> bool:
-    """Whether a causal enclosure can carry radii through ``sa``: every head that the layer
-    averages (all but those with β = 0 and p = 0, :func:`.layers.apply_sa`) has rank-one
-    scores (α = 0)."""
-    return all(h.A.alpha == 0 or (h.V.beta == 0 and not np.any(h.V.p != 0))
-               for h in sa.heads)
+def tracked(sa: SA, attention: str) -> bool:
+    """Whether a causal enclosure can carry radii through ``sa``: softmax always; hardmax when
+    every head that the layer averages (all but those with β = 0 and p = 0,
+    :func:`.layers.apply_sa`) has rank-one scores (α = 0)."""
+    return attention == "softmax" or \
+        all(h.A.alpha == 0 or (h.V.beta == 0 and not np.any(h.V.p != 0)) for h in sa.heads)
 
 
 def causal_head_average(st: RowState, A, q, attention: str, tau, stats, dots: dict
                         ) -> tuple[np.ndarray, np.ndarray]:
     """A tracked causal head's averages of its carrier (x·q per row, or the points when q is
     None) and their radii, sequence by sequence (:func:`causal_rank_one`); the signature of
-    :func:`.attention.head_average`, whose place it takes in a causal tracking pass. Ties and
-    margins are not recorded (a causal enclosure's statistics never report attention)."""
-    if attention != "hardmax" or A.alpha != 0:
+    :func:`.attention.head_average`, whose place it takes in a causal tracking pass; softmax
+    heads by :func:`causal_softmax_box`. Ties and margins are not recorded (a causal
+    enclosure's statistics never report attention)."""
+    if attention == "hardmax" and A.alpha != 0:
         raise ValueError("a causal enclosure tracks rank-one hardmax heads only")
     qa, q_rad = _dot(st, A.c, dots)
     ka, k_rad = _dot(st, A.a, dots)
     C, C_rad = (st.P, st.rad) if q is None else (v[:, None] for v in _dot(st, q, dots))
     avg, rad = np.empty(C.shape), np.empty(C.shape)
     for s, e in st.segments():
+        if attention == "softmax":
+            avg[s:e], rad[s:e] = causal_softmax_box(st.P[s:e], st.rad[s:e], qa[s:e],
+                                                    q_rad[s:e], ka[s:e], k_rad[s:e], A.alpha,
+                                                    tau, C[s:e], C_rad[s:e])
+            continue
         avg[s:e], rad[s:e] = causal_rank_one(qa[s:e], q_rad[s:e], ka[s:e], k_rad[s:e],
                                              C[s:e], C_rad[s:e])
     return avg, rad
+
+
+def causal_softmax_box(X, r, q, q_rad, k, k_rad, alpha, tau, C, C_rad
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """One sequence's causal softmax averages of the carrier C (rows X with radii r, queries q
+    = c·x and keys k = a·x with theirs) and their radii: the float averages over each prefix
+    (:func:`causal_float_softmax`), boxed by :func:`.softmax_radius.softmax_box` over the same
+    prefixes, from the float scores and their error bounds. Every row is one token (weight 1:
+    a causal pass never merges rows that attention reads)."""
+    with np.errstate(all="ignore"):
+        S = np.outer(q, k)
+        if alpha != 0:
+            S = S + (X @ X.T) * alpha
+        E = score_error(X, r, q, q_rad, k, k_rad, alpha)
+        avg = causal_float_softmax(S, C, tau)
+    return softmax_box(avg, S, E, np.ones(len(S)), tau, C, C_rad, causal=True)
+
+
+def causal_float_softmax(S, C, tau, ar: Arithmetic = FLOAT) -> np.ndarray:
+    """Row i: the float softmax average of C over the keys l ≤ i of the scores S (n × n, in
+    float64), shifted by the prefix's largest score and divided by τ."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        Sm = np.where(np.tri(len(S), dtype=bool), S, -np.inf)
+        return softmax_average((Sm - Sm.max(axis=1)[:, None]) / float(tau), C, ar)
 
 
 def causal_rank_one(q, q_rad, k, k_rad, C, C_rad) -> tuple[np.ndarray, np.ndarray]:

@@ -81,7 +81,7 @@ def _with_positions(model: Transformer, inputs, ar: Arithmetic) -> list[np.ndarr
 
 def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray] | None,
             stats: PassStats | None = None, progress: bool = False, give_up: float = math.inf):
-    """The float64 pass of a float64 model (hardmax, or a softmax set model) with a radius on
+    """The float64 pass of a float64 model (hardmax or softmax, set or causal) with a radius on
     every coordinate: returns the float64 outputs and per token a bound on the distance of
     the *exact* evaluation of the stored numbers on the exact inputs from them, given the
     inputs' own radii (docs/numerics.md#enclosures; softmax averages:
@@ -95,16 +95,16 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
     radius inf (verify passes its tolerance limit: such a row could not be certified anyway);
     radii no layer touches are returned as they are.
 
-    Causal models (outputs in input order): rank-one heads are tracked with their causal
-    hulls (:mod:`.causal_radius`); the blocks up to the last attention layer with another head
-    run as an exact pass, whose outputs enter the tracking pass rounded to floats with their
-    rounding as radius; without such a layer the positions are added in float64, their
-    rounding bounded exactly. Their inputs must be exact (``radii`` None).
+    Causal models (outputs in input order): rank-one hardmax heads are tracked with their
+    causal hulls, softmax heads with their prefixes' boxes (:mod:`.causal_radius`); the blocks
+    up to the last attention layer with another hardmax head run as an exact pass, whose
+    outputs enter the tracking pass rounded to floats with their rounding as radius; without
+    such a layer the positions are added in float64, their rounding bounded exactly. Their
+    inputs must be exact (``radii`` None).
     """
-    if model.exact or (model.attention != "hardmax" and model.causal) or \
-            (model.positions is not None and not model.causal):
-        raise ValueError("enclosures are made for float64 models: hardmax, or softmax set "
-                         "models (set models without stored positions)")
+    if model.exact or (model.positions is not None and not model.causal):
+        raise ValueError("enclosures are made for float64 models (set models without stored "
+                         "positions)")
     stats = PassStats() if stats is None else stats
     xs = pad_columns([np.asarray(x, dtype=float) for x in inputs], model.d)
     radii = None if radii is None else pad_columns(radii, model.d)
@@ -141,7 +141,8 @@ def _causal_start(model: Transformer, xs: list[np.ndarray], stats: PassStats):
     track, :func:`.causal_radius.tracked`), and the rows there as floats with radii: from an
     exact pass over the blocks before, or the float sums of tokens and positions when there
     are none (``xs`` already at the model's width)."""
-    untracked = [i for i, b in enumerate(model.blocks) if b.mixes() and not tracked(b.sa)]
+    untracked = [i for i, b in enumerate(model.blocks)
+                 if b.mixes() and not tracked(b.sa, model.attention)]
     start = untracked[-1] + 1 if untracked else 0
     if start:
         head = replace(model, blocks=model.blocks[:start])

@@ -6,7 +6,9 @@ their boxes, coordinate by coordinate. When the enclosed scores certify that one
 every other of its row by a gap g_l > 0, the other keys' weights add up to at most
 W = Σ_l w_l·e^(−g_l/τ) / w_best (w the multiplicities), so the average also lies within W
 times the carriers' spread of the best key's box. No exponential is evaluated in floats:
-e^(−g) is bounded from above by a power of two times a chord of 2^(−f).
+e^(−g) is bounded from above by a power of two times a chord of 2^(−f). Under a causal
+mask every part of the rule is taken over each row's prefix (docs/numerics.md
+#causal-softmax-averages).
 """
 
 from __future__ import annotations
@@ -37,41 +39,45 @@ def exp_neg_upper(g) -> np.ndarray:
     return np.where(tiny, 2.0 ** -FLOOR_EXPONENT, np.where(known, out, 1.0))
 
 
-def tail_weight(S, E, w, tau: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def tail_weight(S, E, w, tau: float, causal: bool = False
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(each row's best key by float score, whether its enclosed scores certify that key
     above every other, and an upper bound on the total weight of the others, W above) for
     one sequence's scores S (n × n, float) with error bounds E, multiplicities w and
-    temperature τ > 0. Rows with a score or bound that is not finite are never certified."""
+    temperature τ > 0. ``causal``: row i weighs the keys l ≤ i only, so the best key, the
+    certificate and W are taken over those (docs/numerics.md#causal-softmax-averages). Rows
+    with a score or bound of an allowed key that is not finite are never certified."""
     n = S.shape[0]
     rows = np.arange(n)
+    allowed = np.tri(n, dtype=bool) if causal else np.ones((n, n), dtype=bool)
     with np.errstate(all="ignore"):
         s_hi, s_lo = upper(S, E), lower(S, E)
-        finite = (np.isfinite(s_hi) & np.isfinite(s_lo)).all(axis=1)
-        best = np.argmax(np.where(np.isnan(S), -np.inf, S), axis=1)
+        finite = (~allowed | (np.isfinite(s_hi) & np.isfinite(s_lo))).all(axis=1)
+        best = np.argmax(np.where(allowed & ~np.isnan(S), S, -np.inf), axis=1)
         gap = np.nextafter(s_lo[rows, best][:, None] - s_hi, -np.inf)
         if tau != 1:
             gap = np.nextafter(gap / tau, -np.inf)
         gap[rows, best] = np.inf
-        certain = finite & (gap > 0).all(axis=1)
-        terms = exp_neg_upper(gap) * w[None, :]
+        certain = finite & (gap > 0).all(axis=1, where=allowed)
+        terms = np.where(allowed, exp_neg_upper(gap) * w[None, :], 0.0)
         terms[rows, best] = 0.0
         W = up(terms.sum(axis=1) / w[best], 2 * n + 2)
     return best, certain, W
 
 
-def softmax_box(avg, S, E, w, tau: float, C, C_rad) -> tuple[np.ndarray, np.ndarray]:
+def softmax_box(avg, S, E, w, tau: float, C, C_rad, causal: bool = False
+                ) -> tuple[np.ndarray, np.ndarray]:
     """(midpoints, radii) of one sequence's softmax averages of the carrier C (n × k, radii
     C_rad), whose float values are ``avg``: each row's box is the hull of the carriers'
-    boxes, cut down to the best key's box widened by W × the spread where the scores certify
-    a best key (:func:`tail_weight`). A coordinate whose box is one point gets that point as
-    midpoint (equal carriers average to themselves exactly), unless the float average is inf
-    or nan there: it stays, so that the pass's outputs are finite only where the plain float64
-    pass's are (verify fails a pair on those, docs/verification.md); radii are inf where
-    anything is not finite."""
-    best, certain, W = tail_weight(S, E, w, tau)
+    boxes (``causal``: of rows 0..i alone, a running extreme), cut down to the best key's
+    box widened by W × the spread where the scores certify a best key (:func:`tail_weight`).
+    A coordinate whose box is one point gets that point as midpoint (equal carriers average
+    to themselves exactly), unless the float average is inf or nan there: it stays, so that
+    the pass's outputs are finite only where the plain float64 pass's are (verify fails a
+    pair on those, docs/verification.md); radii are inf where anything is not finite."""
+    best, certain, W = tail_weight(S, E, w, tau, causal)
     with np.errstate(all="ignore"):
-        lo = lower(C, C_rad).min(axis=0)[None, :]
-        hi = upper(C, C_rad).max(axis=0)[None, :]
+        lo, hi = _hull(lower(C, C_rad), upper(C, C_rad), causal)
         c_lo, c_hi = lower(C[best], C_rad[best]), upper(C[best], C_rad[best])
         spread = np.maximum(_up(hi - c_lo), _up(c_hi - lo))
         blur = np.where(spread == 0, 0.0, np.nextafter(W[:, None] * spread, np.inf))
@@ -80,6 +86,15 @@ def softmax_box(avg, S, E, w, tau: float, C, C_rad) -> tuple[np.ndarray, np.ndar
         b_hi = np.where(certain[:, None], np.minimum(hi, upper(C[best], reach)), hi)
         mid = np.where((b_lo == b_hi) & np.isfinite(avg), b_lo, avg)
     return mid, hull_radius(mid, b_lo, b_hi, np.zeros_like(mid))
+
+
+def _hull(c_lo, c_hi, causal: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the smallest lower and the largest upper end of the carriers' boxes that the
+    row averages: every row's (one row, broadcast), or rows 0..i for row i (``causal``). A nan
+    end makes its hull nan, whose radius is then inf (:func:`.head_radius.hull_radius`)."""
+    if causal:
+        return np.minimum.accumulate(c_lo, axis=0), np.maximum.accumulate(c_hi, axis=0)
+    return c_lo.min(axis=0)[None, :], c_hi.max(axis=0)[None, :]
 
 
 def _up(x):

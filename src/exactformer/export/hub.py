@@ -51,6 +51,7 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
     proofs = runtime_proofs(module.model, data)
     if proofs:
         config["runtime_proofs"] = {v.runtime: v.verdict for v in proofs}
+        config["runtime_proof_criterion"] = proofs[0].criterion  # distance or decoding
     texts = {CONFIG: json.dumps(config, indent=1),
              CARD: model_card(module.model, data, report, proofs)}
     if wanted(module.model, data, None):  # the circuit, by TL hooks (docs/circuit.md)
@@ -278,21 +279,26 @@ def _runtime_lines(proofs) -> list[str]:
     precision-runtimes), with the reason where a runtime is not proved."""
     if not proofs:
         return []
-    rows = []
-    for v in proofs:
-        why = "" if v.ok else (f": {v.witness}, error {v.witness_error:.3g} × scale"
-                               if v.witness else f": the bound {v.bound:.3g} × scale is "
-                               "above the tolerance")
-        rows.append((v.runtime, f"{v.verdict}{why}"))
+    rows = [(v.runtime, f"{v.verdict}: {v.reason()}" if v.reason() else v.verdict)
+            for v in proofs]
     return ["## Proved runtimes", "",
             "Whether every evaluation of the model's dense computation (FFs as "
             "η·x + W·relu(U·x + b), as `ff=\"dense\"`, the ρ/η and the TransformerLens "
             "layouts run it) in that runtime, in any summation order, with or without FMA, "
-            f"reproduces the data within {proofs[0].tolerance:g} × the data's scale: a proof "
+            f"{_criterion(proofs[0])}: a proof "
             "by rigorous interval bounds, not a measurement. A module loaded with "
             "`ff=\"dense\"` runs exactly this computation; the default profile form evaluates "
             "gadget layers otherwise.", "",
             *_markdown(rows), ""]
+
+
+def _criterion(v) -> str:
+    """What the runtime proofs prove of the data: decoding (text data with a vocabulary,
+    docs/numerics.md#decoding-to-a-vocabulary) or distance within the tolerance."""
+    if v.criterion == "decoding":
+        return ("decodes every constrained position to its target (its nearest vocabulary "
+                "vector, as `exactformer run --vocabulary` decodes)")
+    return f"reproduces the data within {v.tolerance:g} × the data's scale"
 
 
 def _usage_lines(model: Transformer, data) -> list[str]:

@@ -236,13 +236,21 @@ def nearest(vocabulary: np.ndarray, y: np.ndarray) -> int:
     """Index of the vocabulary row closest to y (Euclidean; the first on ties). A y wider
     than the rows (a model's output in its own width) is compared with the rows zero-padded,
     as the model reads them (docs/architecture.md#data-narrower-than-the-model)."""
-    (vocabulary,) = pad_columns([vocabulary], np.shape(y)[-1])
-    diff = vocabulary - y
-    dist = diff[:, 0] * diff[:, 0]
-    for j in range(1, diff.shape[1]):  # coordinate by coordinate: the sum in the same order
-        dist = dist + diff[:, j] * diff[:, j]  # for every row, float and exact alike
-    return int(np.argmin(dist)) if dist.dtype != object else \
-        min(range(len(dist)), key=dist.__getitem__)
+    return int(nearest_rows(vocabulary, np.asarray(y)[None])[0])
+
+
+def nearest_rows(vocabulary: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """:func:`nearest` for every row of Y (k × D) at once, by the same sums: the squared
+    distance summed coordinate by coordinate, in the same order for every row, float and exact
+    alike (the rule decoding proofs cover, docs/numerics.md#decoding-to-a-vocabulary)."""
+    (vocabulary,) = pad_columns([vocabulary], np.shape(Y)[-1])
+    dist = None
+    for j in range(vocabulary.shape[1]):
+        diff = vocabulary[None, :, j] - Y[:, j, None]
+        dist = diff * diff if dist is None else dist + diff * diff
+    if dist.dtype != object:
+        return np.argmin(dist, axis=1)
+    return np.array([min(range(dist.shape[1]), key=row.__getitem__) for row in dist], dtype=int)
 
 
 def generate(model: Transformer, prompt, steps: int, vocabulary=None,

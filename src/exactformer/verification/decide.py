@@ -5,8 +5,9 @@ A verdict is a bound, never a measurement (docs/verification.md#what-verify-deci
 * hardmax, rational parameters: exact pass, output sets compared with ``==``;
 * hardmax, float64 parameters: float64 enclosures, then the exact pass, compared exactly;
 * softmax: a rigorous ball-arithmetic bound (``bound``), compared with the limit in rationals;
-  PROVED EXACT when certify's judgement of the same pass closes; float64 set models first by
-  the float64 enclosures (OK where they put every pair within the limit);
+  PROVED EXACT when certify's judgement of the same pass closes; float64 models (set, or
+  causal at their own τ) first by the float64 enclosures (OK where they put every pair, or
+  every constrained position, within the limit);
 * float64 models, set or causal: any inf or nan output of their own float64 pass fails.
 
 Causal models are checked position by position (:func:`verify_causal`).
@@ -49,6 +50,7 @@ from ..model import Transformer, first_mixing
 from ..numbers import safe_float, safe_floats, to_fraction_array
 from ..record import CausalConstruction
 from .bound import bound_causal, bound_set
+from .causal_enclosure import causal_bounds, float_below, softmax_by_enclosures
 from .certify import FLOAT64_NOTE
 from .data_check import data_check, kind_mismatch
 from .float_twin import float_twin, floats_exactly, proved_equal
@@ -397,9 +399,11 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
 
     Hardmax: an exact pass (floats read as their exact binary values); rational models compare
     every constrained output with ``==`` to its target, float64 ones compare the exact squared
-    distance with (``tolerance`` × scale)², exactly. Softmax: the ball bound of every
-    constrained position against 10^-(digits−10) × scale (rational parameters) or
-    ``tolerance`` × scale, UNDECIDED where it stays too wide. Float64 models fail on any inf or
+    distance with (``tolerance`` × scale)², exactly. Softmax: float64 models at their own τ on
+    float data first by their causal enclosure, OK where it bounds every constrained position
+    within the limit (:func:`.causal_enclosure.softmax_by_enclosures`); otherwise the ball
+    bound of every constrained position against 10^-(digits−10) × scale (rational parameters)
+    or ``tolerance`` × scale, UNDECIDED where it stays too wide. Float64 models fail on any inf or
     nan output of their float64 pass. The scale is the data's own largest |coordinate|
     (docs/verification.md). A softmax model with no layer that attends (position keys) is
     decided as hardmax: the two compute one function.
@@ -422,7 +426,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     exact_scale = data_scale(xs_f if xs is None else xs,
                              [y[k] for y, k in zip(ys_f if ys is None else ys, dataset.known,
                                                    strict=True)])
-    enclosed = _causal_enclosure(runs, dataset, xs, xs_f, progress)
+    enclosed = _causal_enclosure(runs, dataset, xs, xs_f, progress, tau)
     if enclosed is not None and enclosed[2].floats_plain:
         outs_f, stats = enclosed[0], enclosed[2]
     else:
@@ -438,7 +442,8 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     if runs.attention == "hardmax":
         found = _causal_hardmax(runs, dataset, enclosed, ys_f, limit, progress)
     else:
-        found = _causal_softmax(runs, dataset, limit, digits, tau)
+        found = softmax_by_enclosures(enclosed, dataset, ys_f, limit) or \
+            _causal_softmax(runs, dataset, limit, digits, tau)
     nonfinite = [] if model.exact else \
         [j for j, o in enumerate(outs_f) if not np.isfinite(np.asarray(o, dtype=float)).all()]
     rec = model.record if isinstance(model.record, CausalConstruction) else None
@@ -460,14 +465,19 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         **found)
 
 
-def _causal_enclosure(model, dataset, xs, xs_f, progress: bool):
+def _causal_enclosure(model, dataset, xs, xs_f, progress: bool, tau):
     """For a hardmax model, float64 or rational with float64 parameters (:func:`float_twin`),
-    on inputs that are float64 values (``xs``: the exact inputs of exact data, else None), its
-    causal enclosure (:func:`exactformer.evaluate.enclose`) as (outputs, radii, the pass's
-    statistics); None for every other model. Where the statistics say its float values are
-    the plain float64 pass's (every layer a key lookup), it is verify's float64 pass too."""
-    twin = float_twin(model) if model.exact else model
-    if twin is None or model.attention != "hardmax" or \
+    or a float64 softmax model at its own temperature ``tau`` and without a snap line (as
+    for set models: a hat model's enclosure loses nearly every row, measured 14 s for
+    nothing on the 20-sentence benchmark at width 4), on inputs that are float64 values
+    (``xs``: the exact inputs of exact data, else None), its causal enclosure
+    (:func:`exactformer.evaluate.enclose`) as (outputs, radii, the pass's statistics); None
+    for every other model. Where the statistics say its float values are the plain float64
+    pass's (every layer a key lookup), it is verify's float64 pass too."""
+    twin = float_twin(model) if model.attention == "hardmax" and model.exact else model
+    softmax_off = model.attention == "softmax" and \
+        ((tau is not None and tau != model.tau) or snap_start(model) is not None)
+    if twin is None or twin.exact or softmax_off or \
             (xs is not None and not floats_exactly(xs, xs_f)):
         return None
     if dataset.exact and not model.exact:  # (the float64 path decides float data only)
@@ -492,8 +502,8 @@ def _causal_hardmax(model, dataset, enclosed, ys_f, limit: Fraction, progress: b
             if proved_equal(m, r, dataset.targets[j], dataset.known[j]):
                 errs[j] = [0.0] * len(dataset.known[j])
     elif enclosed is not None:
-        below = _float_below(limit)
-        for j, b in enumerate(_causal_bounds(enclosed, dataset, ys_f)):
+        below = float_below(limit)
+        for j, b in enumerate(causal_bounds(enclosed, dataset, ys_f)):
             if (b <= below).all():
                 errs[j] = list(b)
     open_ = [j for j in range(dataset.N) if errs[j] is None]
@@ -520,30 +530,6 @@ def _causal_hardmax(model, dataset, enclosed, ys_f, limit: Fraction, progress: b
            + ("" if not open_ else f" and {exact}"))
     return dict(arithmetic=how, exact_equal=exact_equal, position_errors=errs,
                 first_failure=first)
-
-
-def _causal_bounds(enclosed, dataset, ys_f) -> list[np.ndarray]:
-    """Per sequence and position, an upper bound on the distance of the exact output from the
-    target (0 at unconstrained positions, inf where the enclosure knows nothing): the
-    enclosure's box and the float distance, inflated by their rounding
-    (:func:`exactformer.evaluate.enclosure.hausdorff_upper` on one-point sets)."""
-    mids, rads = enclosed[:2]
-    out = []
-    for o, r, y, k in zip(mids, rads, ys_f, dataset.known, strict=True):
-        b = np.zeros(len(k))
-        if k.any():
-            one = (o[k][:, None], r[k][:, None], y[k][:, None], np.zeros_like(y[k][:, None]))
-            with np.errstate(all="ignore"):
-                up = enclosure.hausdorff_upper(*one)
-            b[k] = np.where(np.isnan(up), np.inf, up)
-        out.append(b)
-    return out
-
-
-def _float_below(limit: Fraction) -> float:
-    """The largest float64 ≤ ``limit``: a float bound at most it is at most the limit."""
-    f = safe_float(limit)
-    return f if Fraction(f) <= limit else float(np.nextafter(f, -np.inf))
 
 
 def _causal_softmax(model, dataset, limit: Fraction, digits: int, tau) -> dict:

@@ -188,7 +188,8 @@ class CausalReport(_Verdict):
     """Position-by-position verdict for a causal model (docs/causal.md): ``exact_equal[j]`` says
     whether every constrained output of sequence j equals its target (``==`` on Fractions,
     rational hardmax), ``errors[j]`` its largest distance to a target in the arithmetic that
-    decides (exact for hardmax; for softmax a rigorous upper bound from ball arithmetic),
+    decides (exact for hardmax; for softmax a rigorous upper bound from the float64
+    enclosures or ball arithmetic),
     ``first_failure`` the first (sequence, position) shown to fail, ``undecided_positions``
     those neither shown within nor beyond the limit."""
 

@@ -360,16 +360,27 @@ def _mix_quanta(Pm, Pr, Xm, Xr, fmt: Format) -> np.ndarray:
     """Per row and coordinate, a lower bound on the lowest bit of every term π_il·x_lj over
     the keys whose weight may be nonzero (:func:`quantum`; 0 where a weight is uncertain or,
     in TF32, may be cut)."""
-    B, n, D = Xm.shape
+    return min_products(*term_bits(Pm, Pr, Xm, Xr, fmt))
+
+
+def term_bits(Pm, Pr, Xm, Xr, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
+    """Lower bounds on the lowest bits of the weights (B×n×n: inf where the weight is
+    certainly 0, 0 where it is uncertain or TF32 may cut it) and of the keys (B×n×D)."""
     lbP = np.where((Pm != 0) | (Pr > 0), quantum(Pm, Pr, fmt), np.inf)
     lbP = np.where(Pr > 0, 0.0, lbP)
     lbX = quantum(Xm, Xr, fmt)
     if fmt.matmul_bits is not None:
         lbP = np.where(fits(Pm, fmt.matmul_bits) & (Pr == 0), lbP, 0.0)
         lbX = np.where(fits(Xm, fmt.matmul_bits) & (Xr == 0), lbX, 0.0)
-    # a term whose weight bit is 0 (uncertain) and whose key bit is finite makes q = 0, and
-    # a coordinate no key has a finite bit in has no term (q = inf): both are found for all
-    # rows at once; the min over keys runs only on rows with some other coordinate
+    return lbP, lbX
+
+
+def min_products(lbP, lbX) -> np.ndarray:
+    """min over keys l of lbP[b, i, l]·lbX[b, l, j] (a nan product, 0·inf, counts as inf).
+    A 0 weight bit against a finite key bit makes it 0, and a coordinate no key has a finite
+    bit in makes it inf: both are found for all rows at once, and the min over keys runs
+    only on rows with some other coordinate."""
+    B, n, D = lbX.shape
     zero = ((lbP == 0).astype(float) @ np.isfinite(lbX).astype(float)) > 0
     empty = ~np.isfinite(lbX).any(axis=1, keepdims=True)
     q = np.where(empty, np.inf, np.zeros((B, n, D)))

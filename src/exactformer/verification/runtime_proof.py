@@ -16,21 +16,16 @@ NumPy only.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
-from ..evaluate.enclosure import rounding, sum_error, up, upper
+from ..evaluate.enclosure import TINY, rounding, sum_error, up, upper
+from ..evaluate.enclosure import U as U64
 from ..evaluate.grid import fits_exactly, lowbit
 from ..model import Transformer
 from ..numbers import pad_columns
-from .formats import (
-    ACC,
-    DEFAULT_EXP_ULPS,
-    Format,
-    conversions,
-    fits,
-    matmul_input_error,
-    theta,
-)
+from .formats import ACC, DEFAULT_EXP_ULPS, Format, conversions, fits, matmul_input_error, theta
 from .runtime_attention import Context, sa_box
 from .runtime_boxes import (
     Weights,
@@ -44,6 +39,10 @@ from .runtime_boxes import (
     unknown_if_overflow,
 )
 
+CHUNK_CELLS = 1 << 20  # rows × units of a residual FF's coarse test at once (in cache)
+BLOCK_ROWS = 64  # rows a block of a residual FF takes at least (:func:`unit_blocks`)
+BLOCKS = 64  # blocks a residual FF's rows are cut into at most
+
 
 # ------------------------------------------------------------------------------ FF layers
 def ff_box(Xm, Xr, w: Weights, fmt: Format):
@@ -52,25 +51,71 @@ def ff_box(Xm, Xr, w: Weights, fmt: Format):
     every undecided unit by its output's spread, and the output sum rounds once more
     (nowhere, where the terms' quanta fit every partial sum). In a residual layer, rows at
     which every unit is off even under a coarse bound pass as they are (x + 0 is x), and only
-    the others are enclosed: a keyed layer moves a few rows."""
+    the others are enclosed, in blocks of rows with only the units that may be on at one of
+    them (a unit certainly off adds an exact 0): a keyed layer moves a few rows, each by a few
+    units."""
     if scalar(w.eta) == 1 and w.eta_r == 0 and len(Xm) > 1:
-        k = int((w.U != 0).sum(axis=1).max(initial=0)) + 1
-        aX = np.abs(Xm) + Xr
-        Z = Xm @ w.U.T + w.b
-        S = aX @ (np.abs(w.U) + w.U_r).T + np.abs(w.b) + w.b_r
-        coarse = Xr @ np.abs(w.U).T + (theta(k + 2, 2, fmt) + matmul_input_error(fmt)) * S + \
-            rounding(S, k)
-        with np.errstate(invalid="ignore", over="ignore"):
-            hi = upper(Z, up(coarse, k + 4) + (2 * k + 8) * fmt.tiny)
-            # some unit may be on, or its float32 partial sums may overflow (inf − inf is nan,
-            # and relu(nan) reaches every output through W)
-            rows = np.flatnonzero(~((hi <= 0) & (S * 2 < ACC.huge)).all(axis=1))
+        maybe = maybe_on(Xm, Xr, w, fmt)
+        rows = np.flatnonzero(maybe.any(axis=1))
         if len(rows) < len(Xm):
             Ym, Yr = Xm.copy(), Xr.copy()
-            if len(rows):
-                Ym[rows], Yr[rows] = _ff_rows(Xm[rows], Xr[rows], w, fmt)
+            for block, units in unit_blocks(maybe[rows]):
+                at = rows[block]
+                Ym[at], Yr[at] = _ff_rows(Xm[at], Xr[at], ff_units(w, units), fmt)
             return Ym, Yr
     return _ff_rows(Xm, Xr, w, fmt)
+
+
+def maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
+    """Per row and unit (T × units): may the unit be on at some runtime value of the row's
+    box, or may its float32 partial sums overflow (inf − inf is nan, and relu(nan) reaches
+    every output through W)? False only where Z ≤ −R, compared exactly, for the float64
+    Z = U·x + b and R a bound on the spread |U|·r, the runtime's rounding (θ of the sizes S)
+    and Z's own (:func:`.rounding`), inflated by :func:`.up`'s factor; in chunks of rows."""
+    k = int((w.U != 0).sum(axis=1).max(initial=0)) + 1
+    grow = 1 + 4 * (k + 8) * U64
+    c = (theta(k + 2, 2, fmt) + matmul_input_error(fmt) + (2 * k + 4) * U64) * grow
+    t = (4 * k + 20) * TINY + (2 * k + 8) * fmt.tiny
+    aU, sU, sb = np.abs(w.U).T, (np.abs(w.U) + w.U_r).T, np.abs(w.b) + w.b_r
+    out = np.empty((len(Xm), len(w.U)), dtype=bool)
+    step = max(1, CHUNK_CELLS // max(1, len(w.U)))
+    with np.errstate(invalid="ignore", over="ignore"):
+        for a in range(0, len(Xm), step):
+            x, r = Xm[a:a + step], Xr[a:a + step]
+            Z = x @ w.U.T
+            Z += w.b
+            R = (np.abs(x) + r) @ sU
+            R += sb
+            big = ~(R * 2 < ACC.huge)
+            R *= c
+            R += t
+            if r.any():
+                R += (r @ aU) * grow
+            np.negative(R, out=R)
+            out[a:a + step] = ~(Z <= R) | big
+    return out
+
+
+def unit_blocks(maybe: np.ndarray):
+    """(rows, units) blocks covering every row of ``maybe`` (rows × units: may the unit be
+    on there?), each block with the units that may be on at one of its rows: rows ordered by
+    their first such unit and cut into at most :data:`BLOCKS` blocks of at least
+    :data:`BLOCK_ROWS` rows."""
+    order = np.argsort(maybe.argmax(axis=1), kind="stable")
+    size = max(BLOCK_ROWS, -(-len(order) // BLOCKS))
+    for a in range(0, len(order), size):
+        block = order[a:a + size]
+        yield block, np.flatnonzero(maybe[block].any(axis=0))
+
+
+def ff_units(w: Weights, units) -> Weights:
+    """The FF layer ``w`` with only ``units`` (rows of U and b, columns of W)."""
+    out = copy.copy(w)
+    for name in ("U", "U_r", "b", "b_r"):
+        setattr(out, name, getattr(w, name)[units])
+    for name in ("W", "W_r"):
+        setattr(out, name, getattr(w, name)[:, units])
+    return out
 
 
 def _ff_rows(Xm, Xr, w: Weights, fmt: Format):

@@ -2,10 +2,12 @@
 
 PROVED FAITHFUL IN <runtime> when the enclosures of :mod:`.runtime_proof` put every pair
 (every constrained position of causal data) within the tolerance of its target, for every
-evaluation of the exported dense computation in that runtime. Otherwise a witness is
-sought: an actual evaluation in the runtime (NumPy float32 arithmetic, stores rounded to the
-format, every dot product summed in a stated order, :func:`witness_pass`); FAILED when one
-misses the tolerance, UNDECIDED (with the bound that fell short) when none does.
+evaluation of the exported dense computation in that runtime; for causal data with a
+vocabulary, when every such position decodes to its target (:mod:`.runtime_decode`). Otherwise
+a witness is sought: an actual evaluation in the runtime (NumPy float32 arithmetic, stores
+rounded to the format, every dot product summed in a stated order, :func:`witness_pass`);
+FAILED when one misses the tolerance (decodes a position wrong), UNDECIDED (with the bound or
+margin that fell short) when none does.
 docs/numerics.md#proofs-for-reduced-precision-runtimes, docs/verification.md.
 """
 
@@ -18,18 +20,21 @@ from fractions import Fraction
 import numpy as np
 
 from ..data import CausalDataset
-from ..distance import data_scale, hausdorff, relative, worst
+from ..distance import data_scale, hausdorff, relative, smallest, worst
 from ..evaluate.enclosure import hausdorff_upper, up
 from ..model import Transformer
 from ..numbers import pad_columns
 from ..tables import format_table
 from .formats import DEFAULT_EXP_ULPS, Format, get_format, round_to, stored
+from .runtime_decode import decoded_wrong, decoding_margins, target_indices
 from .runtime_proof import enclose_runtime
 
 DEFAULT_TOLERANCE = 1e-5  # relative to the data's coordinate scale
 ORDERS = ("sequential", "reversed")  # the witness passes' summation orders
 COVERED = "dense FFs: torch ff=dense, rho-eta, TransformerLens; any summation order"
 COVERED_TF32 = "dense FFs: torch ff=dense, rho-eta (not TransformerLens); any order"
+CRITERIA = {"distance": "every output within the tolerance of its target",
+            "decoding": "every position decodes to its target (the nearest vocabulary vector)"}
 
 
 @dataclass
@@ -46,6 +51,8 @@ class RuntimeVerdict:
     seconds: float
     witness: str | None = None  # the evaluation that missed, when FAILED
     witness_error: float | None = None  # its error, or the witness passes' largest
+    criterion: str = "distance"  # or "decoding": every position decodes to its target
+    margin: float | None = None  # decoding: the least proved margin / scale (> 0: decodes)
 
     @property
     def ok(self) -> bool:
@@ -54,9 +61,13 @@ class RuntimeVerdict:
     def rows(self) -> list[tuple[str, object]]:
         rows = [("runtime", self.runtime), ("verdict", self.verdict),
                 ("computation", COVERED_TF32 if self.runtime == "tf32" else COVERED),
+                ("criterion", CRITERIA[self.criterion]),
                 ("tolerance / scale", f"{self.tolerance:.3g}"),
                 ("proved error bound / scale", f"{self.bound:.3g}"),
-                ("pairs proved", f"{self.proved} of {self.checked}"),
+                *([("decoding margin / scale", f"{self.margin:.3g}")]
+                  if self.margin is not None else []),
+                ("positions proved to decode" if self.criterion == "decoding" else
+                 "pairs proved", f"{self.proved} of {self.checked}"),
                 ("exp error bound", f"{self.exp_ulps:g} float32 ulps"),
                 ("proof time", f"{self.seconds:.2f} s")]
         if self.witness is not None:
@@ -67,6 +78,17 @@ class RuntimeVerdict:
 
     def table(self) -> str:
         return format_table(self.rows())
+
+    def reason(self) -> str:
+        """Why the verdict is not a proof ("" when it is): the witness, else what fell short."""
+        if self.ok:
+            return ""
+        if self.witness is not None:
+            return f"{self.witness} (error {self.witness_error:.3g} × scale)"
+        if self.criterion == "decoding":
+            return (f"{self.checked - self.proved} of {self.checked} positions not proved to "
+                    f"decode (least margin {self.margin:.3g} × scale)")
+        return f"the bound {self.bound:.3g} × scale is above the tolerance {self.tolerance:g}"
 
     def to_dict(self) -> dict:
         return asdict(self) | {"ok": self.ok}
@@ -97,12 +119,28 @@ def prove_runtime(model: Transformer, dataset, runtime: str = "float32",
     bound = relative(worst(bounds), scale) if bounds else 0.0
     verdict = RuntimeVerdict(runtime, f"PROVED FAITHFUL IN {runtime}", tolerance, bound,
                              proved, len(bounds), exp_ulps, 0.0)
-    if proved < len(bounds):
+    if getattr(data, "vocabulary", None) is not None:
+        margins = decoding_margins(data.vocabulary, _at_known([m for m, _ in boxes], data),
+                                   _at_known([r for _, r in boxes], data), _targets(data))
+        verdict.criterion, verdict.proved = "decoding", int((margins > 0).sum())
+        verdict.margin = relative(smallest(margins), scale) if len(margins) else np.inf
+    if verdict.proved < len(bounds):
         verdict.verdict = "UNDECIDED"
         if witness:
             _seek_witness(verdict, model, data, fmt, tolerance)
     verdict.seconds = time.perf_counter() - t0
     return verdict
+
+
+def _at_known(arrays, data: CausalDataset) -> np.ndarray:
+    """The rows of ``arrays`` (one n_j × D per sequence) at the constrained positions,
+    stacked in data order."""
+    return np.concatenate([a[k] for a, k in zip(arrays, data.known, strict=True)])
+
+
+def _targets(data: CausalDataset) -> np.ndarray:
+    """The vocabulary index of each constrained position's target (−1: none)."""
+    return target_indices(data.vocabulary, _at_known(data.floats()[1], data))
 
 
 def _scale(data) -> Fraction:
@@ -135,25 +173,29 @@ def _bounds(boxes, ys, known) -> list[float]:
 
 
 def _seek_witness(verdict: RuntimeVerdict, model, data, fmt: Format, tolerance) -> None:
-    """Run the witness passes; the first that misses the tolerance makes the verdict FAILED."""
+    """Run the witness passes; the first that misses the tolerance (decodes a position wrong,
+    by the decoding criterion) makes the verdict FAILED."""
     largest = 0.0
     for order in ORDERS:
-        err = witness_error(model, data, fmt, order)
-        if not err <= tolerance:
-            verdict.verdict = "FAILED"
-            verdict.witness = (f"NumPy {fmt.name} pass (float32 accumulation, {order} "
-                               "summation, no FMA) misses the tolerance")
-            verdict.witness_error = err
+        outs = witness_pass(model, data.floats()[0], fmt, order)
+        err = _pass_error(outs, data)
+        how = f"NumPy {fmt.name} pass (float32 accumulation, {order} summation, no FMA)"
+        if verdict.criterion == "decoding":
+            wrong = decoded_wrong(data.vocabulary, _at_known(outs, data), _targets(data))
+            miss = f"decodes {wrong} of {verdict.checked} positions wrong" if wrong else None
+        else:
+            miss = None if err <= tolerance else "misses the tolerance"
+        if miss:
+            verdict.verdict, verdict.witness, verdict.witness_error = "FAILED", \
+                f"{how} {miss}", err
             return
         largest = max(largest, err)
     verdict.witness_error = largest
 
 
-def witness_error(model, data, fmt: Format, order: str = "sequential") -> float:
-    """The error (over the scale) of :func:`witness_pass` on ``data`` (already padded):
-    Hausdorff per pair, distance per constrained position for causal data."""
-    xs, ys = data.floats()
-    outs = witness_pass(model, xs, fmt, order)
+def _pass_error(outs, data) -> float:
+    """The error (over the scale) of outputs ``outs`` on ``data``."""
+    ys = data.floats()[1]
     if isinstance(data, CausalDataset):
         errs = [float(np.linalg.norm(o[i] - y[i])) for o, y, k in
                 zip(outs, ys, data.known, strict=True) for i in np.flatnonzero(k)]
