@@ -277,6 +277,11 @@ def test_reduced_formats_and_the_report():
         assert v.verdict in (f"PROVED FAITHFUL IN {runtime}", "FAILED", "UNDECIDED")
         if v.verdict == "FAILED":
             assert v.witness and v.witness_error > TOL
+        # TransformerLens is covered in float32 alone: it exports no 16-bit format, and its
+        # TF32 erasing units are not covered (docs/numerics.md)
+        covered = dict(v.rows())["computation"]
+        assert "torch ff=dense, rho-eta" in covered
+        assert "rho-eta, TransformerLens" not in covered
     v = prove_runtime(model, data, "bfloat16")
     assert not v.ok  # keyed codes and priorities do not fit bfloat16's 8 bits
     assert "runtime" in v.table() and json.dumps(v.to_dict())

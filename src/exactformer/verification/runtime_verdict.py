@@ -31,8 +31,12 @@ from .runtime_proof import enclose_runtime
 
 DEFAULT_TOLERANCE = 1e-5  # relative to the data's coordinate scale
 ORDERS = ("sequential", "reversed")  # the witness passes' summation orders
-COVERED = "dense FFs: torch ff=dense, rho-eta, TransformerLens; any summation order"
-COVERED_TF32 = "dense FFs: torch ff=dense, rho-eta (not TransformerLens); any order"
+COVERED = {  # the layouts whose graph each proof covers (TransformerLens: float32 only)
+    "float32": "dense FFs: torch ff=dense, rho-eta, TransformerLens; any summation order",
+    "tf32": "dense FFs: torch ff=dense, rho-eta (not TransformerLens); any order",
+}
+COVERED_16 = "dense FFs: torch ff=dense, rho-eta (TransformerLens exports no 16-bit " \
+    "format); any summation order"
 CRITERIA = {"distance": "every output within the tolerance of its target",
             "decoding": "every position decodes to its target (the nearest vocabulary vector)"}
 
@@ -60,7 +64,7 @@ class RuntimeVerdict:
 
     def rows(self) -> list[tuple[str, object]]:
         rows = [("runtime", self.runtime), ("verdict", self.verdict),
-                ("computation", COVERED_TF32 if self.runtime == "tf32" else COVERED),
+                ("computation", COVERED.get(self.runtime, COVERED_16)),
                 ("criterion", CRITERIA[self.criterion]),
                 ("tolerance / scale", f"{self.tolerance:.3g}"),
                 ("proved error bound / scale", f"{self.bound:.3g}"),
