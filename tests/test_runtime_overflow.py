@@ -5,9 +5,13 @@ of the runtimes it would break in."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pytest
 
 import exactformer as ef
+from exactformer.data import builtin
 from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 
 
@@ -100,3 +104,22 @@ def test_transformer_lens_scaled_hardmax_scores_may_not_overflow():
     xa, xb = [2.0 ** 40, 0.0], [2.0 ** 39, 0.0]
     data = ef.Dataset.from_arrays([[xa, xb]], [[xa]])
     assert not ef.prove_runtime(model, data, "float32").ok
+
+
+def test_an_infinite_weight_or_tolerance_is_refused_or_never_proved():
+    """A model with an infinite score weight is never proved (and does not crash), and an
+    infinite tolerance is refused like a nonpositive one."""
+    from exactformer.verification import prove_runtime
+
+    data = builtin.demo()
+    model = ef.compile(data, exact=False)
+    with pytest.raises(ValueError, match="positive and finite"):
+        prove_runtime(model, data, "float32", tolerance=float("inf"))
+    i = next(i for i, b in enumerate(model.blocks) if b.sa is not None and b.sa.heads)
+    blk = model.blocks[i]
+    head = blk.sa.heads[0]
+    bad = dataclasses.replace(head, A=dataclasses.replace(head.A, alpha=float("inf")))
+    blocks = list(model.blocks)
+    blocks[i] = dataclasses.replace(blk, sa=dataclasses.replace(blk.sa, heads=[bad]))
+    v = prove_runtime(dataclasses.replace(model, blocks=blocks), data, "float32")
+    assert not v.ok

@@ -52,6 +52,8 @@ def lens_slack(model: Transformer) -> float:
         for h in ([] if blk.sa is None else blk.sa.heads):
             a, c = np.asarray(h.A.a, dtype=float), np.asarray(h.A.c, dtype=float)
             g = max(g, abs(float(h.A.alpha)) + float(np.linalg.norm(a) * np.linalg.norm(c)))
+    if not math.isfinite(g):  # an infinite or nan weight: no key is ever ruled out
+        return math.inf
     k = 64 if g == 0 else 64 - math.ceil(math.log2(g))
     return 104.0 * 2.0 ** -k
 

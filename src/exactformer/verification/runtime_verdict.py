@@ -13,6 +13,7 @@ docs/numerics.md#proofs-for-reduced-precision-runtimes, docs/verification.md.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from fractions import Fraction
@@ -107,8 +108,8 @@ def prove_runtime(model: Transformer, dataset, runtime: str = "float32",
     causal data), exp within ``exp_ulps`` float32 ulps. ``witness``: when not proved, look
     for a failing evaluation (else the verdict is UNDECIDED)."""
     fmt = get_format(runtime)
-    if not tolerance > 0:
-        raise ValueError(f"tolerance must be positive, got {tolerance!r}")
+    if not 0 < tolerance < math.inf:
+        raise ValueError(f"tolerance must be positive and finite, got {tolerance!r}")
     if model.causal != isinstance(dataset, CausalDataset):
         raise ValueError("a causal model is judged on causal data and a set model on set "
                          "data (load the data with causal=True for a causal model)")
