@@ -440,6 +440,9 @@ def test_a_unit_called_off_is_off_by_more_than_the_rounding(seed, runtime, boxed
     gap = rng.choice([0.0, 2.0 ** -20, 2.0 ** -9, 1.0], size=units)
     b = -(U @ X[0]) - gap  # exact: small dyadic numbers
     w = Weights({"eta": 1.0, "U": U, "b": b, "W": np.zeros((D, units))}, fmt)
+    if seed % 2:  # weights stored either of two ways (double rounding): conversion radii
+        w.U_r = np.where(rng.random(U.shape) < 0.5, np.abs(w.U) * 2.0 ** -8, 0.0)
+        w.b_r = np.where(rng.random(units) < 0.5, np.abs(w.b) * 2.0 ** -8, 0.0)
     off = ~runtime_proof.maybe_on(X, R, w, fmt)
     k = int((U != 0).sum(axis=1).max(initial=0)) + 1
     gamma = F((1 + fmt.u) ** 2) * F(1 + 2.0 ** -24) ** (k + 2) - 1  # ≥ the runtime's θ

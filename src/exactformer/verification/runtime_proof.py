@@ -70,13 +70,15 @@ def maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
     """Per row and unit (T × units): may the unit be on at some runtime value of the row's
     box, or may its float32 partial sums overflow (inf − inf is nan, and relu(nan) reaches
     every output through W)? False only where Z ≤ −R, compared exactly, for the float64
-    Z = U·x + b and R a bound on the spread |U|·r, the runtime's rounding (θ of the sizes S)
-    and Z's own (:func:`.rounding`), inflated by :func:`.up`'s factor; in chunks of rows."""
+    Z = U·x + b and R a bound on the spread |U|·r, the weights' conversion radii, the
+    runtime's rounding (θ of the sizes S) and Z's own (:func:`.rounding`), inflated by
+    :func:`.up`'s factor; in chunks of rows."""
     k = int((w.U != 0).sum(axis=1).max(initial=0)) + 1
     grow = 1 + 4 * (k + 8) * U64
     c = (theta(k + 2, 2, fmt) + matmul_input_error(fmt) + (2 * k + 4) * U64) * grow
     t = (4 * k + 20) * TINY + (2 * k + 8) * fmt.tiny
     aU, sU, sb = np.abs(w.U).T, (np.abs(w.U) + w.U_r).T, np.abs(w.b) + w.b_r
+    converted = bool(w.U_r.any() or w.b_r.any())
     out = np.empty((len(Xm), len(w.U)), dtype=bool)
     step = max(1, CHUNK_CELLS // max(1, len(w.U)))
     with np.errstate(invalid="ignore", over="ignore"):
@@ -91,6 +93,8 @@ def maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
             R += t
             if r.any():
                 R += (r @ aU) * grow
+            if converted:  # a weight stored either of two ways: its radius at full weight
+                R += ((np.abs(x) + r) @ w.U_r.T + w.b_r) * grow
             np.negative(R, out=R)
             out[a:a + step] = ~(Z <= R) | big
     return out
