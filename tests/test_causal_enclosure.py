@@ -347,3 +347,17 @@ def test_a_scale_beyond_float64_is_read_as_inf():
     from exactformer.distance import relative
     assert relative(1.0, Fraction(10) ** 400) == 0.0
     assert relative(0.0, Fraction(10) ** 400) == 0.0
+
+
+def test_float_below_a_limit_beyond_float64():
+    """The largest float64 at most a limit: the limit's own float where it is one, the float
+    just below where it rounds up, and float64's largest where the limit is beyond its range
+    (safe_float reads such a limit as inf)."""
+    from fractions import Fraction
+
+    from exactformer.verification.causal_enclosure import float_below
+
+    assert float_below(Fraction(1, 2)) == 0.5
+    third = float_below(Fraction(1, 3))
+    assert Fraction(third) <= Fraction(1, 3) < Fraction(np.nextafter(third, np.inf))
+    assert float_below(Fraction(10) ** 400) == np.finfo(np.float64).max

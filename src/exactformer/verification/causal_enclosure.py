@@ -33,6 +33,8 @@ def causal_bounds(enclosed, dataset, ys_f) -> list[np.ndarray]:
 def float_below(limit: Fraction) -> float:
     """The largest float64 ≤ ``limit``: a float bound at most it is at most the limit."""
     f = safe_float(limit)
+    if f == np.inf:  # a limit beyond float64's range: every finite float is below it
+        return float(np.finfo(np.float64).max)
     return f if Fraction(f) <= limit else float(np.nextafter(f, -np.inf))
 
 
