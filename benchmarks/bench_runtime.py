@@ -9,7 +9,7 @@ verify and float32 proof seconds (docs/numerics.md#proofs-for-reduced-precision-
 Causal text data carry their vocabulary, so their rows are judged by decoding
 (docs/numerics.md#decoding-to-a-vocabulary). Writes benchmarks/results/runtime.md.
 
-``--text`` runs instead the row of issue 36's bfloat16 text: the first 10^4 characters of
+``--text`` runs instead the row of a bfloat16 text: the first 10^4 characters of
 bench_book's text (the standard library's docstrings), position keys at width 1024, every
 runtime judged by decoding, with the bfloat16 proof's margin and time; it writes
 benchmarks/results/runtime_text.md.

@@ -177,7 +177,7 @@ def test_a_float32_export_of_the_paper_construction_says_it_may_miss(tmp_path, c
     """export --dtype float32 never says only "exported" for a model that claims no faithful
     float32 pass: it says so and names the construction that gives one; the default keyed
     model's export, without data to prove it on, says that it is not proved and how to prove
-    it (issue: "exporting a model not proved faithful in that dtype says so")."""
+    it."""
     pytest.importorskip("torch")
     from exactformer.cli import main
     data = tmp_path / "d.json"
