@@ -18,6 +18,7 @@ from .runtime_boxes import (
     high,
     linear,
     low,
+    may_overflow,
     pos_up,
     quantum,
     scalar,
@@ -142,16 +143,11 @@ def _value_overflow(aX, Ybar, w: Weights, k: int, fmt: Format) -> np.ndarray:
     Vm, Vr = conversions(beta * np.eye(len(w.p)) + np.outer(w.p, w.q), fmt)
     aV = np.abs(Vm) + Vr + (abs(beta) + w.beta_r) * np.eye(len(w.p)) * 2.0 ** -50 + \
         np.outer(np.abs(w.p) + w.p_r, aq) * 2.0 ** -50
-    grow = 1 + theta(k, k, fmt)
-
-    def big(size):
-        with np.errstate(over="ignore", invalid="ignore"):
-            return ~((size * grow + 4 * k * fmt.tiny < fmt.huge) & (size * 2 < ACC.huge))
-
+    grow, slack = 1 + theta(k, k, fmt), 4 * k * fmt.tiny
     with np.errstate(over="ignore", invalid="ignore"):
-        rows = big(Ybar @ aq)  # the torch module's q·y
-        keys = big(aX @ aV.T).any(axis=(1, 2))  # the ρ/η layout's V·x_l, every key
-    return rows | keys[:, None] | bool(big(aV).any())
+        rows = may_overflow(Ybar @ aq, grow, slack, fmt)  # the torch module's q·y
+        keys = may_overflow(aX @ aV.T, grow, slack, fmt).any(axis=(1, 2))  # ρ/η: V·x_l
+    return rows | keys[:, None] | bool(may_overflow(aV, grow, slack, fmt).any())
 
 
 def _value_quanta(q, exact, qy, w: Weights, fmt: Format):
@@ -229,9 +225,8 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     exact &= fits_exactly(size, q, fmt.bits, fmt.tiny)
     f64 = np.where(spread > 0, rounding(size, D + 2), 0.0)
     rad = spread + pos_up(np.where(exact, f64, rnd), 4)
+    bad = may_overflow(inter, 1 + theta(D + 4, 4, fmt), (2 * D + 10) * fmt.tiny, fmt)
     with np.errstate(over="ignore", invalid="ignore"):
-        grow = 1 + theta(D + 4, 4, fmt)
-        bad = ~((inter * grow + (2 * D + 10) * fmt.tiny < fmt.huge) & (inter * 2 < ACC.huge))
         if fmt.name == "float32":  # TransformerLens's scaled scores: inf − inf is nan
             bad |= ~(size * ctx.lens_scale * 2 < ACC.huge)
     return mid, unknown_if_overflow(mid, np.where(bad, np.inf, rad), fmt, size)

@@ -25,6 +25,14 @@ def unknown_if_overflow(mid, rad, fmt: Format, size=None):
     return np.where(bad, np.inf, rad)
 
 
+def may_overflow(size, grow: float, slack: float, fmt: Format) -> np.ndarray:
+    """Where an intermediate of magnitude at most ``size`` (exactly; ``grow`` = 1 + θ of its
+    roundings, ``slack`` their absolute part) may be stored beyond the format's range, or
+    reach float32's on the way (a partial sum of its terms up to 2·size)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return ~((size * grow + slack < fmt.huge) & (size * 2 < ACC.huge))
+
+
 def quantum(m, r, fmt: Format) -> np.ndarray:
     """A lower bound on the lowest set bit of every stored value in the boxes m ± r: the
     bit itself where r = 0 (inf for 0), else the spacing of ``fmt`` at the box's smallest
