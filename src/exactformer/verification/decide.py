@@ -86,11 +86,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     """
     if model.causal or isinstance(dataset, CausalDataset):
         return verify_causal(model, dataset, tolerance, progress, digits, tau)
-    used_tau = model.tau if tau is None else tau
-    if model.attention == "softmax" and used_tau is not None and not 0 < used_tau < math.inf:
-        # (as balls.Layers: the enclosures, which may decide alone, would take any τ)
-        raise ValueError(f"the model's temperature tau must be positive and finite, got "
-                         f"{used_tau}")
+    used_tau = _used_tau(model, tau)
     checked = data_check(model, dataset)
     dataset = check_layers(model, dataset)
     xs_f, ys_f = dataset.floats() if not dataset.exact else \
@@ -104,25 +100,18 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     extra: dict = {}
     tolerance = softmax_tolerance(model, digits, tolerance)
     limit = Fraction(tolerance) * scale
-    undecided: list[int] = []
     if model.attention == "hardmax":
         exact_equal, within = _decide_hardmax(model, dataset, limit, extra, progress, workers,
                                               enclosed)
-        arithmetic = "exact" if model.exact else "exact-floats"  # set ==, or exact tolerance
-        proved = exact_equal is not None and all(exact_equal)
-        proof = "exact rational arithmetic (==)" if proved else "not proved"
+        undecided, arithmetic, proved, proof = _hardmax_verdict(model, exact_equal)
     else:
         exact_equal = None
         within, undecided, arithmetic, proved, proof = _softmax_verdict(
             model, dataset, limit, digits, tau, (snap, snaps_f), extra, progress, workers,
             scale, enclosed)
-    nonfinite: list[int] = []
-    if not model.exact:  # the model's own arithmetic: inf or nan there is a failure
-        nonfinite = [j for j, o in enumerate(outs_f) if not np.isfinite(o).all()]
-        nonfinite = sorted(set(nonfinite) | set(_independent(model, xs_f, ys_f, tau, extra)))
+    nonfinite = _nonfinite(model, outs_f, xs_f, ys_f, tau, extra)
     if model.attention == "softmax":
-        used = model.tau if tau is None else tau
-        extra["temperature τ (τ* of the geometry)"] = (f"{float(used):.6g} "
+        extra["temperature τ (τ* of the geometry)"] = (f"{float(used_tau):.6g} "
                                                       f"({_tau_star(model)})")
     scale_f = safe_float(scale)
     report = Report(
@@ -135,6 +124,35 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
         undecided_pairs=undecided, proved=proved, proof=proof, data=checked)
     report.proved = report.proved and report.ok  # a proof never outranks a failed check
     return report
+
+
+def _used_tau(model: Transformer, tau):
+    """The temperature a softmax model is verified at (``tau``, else its own), refused unless
+    positive and finite (as balls.Layers: the enclosures, which may decide alone, would take
+    any τ)."""
+    used = model.tau if tau is None else tau
+    if model.attention == "softmax" and used is not None and not 0 < used < math.inf:
+        raise ValueError(f"the model's temperature tau must be positive and finite, got "
+                         f"{used}")
+    return used
+
+
+def _hardmax_verdict(model: Transformer, exact_equal) -> tuple[list, str, bool, str]:
+    """(undecided pairs, arithmetic, proved, proof) of a set hardmax model: rational models
+    compare sets with ==, float64 ones the exact outputs with the tolerance, exactly."""
+    arithmetic = "exact" if model.exact else "exact-floats"
+    proved = exact_equal is not None and all(exact_equal)
+    return [], arithmetic, proved, "exact rational arithmetic (==)" if proved else "not proved"
+
+
+def _nonfinite(model: Transformer, outs_f, xs_f, ys_f, tau, extra: dict) -> list[int]:
+    """A float64 model's pairs whose outputs are inf or nan in its own float64 pass or the
+    independent one (:func:`_independent`, recorded in ``extra``): failures in the model's
+    own arithmetic. None for rational models."""
+    if model.exact:
+        return []
+    nonfinite = [j for j, o in enumerate(outs_f) if not np.isfinite(o).all()]
+    return sorted(set(nonfinite) | set(_independent(model, xs_f, ys_f, tau, extra)))
 
 
 def _blocks_design(rec: CausalConstruction, model: Transformer) -> int:
