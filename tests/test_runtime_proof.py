@@ -425,8 +425,6 @@ def test_a_unit_called_off_is_off_by_more_than_the_rounding(seed, runtime, boxed
     over the box, plus Higham's γ_k of its terms' sizes in the runtime's accumulation, is
     ≤ 0 (computed in rationals here, from the weights as the runtime stores them):
     pre-activations set at 0, a hair below it, and well below it."""
-    from fractions import Fraction as F
-
     from exactformer.verification import runtime_proof
     from exactformer.verification.formats import get_format
     from exactformer.verification.runtime_boxes import Weights
@@ -444,12 +442,67 @@ def test_a_unit_called_off_is_off_by_more_than_the_rounding(seed, runtime, boxed
         w.U_r = np.where(rng.random(U.shape) < 0.5, np.abs(w.U) * 2.0 ** -8, 0.0)
         w.b_r = np.where(rng.random(units) < 0.5, np.abs(w.b) * 2.0 ** -8, 0.0)
     off = ~runtime_proof.maybe_on(X, R, w, fmt)
-    k = int((U != 0).sum(axis=1).max(initial=0)) + 1
+    assert _off_beyond_rounding(w, X, R, off, fmt) == []
+
+
+def _off_beyond_rounding(w, X, R, off, fmt) -> list:
+    """The (row, unit) pairs ``off`` calls off although the exact largest pre-activation over
+    the row's box, plus Higham's γ_k of its terms' sizes in the runtime's accumulation, is
+    above 0 (in rationals, from the weights as the runtime stores them)."""
+    from fractions import Fraction as F
+
+    D = X.shape[1]
+    k = int((w.U != 0).sum(axis=1).max(initial=0)) + 1
     gamma = F((1 + fmt.u) ** 2) * F(1 + 2.0 ** -24) ** (k + 2) - 1  # ≥ the runtime's θ
-    for t, i in zip(*np.nonzero(off), strict=True):  # the stored weights, any conversion
+    wrong = []
+    for t, i in zip(*np.nonzero(off), strict=True):
         terms = [F(w.U[i, j]) * F(X[t, j]) for j in range(D)]
         reach = sum(abs(F(w.U[i, j])) * F(R[t, j]) + F(w.U_r[i, j]) * (abs(F(X[t, j])) +
                                                                     F(R[t, j]))
                     for j in range(D)) + F(w.b_r[i])
         size = sum(abs(x) for x in terms) + reach + abs(F(w.b[i]))
-        assert sum(terms) + F(w.b[i]) + reach + gamma * size <= 0, (t, i)
+        if sum(terms) + F(w.b[i]) + reach + gamma * size > 0:
+            wrong.append((t, i))
+    return wrong
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), runtime=st.sampled_from(["float32", "bfloat16"]))
+def test_a_key_unit_called_off_is_off_by_more_than_the_rounding(seed, runtime):
+    """maybe_on's key lemma (a row that is exactly a scaled key g·τ) calls a unit off only
+    where the test's own rational bound does, at every scale and margin: biases just at,
+    a hair beyond and well beyond κ·g·(w − 1) for the rows' scales, keys of weight up to
+    w + 1, rows that are no key, carry a radius, or read coordinates the units do not."""
+    from itertools import product
+
+    from exactformer.verification import runtime_proof
+    from exactformer.verification.formats import get_format
+    from exactformer.verification.runtime_boxes import Weights
+
+    rng = np.random.default_rng(seed)
+    fmt = get_format(runtime)
+    q = int(rng.integers(2, 5))
+    wt = int(rng.integers(1, q + 1))
+    keys = [np.array(s) for s in product((-1, 0, 1), repeat=q) if np.count_nonzero(s) == wt]
+    picked = rng.choice(len(keys), size=int(rng.integers(2, len(keys) + 1)), replace=False)
+    sig = np.array([keys[i] for i in picked], dtype=float)
+    kappa, g0 = 2.0 ** int(rng.integers(-3, 4)), 2.0 ** int(rng.integers(-3, 4))
+    gap = float(rng.choice([0.0, 2.0 ** -20, 2.0 ** -9, 1.0]))
+    b = -kappa * g0 * (wt - 1) - gap * kappa * g0 - (kappa * g0 if wt == 1 else 0.0)
+    extra = int(rng.integers(0, 3))  # coordinates no unit reads
+    U = np.hstack([kappa * sig, np.zeros((len(sig), extra))])
+    w = Weights({"eta": 1.0, "U": U, "b": np.full(len(sig), b),
+                 "W": np.zeros((q + extra, len(sig)))}, fmt)
+    T = 24
+    tau = rng.integers(-1, 2, size=(T, q)).astype(float)
+    tau[: T // 2] = sig[rng.integers(0, len(sig), size=T // 2)]  # rows that hold a unit's key
+    g = g0 * rng.choice([0.5, 1.0, 1.0, 2.0], size=(T, 1))
+    g[0] = g0 / 2  # (quiet there at every margin: the lemma decides at least this row)
+    X = np.hstack([g * tau, rng.integers(-9, 10, size=(T, extra)) * 0.5])
+    R = np.zeros_like(X)
+    X[-2, 0] += 2.0 ** -30  # no scaled key
+    R[-1, 0] = 2.0 ** -12  # a radius in Q
+    key = runtime_proof._key_layer(w)
+    assert key is not None and runtime_proof._key_rows(X, R, w, fmt, key)[0][0]
+    off = ~runtime_proof.maybe_on(X, R, w, fmt)
+    assert _off_beyond_rounding(w, X, R, off, fmt) == []

@@ -23,7 +23,8 @@ import numpy as np
 from ..evaluate.enclosure import TINY, rounding, sum_error, up, upper
 from ..evaluate.enclosure import U as U64
 from ..evaluate.grid import fits_exactly, lowbit
-from ..model import Transformer
+from ..evaluate.keys import KeyLayer, key_layers, row_keys
+from ..model import FF, Transformer
 from ..numbers import pad_columns
 from .formats import ACC, DEFAULT_EXP_ULPS, Format, conversions, fits, matmul_input_error, theta
 from .runtime_attention import Context, sa_box
@@ -72,11 +73,33 @@ def maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
     every output through W)? False only where Z ≤ −R, compared exactly, for the float64
     Z = U·x + b and R a bound on the spread |U|·r, the weights' conversion radii, the
     runtime's rounding (θ of the sizes S) and Z's own (:func:`.rounding`), inflated by
-    :func:`.up`'s factor; in chunks of rows."""
-    k = int((w.U != 0).sum(axis=1).max(initial=0)) + 1
+    :func:`.up`'s factor; in chunks of rows. In a key layer (:mod:`..evaluate.keys`) a row
+    whose key part is an exact scaled key is decided by the key lemma instead, one lookup
+    a row (:func:`_key_rows`)."""
+    key = _key_layer(w)
+    if key is None:
+        return _maybe_on(Xm, Xr, w, fmt)
+    lone, unit = _key_rows(Xm, Xr, w, fmt, key)
+    out = np.zeros((len(Xm), len(w.U)), dtype=bool)
+    hit = np.flatnonzero(lone & (unit >= 0))
+    out[hit, unit[hit]] = True
+    rest = np.flatnonzero(~lone)
+    out[rest] = _maybe_on(Xm[rest], Xr[rest], w, fmt)
+    return out
+
+
+def _coarse_terms(k: int, fmt: Format) -> tuple[float, float, float]:
+    """(c, t, grow) of :func:`maybe_on`'s R = c·S + t + grow·(|U|·r) for units of k − 1
+    terms: the runtime's θ, its cut matmul inputs and float64's own rounding of Z and R."""
     grow = 1 + 4 * (k + 8) * U64
     c = (theta(k + 2, 2, fmt) + matmul_input_error(fmt) + (2 * k + 4) * U64) * grow
-    t = (4 * k + 20) * TINY + (2 * k + 8) * fmt.tiny
+    return c, (4 * k + 20) * TINY + (2 * k + 8) * fmt.tiny, grow
+
+
+def _maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
+    """:func:`maybe_on` by one product of every row with every unit."""
+    k = int((w.U != 0).sum(axis=1).max(initial=0)) + 1
+    c, t, grow = _coarse_terms(k, fmt)
     aU, sU, sb = np.abs(w.U).T, (np.abs(w.U) + w.U_r).T, np.abs(w.b) + w.b_r
     converted = bool(w.U_r.any() or w.b_r.any())
     out = np.empty((len(Xm), len(w.U)), dtype=bool)
@@ -98,6 +121,35 @@ def maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
             np.negative(R, out=R)
             out[a:a + step] = ~(Z <= R) | big
     return out
+
+
+def _key_layer(w: Weights) -> KeyLayer | None:
+    """The layer as a key layer, read from the weights as the runtime stores them (exactly:
+    no conversion radius), or None."""
+    if w.U_r.any() or w.b_r.any() or len(w.U) < 2:
+        return None
+    return key_layers([FF(scalar(w.eta), w.U, w.b, w.W)])[0]
+
+
+def _key_rows(Xm, Xr, w: Weights, fmt: Format, key: KeyLayer):
+    """Rows the key lemma decides, and the unit each may turn on (−1: none). A finite row
+    whose key part is exactly g·τ (no radius there), τ of weight at most w, has
+    U_i·x + b ≤ κ·g·(w − 1) + b at every unit i but the one with key τ, every term of the
+    unit's sum bounded by S = κ·g·w + |b|; the unit is off in every runtime evaluation when
+    κ·g·(w − 1) + c·S + t ≤ −b with :func:`maybe_on`'s c and t (no radius: no spread), all
+    positive terms, so a float64 sum inflated by (1 + 16u) bounds the exact one, and when no
+    partial sum can overflow."""
+    code, g, weight = row_keys(Xm[:, key.Q], Xr[:, key.Q])
+    kappa, b = float(key.kappa), float(key.b)
+    c, t, _ = _coarse_terms(key.w + 1, fmt)
+    with np.errstate(over="ignore", invalid="ignore"):
+        size = kappa * g * key.w - b
+        need = (kappa * g * (key.w - 1) + c * size + t) * (1 + 16 * U64) + TINY
+        lone = (np.isfinite(Xm).all(axis=1) & np.isfinite(Xr).all(axis=1) & (weight >= 0) &
+                (weight <= key.w) & (need <= -b) & (size * 2 < ACC.huge))
+    at = np.minimum(np.searchsorted(key.codes, code), len(key.codes) - 1)
+    unit = np.where((weight == key.w) & (key.codes[at] == code), key.units[at], -1)
+    return lone, unit
 
 
 def unit_blocks(maybe: np.ndarray):
