@@ -131,6 +131,21 @@ def test_penalty_sums_the_squares_of_every_parameter_rho_and_eta_included():
         tr.loss(module, data).item() + 0.5 * tr.norm_sq(module).item())
 
 
+@pytest.mark.parametrize("attention", ["hardmax", "softmax"])
+def test_constructed_interpolant_of_generated_data_costs_at_most_100_generators(attention):
+    """The Tikhonov family (benchmarks/tikhonov_experiment.py: 10 sequences of 100 points in
+    [0,1]^16, one target each from a random ρ/η generator): the default model's ‖θ*‖² in the
+    ρ/η layout is at most 100 × ‖θ_gen‖² on four draws, so ε‖θ*‖² bounds J_ε within two
+    orders of the generator's bound (docs/keyed.md)."""
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        gen = tr.mean_ff_generator(16, seed=seed + 1)
+        data = tr.dataset_from_model(gen, list(rng.random((10, 100, 16))))
+        model = ef.compile(data, attention=attention, exact=False)
+        ratio = tr.norm_sq(to_rho_eta(model)).item() / tr.norm_sq(gen).item()
+        assert ratio <= 100, (seed, ratio)
+
+
 def test_random_start_is_seeded_and_residual():
     a, b = tr.random_rho_eta(4, 2, seed=7), tr.random_rho_eta(4, 2, seed=7)
     c = tr.random_rho_eta(4, 2, seed=8)

@@ -10,12 +10,14 @@ one; the construction bounds by how much and makes every later unit blind to it:
 * **Data reset.** Before the collapse, one unit per data coordinate sets every token's data
   to a dyadic point ``floor`` below all of them (x − relu(x − floor)), exactly, and one unit
   clears the last round's heights.
-* **Collapse** (ρ = 0) with the hardmax scores times β_c and V = I + C·(code indicator)·e_oneᵀ:
-  each token becomes its leader tag's state within a bound, its data exactly ``floor`` (every
-  row has it), its code entries shifted into [0, 2C] so that nothing is near a ReLU's kink.
+* **Collapse** (ρ = 0) with the hardmax scores times β_c and
+  V = I + (C·(code indicator) + (anchor − floor) on the data)·e_oneᵀ: each token becomes its
+  leader tag's state within a bound, its data exactly ``anchor`` (the targets' rounded mean:
+  every row has it), its code entries shifted into [0, 2C] so that nothing is near a ReLU's
+  kink.
 * **Moves** are clip pairs relu(2a − ½) − relu(2a − 3/2) of the hardmax move's argument a
   (1 at its own state, ≤ −1 elsewhere, off by < 1/16 after the softmax layers): exactly 1 or
-  0 in real arithmetic, they write target − floor and mark the token as moved.
+  0 in real arithmetic, they write target − anchor and mark the token as moved.
 * **Reset.** One unit relu(x_c)·(−e_c) per coordinate of the model's own (all ≥ 0) ends with
   each token exactly its target and the model's coordinates exactly 0.
 
@@ -45,6 +47,7 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     """The keyed softmax model of the data (τ = 1, the score scales folded into A), up to
     ``heads`` rounds to a separation layer."""
     floor = data_floor(inputs, exact)
+    anchor = target_anchor(targets, exact)
     prep = prepare(inputs, m, exact, width, heads, seed, progress, floor=floor)
     p, lay = prep.p, prep.lay
     beta_s, beta_c = score_scales(prep, max(len(x) for x in inputs), exact)
@@ -53,8 +56,8 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     reset = [ff_layer(units, exact)
              for units in _chunks(_data_reset(lay, floor, exact) + clear, width)]
     collapse = [Block(ff, None) for ff in reset[:-1]] + \
-        [Block(reset[-1], _collapse(prep, beta_c, exact))]
-    moves = _moves(prep, targets, floor, width, exact)
+        [Block(reset[-1], _collapse(prep, beta_c, anchor - floor, exact))]
+    moves = _moves(prep, targets, anchor, width, exact)
     layers = with_tail(moves, _own_reset(lay, bool(p.rounds), exact), width)  # data, moved only
     layers = with_tail(layers, [reset_unit(lay, lay.moved, exact)], width, start=len(moves))
     blocks = prep.tag_layers + sep + collapse + \
@@ -67,8 +70,8 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
 def data_floor(inputs: list[np.ndarray], exact: bool) -> np.ndarray:
     """Per data coordinate a dyadic number at or below every token's: the largest multiple of
     2⁻²⁰ of the coordinate's extent (a power of two at or below its largest |x_c|) not above
-    its smallest x_c, so ball arithmetic holds it exactly and a move's f + (target − f) rounds
-    at the data's own scale. 0 for a coordinate that is 0 on every token."""
+    its smallest x_c, so ball arithmetic holds it exactly. 0 for a coordinate that is 0 on
+    every token."""
     X = np.vstack(inputs)  # each column's extremes first: one exact conversion per value kept
     out = []
     for lo, extent in zip(X.min(axis=0), np.abs(X).max(axis=0), strict=True):
@@ -78,6 +81,24 @@ def data_floor(inputs: list[np.ndarray], exact: bool) -> np.ndarray:
             continue
         step = max(power_of_two_below(extent), Fraction(1, 1 << 1000)) * Fraction(1, 1 << 20)
         out.append(num(math.floor(lo / step) * step, exact))
+    return np.array(out, dtype=object if exact else float)
+
+
+def target_anchor(targets: list[np.ndarray], exact: bool) -> np.ndarray:
+    """Per data coordinate the point the collapse moves every token's data to, so that a
+    move writes target − anchor: the targets' mean, rounded to a multiple of 2⁻¹⁰ of their
+    extent in that coordinate (a power of two at or below their largest |y_c|; 0 where every
+    target is 0). Moves write each vector twice (a clip pair), so centring them on the
+    targets keeps ‖θ‖² near the targets' spread rather than their size
+    (docs/keyed.md#softmax)."""
+    Y = np.vstack(targets)
+    out = []
+    for mean, extent in zip(Y.mean(axis=0), np.abs(Y).max(axis=0), strict=True):
+        if extent == 0:
+            out.append(num(0, exact))
+            continue
+        step = max(power_of_two_below(to_fraction(extent)), Fraction(1, 1 << 1000)) / (1 << 10)
+        out.append(num(round(to_fraction(mean) / step) * step, exact))
     return np.array(out, dtype=object if exact else float)
 
 
@@ -116,21 +137,25 @@ def _data_reset(lay: Layout, floor: np.ndarray, exact: bool) -> list:
     return [reset_unit(lay, c, exact, to=floor[c]) for c in range(lay.d)]
 
 
-def _collapse(prep: Prepared, beta, exact: bool) -> SA:
-    """The hardmax collapse's scores (keyed.py) times β, ρ = 0, and V = I + C·1_code·e_oneᵀ:
-    each row becomes the average of its sequence's rows with every code entry raised by C."""
+def _collapse(prep: Prepared, beta, lift: np.ndarray, exact: bool) -> SA:
+    """The hardmax collapse's scores (keyed.py) times β, ρ = 0, and
+    V = I + (C·1_code + lift on the data)·e_oneᵀ: each row becomes the average of its
+    sequence's rows with every code entry raised by C and the data, floor on every row,
+    moved to floor + lift (the anchor)."""
     lay, sc = prep.lay, prep.scales
     shift = on_code(lay, np.ones(lay.q, dtype=np.int64), sc.C, exact)
+    shift[:lay.d] = lift
     return SA(num(0, exact), collapse_scores(lay, sc, beta, exact),
               ValueMatrix(num(1, exact), shift, vec(lay.D, {lay.one: 1}, exact)))
 
 
-def _moves(prep: Prepared, targets: list[np.ndarray], floor: np.ndarray, width: int,
+def _moves(prep: Prepared, targets: list[np.ndarray], anchor: np.ndarray, width: int,
            exact: bool) -> list[list]:
     """The units of each move layer: one clip pair per (leader tag, holding sequence), in the
-    hardmax model's hull batches and schedule (two units per state)."""
+    hardmax model's hull batches and schedule (two units per state), each writing
+    target − anchor."""
     def pair(t, g, j, target):
-        return _clip_pair(prep, t, g, j, target - floor, exact)
+        return _clip_pair(prep, t, g, j, target - anchor, exact)
 
     return [[u for p in pairs for u in p]
             for pairs in schedule(move_queues(prep, targets, pair), width // 2)]
