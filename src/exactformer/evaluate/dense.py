@@ -127,22 +127,65 @@ class _Peaks:
 
 def _dense_block(X: np.ndarray, blk, attention: str, tau: float, seen, peak) -> np.ndarray:
     """One block x ↦ SA(FF(x)) on a (B, n, d) batch, densely, in float64 (``seen``: the
-    causal mask, None for set models)."""
+    causal mask, None for set models): every token, every score (:func:`_head_into`)."""
     if blk.ff is not None:
         ff = blk.ff
         Z = peak("FF pre-activation", X @ ff.U.T + ff.b)
         X = peak("FF output", ff.eta * X + np.maximum(Z, 0.0) @ ff.W.T)
     if blk.sa is None or blk.sa.is_identity():
         return peak("state", X)
+    small = X.size == 0 or np.abs(X).max() <= np.finfo(float).max / 2  # (nan: False)
     out = blk.sa.rho * X
     for head in blk.sa.heads:
-        S = peak("scores", (X @ head.A.dense().T) @ np.swapaxes(X, 1, 2))  # <A x_i, x_l>
-        if seen is not None:
-            S = np.where(seen, S, -np.inf)
-        if attention == "hardmax":
-            M = (S == S.max(axis=2, keepdims=True)).astype(float)
-        else:
-            M = np.exp((S - S.max(axis=2, keepdims=True)) / tau)
-        M = M / M.sum(axis=2, keepdims=True)
-        out = out + (M @ X) @ head.V.dense().T
+        _head_into(out, X, head, attention, tau, seen, peak, small)
     return peak("state", out)
+
+
+def _head_into(out: np.ndarray, X: np.ndarray, head, attention: str, tau: float, seen, peak,
+               small: bool) -> None:
+    """out += (M X) Vᵀ for one head on a (B, n, d) batch, M its attention of the scores
+    ⟨A x_i, x_l⟩ (docs/numerics.md#runtime-ranges).
+
+    * A coordinate that A or V gives weight 0 adds only exact zeros to a product of finite
+      numbers, so on ``small`` X (every |x| at most half the largest float64, where no
+      average M X overflows) the products read only the columns of A and V that are not
+      zero, and the head writes only V's nonzero rows when every score is finite.
+      Otherwise every column, as in the plain pass (inf·0 = nan).
+    * Tokens of one sequence whose queries A x_i are equal have equal score rows, so such a
+      sequence (a separation head's: A reads the coordinate 1 of every token) gets one
+      score row, computed as the plain pass computes each of them: n products, not n².
+      Its weights are that row's (under a causal mask, each token's masked copy of it).
+    """
+    A, V = head.A.dense(), head.V.dense()
+    a_rows, a_cols = _support(A, small)
+    q = X[..., a_cols] @ A[np.ix_(a_rows, a_cols)].T  # A x_i, on A's nonzero rows
+    keys = X[..., a_rows]
+    alike = (q == q[:, :1]).all(axis=(1, 2))
+    parts = [(np.flatnonzero(alike), slice(0, 1)), (np.flatnonzero(~alike), slice(None))]
+    S = [peak("scores", q[b][:, rows] @ np.swapaxes(keys[b], 1, 2)) for b, rows in parts]
+    v_rows, v_cols = _support(V, small and all(np.isfinite(s).all() for s in S))
+    Vt, values = V[np.ix_(v_rows, v_cols)].T, X[..., v_cols]
+    for (b, _), s in zip(parts, S, strict=True):
+        term = (_attention(s, seen, attention, tau) @ values[b]) @ Vt
+        out[np.ix_(b, np.arange(X.shape[1]), v_rows)] += term
+
+
+def _attention(S: np.ndarray, seen, attention: str, tau: float) -> np.ndarray:
+    """The attention weights of the scores S (rows: queries), under the causal mask
+    ``seen`` when given: hardmax averages the argmax set, softmax weighs by exp(S/τ)."""
+    if seen is not None:
+        S = np.where(seen, S, -np.inf)
+    if attention == "hardmax":
+        M = (S == S.max(axis=2, keepdims=True)).astype(float)
+    else:
+        M = np.exp((S - S.max(axis=2, keepdims=True)) / tau)
+    return M / M.sum(axis=2, keepdims=True)
+
+
+def _support(A: np.ndarray, narrow: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The rows and the columns of A that hold a nonzero entry; every one unless
+    ``narrow``."""
+    if not narrow:
+        every = np.arange(A.shape[0])
+        return every, every
+    return np.flatnonzero(A.any(axis=1)), np.flatnonzero(A.any(axis=0))
