@@ -55,7 +55,7 @@ def _plain_ff(X: np.ndarray, ff, peak) -> tuple[np.ndarray, int]:
     and the number of rows where a unit is > 0."""
     Z = peak("FF pre-activation", X @ ff.U.T + ff.b)
     X = np.asfortranarray(ff.eta * X + np.maximum(Z, 0.0) @ ff.W.T)
-    return X, int((Z > 0).any(axis=1).sum())
+    return X, int(np.asfortranarray(Z > 0).any(axis=1).sum())
 
 
 def _bounded_ff(X: np.ndarray, boxes: _Boxes, ff, peak) -> int | None:
