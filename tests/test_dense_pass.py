@@ -10,6 +10,7 @@ import math
 from unittest import mock
 
 import numpy as np
+import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
@@ -56,8 +57,9 @@ def test_ff_stretch_peaks_and_outputs_match_every_row_dense(data):
 
 def stretch_blocks(data, d: int) -> list[Block]:
     """Mostly residual FF layers whose units fire on a few rows (a bias below most U·x, as
-    a keyed model's moves), some wide, some with η = 1/2 or no FF, and now and then a block
-    whose head averages the sequence (hardmax over equal scores: weights 1/n)."""
+    a keyed model's moves), some wide, some with η = 1/2, an infinite weight or no FF, and
+    now and then a block whose head averages the sequence (hardmax over equal scores:
+    weights 1/n)."""
     blocks = []
     for _ in range(data.draw(st.integers(1, 12))):
         if data.draw(st.integers(0, 9)) == 0:
@@ -67,6 +69,8 @@ def stretch_blocks(data, d: int) -> list[Block]:
             ff = FF(data.draw(st.sampled_from([1.0, 1.0, 1.0, 0.5])),
                     data.draw(small((h, d), -2, 2)), data.draw(small((h,), -12, 2)),
                     data.draw(small((d, h), -3, 3)))
+            if data.draw(st.integers(0, 19)) == 0:  # 0·inf = nan on a row no unit fires on
+                ff.W[0, 0] = np.inf
         sa = None
         if data.draw(st.integers(0, 5)) == 0:  # attention between stretches
             sa = SA(1.0, heads=[Head(ScoreMatrix(0.0, np.zeros(d), np.zeros(d)),
@@ -168,6 +172,25 @@ def test_an_overflowing_write_reaches_every_column_as_in_the_plain_pass():
     assert np.isnan(want[-1]).all() and np.array_equal(got[0], want, equal_nan=True)
     key = (2, "FF pre-activation")
     assert math.isnan(peaks[key]) and math.isnan(want_peaks[key])
+
+
+@pytest.mark.parametrize("attends", [False, True])
+def test_an_infinite_weight_reaches_the_rows_no_unit_fires_on(attends):
+    """relu(z) = 0 times an infinite W is nan in the plain pass on every row, so a layer
+    with such a W cannot skip the rows where no unit fires (nor write W's columns alone),
+    in a stretch without attention or in a block that attends."""
+    X = np.array([[k, 0.0] for k in range(-20, 3)])
+    e = np.array([1.0, 0.0])
+    sa = SA(1.0, heads=[Head(ScoreMatrix(0.0, e, e), ValueMatrix(0.0, e, e))]) if attends else None
+    model = Transformer(d=2, attention="hardmax", exact=False, blocks=[
+        Block(FF(1.0, np.array([[1.0, 0.0]]), np.array([-100.0]), np.array([[1.0], [0.0]]))),
+        Block(FF(1.0, np.array([[1.0, 0.0]]), np.array([-1.0]), np.array([[0.0], [np.inf]])),
+              sa)])
+    xs = [x[None] for x in X]  # one token a sequence: a head mixes no rows
+    got = ef.evaluate.dense_forward(model, xs)
+    want = np.concatenate([plain_pass(model, x, {}) for x in xs])
+    assert np.isnan(want[:-1, 1]).all()
+    assert np.array_equal(np.concatenate(got), want, equal_nan=True)
 
 
 def sparse(d, lo, hi):

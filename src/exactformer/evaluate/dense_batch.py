@@ -30,12 +30,12 @@ def mixing_run(X: np.ndarray, n: int, blocks, peak_of, attention: str, tau: floa
 def _ff(X: np.ndarray, ff, top: np.ndarray, peak) -> np.ndarray:
     """One FF on the rows X, with ``top``, the columns' largest |value|, kept. A residual
     FF (η = 1) on finite rows changes only the rows where a unit is active (elsewhere it
-    adds exactly 0), so only those are written (:func:`_write`). Only where every value is
-    finite: an inf (inf·0 = nan) reaches every column in the plain pass, and so it does
-    here."""
+    adds exactly 0), so only those are written (:func:`_write`). Only where every value and
+    W are finite: an inf (inf·0 = nan) reaches every column in the plain pass, and so it
+    does here."""
     reads, writes = np.flatnonzero(ff.U.any(axis=0)), np.flatnonzero(ff.W.any(axis=1))
     Z = None
-    if ff.eta == 1 and np.isfinite(top).all():
+    if ff.eta == 1 and np.isfinite(top).all() and np.isfinite(ff.W).all():  # (0·inf = nan)
         Z = np.asfortranarray(X[:, reads] @ ff.U[:, reads].T + ff.b)  # (row reductions: fast)
     if Z is None or not np.isfinite(Z).all():
         Z = peak("FF pre-activation", X @ ff.U.T + ff.b)

@@ -23,8 +23,8 @@ def distinct_rows(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def stretch(X: np.ndarray, blocks, i: int, j: int, peak_of) -> np.ndarray:
     """Blocks i..j−1, none of which mixes tokens, on the rows X (each row alone);
-    ``peak_of(k)`` records block k's peaks. A residual FF (η = 1) on finite rows after a
-    layer that wrote few rows goes by :func:`_bounded_ff` on :class:`_Boxes` kept across the
+    ``peak_of(k)`` records block k's peaks. A residual FF (η = 1, W finite) on finite rows
+    after a layer that wrote few rows goes by :func:`_bounded_ff` on :class:`_Boxes` kept across the
     layers; any other layer, or one whose bounds or values are not finite, on every row and
     column (:func:`_plain_ff`): a layer that writes most rows gains nothing from boxes."""
     X = np.array(X, dtype=float)  # rows contiguous: layers gather rows
@@ -34,10 +34,10 @@ def stretch(X: np.ndarray, blocks, i: int, j: int, peak_of) -> np.ndarray:
     for k in range(i, j):
         peak, ff = peak_of(k), blocks[k].ff
         if ff is not None and len(X):
-            few = 16 * written <= len(X)
-            if boxes is None and few and ff.eta == 1 and np.isfinite(X).all():
+            residual = ff.eta == 1 and np.isfinite(ff.W).all()  # (relu 0 · inf = nan)
+            if boxes is None and residual and 16 * written <= len(X) and np.isfinite(X).all():
                 boxes = _Boxes(X, weight)
-            written = None if boxes is None or ff.eta != 1 else _bounded_ff(X, boxes, ff, peak)
+            written = _bounded_ff(X, boxes, ff, peak) if boxes is not None and residual else None
             if written is None:
                 X, written, boxes = *_plain_ff(X, ff, peak), None
             elif boxes.stale():
