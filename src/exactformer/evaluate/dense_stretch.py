@@ -24,9 +24,10 @@ def distinct_rows(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def stretch(X: np.ndarray, blocks, i: int, j: int, peak_of) -> np.ndarray:
     """Blocks i..j−1, none of which mixes tokens, on the rows X (each row alone);
     ``peak_of(k)`` records block k's peaks. A residual FF (η = 1, W finite) on finite rows
-    after a layer that wrote few rows goes by :func:`_bounded_ff` on :class:`_Boxes` kept across the
-    layers; any other layer, or one whose bounds or values are not finite, on every row and
-    column (:func:`_plain_ff`): a layer that writes most rows gains nothing from boxes."""
+    after a layer that wrote few rows goes by :func:`_bounded_ff` on :class:`_Boxes` kept
+    across the layers; any other layer, or one whose bounds or values are not finite, on
+    every row and column (:func:`_plain_ff`): a layer that writes most rows gains nothing
+    from boxes."""
     X = np.array(X, dtype=float)  # rows contiguous: layers gather rows
     weight = sum((np.abs(b.ff.U).sum(axis=0) for b in blocks[i:j] if b.ff is not None),
                  np.zeros(X.shape[1]))
@@ -54,7 +55,7 @@ def _plain_ff(X: np.ndarray, ff, peak) -> tuple[np.ndarray, int]:
     """η·x + W·relu(U·x + b) on every row and column of X, as the plain pass computes it;
     and the number of rows where a unit is > 0."""
     Z = peak("FF pre-activation", X @ ff.U.T + ff.b)
-    X = np.asfortranarray(ff.eta * X + np.maximum(Z, 0.0) @ ff.W.T)
+    X = ff.eta * X + np.maximum(Z, 0.0) @ ff.W.T
     return X, int(np.asfortranarray(Z > 0).any(axis=1).sum())
 
 
