@@ -38,7 +38,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm import tqdm
 
 from ..model import SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from ..numbers import num, safe_floats, zeros
@@ -58,6 +57,7 @@ from .tagging import (
     smallest_gap,
     tagging,
     warn_close_tokens,
+    windows,
 )
 
 SIGNATURE_BITS = 16  # signatures below 2^16: every move's argument is exact in float32
@@ -108,8 +108,7 @@ def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, seed: int
     rounds = plan_tests(chosen, owners, seqs, per_round)
     tagged = chosen + [t for t in dict.fromkeys(t for r in rounds for t in r)
                        if t not in set(chosen)]
-    tags = [survey.tag(t, exact) for t in tqdm(tagged, desc="keyed: tags",
-                                                        disable=not progress)]
+    tags = windows(survey, tagged, exact, seed, progress)
     return Plan(tags, chosen, rounds, reps, owners, margin)
 
 
