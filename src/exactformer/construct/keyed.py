@@ -94,10 +94,11 @@ class Plan:
 
 
 def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, seed: int,
-         progress: bool = False) -> Plan:
+         progress: bool = False, grid: bool = True) -> Plan:
     """Choose the tagged tokens (every sequence holds at least m_j leader tags, chosen by
     :func:`tagging.cover`), the tests that separate the sequences sharing a leader tag, and
-    every tag's gadget."""
+    every tag's gadget (``grid``: on grid data, :func:`tagging.windows`' integer directions;
+    hardmax models only, docs/numerics.md#low-precision-set-models)."""
     seqs = table.seqs()
     reps = _representatives(seqs)
     owners = _owners(table, reps)
@@ -108,7 +109,7 @@ def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, seed: int
     rounds = plan_tests(chosen, owners, seqs, per_round)
     tagged = chosen + [t for t in dict.fromkeys(t for r in rounds for t in r)
                        if t not in set(chosen)]
-    tags = windows(survey, tagged, exact, seed, progress)
+    tags = windows(survey, tagged, exact, seed, progress, grid)
     return Plan(tags, chosen, rounds, reps, owners, margin)
 
 
@@ -183,7 +184,7 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, hea
         if not np.isfinite(np.square(safe_floats(table.points).astype(float)).sum(axis=1)).all():
             raise NotKeyable("tokens too large for float64: their squared norms overflow, and "
                              "every cap and score reads them")
-    p = plan(table, m, exact, width - 1, seed, progress)
+    p = plan(table, m, exact, width - 1, seed, progress, grid=floor is None)
     leaders = set(p.leader_tags)
     every_tag = [tag.token for tag in p.tags]
     q, w = code_size(len(every_tag))
