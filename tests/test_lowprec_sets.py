@@ -225,3 +225,31 @@ def test_a_dot_product_called_exact_is_exact_in_every_bfloat16_order(seed, k):
             for j in rng.permutation(len(terms)):
                 acc = bf16(F32(acc) + F32(terms[j]))
             assert float(acc) == exact[i, u]
+
+
+@settings(max_examples=10, deadline=None)
+@given(data=grid_sets())
+def test_grid_windows_keep_the_generic_build_s_blocks_and_width(data):
+    """The grid windows change only the tags' directions: L and D are those of the build on
+    the shared directions, and the model stays proved in float32."""
+    from exactformer.construct import tagging
+
+    model = build(data)
+    generic, tagging.data_grid = tagging.data_grid, lambda points: None
+    try:
+        shared = build(data)
+    finally:
+        tagging.data_grid = generic
+    assert (model.n_blocks, model.d) == (shared.n_blocks, shared.d)
+    assert prove_runtime(model, data, "float32").ok
+
+
+def test_data_grid_reads_one_power_of_two_within_eleven_bits():
+    from exactformer.construct.tagging import data_grid
+
+    assert data_grid(np.array([[3.0, -8.0], [0.0, 1.0]])) == 1.0
+    assert data_grid(np.array([[0.75, 2.0]])) == 0.25
+    assert data_grid(np.array([[2047.0, 1.0]])) == 1.0
+    assert data_grid(np.array([[2048.5, 1.0]])) is None  # 2^11 halves: beyond 11 bits
+    assert data_grid(np.array([[0.1, 1.0]])) is None
+    assert data_grid(np.zeros((2, 3))) == 1.0
