@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
+from exactformer.construct.keyed_moves import eight_bits_above
 from exactformer.verification import prove_runtime
 from exactformer.verification.formats import get_format
 from exactformer.verification.runtime_boxes import linear
@@ -128,15 +129,15 @@ def worst_error(model, data, run) -> float:
 # ------------------------------------------------------------------------------ data
 @st.composite
 def grid_sets(draw):
-    """Small-integer set data: d = 2…5, N = 1…3 sequences drawn from a shared pool (so
+    """Small-integer set data: d = 2…5, N = 1…6 sequences drawn from a shared pool (so
     separation rounds occur), m_j = n_j distinct integer targets."""
     d = draw(st.integers(2, 5))
     seed = draw(st.integers(0, 2 ** 32 - 1))
     rng = np.random.default_rng(seed)
-    pool = np.unique(rng.integers(-8, 9, size=(draw(st.integers(1, 7)), d)), axis=0)
+    pool = np.unique(rng.integers(-8, 9, size=(draw(st.integers(1, 8)), d)), axis=0)
     sets = {tuple(sorted(rng.choice(len(pool), size=int(rng.integers(1, len(pool) + 1)),
                                     replace=False)))
-            for _ in range(draw(st.integers(1, 3)))}
+            for _ in range(draw(st.integers(1, 6)))}
     xs, ys = [], []
     for idx in sorted(sets):
         y = np.unique(rng.integers(-8, 9, size=(len(idx) + 4, d)), axis=0)
@@ -205,42 +206,77 @@ def test_a_weight_moved_by_bfloat16_ulps_is_never_proved(ulps, where):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2 ** 32 - 1), k=st.integers(1, 5))
-def test_a_dot_product_called_exact_is_exact_in_every_bfloat16_order(seed, k):
+@given(seed=st.integers(0, 2 ** 32 - 1), k=st.integers(1, 5), big=st.booleans())
+def test_a_dot_product_called_exact_is_exact_in_every_bfloat16_order(seed, k, big):
     """``linear`` calls a bfloat16 dot product exact from its terms' lowest bits: then every
-    order of its terms, each partial sum stored in bfloat16, gives the exact value."""
+    order of its terms in the float32 accumulator, the product stored in bfloat16 and the
+    bias added and stored, or the bias accumulated with the terms and stored once, gives the
+    exact value. ``big``: values whose sums pass 8 bits (the accumulator's exactness)."""
     rng = np.random.default_rng(seed)
-    X = bf16(rng.integers(-40, 41, size=(6, k)) * 2.0 ** rng.integers(-4, 5, size=(1, k)))
+    top = 2000 if big else 40
+    X = bf16(rng.integers(-top, top + 1, size=(6, k)) * 2.0 ** rng.integers(-4, 5, size=(1, k)))
     W = bf16(rng.integers(-40, 41, size=(3, k)) * 2.0 ** rng.integers(-4, 5, size=(3, k)))
-    b = bf16(rng.integers(-40, 41, size=3) * 2.0 ** rng.integers(-4, 5, size=3))
+    b = bf16(rng.integers(-top, top + 1, size=3) * 2.0 ** rng.integers(-4, 5, size=3))
     X, W, b = (a.astype(np.float64) for a in (X, W, b))
     fmt = get_format("bfloat16")
     _, _, rnd, q = linear(X, np.zeros_like(X), W, np.zeros_like(W), b, np.zeros_like(b), fmt)
     exact = X @ W.T + b
     for i, u in zip(*np.nonzero(q > 0), strict=True):
         assert rnd[i, u] == 0
-        terms = list(X[i] * W[u]) + [b[u]]
-        for _ in range(4):
+        terms = [F32(t) for t in X[i] * W[u]]
+        for _ in range(3):
             acc = F32(0)
             for j in rng.permutation(len(terms)):
-                acc = bf16(F32(acc) + F32(terms[j]))
-            assert float(acc) == exact[i, u]
+                acc = F32(acc + terms[j])
+            assert float(bf16(F32(bf16(acc) + F32(b[u])))) == exact[i, u]
+            fused = F32(b[u])
+            for j in rng.permutation(len(terms)):
+                fused = F32(fused + terms[j])
+            assert float(bf16(fused)) == exact[i, u]
+
+
+def test_a_sum_past_the_float32_accumulator_is_not_called_exact():
+    """2^25 + 1 − 2^25: the product and the result (1) are bfloat16 numbers, but a partial
+    sum needs 26 bits, so the float32 accumulator gives 0 in one order and 1 in another."""
+    X, W, b = np.array([[2.0 ** 13, 1.0, 2.0 ** 13]]), np.array([[2.0 ** 12, 1.0, -2.0 ** 12]]), \
+        np.zeros(1)
+    _, _, rnd, q = linear(X, np.zeros_like(X), W, np.zeros_like(W), b, np.zeros_like(b),
+                          get_format("bfloat16"))
+    assert q[0, 0] == 0 and rnd[0, 0] > 0
+    assert F32(F32(F32(2.0 ** 25) + F32(1)) - F32(2.0 ** 25)) == 0
+
+
+def test_a_move_s_bias_splits_into_two_eight_bit_parts():
+    """Grid models read a move's bias mostly from the ``one`` coordinate: that part holds at
+    most 8 bits, the rest is ≤ −1 (a moved state stays off), and below 2^16 the rest and
+    1 − rest hold 8 bits too."""
+    from exactformer.verification.formats import fits
+
+    for bias in [-1, -2, -7, -129, -255, -256, -257, -261, -1000, -12345, -(2 ** 16) + 1,
+                 -(2 ** 23) + 1]:
+        high = eight_bits_above(bias)
+        rest = bias - high
+        assert rest <= -1 and high <= 0 and fits(np.array([high], dtype=float), 8).all()
+        if bias > -(2 ** 16):
+            assert fits(np.array([rest, 1 - rest], dtype=float), 8).all(), bias
 
 
 @settings(max_examples=10, deadline=None)
 @given(data=grid_sets())
 def test_grid_windows_keep_the_generic_build_s_blocks_and_width(data):
-    """The grid windows change only the tags' directions: L and D are those of the build on
-    the shared directions, and the model stays proved in float32."""
-    from exactformer.construct import tagging
+    """The grid windows change the tags' directions (and the moves' biases), not L or D: those
+    of the build on the shared directions; and the model stays proved in float32."""
+    from exactformer.construct import keyed
 
     model = build(data)
-    generic, tagging.data_grid = tagging.data_grid, lambda points: None
+    generic, keyed.data_grid = keyed.data_grid, lambda points: None
     try:
         shared = build(data)
     finally:
-        tagging.data_grid = generic
+        keyed.data_grid = generic
     assert (model.n_blocks, model.d) == (shared.n_blocks, shared.d)
+    assert not np.array_equal(np.asarray(model.blocks[0].ff.U, dtype=float),
+                              np.asarray(shared.blocks[0].ff.U, dtype=float))
     assert prove_runtime(model, data, "float32").ok
 
 

@@ -53,6 +53,7 @@ from .tagging import (
     Survey,
     Tag,
     cover,
+    data_grid,
     float32_gap,
     smallest_gap,
     tagging,
@@ -91,6 +92,7 @@ class Plan:
     reps: np.ndarray  # representative sequence of each sequence (equal input sets)
     owners: list[np.ndarray]  # per table token, the representatives holding it
     margin: float  # the float32 margin of the tags' gaps (tagging.float32_gap)
+    grid: bool = False  # grid windows were built: the moves keep 8-bit numbers too
 
 
 def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, seed: int,
@@ -109,8 +111,9 @@ def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, seed: int
     rounds = plan_tests(chosen, owners, seqs, per_round)
     tagged = chosen + [t for t in dict.fromkeys(t for r in rounds for t in r)
                        if t not in set(chosen)]
+    grid = grid and data_grid(table.points) is not None
     tags = windows(survey, tagged, exact, seed, progress, grid)
-    return Plan(tags, chosen, rounds, reps, owners, margin)
+    return Plan(tags, chosen, rounds, reps, owners, margin, grid)
 
 
 def token_name(table: TokenTable):

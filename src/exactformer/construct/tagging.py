@@ -141,16 +141,14 @@ def data_grid(points: np.ndarray) -> float | None:
     return Q if float(np.abs(nonzero).max()) < Q * 2.0 ** GRID_BITS else None
 
 
-def windows(survey: Survey, tokens: list[int], exact: bool, seed: int, progress: bool = False,
-            grid: bool = True) -> list[Tag]:
-    """Each token's tag. On data on a small dyadic grid (:func:`data_grid`) a token's window
+def windows(survey: Survey, tokens: list[int], exact: bool, seed: int, progress: bool,
+            grid: bool) -> list[Tag]:
+    """Each token's tag. With ``grid`` (grid data, :func:`data_grid`) a token's window
     reads a small integer direction on which no other token projects where it does, with
     c = f·t exactly: every runtime computes such a window exactly wherever the partial sums
-    fit its format (docs/numerics.md#proofs-for-reduced-precision-runtimes). Other tokens
-    (other data, and every token where ``grid`` is false) read their widest shared direction
-    (:meth:`Survey.tag`)."""
-    found = grid_directions(survey, tokens, seed) \
-        if grid and data_grid(survey.points) is not None else {}
+    fit its format (docs/numerics.md#low-precision-set-models). Other tokens (and every
+    token without ``grid``) read their widest shared direction (:meth:`Survey.tag`)."""
+    found = grid_directions(survey, tokens, seed) if grid else {}
     return [_grid_tag(t, *found[t], survey, exact) if t in found else survey.tag(t, exact)
             for t in tqdm(tokens, desc="keyed: tags", disable=not progress)]
 
