@@ -180,6 +180,18 @@ def test_the_brief_example_is_proved_in_every_16_and_32_bit_runtime():
     assert worst_error(model, data, torch_bf16_pass) == 0
 
 
+def test_the_demo_s_wide_moves_are_proved_in_bfloat16():
+    """The demo's hull-normal move has K = 256 and bias −261, which bfloat16 cannot store:
+    proved only because grid models read that bias mostly from the ``one`` coordinate."""
+    from exactformer.data import builtin
+
+    data = builtin.demo()
+    model = build(data)
+    assert prove_runtime(model, data, "bfloat16").ok
+    assert worst_error(model, data, torch_bf16_pass) <= TOL
+    assert worst_error(model, data, LowPass(True, 0).run) <= TOL
+
+
 def _move_layer(model):
     return model.blocks[model.record.phase("interpolation").start].ff
 
