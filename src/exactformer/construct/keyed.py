@@ -38,7 +38,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm import tqdm
 
 from ..model import SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from ..numbers import num, safe_floats, zeros
@@ -54,10 +53,12 @@ from .tagging import (
     Survey,
     Tag,
     cover,
+    data_grid,
     float32_gap,
     smallest_gap,
     tagging,
     warn_close_tokens,
+    windows,
 )
 
 SIGNATURE_BITS = 16  # signatures below 2^16: every move's argument is exact in float32
@@ -91,13 +92,15 @@ class Plan:
     reps: np.ndarray  # representative sequence of each sequence (equal input sets)
     owners: list[np.ndarray]  # per table token, the representatives holding it
     margin: float  # the float32 margin of the tags' gaps (tagging.float32_gap)
+    grid: bool = False  # grid windows were built: the moves keep 8-bit numbers too
 
 
 def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, seed: int,
-         progress: bool = False) -> Plan:
+         progress: bool = False, grid: bool = True) -> Plan:
     """Choose the tagged tokens (every sequence holds at least m_j leader tags, chosen by
     :func:`tagging.cover`), the tests that separate the sequences sharing a leader tag, and
-    every tag's gadget."""
+    every tag's gadget (``grid``: on grid data, :func:`tagging.windows`' integer directions;
+    hardmax models only, docs/numerics.md#low-precision-set-models)."""
     seqs = table.seqs()
     reps = _representatives(seqs)
     owners = _owners(table, reps)
@@ -108,9 +111,9 @@ def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, seed: int
     rounds = plan_tests(chosen, owners, seqs, per_round)
     tagged = chosen + [t for t in dict.fromkeys(t for r in rounds for t in r)
                        if t not in set(chosen)]
-    tags = [survey.tag(t, exact) for t in tqdm(tagged, desc="keyed: tags",
-                                                        disable=not progress)]
-    return Plan(tags, chosen, rounds, reps, owners, margin)
+    grid = grid and data_grid(table.points) is not None
+    tags = windows(survey, tagged, exact, seed, progress, grid)
+    return Plan(tags, chosen, rounds, reps, owners, margin, grid)
 
 
 def token_name(table: TokenTable):
@@ -184,7 +187,7 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, hea
         if not np.isfinite(np.square(safe_floats(table.points).astype(float)).sum(axis=1)).all():
             raise NotKeyable("tokens too large for float64: their squared norms overflow, and "
                              "every cap and score reads them")
-    p = plan(table, m, exact, width - 1, seed, progress)
+    p = plan(table, m, exact, width - 1, seed, progress, grid=floor is None)
     leaders = set(p.leader_tags)
     every_tag = [tag.token for tag in p.tags]
     q, w = code_size(len(every_tag))

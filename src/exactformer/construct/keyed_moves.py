@@ -105,15 +105,32 @@ def move_argument(prep: Prepared, t: int, g, j: int, exact: bool, shifted: bool 
 
 def _move_unit(prep: Prepared, t: int, g, j: int, move, exact: bool):
     """The (tag t, sequence j) state's unit on its :func:`move_argument`: it adds ``move`` to
-    the data coordinates and sets code, signature, one and mark to 0."""
+    the data coordinates and sets code, signature, one and mark to 0. On grid data the bias
+    is read mostly from ``one`` (:func:`eight_bits_above`)."""
     lay, sc, word, sigma = prep.lay, prep.scales, prep.word[t], prep.sig.values[j]
     u, bias, _ = move_argument(prep, t, g, j, exact)
+    if prep.p.grid:
+        high = eight_bits_above(int(bias))
+        u[lay.one], bias = num(high, exact), bias - num(high, exact)
     out = on_code(lay, word, -sc.C, exact)
     out[:lay.d] = move
     out[lay.one] = out[lay.mark] = num(-1, exact)
     for c, v in zip(lay.sigma, sigma, strict=True):
         out[c] = -num(int(v), exact) * sc.sig_unit
     return u, bias, out
+
+
+def eight_bits_above(bias: int) -> int:
+    """The part of a move's integer bias that grid models read from the ``one`` coordinate:
+    bias + 1 cut toward 0 to 8 significant bits (0 for bias ≥ −1). The rest, bias − part,
+    is at most −1, so a moved state (one = 0) still reads a negative argument; for
+    |bias| < 2^16 it has at most 8 bits, as has the argument's product at its own state,
+    1 − rest (docs/numerics.md#low-precision-set-models)."""
+    m = -(bias + 1)
+    if m <= 0:
+        return 0
+    shift = max(m.bit_length() - 8, 0)
+    return -((m >> shift) << shift)
 
 
 def move_weight(g, top: int, exact: bool):

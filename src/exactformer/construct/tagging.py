@@ -8,6 +8,10 @@ lengths:
   projected on each and the projections sorted (``Survey``, O(K·T log T)). A token's *gap* on
   f_k is its distance to its nearer neighbour in that order over |f_k|₁ times the data's
   extent; its tag reads the direction where the gap is widest.
+* **Grid windows.** On grid data (coordinates integer multiples of one power of two, few bits)
+  a tag reads instead a small integer direction on which its token's projection is unique,
+  with c = f·t exactly: exact in TF32 and, where the sums fit 8 bits, bfloat16
+  (docs/numerics.md#low-precision-set-models).
 * **The window** (two units): s·relu(f·x − c) + s·relu(c − f·x) into a slot, with c within
   g/64 of f·t and s·g ∈ [2, 4): at most 1/16 at t, at least 1.96 at every other token.
 * **The flip** (two units, a layer later): slot ← relu(1 − slot), in [15/16, 1] at t and an
@@ -29,7 +33,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+from tqdm import tqdm
 
+from ..evaluate.grid import lowbit
 from ..model import Block
 from ..numbers import num, safe_floats
 from .gadgets import power_of_two_below
@@ -40,6 +46,7 @@ DIRECTIONS = 32  # shared directions: a token's gap is its widest over these
 DIRECTION_BITS = 20  # significant bits of a direction's entries: exact in float32
 TRUSTED = 2.0 ** -30  # a gap below this (of |f|₁·extent) is not read from float64 projections
 UNIT32 = 2.0 ** -24  # float32's unit roundoff
+GRID_BITS = 11  # grid data: every coordinate x/Q below 2^11, so TF32's inputs hold it
 
 
 def float32_gap(d: int) -> float:
@@ -119,6 +126,90 @@ class Survey:
         s = s / 2 if s * g >= 4 else s
         c = _on_grid(np.dot(self.points[t], f), power_of_two_below(g / 32), exact)
         return Tag(t, f, c, s, float(self.gaps[t]), nb)
+
+
+# ----------------------------------------------------------------------------- grid windows
+def data_grid(points: np.ndarray) -> float | None:
+    """Q, the largest power of two of which every coordinate of ``points`` is an integer
+    multiple, where every |x|/Q is below 2^GRID_BITS (so each coordinate has at most
+    GRID_BITS significant bits); None for other data (docs/keyed.md#tagging)."""
+    X = safe_floats(points).astype(float)
+    nonzero = X[X != 0]
+    if not np.isfinite(X).all() or not len(nonzero):
+        return None if len(nonzero) else 1.0
+    Q = float(lowbit(nonzero).min())
+    return Q if float(np.abs(nonzero).max()) < Q * 2.0 ** GRID_BITS else None
+
+
+def windows(survey: Survey, tokens: list[int], exact: bool, seed: int, progress: bool,
+            grid: bool) -> list[Tag]:
+    """Each token's tag. With ``grid`` (grid data, :func:`data_grid`) a token's window
+    reads a small integer direction on which no other token projects where it does, with
+    c = f·t exactly: every runtime computes such a window exactly wherever the partial sums
+    fit its format (docs/numerics.md#low-precision-set-models). Other tokens (and every
+    token without ``grid``) read their widest shared direction (:meth:`Survey.tag`)."""
+    found = grid_directions(survey, tokens, seed) if grid else {}
+    return [_grid_tag(t, *found[t], survey, exact) if t in found else survey.tag(t, exact)
+            for t in tqdm(tokens, desc="keyed: tags", disable=not progress)]
+
+
+def grid_directions(survey: Survey, tokens: list[int], seed: int) -> dict:
+    """token → (f, g, neighbour): an integer direction f of entries in [−r, r], r = 1, 2, 4, …
+    below 2^(GRID_BITS − 1), on which the token's projection is at g from every other
+    token's (its nearest being ``neighbour``), g at least the float32 margin of
+    |f|₁·extent (:func:`float32_gap`, so float32 reads it as it reads a shared direction);
+    the smallest |f|₁ of the first r that has one, DIRECTIONS directions drawn per r.
+    Projections of grid data are exact in float64."""
+    X = safe_floats(survey.points).astype(float)
+    margin = float32_gap(X.shape[1])
+    rng = np.random.default_rng([seed, X.shape[1], 1])
+    left, out = list(dict.fromkeys(tokens)), {}
+    r = 1
+    while left and r < 2 ** (GRID_BITS - 1):
+        F = rng.integers(-r, r + 1, size=(DIRECTIONS, X.shape[1])).astype(float)
+        F = F[np.abs(F).sum(axis=1) > 0]
+        F = F[np.argsort(np.abs(F).sum(axis=1), kind="stable")]
+        gaps, nbs = _direction_gaps(X @ F.T, left)
+        wide = gaps >= margin * np.abs(F).sum(axis=1) * survey.extent
+        for i, t in enumerate(left):
+            k = np.flatnonzero(wide[i])
+            if len(k):
+                out[t] = (F[k[0]], float(gaps[i, k[0]]), int(nbs[i, k[0]]))
+        left = [t for t in left if t not in out]
+        r *= 2
+    return out
+
+
+def _direction_gaps(P: np.ndarray, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per token (rows) and direction (columns of the projections P, T × K): the distance
+    to the nearest other projection (inf alone, 0 where another token shares it) and that
+    token."""
+    T = len(P)
+    order = np.argsort(P, axis=0, kind="stable")
+    rank = np.argsort(order, axis=0, kind="stable")[tokens]
+    sortedP = np.take_along_axis(P, order, axis=0)
+    cols = np.arange(P.shape[1])
+    here = sortedP[rank, cols]
+    below = np.where(rank > 0, here - sortedP[np.maximum(rank - 1, 0), cols], np.inf)
+    above = np.where(rank < T - 1, sortedP[np.minimum(rank + 1, T - 1), cols] - here, np.inf)
+    nb = np.where(below < above, order[np.maximum(rank - 1, 0), cols],
+                  order[np.minimum(rank + 1, T - 1), cols])
+    return np.minimum(below, above), nb
+
+
+def _grid_tag(t: int, f: np.ndarray, g: float, neighbour: int, survey: Survey, exact: bool
+              ) -> Tag:
+    """The window of token t along the integer direction f whose nearest other projection
+    is at g (inf: t alone, read as a gap of the data's size): c = f·t exactly (float64
+    holds it on grid data), s·g ∈ [2, 4)."""
+    norm = float(np.abs(f).sum()) * survey.extent
+    g = min(g, norm)
+    gn = num(g, exact)
+    s = power_of_two_below(num(4, exact) / gn)
+    s = s / 2 if s * gn >= 4 else s
+    c = num(float(survey.points[t] @ f), exact)
+    fx = np.array([Fraction(v) for v in f], dtype=object) if exact else f
+    return Tag(t, fx, c, s, g / norm, neighbour)
 
 
 def _directions(d: int, seed: int) -> np.ndarray:

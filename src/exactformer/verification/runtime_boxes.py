@@ -12,7 +12,9 @@ import numpy as np
 
 from ..evaluate.enclosure import lower, rounding, up, upper
 from ..evaluate.grid import fits_exactly, lowbit, supports
-from .formats import ACC, Format, conversions, fits, matmul_input_error, theta
+from .formats import ACC, Format, conversions, fits, matmul_input_error, stored, theta
+
+REFINE_TERMS = 4096  # a unit group's columns × units up to which terms are read one by one
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -120,13 +122,15 @@ def linear(Xm, Xr, Wm, Wr, b, br, fmt: Format):
 
 def _linear_exact(Xm, Xr, Wm, Wr, b, part, fmt: Format):
     """Where X Wᵀ + b rounds nowhere in any evaluation: the terms' lowest bits (per unit's
-    support, the inputs' :func:`quantum` times lowbit(w)) fit every partial sum in the
-    format (for TF32, every input also has at most 11 bits, known only without radius);
-    and those quanta."""
+    support, the inputs' least :func:`quantum` times the least lowbit(w); where that is too
+    coarse, per term, :func:`_term_quanta`) fit every partial sum in the format, or for
+    point inputs in float32 with both stores exact (:func:`_stored_once`); for TF32, every
+    input also has at most 11 bits, known only without radius. And those quanta."""
     exact = np.zeros(part.shape, dtype=bool)
     quanta = np.zeros(part.shape)
     nz = Wm != 0
-    lbX, lbW, lbb = quantum(Xm, Xr, fmt), lowbit(Wm).min(axis=1, initial=np.inf), lowbit(b)
+    lbWc = lowbit(Wm)
+    lbX, lbW, lbb = quantum(Xm, Xr, fmt), lbWc.min(axis=1, initial=np.inf), lowbit(b)
     okW = (Wr == 0).all(axis=1)
     if fmt.matmul_bits is not None:
         okW &= fits(Wm, fmt.matmul_bits).all(axis=1)
@@ -138,10 +142,42 @@ def _linear_exact(Xm, Xr, Wm, Wr, b, part, fmt: Format):
             ok = fits(Xm[:, cols], fmt.matmul_bits).all(axis=1) & ~(Xr[:, cols] > 0).any(axis=1)
         with np.errstate(over="ignore", invalid="ignore"):
             q = np.minimum(qx[:, None] * lbW[units], lbb[units])
-        exact[:, units] = ok[:, None] & okW[units] & fits_exactly(part[:, units], q, fmt.bits,
-                                                                  fmt.tiny)
+            fit = fits_exactly(part[:, units], q, fmt.bits, fmt.tiny)
+            redo = np.flatnonzero(~fit.all(axis=1) & ok)
+            if len(redo) and len(cols) * len(units) <= REFINE_TERMS:
+                q[redo] = _term_quanta(lbX[redo][:, cols], lbWc[np.ix_(units, cols)], lbb[units])
+                fit[redo] = fits_exactly(part[redo][:, units], q[redo], fmt.bits, fmt.tiny)
+            late = np.flatnonzero(~fit.all(axis=1) & ok & ~(Xr[:, cols] > 0).any(axis=1))
+            if len(late) and fmt.bits < ACC.bits:
+                fit[late] |= _stored_once(Xm[late][:, cols], Wm[np.ix_(units, cols)], b[units],
+                                          part[late][:, units], q[late], fmt)
+        exact[:, units] = ok[:, None] & okW[units] & fit
         quanta[:, units] = q
     return exact, quanta
+
+
+def _stored_once(X, W, b, part, q, fmt: Format) -> np.ndarray:
+    """Where X Wᵀ + b of point inputs X is exact in a 16-bit format although its partial
+    sums pass the format's bits: they are multiples of q within float32's (every order adds
+    exactly in the float32 accumulator), and the product X Wᵀ and the result are numbers of
+    the format, so neither store rounds (a dot product is accumulated in float32 and stored,
+    its bias added and stored; docs/numerics.md#proofs-for-reduced-precision-runtimes).
+    Exact in float64 too: the same sums within 2^24·q."""
+    P = X @ W.T
+    Z = P + b
+    with np.errstate(over="ignore", invalid="ignore"):
+        return fits_exactly(part, q, ACC.bits, fmt.tiny) & (stored(P, fmt) == P) & \
+            (stored(Z, fmt) == Z)
+
+
+def _term_quanta(lbX, lbW, lbb):
+    """Per row (lbX: rows × k) and unit (lbW: units × k, lbb: units), the lowest bit of
+    every term x_c·w_c and of the bias: each product is a multiple of lowbit(x_c)·lowbit(w_c),
+    finer knowledge than the least input bit times the least weight bit."""
+    q = np.broadcast_to(lbb, (len(lbX), len(lbb))).copy()
+    for c in range(lbX.shape[1]):
+        np.minimum(q, lbX[:, c, None] * lbW[None, :, c], out=q)
+    return q
 
 
 def pos_up(x, n: int):
