@@ -20,6 +20,7 @@ import numpy as np
 
 from ..distance import hausdorff_of, pair_distances
 from .grid import exact_dots
+from .twins import TWIN_ROWS, distinct
 
 U = 2.0 ** -53  # unit roundoff of float64
 TINY = 2.0 ** -1022  # absolute slack per operation: covers underflow to subnormals or zero
@@ -342,19 +343,34 @@ def ff_dense_into(X, r, eta: float, U_, b, W) -> None:
     """:func:`ff_dense` in place. With η = 1, a finite output coordinate that no unit which
     may be on writes is x itself in both passes and keeps its radius (docs/numerics.md,
     keyed models), a coordinate no unit reads or writes is not even looked at (a keyed layer
-    touches a few of the model's coordinates), and a row whose units are all certainly off
-    is left as it is."""
+    touches a few of the model's coordinates), a row whose units are all certainly off
+    is left as it is, and rows equal on those coordinates (radii included) are evaluated
+    once."""
     cols = np.flatnonzero(U_.any(axis=0) | W.any(axis=1))
     if eta != 1 or len(cols) == X.shape[1]:
         X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
         return
     Xc, rc, Uc = X[:, cols], r[:, cols], U_[:, cols]
+    first, inv = _twins(Xc, rc)
+    Xc, rc = Xc[first], rc[first]
     live = np.flatnonzero(~_certainly_off(Xc, rc, Uc, b))
     out, rad = _ff_dense(Xc[live], rc[live], 1.0, Uc, b, W[cols])
     if not np.isfinite(out).all():  # an infinite unit makes inf·0 = nan elsewhere
         X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
         return
-    X[np.ix_(live, cols)], r[np.ix_(live, cols)] = out, rad
+    at = np.full(len(first), -1)
+    at[live] = np.arange(len(live))
+    rows = np.flatnonzero(at[inv] >= 0)
+    X[np.ix_(rows, cols)], r[np.ix_(rows, cols)] = out[at[inv[rows]]], rad[at[inv[rows]]]
+
+
+def _twins(Xc, rc) -> tuple[np.ndarray, np.ndarray]:
+    """(first, inv): the rows of many that are distinct on the layer's coordinates, values and
+    radii (:func:`.twins.distinct`), so that each is evaluated once; every row alone when
+    there are few."""
+    if len(Xc) < TWIN_ROWS:
+        return np.arange(len(Xc)), np.arange(len(Xc))
+    return distinct(np.concatenate([Xc, rc], axis=1))
 
 
 def _certainly_off(X, r, U_, b) -> np.ndarray:
