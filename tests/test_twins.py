@@ -115,3 +115,46 @@ def test_grouped_rows_are_the_rows_alone_and_enclose_the_exact_layer(case, rnd):
                  for v, rv in zip(x.tolist(), rad.tolist(), strict=True)]
         for e, mv, rv in zip(exact_ff(point, U, b, W), m.tolist(), mr.tolist(), strict=True):
             assert abs(e - Fraction(mv)) <= Fraction(rv)
+
+
+@st.composite
+def reading_layers(draw):
+    """A residual layer whose units read coordinates 0-2 and write 0-1 of d = 4: coordinate 2
+    is read only, 3 untouched; rows and radii of a few values."""
+    h = draw(st.integers(1, 4))
+    U, W = np.zeros((h, 4)), np.zeros((4, h))
+    U[:, :3] = draw(st.lists(st.lists(st.sampled_from(SMALL), min_size=3, max_size=3),
+                             min_size=h, max_size=h))
+    W[:2, :] = draw(st.lists(st.lists(st.sampled_from(SMALL), min_size=h, max_size=h),
+                             min_size=2, max_size=2))
+    b = np.array(draw(st.lists(st.sampled_from([-1.0, -0.5, 0.0, 0.25]), min_size=h,
+                               max_size=h)))
+    n = draw(st.integers(1, 6))
+    X = np.array(draw(st.lists(st.lists(st.sampled_from(SMALL + [1 / 3]), min_size=4,
+                                        max_size=4), min_size=n, max_size=n)))
+    r = np.array(draw(st.lists(st.lists(st.sampled_from([0.0, 1e-9, 0.25]), min_size=4,
+                                        max_size=4), min_size=n, max_size=n)))
+    return U, b, W, X, r
+
+
+@settings(max_examples=150, deadline=None)
+@given(reading_layers(), st.randoms(use_true_random=False))
+def test_written_coordinates_alone_match_the_whole_layer(case, rnd):
+    """ff_dense_into evaluates the coordinates a unit writes only: the same floats and radii
+    there as the layer evaluated on every coordinate it touches, the others as they were,
+    and the exact layer inside the boxes."""
+    U, b, W, X, r = case
+    mX, mr = X.copy(), r.copy()
+    enclosure.ff_dense_into(mX, mr, 1.0, U, b, W)
+    cols = np.flatnonzero(U.any(axis=0) | W.any(axis=1))  # as ff_dense_into looks
+    wX, wr = enclosure._ff_dense(X[:, cols], r[:, cols], 1.0, U[:, cols], b, W[cols])
+    written = W[cols].any(axis=1)
+    assert np.allclose(mX[:, cols[written]], wX[:, written], rtol=1e-13, atol=0)
+    assert np.allclose(mr[:, cols[written]], wr[:, written], rtol=1e-12, atol=0)
+    kept = ~W.any(axis=1)
+    assert (mX[:, kept] == X[:, kept]).all() and (mr[:, kept] == r[:, kept]).all()
+    for x, rad, m, mrad in zip(X, r, mX, mr, strict=True):
+        point = [Fraction(v) + Fraction(rv) * Fraction(rnd.randint(-4, 4), 4)
+                 for v, rv in zip(x.tolist(), rad.tolist(), strict=True)]
+        for e, mv, rv in zip(exact_ff(point, U, b, W), m.tolist(), mrad.tolist(), strict=True):
+            assert abs(e - Fraction(mv)) <= Fraction(rv)

@@ -22,8 +22,9 @@ def distinct(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     bits = np.ascontiguousarray(A).view(np.uint64)
     h = np.zeros(len(A), dtype=np.uint64)
     for j in range(bits.shape[1]):  # (wraps around modulo 2^64)
+        h ^= bits[:, j]
         h *= _MIX
-        h += bits[:, j]
+        h ^= h >> np.uint64(31)
     _, first, inv = np.unique(h, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
     odd = np.flatnonzero((bits != bits[first[inv]]).any(axis=1))
