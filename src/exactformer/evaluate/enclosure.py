@@ -351,26 +351,24 @@ def ff_dense_into(X, r, eta: float, U_, b, W) -> None:
         X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
         return
     Xc, rc, Uc = X[:, cols], r[:, cols], U_[:, cols]
-    first, inv = _twins(Xc, rc)
-    Xc, rc = Xc[first], rc[first]
     live = np.flatnonzero(~_certainly_off(Xc, rc, Uc, b))
     outs = np.flatnonzero(W[cols].any(axis=1))  # of cols: those a unit writes
     if not len(outs):  # the layer writes nothing: x + 0
         return
-    out, rad = _ff_dense(Xc[live], rc[live], np.eye(len(cols))[outs], Uc, b, W[cols[outs]])
+    first, inv = _twins(Xc[live], rc[live])
+    out, rad = _ff_dense(Xc[live[first]], rc[live[first]], np.eye(len(cols))[outs], Uc, b,
+                         W[cols[outs]])
     if not np.isfinite(out).all():  # an infinite unit makes inf·0 = nan elsewhere
         X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
         return
-    at = np.full(len(first), -1)
-    at[live] = np.arange(len(live))
-    rows, to = np.flatnonzero(at[inv] >= 0), cols[outs]
-    X[np.ix_(rows, to)], r[np.ix_(rows, to)] = out[at[inv[rows]]], rad[at[inv[rows]]]
+    to = cols[outs]
+    X[np.ix_(live, to)], r[np.ix_(live, to)] = out[inv], rad[inv]
 
 
 def _twins(Xc, rc) -> tuple[np.ndarray, np.ndarray]:
-    """(first, inv): the rows of many that are distinct on the layer's coordinates, values and
-    radii (:func:`.twins.distinct`), so that each is evaluated once; every row alone when
-    there are few."""
+    """(first, inv): the live rows of many that are distinct on the layer's coordinates, values
+    and radii (:func:`.twins.distinct`), so that each is evaluated once; every row alone when
+    there are few (the moves: a few live rows of tens of thousands)."""
     if len(Xc) < TWIN_ROWS:
         return np.arange(len(Xc)), np.arange(len(Xc))
     return distinct(np.concatenate([Xc, rc], axis=1))
