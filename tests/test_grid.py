@@ -2,6 +2,7 @@
 summation order, checked against exact rational sums and several float evaluations written
 here, in float64 and float32."""
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -69,6 +70,20 @@ def test_certified_dots_are_exact_in_every_order(data, n, dtype):
 def test_lowbit_of_known_values():
     low = lowbit(np.array([1.0, 0.75, 0.0, 3 * 2.0 ** -1074, np.inf, np.nan, -6.0]))
     assert low.tolist() == [1.0, 0.25, np.inf, 2.0 ** -1074, np.inf, np.inf, 2.0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                 st.integers(0, 2 ** 64 - 1).map(
+                     lambda k: float(np.array([k], dtype=np.uint64).view(np.float64)[0]))))
+def test_lowbit_is_the_lowest_set_bit(x):
+    """lowbit against the definition in integers: |x| = M·2^e with M odd gives 2^e."""
+    low = float(lowbit(np.array([x]))[0])
+    if not math.isfinite(x) or x == 0:
+        assert low == math.inf
+        return
+    num, den = Fraction(abs(x)).as_integer_ratio()  # den a power of two
+    assert Fraction(low) == Fraction(num & -num, den)
 
 
 def test_the_keyed_gadget_sums():

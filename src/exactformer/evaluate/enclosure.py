@@ -20,6 +20,7 @@ import numpy as np
 
 from ..distance import hausdorff_of, pair_distances
 from .grid import exact_dots
+from .twins import TWIN_ROWS, distinct
 
 U = 2.0 ** -53  # unit roundoff of float64
 TINY = 2.0 ** -1022  # absolute slack per operation: covers underflow to subnormals or zero
@@ -146,7 +147,7 @@ def _exact_units(r, z_rad, maybe_on) -> np.ndarray:
 PATTERNS = 4  # undecided units per row up to which their on/off patterns are enumerated
 
 
-def units_radius(r, active, unsure, z_round, z_rad, W, U_, eta: float) -> np.ndarray:
+def units_radius(r, active, unsure, z_round, z_rad, W, U_, eta) -> np.ndarray:
     """The smaller of two bounds on |F(x) − F̃(X)| per row (docs/numerics.md#enclosures):
 
     * |J| r for the Jacobian J of the certainly active units, plus the active units'
@@ -342,19 +343,35 @@ def ff_dense_into(X, r, eta: float, U_, b, W) -> None:
     """:func:`ff_dense` in place. With η = 1, a finite output coordinate that no unit which
     may be on writes is x itself in both passes and keeps its radius (docs/numerics.md,
     keyed models), a coordinate no unit reads or writes is not even looked at (a keyed layer
-    touches a few of the model's coordinates), and a row whose units are all certainly off
-    is left as it is."""
+    touches a few of the model's coordinates), a row whose units are all certainly off
+    is left as it is, and rows equal on those coordinates (radii included) are evaluated
+    once."""
     cols = np.flatnonzero(U_.any(axis=0) | W.any(axis=1))
     if eta != 1 or len(cols) == X.shape[1]:
         X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
         return
     Xc, rc, Uc = X[:, cols], r[:, cols], U_[:, cols]
     live = np.flatnonzero(~_certainly_off(Xc, rc, Uc, b))
-    out, rad = _ff_dense(Xc[live], rc[live], 1.0, Uc, b, W[cols])
+    outs = np.flatnonzero(W[cols].any(axis=1))  # of cols: those a unit writes
+    if not len(outs):  # the layer writes nothing: x + 0
+        return
+    first, inv = _twins(Xc[live], rc[live])
+    out, rad = _ff_dense(Xc[live[first]], rc[live[first]], np.eye(len(cols))[outs], Uc, b,
+                         W[cols[outs]])
     if not np.isfinite(out).all():  # an infinite unit makes inf·0 = nan elsewhere
         X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
         return
-    X[np.ix_(live, cols)], r[np.ix_(live, cols)] = out, rad
+    to = cols[outs]
+    X[np.ix_(live, to)], r[np.ix_(live, to)] = out[inv], rad[inv]
+
+
+def _twins(Xc, rc) -> tuple[np.ndarray, np.ndarray]:
+    """(first, inv): the live rows of many that are distinct on the layer's coordinates, values
+    and radii (:func:`.twins.distinct`), so that each is evaluated once; every row alone when
+    there are few (the moves: a few live rows of tens of thousands)."""
+    if len(Xc) < TWIN_ROWS:
+        return np.arange(len(Xc)), np.arange(len(Xc))
+    return distinct(np.concatenate([Xc, rc], axis=1))
 
 
 def _certainly_off(X, r, U_, b) -> np.ndarray:
@@ -368,36 +385,49 @@ def _certainly_off(X, r, U_, b) -> np.ndarray:
     return (upper(Z, z_rad) <= 0).all(axis=1)
 
 
-def _ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
+def _ff_dense(X, r, eta, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     """:func:`ff_dense` on every coordinate of X; a coordinate of a row whose units' signs
     are all certain takes the affine piece's evaluation where that bounds it tighter
-    (:func:`_pieces_into`)."""
+    (:func:`_pieces_into`). ``eta``: η, or (η = 1) the rows of the identity of the output
+    coordinates, W then having those rows alone: coordinates no unit writes are left out of
+    the output (a tagging window reads every data coordinate and writes one)."""
     d, h = X.shape[1], len(b)
+    Xo, ro, eta = _outputs(X, r, eta)
     Z, z_round, z_rad = _pre_activations(X, r, U_, b)
     active, unsure = signs(Z, z_rad)
     A, maybe_on = np.maximum(Z, 0.0), active | unsure
     rad = units_radius(r, active, unsure, z_round, z_rad, W, U_, eta)
     exact = _exact_units(r, z_rad, maybe_on)
-    out = eta * X + A @ W.T
-    sums = rounding(abs(eta) * np.abs(X) + A @ np.abs(W).T, h + 1)
+    e = eta if np.ndim(eta) == 0 else 1.0
+    out = e * Xo + A @ W.T
+    sums = rounding(abs(e) * np.abs(Xo) + A @ np.abs(W).T, h + 1)
     written = np.flatnonzero(W.any(axis=1))
-    if eta in (0, 1, -1):  # η·x exact: the row's own term of each sum (grid.py)
-        sums[:, written] *= ~exact_dots(A, W[written], eta * X[:, written])
+    if e in (0, 1, -1):  # η·x exact: the row's own term of each sum (grid.py)
+        sums[:, written] *= ~exact_dots(A, W[written], e * Xo[:, written])
     rad = up(rad + sums, 2 * (h + d) + 4)
     rad[exact[:, None] & (sums == 0)] = 0.0  # exact A, a sum no evaluation rounds
-    if eta == 1:  # a coordinate no unit that may be on writes: x + 0, exactly, in both
+    if e == 1:  # a coordinate no unit that may be on writes: x + 0, exactly, in both
         untouched = (maybe_on.astype(np.float64) @ (W != 0).T.astype(np.float64)) == 0
-        rad = np.where(untouched & np.isfinite(out), r, rad)  # inf·0 = nan is not x
+        rad = np.where(untouched & np.isfinite(out), ro, rad)  # inf·0 = nan is not x
     rows = np.flatnonzero(~unsure.any(axis=1) & active.any(axis=1))
     if len(rows):
         _pieces_into(out, rad, X, r, eta, U_, b, W, active, rows)
     return out, rad
 
 
-def _pieces_into(out, rad, X, r, eta: float, U_, b, W, active, rows) -> None:
+def _outputs(X, r, eta):
+    """The output coordinates of X and r, and η as :func:`_jacobian` takes it."""
+    if np.ndim(eta) == 0:
+        return X, r, eta
+    at = np.argmax(eta, axis=1)
+    return X[:, at], r[:, at], eta
+
+
+def _pieces_into(out, rad, X, r, eta, U_, b, W, active, rows) -> None:
     """On ``rows``, where every unit's sign is certain on the box, F is the affine piece
     x ↦ J_P x + W_P b_P of the row's pattern P of active units. Where the active units'
-    slopes cancel (J_P from :func:`_jacobian` is exactly η·I: a clip pair that is flat), the
+    slopes cancel (J_P from :func:`_jacobian` is exactly η·I, or the rows of I that ``eta``
+    gives: a clip pair that is flat), the
     piece is evaluated so: a coordinate is bounded by (|J_P| + e_J)·r + e_J·|X| + the rounding
     of W_P b_P and of the piece's own sum, and where that is below its radius from the
     units' evaluation it takes this midpoint and radius instead (docs/numerics.md#enclosures:
@@ -406,7 +436,7 @@ def _pieces_into(out, rad, X, r, eta: float, U_, b, W, active, rows) -> None:
     patterns, which = _groups(active[rows])
     for g, pat in enumerate(patterns):
         J, size, n = _jacobian(W, U_, pat, eta)
-        if not np.array_equal(J, eta * np.eye(d)):
+        if not np.array_equal(J, _identity(eta, W, U_)):
             continue
         at = rows[which == g]
         J_err = np.zeros(J.shape) if size is None else rounding(size, n)
@@ -425,28 +455,28 @@ def _pieces_into(out, rad, X, r, eta: float, U_, b, W, active, rows) -> None:
         rad[at] = np.where(better, e, rad[at])
 
 
-def jacobian_bound(r, active, W, U_, eta: float) -> np.ndarray:
+def jacobian_bound(r, active, W, U_, eta) -> np.ndarray:
     """Per row, |J| r (with J's rounding) for J = η·I + Σ_{k active} W_k U_kᵀ, the exact
     Jacobian of the row's affine piece. Rows are grouped by their pattern of active units."""
     patterns, which = _groups(active)
-    out = np.empty_like(r)
+    out = np.empty((len(r), W.shape[0]))
     for g, pat in enumerate(patterns):
         rows = which == g
         out[rows] = _jacobian_times(r[rows], W, U_, pat, eta)
     return out
 
 
-def pattern_bound(r, active, unsure, W, U_, eta: float) -> np.ndarray:
+def pattern_bound(r, active, unsure, W, U_, eta) -> np.ndarray:
     """Per row, the largest |J_P| r (with J_P's rounding) over the patterns P = the active
     units plus any subset of the undecided ones (``unsure``, a few per row). Rows are
     grouped by their (active, undecided) patterns."""
     h = active.shape[1]
     patterns, which = _groups(np.concatenate([active, unsure], axis=1))
-    out = np.empty_like(r)
+    out = np.empty((len(r), W.shape[0]))
     for g, pat in enumerate(patterns):
         rows = which == g
         maybe = np.flatnonzero(pat[h:])
-        best = np.zeros((int(rows.sum()), r.shape[1]))
+        best = np.zeros((int(rows.sum()), W.shape[0]))
         for bits in range(2 ** len(maybe)):
             p = pat[:h].copy()
             p[maybe[[bool(bits >> i & 1) for i in range(len(maybe))]]] = True
@@ -465,7 +495,7 @@ def _groups(flags) -> tuple[np.ndarray, np.ndarray]:
     return patterns, which.reshape(-1)
 
 
-def _jacobian_times(r, W, U_, pat, eta: float) -> np.ndarray:
+def _jacobian_times(r, W, U_, pat, eta) -> np.ndarray:
     """|J| r per row, J's rounding included, for J = η·I + Σ_{k ∈ pat} W_k U_kᵀ
     (:func:`_jacobian`). The absolute part of J's rounding bound, the same c·2^-1022 in
     every entry, is added as c·2^-1022·Σ_j r_j instead of inside the product: otherwise every
@@ -478,22 +508,27 @@ def _jacobian_times(r, W, U_, pat, eta: float) -> np.ndarray:
     return r @ (np.abs(J) + c * U * size).T + (c * TINY) * r.sum(axis=1)[:, None]
 
 
-def _jacobian(W, U_, pat, eta: float) -> tuple[np.ndarray, np.ndarray | None, int]:
+def _jacobian(W, U_, pat, eta) -> tuple[np.ndarray, np.ndarray | None, int]:
     """J = η·I + Σ_{k ∈ pat} W_k U_kᵀ in float64, with (S, n) such that rounding(S, n)
     bounds its error entrywise (S None: J is exact). When the active units all read one
     direction f (every gadget), J = η·I + (Σ W_k) fᵀ with the column sum correctly rounded
     (math.fsum), so units that cancel exactly give exactly η·I."""
-    d = W.shape[0]
-    eye = eta * np.eye(d)
+    eye = _identity(eta, W, U_)
     if not pat.any():
         return eye, None, 0
     Ua = U_[pat]
     if (Ua == Ua[0]).all():
         col = np.array([math.fsum(row) for row in W[:, pat]])
         J = eye + np.outer(col, Ua[0])
-        return J, np.outer(np.abs(col), np.abs(Ua[0])) + abs(eta) * np.eye(d), 2
+        return J, np.outer(np.abs(col), np.abs(Ua[0])) + np.abs(eye), 2
     J = eye + W[:, pat] @ Ua
-    return J, np.abs(W[:, pat]) @ np.abs(Ua) + abs(eta) * np.eye(d), len(Ua) + 1
+    return J, np.abs(W[:, pat]) @ np.abs(Ua) + np.abs(eye), len(Ua) + 1
+
+
+def _identity(eta, W, U_) -> np.ndarray:
+    """η·I, or the rows of I (η = 1) of the output coordinates when ``eta`` is that matrix
+    (W then has the output rows alone, U every input column)."""
+    return eta * np.eye(W.shape[0]) if np.ndim(eta) == 0 else eta
 
 
 def hausdorff_upper(O, o_rad, Y, y_rad, D=None) -> np.ndarray:

@@ -21,15 +21,19 @@ MARGIN = 2.0 ** -40  # relative: covers the rounding of a size computed in float
 
 def lowbit(x) -> np.ndarray:
     """The value of the lowest set bit of each |x| (x = odd·lowbit), inf for 0 and for
-    non-finite x: every sum of such terms is a multiple of the smallest."""
-    x = np.asarray(x, dtype=np.float64)
-    m, e = np.frexp(np.abs(x))
+    non-finite x: every sum of such terms is a multiple of the smallest. From the bits: with
+    that bit cleared, |x| keeps its exponent (the leading bit stays) and loses exactly the
+    lowest bit, so the difference is exact (Sterbenz); a normal power of two, whose stored
+    fraction is 0, is its own lowest bit."""
+    a = np.abs(np.asarray(x, dtype=np.float64))
+    bits = a.view(np.int64)
+    low = a - (bits & (bits - 1)).view(np.float64)
+    power = (bits & FRACTION) == 0
     with np.errstate(invalid="ignore"):
-        M = np.where(np.isfinite(x), m * 2.0 ** 53, 0).astype(np.int64)
-    low = M & -M
-    with np.errstate(over="ignore"):
-        out = np.ldexp(low.astype(np.float64), e - 53)
-    return np.where(low == 0, np.inf, out)
+        return np.where(np.isfinite(a) & (a != 0), np.where(power, a, low), np.inf)
+
+
+FRACTION = (1 << 52) - 1  # the stored fraction bits of a float64
 
 
 def fits_exactly(size, q, bits: int, tiny: float) -> np.ndarray:
