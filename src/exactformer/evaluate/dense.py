@@ -9,7 +9,8 @@ import numpy as np
 from ..model import Transformer, first_mixing
 from ..numbers import pad_columns
 from .dense_batch import mixing_run
-from .dense_stretch import distinct_rows, stretch
+from .dense_stretch import stretch
+from .twins import distinct
 
 
 def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None,
@@ -47,9 +48,10 @@ def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None,
 
 def _tokenwise(xs: list[np.ndarray], blocks, i: int, j: int, peaks) -> list[np.ndarray]:
     """Blocks i..j−1, none of which mixes tokens, on every distinct row of all sequences
-    (:func:`.dense_stretch.stretch`), given back to each token."""
-    X, inv = distinct_rows(np.concatenate(xs))
-    X = stretch(X, blocks, i, j, lambda k: _Peaks(peaks, k))
+    (:func:`.twins.distinct`, :func:`.dense_stretch.stretch`), given back to each token."""
+    X = np.concatenate(xs) + 0.0  # −0 + 0 = 0: equal rows as the pass computes them
+    first, inv = distinct(X)
+    X = stretch(X[first], blocks, i, j, lambda k: _Peaks(peaks, k))
     return np.split(X[inv], np.cumsum([len(x) for x in xs])[:-1])
 
 

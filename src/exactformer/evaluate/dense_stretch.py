@@ -10,17 +10,6 @@ GROUP = 32  # rows that share one box of bounds
 ABSORB = 128  # dirty rows that go into boxes of their own
 
 
-def distinct_rows(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct rows of X (compared by their bytes, −0 taken as 0) and the index of each
-    row among them: a sort of one key per row, not of d keys (np.unique's axis=0)."""
-    X = np.ascontiguousarray(X + 0.0)  # −0 + 0 = 0
-    if X.shape[1] == 0:
-        return X[:1], np.zeros(len(X), dtype=np.int64)
-    keys = X.view(np.dtype((np.void, X.itemsize * X.shape[1]))).ravel()
-    _, first, inv = np.unique(keys, return_index=True, return_inverse=True)
-    return X[first], inv.reshape(-1)
-
-
 def stretch(X: np.ndarray, blocks, i: int, j: int, peak_of) -> np.ndarray:
     """Blocks i..j−1, none of which mixes tokens, on the rows X (each row alone);
     ``peak_of(k)`` records block k's peaks. A residual FF (η = 1, W finite) on finite rows

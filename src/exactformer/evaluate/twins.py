@@ -1,9 +1,10 @@
 """Rows that hold the same numbers: a layer that acts on each row alone computes them once.
 
-After the first attention a keyed model's rows are no longer pooled (each sequence's rows
-carry its signature), but the few coordinates a separation layer reads and writes, with their
-radii, repeat across sequences: 50 000 rows hold about 4 000 distinct parts
-(docs/numerics.md#enclosures).
+The plain dense pass runs each attention-free stretch on the distinct rows of all sequences
+(:mod:`.dense`). In an enclosure, after the first attention a keyed model's rows are no
+longer pooled (each sequence's rows carry its signature), but the few coordinates a
+separation layer reads and writes, with their radii, repeat across sequences: 50 000 rows
+hold about 4 000 distinct parts (docs/numerics.md#enclosures).
 """
 
 from __future__ import annotations
