@@ -252,20 +252,32 @@ def test_attention_blocks_match_the_plain_pass_token_by_token(data):
 
 def order_free(model, xs, want, want_peaks) -> bool:
     """Whether the plain pass gives the same non-finite entries and peaks with the
-    coordinates reversed. Where a partial sum overflows, inf or nan depends on the order of
-    the sums, which BLAS picks by shape: no pass is then wrong to differ from another, and
-    a comparison would test BLAS, not the pass (only the scale 2^600 gets here)."""
-    peaks: dict = {}
-    other = [plain_pass(model, x, peaks, order=np.arange(model.d)[::-1]) for x in xs]
-    return all(np.array_equal(np.isfinite(a), np.isfinite(b))
-               for a, b in zip(want, other, strict=True)) \
-        and all(math.isnan(peaks[k]) == math.isnan(v) for k, v in want_peaks.items())
+    coordinates reversed, and with every product rounded before it is added (no fused
+    multiply-add). Where a partial sum overflows, inf or nan depends on the order of the
+    sums and on whether BLAS fuses them (fma(x, y, inf) = inf where x·y + inf may be nan),
+    which BLAS picks by shape: no pass is then wrong to differ from another, and a
+    comparison would test BLAS, not the pass (only the scale 2^600 gets here)."""
+    for variant in ({"order": np.arange(model.d)[::-1]}, {"matmul": unfused}):
+        peaks: dict = {}
+        other = [plain_pass(model, x, peaks, **variant) for x in xs]
+        if not (all(np.array_equal(np.isfinite(a), np.isfinite(b))
+                    for a, b in zip(want, other, strict=True))
+                and all(math.isnan(peaks[k]) == math.isnan(v) for k, v in want_peaks.items())):
+            return False
+    return True
 
 
-def plain_pass(model, X: np.ndarray, peaks: dict, order=None) -> np.ndarray:
+def unfused(P: np.ndarray, Q: np.ndarray) -> np.ndarray:
+    """P @ Q with each product rounded to float64 before the (pairwise) sum."""
+    return (P[:, :, None] * Q[None, :, :]).sum(axis=1)
+
+
+def plain_pass(model, X: np.ndarray, peaks: dict, order=None, matmul=np.matmul
+               ) -> np.ndarray:
     """One sequence through every block as written, recording each part's largest |value|
     into ``peaks`` (nan once seen stays, as dense_forward records it); with the coordinates
-    in ``order`` (the same function; the sums go in another order)."""
+    in ``order`` (the same function; the sums go in another order) and the products by
+    ``matmul``."""
     p = np.arange(X.shape[1]) if order is None else np.asarray(order)
     X = X[:, p]
     def note(k, part, values):
@@ -278,22 +290,22 @@ def plain_pass(model, X: np.ndarray, peaks: dict, order=None) -> np.ndarray:
     with np.errstate(all="ignore"):
         for k, blk in enumerate(model.blocks):
             if blk.ff is not None:
-                Z = X @ blk.ff.U[:, p].T + blk.ff.b
+                Z = matmul(X, blk.ff.U[:, p].T) + blk.ff.b
                 note(k, "FF pre-activation", Z)
-                X = blk.ff.eta * X + np.maximum(Z, 0.0) @ blk.ff.W[p].T
+                X = blk.ff.eta * X + matmul(np.maximum(Z, 0.0), blk.ff.W[p].T)
                 note(k, "FF output", X)
             if blk.sa is not None and not blk.sa.is_identity():
                 out = blk.sa.rho * X
                 for head in blk.sa.heads:
                     A, V = head.A.dense()[np.ix_(p, p)], head.V.dense()[np.ix_(p, p)]
-                    S = (X @ A.T) @ X.T
+                    S = matmul(matmul(X, A.T), X.T)
                     note(k, "scores", S)
                     S = np.where(seen, S, -np.inf)
                     if model.attention == "hardmax":
                         M = (S == S.max(axis=1, keepdims=True)).astype(float)
                     else:
                         M = np.exp(S - S.max(axis=1, keepdims=True))
-                    out = out + (M / M.sum(axis=1, keepdims=True) @ X) @ V.T
+                    out = out + matmul(matmul(M / M.sum(axis=1, keepdims=True), X), V.T)
                 X = out
             note(k, "state", X)
     return X[:, np.argsort(p)]
