@@ -4,7 +4,8 @@ The interface is :func:`forward` (set or causal data), :func:`forward_causal`, :
 (float64 with rigorous radii) and :func:`predict`; :func:`dense_forward` is the plain float64
 reference pass. The modules, in the order a pass uses them: ``arithmetic`` (the three
 arithmetics and the pass statistics), ``windows`` (which FF layers are ridge windows),
-``keys`` (which are key layers, applied by lookup), ``jobs``
+``keys`` (which are key layers, applied by lookup), ``gates`` (which are gated layers,
+applied to the rows that hold their keys), ``jobs``
 (a model prepared for a pass, and the process pool), ``state``, ``rows`` and ``compaction``
 (the rows a pass carries), ``layers`` and ``attention`` (applying one layer), ``rank_one`` and
 ``runs`` (the kernels that keep large constructed models near linear), ``enclosure`` (the

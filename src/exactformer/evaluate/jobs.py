@@ -22,6 +22,7 @@ from ..model import Transformer, first_mixing
 from . import runs
 from .arithmetic import Arithmetic, PassStats
 from .causal import apply_causal_sa
+from .gates import gate_layers
 from .keys import KeyRun, key_layers
 from .layers import apply_ff, apply_sa, ff_rows
 from .state import CausalState, RowState
@@ -42,6 +43,7 @@ class Job:
     causal: bool
     keys: list  # per block: its FF as a key layer (evaluate/keys.py), or None
     key_runs: dict  # first block -> (end, keys.KeyRun) over blocks of key layers alone
+    gates: list  # per block: its FF as a gated layer (evaluate/gates.py), or None
 
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau, causal: bool | None = None) -> Job:
@@ -51,9 +53,12 @@ class Job:
         with paused_gc():
             keys, ridges = layer_forms(model, [c.ff for c in blocks], ar)
             plan = {} if ar.is_object else runs.plan_runs(blocks, ridges)
+            gates = gate_layers([b.ff if k is None and r is None else None
+                                 for b, k, r in zip(model.blocks, keys, ridges, strict=True)])
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         return cls(ar, model.attention, blocks, ridges, tau, plan,
-                   model.causal if causal is None else causal, keys, _key_runs(blocks, keys, ar))
+                   model.causal if causal is None else causal, keys, _key_runs(blocks, keys, ar),
+                   gates)
 
     def run(self, xs: list[np.ndarray], snapshots, stats: PassStats,
             progress: bool) -> tuple[list, dict]:
@@ -102,7 +107,7 @@ class Job:
                 continue
             blk = self.blocks[i]
             if blk.ff is not None:
-                apply_ff(st, blk.ff, self.ridges[i], stats, self.keys[i])
+                apply_ff(st, blk.ff, self.ridges[i], stats, self.keys[i], self.gates[i])
             if blk.sa is not None and not blk.sa.is_identity():
                 attend(st, st.ar.convert(blk.sa), self.attention, self.tau, stats)
             i += 1

@@ -61,7 +61,7 @@ def key_layers(ffs: list[FF | None]) -> list[KeyLayer | None]:
     for idx in groups.values():
         Q = union if shared else np.flatnonzero(parts[idx[0]][0])
         signs = np.sign(np.array([ffs[i].U for i in idx])[:, :, Q]).astype(np.int64)
-        codes = _pack(signs)  # (layers, units)
+        codes = pack(signs)  # (layers, units)
         order = np.argsort(codes, axis=1, kind="stable")
         codes = np.take_along_axis(codes, order, axis=1)
         distinct = ~(codes[:, 1:] == codes[:, :-1]).any(axis=1)
@@ -138,7 +138,7 @@ def _finite(v) -> bool:
     return not isinstance(v, float) or math.isfinite(v)
 
 
-def _pack(tau: np.ndarray) -> np.ndarray:
+def pack(tau: np.ndarray) -> np.ndarray:
     """Each row of a {−1, 0, 1} matrix (or stack of them) as one integer, Σ (τ_k + 1)·3^k."""
     return (tau + 1) @ (3 ** np.arange(tau.shape[-1], dtype=np.int64))
 
@@ -158,9 +158,9 @@ def row_keys(S: np.ndarray, R: np.ndarray | None) -> tuple[np.ndarray, np.ndarra
         tau = np.array([[0 if v == 0 else (1 if v > 0 else -1) for v in r] for r in S],
                        dtype=np.int64).reshape(n, q)
         weight = np.where(ok, (tau != 0).sum(axis=1), -1)
-        return _pack(tau), g, weight
+        return pack(tau), g, weight
     live = S.any(axis=1) if R is None else S.any(axis=1) | R.any(axis=1)  # (nan is nonzero)
-    code = np.full(n, _pack(np.zeros(q, dtype=np.int64)))
+    code = np.full(n, pack(np.zeros(q, dtype=np.int64)))
     g, weight = np.zeros(n), np.zeros(n, dtype=np.int64)
     if live.any():
         S = S[live]
@@ -169,7 +169,7 @@ def row_keys(S: np.ndarray, R: np.ndarray | None) -> tuple[np.ndarray, np.ndarra
         if R is not None:
             ok &= ~R[live].any(axis=1)
         tau = np.sign(np.where(np.isfinite(S), S, 0)).astype(np.int64)
-        code[live], g[live] = _pack(tau), np.where(ok, gl, 0.0)
+        code[live], g[live] = pack(tau), np.where(ok, gl, 0.0)
         weight[live] = np.where(ok, (tau != 0).sum(axis=1), -1)
     return code, g, weight
 
@@ -203,11 +203,12 @@ class _RowKeys:
         self.gid[rows] = np.array([index[v] for v in values], dtype=np.int64)[inv.ravel()]
 
 
-def _keys_of(st, Q: np.ndarray) -> _RowKeys:
+def keys_of(st, Q: np.ndarray, radius_free: bool = True) -> _RowKeys:
     """The rows' keys along Q, recomputed only for rows changed since the last layer that read
     them (``st.keys`` is dropped by the state whenever rows are replaced or re-indexed, or a
-    column of Q is written)."""
-    tag = tuple(Q.tolist())
+    column of Q is written). ``radius_free``: a row with a radius in Q is no key; else the
+    keys are those of the float values, whatever the radii."""
+    tag = tuple(Q.tolist()) if radius_free else (*Q.tolist(), -1)  # (−1: no column)
     rk = st.keys.get(tag)
     n = len(st.P)
     if rk is None:
@@ -220,7 +221,7 @@ def _keys_of(st, Q: np.ndarray) -> _RowKeys:
     for start in range(0, len(rows), MOVE_CHUNK):  # (in chunks, as moves are)
         part = rows[start:start + MOVE_CHUNK]
         at = np.ix_(part, Q)
-        rk.set_rows(part, st.P[at], None if st.rad is None else st.rad[at])
+        rk.set_rows(part, st.P[at], None if st.rad is None or not radius_free else st.rad[at])
         rk.live[part] = rk.weight[part] != 0
     rk.epoch = st.epoch
     return rk
@@ -301,7 +302,7 @@ class KeyRun:
     def apply(self, st, dense) -> None:
         """The run on every row of the pass state ``st``; ``dense(st, ff, rows)`` applies one
         layer densely to some rows."""
-        rk = _keys_of(st, self.Q)
+        rk = keys_of(st, self.Q)
         rows = np.flatnonzero(rk.live)
         at = np.zeros(len(rows), dtype=np.int64)
         while len(rows):
@@ -317,7 +318,7 @@ class KeyRun:
             rows, entry = rows[entry >= 0], entry[entry >= 0]
             if len(rows):
                 self._move(st, rows, entry, rk.gid[rows], rk.gvals)
-                rk = _keys_of(st, self.Q)
+                rk = keys_of(st, self.Q)
             at = self.layer[entry] + 1
             keep = at < len(self.ffs)
             rows, at = rows[keep], at[keep]

@@ -17,6 +17,7 @@ from ..numbers import safe_float, sparse_dot
 from . import enclosure
 from .arithmetic import PassStats, relu
 from .attention import head_average
+from .gates import Gate
 from .grid import exact_dots
 from .keys import KeyLayer, KeyRun
 from .state import RowState, SortedProjection
@@ -26,12 +27,18 @@ DENSE_ROWS = 2 ** 16  # rows per slice of a dense FF in an enclosure pass
 
 
 def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: PassStats,
-             key: KeyLayer | None = None):
+             key: KeyLayer | None = None, gate: Gate | None = None):
     """Apply an FF: each ridge window only to the rows inside it (every window's change is
     computed from the layer's input, then the changes are added), a key layer by looking up
-    each row's key, anything else densely."""
+    each row's key, a gated layer to the rows that hold its units' keys, anything else
+    densely."""
     if key is not None:
         KeyRun([st.ar.convert(ff)], [key]).apply(st, ff_rows)
+        return
+    rows = None if gate is None else gate.rows(st)
+    if rows is not None:
+        if len(rows):
+            ff_rows(st, st.ar.convert(ff), rows)
         return
     if ridges is not None:
         moves, spread = [], []

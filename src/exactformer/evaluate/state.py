@@ -142,6 +142,7 @@ class RowState:
         self._by_sequence = None  # (segments(), weights()) until the next compaction
         self.heads = HeadCache()
         self.keys: dict = {}  # key coordinates -> the rows' keys (evaluate/keys.py)
+        self.bounds: dict = {}  # columns -> the rows' ranges there (evaluate/gates.py)
         # change stamps: every change of a row's point or radius, and every attention write
         # of a column, gets a new epoch (what rank_one.HeadCache reuses results by)
         self.epoch = 0
@@ -152,6 +153,7 @@ class RowState:
         self.projections.clear()
         self.heads.clear()
         self.keys.clear()
+        self.bounds.clear()
         self.extent = None
 
     def touch(self, rows) -> None:
@@ -171,6 +173,7 @@ class RowState:
         self.projections = {k: v for k, v in self.projections.items()
                             if not any(v[0][c] != 0 for c in cols.tolist())}
         self.keys = {k: v for k, v in self.keys.items() if not set(k) & set(cols.tolist())}
+        self.bounds = {k: v for k, v in self.bounds.items() if not set(k) & set(cols.tolist())}
         self.epoch += 1
         self.col_epoch[cols] = self.epoch
         if self.rad is None:

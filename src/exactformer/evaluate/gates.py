@@ -1,0 +1,234 @@
+"""Gated layers: FF layers whose units can only be on at the rows that hold their key.
+
+A **gated layer** (docs/numerics.md#gated-layers) has η = 1 and finite parameters, and every
+unit k reads a set Q of coordinates shared by the layer as κ_k·σ_k, σ_k a vector of
+{−1, 0, 1}^Q with w nonzero entries (w the same for every unit), plus any weights on other
+coordinates (its *rest* R_k). The keyed construction's moves are such layers: Q is the code,
+the rest the signature and the `one` coordinate (docs/keyed.md#moves). A row whose Q-part is
+exactly g·τ, τ in {−1, 0, 1}^Q with at most w nonzero entries and τ ≠ σ_k, has σ_k·τ ≤ w − 1,
+so every exact point of the row's box (radius ρ on Q) gives
+
+    U_k·x + b_k ≤ κ_k·g·(w − 1) + κ_k·w·ρ + max over the box of R_k·x + b_k.
+
+Rows are kept in classes (:class:`Classes`) with a box on R each; where the bound, with the
+rounding of any float evaluation of U_k·x + b_k, is ≤ 0 for every unit on a class, the layer
+leaves the class's rows exactly as they are (x + 0, radius included), and only the rows whose
+key is some σ_k, and the rows of the other classes, are evaluated, densely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import FF
+from . import enclosure
+from .keys import MAX_KEY_COORDINATES, keys_of, pack
+
+
+@dataclass
+class Gate:
+    """A recognised gated layer: Q, w, and per unit its packed key σ_k, κ_k, bias and rest
+    (the columns R it reads off Q, and its weights there, as an h×|R| matrix with zeros) in
+    float64, rounded to nearest when the stored numbers are rationals."""
+
+    Q: np.ndarray
+    w: int
+    codes: np.ndarray  # the units' packed keys σ_k, sorted, each once
+    kappa: np.ndarray
+    bias: np.ndarray
+    R: np.ndarray
+    rest: np.ndarray
+
+    def rows(self, st) -> np.ndarray | None:
+        """The rows of the pass state ``st`` that the layer may change (the rest are certainly
+        left as they are), or None when that is (nearly) every row."""
+        rk = keys_of(st, self.Q, radius_free=False)
+        cl = classes_of(st, self.Q, self.R, rk)
+        on = cl.count > 0
+        loud = np.zeros(len(on), dtype=bool)
+        loud[on] = ~self.quiet(cl, np.flatnonzero(on), rk.gvals)
+        at = np.minimum(np.searchsorted(self.codes, rk.code), len(self.codes) - 1)
+        hit = rk.live & (rk.weight == self.w) & (self.codes[at] == rk.code)
+        out = np.flatnonzero(hit | loud[cl.row])
+        return None if len(out) > len(rk.code) // 2 else out
+
+    def quiet(self, cl: Classes, ids: np.ndarray, gvals: list) -> np.ndarray:
+        """Per class in ``ids``: whether every unit is ≤ 0 on every row of the class whose key
+        is not its own, in exact arithmetic and in every float evaluation: the bound above,
+        computed in float64 from outward-rounded inputs, plus twice the rounding of a sum of
+        its terms (once for computing it here, once for the pass's own evaluation). A class
+        of rows that are no key of weight ≤ w, or not finite on R, is never quiet."""
+        scales = np.array([float(abs(v)) for v in gvals])
+        g = np.nextafter(scales, np.inf)[cl.gid[ids]]
+        lo, hi = cl.lo[ids], cl.hi[ids]
+        with np.errstate(over="ignore", invalid="ignore"):
+            key = g[:, None] * self.kappa  # (classes, units)
+            spread = cl.spread[ids, None] * self.kappa * self.w
+            top = key * (self.w - 1) + spread + self.bias + hi @ np.maximum(self.rest, 0).T + \
+                lo @ np.minimum(self.rest, 0).T
+            size = key * self.w + spread + np.abs(self.bias) + \
+                np.maximum(np.abs(lo), np.abs(hi)) @ np.abs(self.rest).T
+            slack = 2 * enclosure.rounding(enclosure.up(size, len(self.R) + 4),
+                                           len(self.R) + self.w + 4)
+            ok = np.isfinite(size) & (top + slack <= 0)
+        return ok.all(axis=1) & (cl.weight[ids] >= 0) & (cl.weight[ids] <= self.w)
+
+
+def gate_layers(ffs: list) -> list[Gate | None]:
+    """Each FF of ``ffs`` as a gated layer (:func:`gate_of`), or None. The layers share one Q
+    and one R, the unions of theirs, wherever a layer reads none of the other layers' Q
+    off its own: the rows' keys and classes are then kept once for all of them."""
+    forms = [_form(ff) for ff in ffs]
+    found = [f for f in forms if f is not None]
+    if not found:
+        return [None] * len(ffs)
+    Q = np.unique(np.concatenate([f[0] for f in found]))
+    R = np.setdiff1d(np.unique(np.concatenate([f[1] for f in found])), Q)
+    return [None if f is None else
+            _gate(ff, *((Q, R) if not np.isin(f[1], Q).any() else f[:2]), f[2])
+            for ff, f in zip(ffs, forms, strict=True)]
+
+
+def gate_of(ff: FF | None) -> Gate | None:
+    """``ff`` as a gated layer on its own Q and R, read from its stored numbers (floats or
+    rationals), or None."""
+    f = _form(ff)
+    return None if f is None else _gate(ff, *f)
+
+
+def _form(ff: FF | None):
+    """(Q, R, κ per unit) if ``ff`` is a gated layer, else None. Each unit's κ is its most
+    frequent nonzero |weight| (the smallest of equally frequent ones), Q the union of where
+    the units read it, R the other columns they read; the form is checked exactly."""
+    if ff is None or ff.eta != 1 or ff.width == 0:
+        return None
+    U, b, W = (np.asarray(a) for a in (ff.U, ff.b, ff.W))
+    if U.dtype != object and not all(np.isfinite(a).all() for a in (U, b, W)):
+        return None
+    A = np.abs(U)
+    kappa = [_most_frequent(row[row != 0]) for row in A]
+    if any(k is None for k in kappa):
+        return None
+    at = np.array([row == k for row, k in zip(A, kappa, strict=True)])  # where κ_k is read
+    Q = np.flatnonzero(at.any(axis=0))
+    w = at.sum(axis=1)
+    if not (w[0] >= 2 and len(Q) <= MAX_KEY_COORDINATES and (w == w[0]).all()
+            and ((U[:, Q] == 0) | at[:, Q]).all()):
+        return None
+    off = np.setdiff1d(np.arange(U.shape[1]), Q)
+    return Q, off[(U[:, off] != 0).any(axis=0)], kappa
+
+
+def _gate(ff: FF, Q: np.ndarray, R: np.ndarray, kappa: list) -> Gate:
+    """The gate of a layer of the form :func:`_form` found, on Q and R (supersets of its
+    own, R holding every column off Q that it reads)."""
+    U = np.asarray(ff.U)
+    sigma = np.sign(np.where(U[:, Q] != 0, U[:, Q], 0).astype(float)).astype(np.int64)
+    w = int(np.count_nonzero(sigma[0]))
+    return Gate(Q, w, np.unique(pack(sigma)), np.array(kappa, dtype=float),
+                np.asarray(ff.b, dtype=float), R, np.asarray(U[:, R], dtype=float))
+
+
+def _most_frequent(values: np.ndarray):
+    """The most frequent of ``values`` (the smallest of the most frequent), None if empty."""
+    if not len(values):
+        return None
+    distinct, counts = np.unique(values, return_counts=True)
+    return distinct[int(np.argmax(counts))]
+
+
+@dataclass
+class Classes:
+    """The rows of a pass state in classes of equal scale g (its index in the keys'
+    ``gvals``), key weight, radius on Q (rounded up to a power of two) and pattern of nonzero
+    values on the rest's columns R, each class with a box that holds every exact value its
+    rows take on R (±inf where a value is not finite, which makes the class never quiet).
+    The pattern keeps rows the construction moved (zeros on R) apart from rows it has not.
+    ``row``: each row's class; ``count``: the rows in each class. Kept in ``st.bounds`` and
+    updated from the rows changed since ``epoch``: a box only grows, and a bound over rows as
+    they were and are is still a bound (the state drops it whenever rows are replaced or
+    re-indexed, or a column of Q or R is written)."""
+
+    epoch: int
+    keys: object  # the keys.RowKeys the classes were made with (its gid numbering)
+    row: np.ndarray
+    count: np.ndarray
+    gid: np.ndarray
+    weight: np.ndarray
+    spread: np.ndarray  # per class: a bound on its rows' radius on Q
+    lo: np.ndarray
+    hi: np.ndarray
+    index: dict  # (gid, weight, spread, pattern) -> class
+
+    def put(self, rows: np.ndarray, labels: np.ndarray, lo: np.ndarray, hi: np.ndarray
+            ) -> None:
+        """Move ``rows`` (their labels: gid, weight, spread, pattern; their boxes on R) to
+        their classes, widening each class's box by its new rows."""
+        old = self.row[rows]
+        np.subtract.at(self.count, old[old >= 0], 1)
+        ids = np.array([self._class(label) for label in map(tuple, labels.tolist())],
+                       dtype=np.int64)
+        self.row[rows] = ids
+        np.add.at(self.count, ids, 1)
+        np.minimum.at(self.lo, ids, lo)
+        np.maximum.at(self.hi, ids, hi)
+
+    def _class(self, label: tuple) -> int:
+        """The class of a label, a new (empty) one if unseen."""
+        if label not in self.index:
+            self.index[label] = len(self.index)
+            self.count = np.append(self.count, 0)
+            self.gid = np.append(self.gid, int(label[0]))
+            self.weight = np.append(self.weight, label[1])
+            self.spread = np.append(self.spread, label[2])
+            self.lo = np.vstack([self.lo, np.full(self.lo.shape[1], np.inf)])
+            self.hi = np.vstack([self.hi, np.full(self.hi.shape[1], -np.inf)])
+        return self.index[label]
+
+
+def classes_of(st, Q: np.ndarray, R: np.ndarray, rk) -> Classes:
+    """The rows' classes for a gate on Q with rest R, brought up to date (see
+    :class:`Classes`)."""
+    tag = (*Q.tolist(), -1, *R.tolist())  # (−1: no column; the state drops tags by column)
+    n = len(st.P)
+    cl = st.bounds.get(tag)
+    if cl is None or cl.keys is not rk:
+        empty = np.zeros((0, len(R)))
+        cl = st.bounds[tag] = Classes(st.epoch, rk, np.full(n, -1, dtype=np.int64),
+                                      np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                                      np.zeros(0), np.zeros(0), empty, empty.copy(), {})
+        rows = np.arange(n)
+    else:
+        rows = np.flatnonzero(st.row_epoch > cl.epoch)
+    for start in range(0, len(rows), CLASS_CHUNK):
+        part = rows[start:start + CLASS_CHUNK]
+        cl.put(part, *_describe(st, part, Q, R, rk))
+    cl.epoch = st.epoch
+    return cl
+
+
+CLASS_CHUNK = 1 << 16  # rows described at once
+
+
+def _describe(st, rows: np.ndarray, Q: np.ndarray, R: np.ndarray, rk):
+    """Each row's class label (gid, weight, its largest radius on Q rounded up to a power of
+    two, its pattern of nonzeros on R) and its box on R, rounded outward (a float of an exact
+    or mpmath value, and P ± r, are within one rounding of the exact value)."""
+    X = st.P[np.ix_(rows, R)]
+    if X.dtype == object:
+        X = np.array([[float(v) for v in row] for row in X], dtype=float).reshape(X.shape)
+    if st.rad is None:
+        r, spread = np.zeros(X.shape), np.zeros(len(rows))
+    else:
+        r, rq = st.rad[np.ix_(rows, R)], st.rad[np.ix_(rows, Q)].max(axis=1, initial=0.0)
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            spread = np.where(rq > 0, 2.0 ** np.ceil(np.log2(rq)), 0.0)
+        spread[np.isnan(rq)] = np.inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        lo, hi = np.nextafter(X - r, -np.inf), np.nextafter(X + r, np.inf)
+    wild = ~(np.isfinite(X) & np.isfinite(r) & np.isfinite(lo) & np.isfinite(hi)).all(axis=1)
+    lo[wild], hi[wild] = -np.inf, np.inf  # unbounded: the class is never quiet
+    labels = np.column_stack([rk.gid[rows], rk.weight[rows], spread, X != 0])
+    return labels, lo, hi
