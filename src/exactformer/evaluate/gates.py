@@ -108,17 +108,17 @@ def _form(ff: FF | None):
     if U.dtype != object and not all(np.isfinite(a).all() for a in (U, b, W)):
         return None
     A = np.abs(U)
-    kappa = [_most_frequent(row[row != 0]) for row in A]
-    if any(k is None for k in kappa):
+    kappa = _most_frequent(A)
+    if kappa is None:
         return None
-    at = np.array([row == k for row, k in zip(A, kappa, strict=True)])  # where κ_k is read
+    at = A == kappa[:, None]  # where each unit reads its κ
     Q = np.flatnonzero(at.any(axis=0))
     w = at.sum(axis=1)
     if not (w[0] >= 2 and len(Q) <= MAX_KEY_COORDINATES and (w == w[0]).all()
             and ((U[:, Q] == 0) | at[:, Q]).all()):
         return None
     off = np.setdiff1d(np.arange(U.shape[1]), Q)
-    return Q, off[(U[:, off] != 0).any(axis=0)], kappa
+    return Q, off[(U[:, off] != 0).any(axis=0)], kappa.tolist()
 
 
 def _gate(ff: FF, Q: np.ndarray, R: np.ndarray, kappa: list) -> Gate:
@@ -131,12 +131,15 @@ def _gate(ff: FF, Q: np.ndarray, R: np.ndarray, kappa: list) -> Gate:
                 np.asarray(ff.b, dtype=float), R, np.asarray(U[:, R], dtype=float))
 
 
-def _most_frequent(values: np.ndarray):
-    """The most frequent of ``values`` (the smallest of the most frequent), None if empty."""
-    if not len(values):
+def _most_frequent(A: np.ndarray) -> np.ndarray | None:
+    """Per row of A (≥ 0), its most frequent nonzero value (the smallest of the most
+    frequent); None if a row is all zeros."""
+    nz = A != 0
+    if not nz.any(axis=1).all():
         return None
-    distinct, counts = np.unique(values, return_counts=True)
-    return distinct[int(np.argmax(counts))]
+    count = np.where(nz, (A[:, :, None] == A[:, None, :]).sum(axis=2), 0)
+    best = np.where(count == count.max(axis=1, keepdims=True), A, np.inf)
+    return np.array([min(row) for row in best.tolist()], dtype=A.dtype)
 
 
 @dataclass
