@@ -131,7 +131,9 @@ def why(row: dict) -> str:
     if row["attention"].startswith("softmax"):
         return " (the float64 enclosures bound n² scores per softmax layer, and the report " \
                "runs an independent dense float64 pass beside them)"
-    return " (the enclosure pass applies every keyed layer to every row: no window lookup)"
+    return " (the enclosure applies the tagging and separation layers to every distinct " \
+           "token, at several times the cost of the build's plain float64 pass; only the " \
+           "moves are gated, docs/numerics.md#gated-layers)"
 
 
 def main(argv=None) -> int:
