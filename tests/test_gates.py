@@ -245,3 +245,27 @@ def test_layers_share_a_key_only_where_none_reads_it_as_its_rest():
     got = forward(model, [X], arithmetic="exact", workers=1)[0]
     assert [[Fraction(v) for v in row] for row in got.tolist()] == \
         reference([Block(a), Block(b)], X)
+
+
+def test_a_rational_model_beyond_float_range_is_gated_or_evaluated_exactly():
+    """Rational parameters and rows beyond float64's range (a rest weight of 10^400,
+    signatures of 10^-400 and 10^400 in the rows) are read as ±inf or rounded outward, never raise, and
+    the exact pass still equals every unit on every row."""
+    big = Fraction(10) ** 400
+    U = np.array([[1, 1, 0, big, 0], [1, -1, 0, 2, 0]], dtype=object)
+    U = np.vectorize(Fraction, otypes=[object])(U)
+    b = np.array([Fraction(-1), Fraction(-1)], dtype=object)
+    W = np.zeros((5, 2), dtype=object)
+    W[:] = Fraction(0)
+    W[4, 0], W[4, 1] = Fraction(1), Fraction(2)
+    ff = FF(Fraction(1), U, b, W)
+    assert gate_layers([ff])[0] is not None
+    model = Transformer(d=5, attention="hardmax", blocks=[Block(ff, None)], exact=True)
+    tiny = Fraction(1, 10 ** 400)
+    X = np.array([[1, 1, 0, tiny, 0], [1, -1, 0, 0, 0], [0, 0, 1, tiny, 0], [0, 0, 0, big, 0],
+                  *([0, 0, 0, 0, k] for k in range(1, 5))], dtype=object)
+    X = np.vectorize(Fraction, otypes=[object])(X)
+    got = forward(model, [X], arithmetic="exact", workers=1)[0]
+    want = reference([Block(ff)], X)
+    assert [[Fraction(v) for v in row] for row in got.tolist()] == want
+    assert want[0][4] == 1 + big * tiny  # unit 0 at its key: 2 + 10^400·10^-400 − 1

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import FF
+from ..numbers import safe_float, safe_floats
 from . import enclosure
 from .keys import MAX_KEY_COORDINATES, keys_of, pack
 
@@ -60,7 +61,7 @@ class Gate:
         computed in float64 from outward-rounded inputs, plus twice the rounding of a sum of
         its terms (once for computing it here, once for the pass's own evaluation). A class
         of rows that are no key of weight ≤ w, or not finite on R, is never quiet."""
-        scales = np.array([float(abs(v)) for v in gvals])
+        scales = np.array([safe_float(abs(v)) for v in gvals])
         g = np.nextafter(scales, np.inf)[cl.gid[ids]]
         lo, hi = cl.lo[ids], cl.hi[ids]
         with np.errstate(over="ignore", invalid="ignore"):
@@ -125,10 +126,10 @@ def _gate(ff: FF, Q: np.ndarray, R: np.ndarray, kappa: list) -> Gate:
     """The gate of a layer of the form :func:`_form` found, on Q and R (supersets of its
     own, R holding every column off Q that it reads)."""
     U = np.asarray(ff.U)
-    sigma = np.sign(np.where(U[:, Q] != 0, U[:, Q], 0).astype(float)).astype(np.int64)
+    sigma = (U[:, Q] > 0).astype(np.int64) - (U[:, Q] < 0).astype(np.int64)
     w = int(np.count_nonzero(sigma[0]))
-    return Gate(Q, w, np.unique(pack(sigma)), np.array(kappa, dtype=float),
-                np.asarray(ff.b, dtype=float), R, np.asarray(U[:, R], dtype=float))
+    return Gate(Q, w, np.unique(pack(sigma)), safe_floats(np.array(kappa)),
+                safe_floats(np.asarray(ff.b)), R, safe_floats(U[:, R]))
 
 
 def _most_frequent(A: np.ndarray) -> np.ndarray | None:
@@ -220,8 +221,7 @@ def _describe(st, rows: np.ndarray, Q: np.ndarray, R: np.ndarray, rk):
     two, its pattern of nonzeros on R) and its box on R, rounded outward (a float of an exact
     or mpmath value, and P ± r, are within one rounding of the exact value)."""
     X = st.P[np.ix_(rows, R)]
-    if X.dtype == object:
-        X = np.array([[float(v) for v in row] for row in X], dtype=float).reshape(X.shape)
+    X = safe_floats(X)  # (exact, mpmath: rounded to nearest, beyond range ±inf)
     if st.rad is None:
         r, spread = np.zeros(X.shape), np.zeros(len(rows))
     else:
