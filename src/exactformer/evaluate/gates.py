@@ -87,8 +87,9 @@ def gate_layers(ffs: list) -> list[Gate | None]:
         return [None] * len(ffs)
     Q = np.unique(np.concatenate([f[0] for f in found]))
     R = np.setdiff1d(np.unique(np.concatenate([f[1] for f in found])), Q)
+    shared = len(Q) <= MAX_KEY_COORDINATES  # (keys are packed into int64)
     return [None if f is None else
-            _gate(ff, *((Q, R) if not np.isin(f[1], Q).any() else f[:2]), f[2])
+            _gate(ff, *((Q, R) if shared and not np.isin(f[1], Q).any() else f[:2]), f[2])
             for ff, f in zip(ffs, forms, strict=True)]
 
 
