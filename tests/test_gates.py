@@ -269,3 +269,30 @@ def test_a_rational_model_beyond_float_range_is_gated_or_evaluated_exactly():
     want = reference([Block(ff)], X)
     assert [[Fraction(v) for v in row] for row in got.tolist()] == want
     assert want[0][4] == 1 + big * tiny  # unit 0 at its key: 2 + 10^400·10^-400 − 1
+
+
+def test_rationals_below_float64s_normal_range_make_no_gate():
+    """A rational κ or rest weight that float64 rounds to 0 (or to a subnormal) loses more
+    than the quiet bound's relative slack: such a layer is applied densely, and the exact
+    and mpmath passes see the unit that is on (2^-980 − 2^-990 > 0 here; 2^-53 − 2^-55 with a
+    rest weight of 2^-1076 on a value of 2^1023)."""
+    def case(U, b, X):
+        W = np.zeros((4, 2), dtype=object)
+        W[:] = Fraction(0)
+        W[3, 0] = W[3, 1] = Fraction(1)
+        ff = FF(Fraction(1), np.array(U, dtype=object), np.array(b, dtype=object), W)
+        model = Transformer(d=4, attention="hardmax", blocks=[Block(ff, None)], exact=True)
+        want = reference([Block(ff)], np.array(X))
+        assert want[0][3] > 0
+        for arithmetic in ("exact", "mp"):
+            got = forward(model, [np.array(X)], arithmetic=arithmetic, workers=1)[0]
+            assert got[0][3] > 0
+        got = forward(model, [np.array(X)], arithmetic="exact", workers=1)[0]
+        assert [[Fraction(v) for v in row] for row in got.tolist()] == want
+
+    k = Fraction(1, 2 ** 1080)
+    case([[k, k, 0, 0], [k, 0, -k, 0]], [Fraction(-1, 2 ** 990), Fraction(-1, 2 ** 991)],
+         [[2.0 ** 100, 0, 2.0 ** 100, 0], [0.0, 0, 0, 0], [0, 0, 0, 1.0]])
+    k = Fraction(1, 2 ** 10)
+    case([[k, k, 0, Fraction(1, 2 ** 1076)], [k, 0, -k, 0]], [-k - Fraction(1, 2 ** 55), -2 * k],
+         [[1.0, 0, 1, 2.0 ** 1023], [0, 0, 0, 0], [0, 0, 0, 1.0]])

@@ -19,6 +19,7 @@ key is some σ_k, and the rows of the other classes, are evaluated, densely.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -119,6 +120,8 @@ def _form(ff: FF | None):
     if not (w[0] >= 2 and len(Q) <= MAX_KEY_COORDINATES and (w == w[0]).all()
             and ((U[:, Q] == 0) | at[:, Q]).all()):
         return None
+    if U.dtype == object and not all(_normal(a) for a in (U, b)):
+        return None
     off = np.setdiff1d(np.arange(U.shape[1]), Q)
     return Q, off[(U[:, off] != 0).any(axis=0)], kappa.tolist()
 
@@ -131,6 +134,16 @@ def _gate(ff: FF, Q: np.ndarray, R: np.ndarray, kappa: list) -> Gate:
     w = int(np.count_nonzero(sigma[0]))
     return Gate(Q, w, np.unique(pack(sigma)), safe_floats(np.array(kappa)),
                 safe_floats(np.asarray(ff.b)), R, safe_floats(U[:, R]))
+
+
+def _normal(a: np.ndarray) -> bool:
+    """Whether every nonzero rational of ``a`` is at least float64's smallest normal number
+    in magnitude: the bound of :meth:`Gate.quiet` takes them rounded to nearest, with a
+    relative error it covers, which a value rounded to a subnormal or to 0 does not have."""
+    return all(v == 0 or abs(v) >= SMALLEST_NORMAL for v in a.flat)
+
+
+SMALLEST_NORMAL = Fraction(2) ** -1022
 
 
 def _most_frequent(A: np.ndarray) -> np.ndarray | None:
