@@ -32,10 +32,10 @@ def reference(blocks: list[Block], X: np.ndarray) -> list[list[Fraction]]:
                    for a in (ff.U, ff.b[None, :], ff.W))
         out = []
         for x in rows:
-            z = [max(sum((u * v for u, v in zip(Uk, x)), Fraction(0)) + bk, Fraction(0))
-                 for Uk, bk in zip(U, b[0])]
+            z = [max(sum((u * v for u, v in zip(Uk, x, strict=True)), Fraction(0)) + bk, 0)
+                 for Uk, bk in zip(U, b[0], strict=True)]
             out.append([xi + sum((Wi[k] * z[k] for k in range(len(z))), Fraction(0))
-                        for xi, Wi in zip(x, W)])
+                        for xi, Wi in zip(x, W, strict=True)])
         rows = out
     return rows
 
@@ -226,7 +226,8 @@ def test_classes_follow_the_rows_a_layer_changed_and_bound_their_largest_values(
         assert [[Fraction(v) for v in row] for row in got.tolist()] == want
     out, rad = enclose(model, [X], None)
     assert all(abs(Fraction(o) - v) <= Fraction(r) for o_row, r_row, w_row in
-               zip(out[0], rad[0], want) for o, r, v in zip(o_row, r_row, w_row))
+               zip(out[0], rad[0], want, strict=True)
+               for o, r, v in zip(o_row, r_row, w_row, strict=True))
 
 
 def test_layers_share_a_key_only_where_none_reads_it_as_its_rest():
@@ -249,8 +250,8 @@ def test_layers_share_a_key_only_where_none_reads_it_as_its_rest():
 
 def test_a_rational_model_beyond_float_range_is_gated_or_evaluated_exactly():
     """Rational parameters and rows beyond float64's range (a rest weight of 10^400,
-    signatures of 10^-400 and 10^400 in the rows) are read as ±inf or rounded outward, never raise, and
-    the exact pass still equals every unit on every row."""
+    signatures of 10^-400 and 10^400 in the rows) are read as ±inf or rounded outward,
+    never raise, and the exact pass still equals every unit on every row."""
     big = Fraction(10) ** 400
     U = np.array([[1, 1, 0, big, 0], [1, -1, 0, 2, 0]], dtype=object)
     U = np.vectorize(Fraction, otypes=[object])(U)
