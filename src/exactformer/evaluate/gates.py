@@ -79,9 +79,10 @@ class Gate:
 
 
 def gate_layers(ffs: list) -> list[Gate | None]:
-    """Each FF of ``ffs`` as a gated layer (:func:`gate_of`), or None. The layers share one Q
-    and one R, the unions of theirs, wherever a layer reads none of the other layers' Q
-    off its own: the rows' keys and classes are then kept once for all of them."""
+    """Each FF of ``ffs`` as a gated layer, read from its stored numbers (floats or rationals;
+    :func:`_form`), or None. The layers share one Q and one R, the unions of theirs, wherever
+    a layer reads none of the other layers' Q off its own: the rows' keys and classes are
+    then kept once for all of them."""
     forms = [_form(ff) for ff in ffs]
     found = [f for f in forms if f is not None]
     if not found:
@@ -92,13 +93,6 @@ def gate_layers(ffs: list) -> list[Gate | None]:
     return [None if f is None else
             _gate(ff, *((Q, R) if shared and not np.isin(f[1], Q).any() else f[:2]), f[2])
             for ff, f in zip(ffs, forms, strict=True)]
-
-
-def gate_of(ff: FF | None) -> Gate | None:
-    """``ff`` as a gated layer on its own Q and R, read from its stored numbers (floats or
-    rationals), or None."""
-    f = _form(ff)
-    return None if f is None else _gate(ff, *f)
 
 
 def _form(ff: FF | None):

@@ -142,7 +142,7 @@ class RowState:
         self._by_sequence = None  # (segments(), weights()) until the next compaction
         self.heads = HeadCache()
         self.keys: dict = {}  # key coordinates -> the rows' keys (evaluate/keys.py)
-        self.bounds: dict = {}  # columns -> the rows' ranges there (evaluate/gates.py)
+        self.bounds: dict = {}  # a gate's columns -> the rows' classes (evaluate/gates.py)
         # change stamps: every change of a row's point or radius, and every attention write
         # of a column, gets a new epoch (what rank_one.HeadCache reuses results by)
         self.epoch = 0
