@@ -39,9 +39,11 @@ FRACTION = (1 << 52) - 1  # the stored fraction bits of a float64
 def fits_exactly(size, q, bits: int, tiny: float) -> np.ndarray:
     """Every partial sum of terms that are multiples of q, each at most ``size`` in
     magnitude, is stored exactly by a format of ``bits`` significant bits whose smallest step
-    is ``tiny``, whatever the order."""
+    is ``tiny``, whatever the order: a multiple of q below q·(2^bits + 1) is at most
+    q·2^bits, which ``bits`` bits store, so a bound inflated by less than q still decides
+    (for 53 bits the float64 threshold rounds down to q·2^53, which is safe)."""
     with np.errstate(invalid="ignore", over="ignore"):
-        return (q >= tiny) & (size < q * 2.0 ** bits)
+        return (q >= tiny) & (size < q * (2.0 ** bits + 1))
 
 
 def supports(V: np.ndarray) -> list[np.ndarray]:

@@ -218,18 +218,19 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     spread = pos_up(spread, D + 4)
     rnd = (theta(D + 4, 4, fmt) + matmul_input_error(fmt)) * size + \
         (2 * D + 10) * fmt.tiny * max(1.0, abs(alpha)) + rounding(size, D + 2)
+    whole = size  # the sum's terms, before 1/τ scales the sum: they must fit, not overflow
+    exact &= fits_exactly(whole, q, fmt.bits, fmt.tiny)
     if ctx.attention == "softmax" and ctx.tau != 1:
         mid, spread, size = mid / ctx.tau, spread / ctx.tau, size / ctx.tau
         rnd = rnd / ctx.tau + theta(1, 1, fmt) * size + fmt.tiny
         exact &= lowbit(ctx.tau) == ctx.tau
-    exact &= fits_exactly(size, q, fmt.bits, fmt.tiny)
     f64 = np.where(spread > 0, rounding(size, D + 2), 0.0)
     rad = spread + pos_up(np.where(exact, f64, rnd), 4)
     bad = may_overflow(inter, 1 + theta(D + 4, 4, fmt), (2 * D + 10) * fmt.tiny, fmt)
     with np.errstate(over="ignore", invalid="ignore"):
         if fmt.name == "float32":  # TransformerLens's scaled scores: inf − inf is nan
             bad |= ~(size * ctx.lens_scale * 2 < ACC.huge)
-    return mid, unknown_if_overflow(mid, np.where(bad, np.inf, rad), fmt, size)
+    return mid, unknown_if_overflow(mid, np.where(bad, np.inf, rad), fmt, whole)
 
 
 def _allowed(n: int, causal: bool) -> np.ndarray:

@@ -112,7 +112,13 @@ def linear(Xm, Xr, Wm, Wr, b, br, fmt: Format):
     part = partial_bound(np.concatenate([Xm, np.ones((len(Xm), 1))], axis=1),
                          np.concatenate([Xr, np.zeros((len(Xm), 1))], axis=1),
                          np.concatenate([Wm, bias[:, None]], axis=1))
-    exact, q = _linear_exact(Xm, Xr, Wm, Wr, bias, pos_up(part, k + 2), fmt)
+    part = pos_up(part, k + 2)
+    scaled = ((Wm != 0).sum(axis=1) == 1) & (lowbit(Wm).min(axis=1, initial=np.inf) ==
+                                              aW.max(axis=1, initial=0.0))
+    if scaled.any():  # partial sums: the term (x scaled by a power of two), the bias, the sum
+        part = np.where(scaled, np.minimum(part, pos_up(np.abs(mid) + spread +
+                                                        rounding(S, k), 4)), part)
+    exact, q = _linear_exact(Xm, Xr, Wm, Wr, bias, part, fmt)
     if br is not None:
         exact &= br == 0
     rnd = np.where(exact, f64, rnd)
