@@ -120,3 +120,17 @@ def test_a_score_sum_is_judged_before_the_temperature_divides_it():
            float(F32(F32(x[1] * x[1]) + F32(x[0] * x[0])) / F32(2))]
     assert any(g != float(x @ x) / 2 for g in got)
     assert all(abs(g - mid[0, 0, 0]) <= rad[0, 0, 0] for g in got)
+
+
+def test_an_unread_column_that_may_not_be_finite_is_still_read():
+    """A dense product reads every column: 0·inf and 0·nan are nan. A column no weight reads
+    is left out of the bounds only where its values are finite; an infinite value, or an
+    unknown one (infinite radius), leaves the sum unknown."""
+    W, b = np.array([[1.0, 0.0]]), np.zeros(1)
+    for Xm, Xr in (([[1.0, np.inf]], [[0.0, 0.0]]), ([[1.0, 0.0]], [[0.0, np.inf]])):
+        mid, spread, rnd, q = linear(np.array(Xm), np.array(Xr), W, np.zeros_like(W), b,
+                                     np.zeros(1), FMT)
+        assert not np.isfinite(mid[0, 0] + spread[0, 0] + rnd[0, 0]) and q[0, 0] == 0
+    mid, spread, rnd, q = linear(np.array([[1.0, 5.0]]), np.array([[0.0, 1.0]]), W,
+                                 np.zeros_like(W), b, np.zeros(1), FMT)
+    assert (mid[0, 0], spread[0, 0] + rnd[0, 0], q[0, 0]) == (1.0, 0.0, 1.0)

@@ -95,7 +95,11 @@ def linear(Xm, Xr, Wm, Wr, b, br, fmt: Format):
     spread |W|·r of the exact map over the boxes, the rounding (of the runtime's products,
     sums and store, of the float64 midpoint, and the conversion radii Wr, br) and where the
     runtime rounds nowhere (then the rounding is the midpoint's alone: 0 without radius),
-    as the quantum every runtime value there is a multiple of (0 elsewhere)."""
+    as the quantum every runtime value there is a multiple of (0 elsewhere). A column no
+    weight reads adds exact zeros where its values are finite, and is left out."""
+    read = Wm.any(axis=0) | Wr.any(axis=0) | ~(np.isfinite(Xm) & np.isfinite(Xr)).all(axis=0)
+    if not read.all():
+        Xm, Xr, Wm, Wr = Xm[:, read], Xr[:, read], Wm[:, read], Wr[:, read]
     aW = np.abs(Wm)
     aX = np.abs(Xm) + Xr
     bias = np.zeros(len(Wm)) if b is None else b

@@ -174,10 +174,33 @@ def ff_units(w: Weights, units) -> Weights:
     return out
 
 
+def ff_outputs(w: Weights, cols) -> Weights:
+    """The FF layer ``w`` writing only the output columns ``cols`` (rows of W)."""
+    out = copy.copy(w)
+    out.W, out.W_r = w.W[cols], w.W_r[cols]
+    return out
+
+
 def _ff_rows(Xm, Xr, w: Weights, fmt: Format):
-    """:func:`ff_box` on every row."""
-    eta, W = scalar(w.eta), w.W
+    """:func:`ff_box` on every row. In a residual layer (η exactly 1) a column that no unit
+    writes, finite in every row, is x + 0: it is x, and only the others are computed."""
+    if scalar(w.eta) == 1 and w.eta_r == 0:
+        cols = np.flatnonzero(w.W.any(axis=1) | w.W_r.any(axis=1) |
+                              ~np.isfinite(Xm).all(axis=0))
+        if len(cols) < Xm.shape[1]:
+            Ym, Yr = Xm.copy(), Xr.copy()
+            Ym[:, cols], Yr[:, cols] = _ff_columns(Xm, Xr, w, fmt, cols)
+            return Ym, Yr
+    return _ff_columns(Xm, Xr, w, fmt, np.arange(Xm.shape[1]))
+
+
+def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
+    """:func:`ff_box`'s output columns ``cols`` on every row."""
+    eta = scalar(w.eta)
     Zm, Zs, Zq, Zexact = linear(Xm, Xr, w.U, w.U_r, w.b, w.b_r, fmt)
+    w = ff_outputs(w, cols)
+    W, R = w.W, Xr  # R: every input column's radius, which the Jacobian reads
+    Xm, Xr = Xm[:, cols], Xr[:, cols]
     Zr = Zs + Zq
     with np.errstate(invalid="ignore"):
         lo, hi = low(Zm, Zr), high(Zm, Zr)
@@ -187,7 +210,7 @@ def _ff_rows(Xm, Xr, w: Weights, fmt: Format):
     Ar = np.where(active, Zr, top)
     aW = np.abs(W)
     mid = eta * Xm + Am @ W.T
-    jac = jacobian_spread(Xr, active, W, w.U, eta)
+    jac = jacobian_spread(R, active, W, w.U, eta, cols)
     chain = pos_up((Zq * active + top) @ aW.T, W.shape[1] + 2)
     k = int((W != 0).sum(axis=1).max(initial=0)) + 1
     S = pos_up(abs(eta) * (np.abs(Xm) + Xr) + (np.abs(Am) + Ar) @ (aW + w.W_r).T, k + 2)
@@ -238,24 +261,26 @@ def _ff_exact(Xm, Xr, Am, Ar, Zq, on, w: Weights, k: int, fmt: Format):
     return ok & fits_exactly(pos_up(part, k + 2), q, fmt.bits, fmt.tiny), q
 
 
-def jacobian_spread(Xr, active, W, U_, eta: float) -> np.ndarray:
+def jacobian_spread(Xr, active, W, U_, eta: float, cols=None):
     """Per row, |J|·r for J = η·I + Σ_{k active} W_k U_kᵀ, the exact Jacobian of the row's
-    affine piece, with J's float64 rounding unless J is exact (its entries' quanta fit).
-    Rows are grouped by their pattern of active units; rows without radius get 0."""
-    out = np.zeros_like(Xr)
+    affine piece, with J's float64 rounding unless J is exact (its entries' quanta fit); J's
+    rows are the output columns ``cols`` (W's rows), all of them by default. Rows are grouped
+    by their pattern of active units; rows without radius get 0."""
+    d = Xr.shape[1]
+    eye = np.eye(d) if cols is None else np.eye(d)[cols]
+    out = np.zeros((len(Xr), len(eye)))
     moving = np.flatnonzero(Xr.any(axis=1))
     if not len(moving):
         return out
     patterns, which = np.unique(active[moving], axis=0, return_inverse=True)
     which = which.reshape(-1)
-    d = W.shape[0]
     for g, pat in enumerate(patterns):
         rows = moving[which == g]
         Wp, Up = W[:, pat], U_[pat]
-        J = eta * np.eye(d) + Wp @ Up
-        size = abs(eta) * np.eye(d) + np.abs(Wp) @ np.abs(Up)
+        J = eta * eye + Wp @ Up
+        size = abs(eta) * eye + np.abs(Wp) @ np.abs(Up)
         with np.errstate(over="ignore", invalid="ignore"):
-            q = np.minimum(lowbit(eta) * np.where(np.eye(d) > 0, 1.0, np.inf),
+            q = np.minimum(lowbit(eta) * np.where(eye > 0, 1.0, np.inf),
                            lowbit(Wp).min(axis=1, initial=np.inf)[:, None] *
                            lowbit(Up).min(axis=0, initial=np.inf)[None, :])
             exact = (q >= 2.0 ** -1000) & (size < q * 2.0 ** 53)
@@ -286,33 +311,42 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
                     exp_ulps: float = DEFAULT_EXP_ULPS) -> list[tuple[np.ndarray, np.ndarray]]:
     """(midpoints, radii) per sequence (n_j × D) enclosing the output of every evaluation of
     the exported dense computation in ``fmt`` on ``inputs`` (zero-padded to the model's
-    width and stored in the format first; a causal model's positions added, rounded)."""
+    width and stored in the format first; a causal model's positions added, rounded). The
+    rows of every sequence are one array, grouped by length: an FF layer acts on rows, so it
+    runs once over all of them, and each attention layer once per length."""
     layers, params = prepare(model, fmt)
     ctx = Context(model, fmt, exp_ulps)
     xs = pad_columns([np.asarray(x, dtype=float) for x in inputs], model.d)
+    groups = [(n, [j for j, x in enumerate(xs) if len(x) == n])
+              for n in sorted({len(x) for x in xs})]
+    parts = [_stored_inputs([xs[j] for j in js], params, fmt) for _, js in groups]
+    Xm = np.concatenate([m.reshape(-1, model.d) for m, _ in parts])
+    Xr = np.concatenate([r.reshape(-1, model.d) for _, r in parts])
+    spans = np.cumsum([0] + [n * len(js) for n, js in groups])
+    with np.errstate(invalid="ignore", over="ignore"):
+        for ff, sa in layers:
+            if ff is not None:
+                Xm, Xr = ff_box(Xm, Xr, ff, fmt)
+            for (n, js), a, b in zip(groups, spans[:-1], spans[1:], strict=True):
+                if sa is not None:
+                    m, r = sa_box(Xm[a:b].reshape(len(js), n, -1),
+                                  Xr[a:b].reshape(len(js), n, -1), sa[1], sa[0], ctx)
+                    Xm[a:b], Xr[a:b] = m.reshape(b - a, -1), r.reshape(b - a, -1)
+            Xm, Xr = guard(Xm, Xr)
     outs: list = [None] * len(xs)
-    for n in sorted({len(x) for x in xs}):
-        js = [j for j, x in enumerate(xs) if len(x) == n]
-        Xm, Xr = guard(*conversions(np.stack([xs[j] for j in js]), fmt))
-        if params.positions is not None:
-            Xm, Xr = guard(*_add_positions(Xm, Xr, np.asarray(params.positions[:n], dtype=float),
-                                           fmt))
-        with np.errstate(invalid="ignore", over="ignore"):
-            for ff, sa in layers:
-                Xm, Xr = _block(Xm, Xr, ff, sa, ctx)
-        for j, m, r in zip(js, Xm, Xr, strict=True):
-            outs[j] = (m, r)
+    for (n, js), a in zip(groups, spans[:-1], strict=True):
+        for i, j in enumerate(js):
+            outs[j] = (Xm[a + i * n:a + (i + 1) * n], Xr[a + i * n:a + (i + 1) * n])
     return outs
 
 
-def _block(Xm, Xr, ff, sa, ctx: Context):
-    B, n, D = Xm.shape
-    if ff is not None:
-        m, r = ff_box(Xm.reshape(-1, D), Xr.reshape(-1, D), ff, ctx.fmt)
-        Xm, Xr = m.reshape(B, n, D), r.reshape(B, n, D)
-    if sa is not None:
-        Xm, Xr = sa_box(Xm, Xr, sa[1], sa[0], ctx)
-    return guard(Xm, Xr)
+def _stored_inputs(xs: list[np.ndarray], params: Transformer, fmt: Format):
+    """Sequences of one length (B × n × d), stored in the format, positions added."""
+    Xm, Xr = guard(*conversions(np.stack(xs), fmt))
+    if params.positions is not None:
+        P = np.asarray(params.positions[:Xm.shape[1]], dtype=float)
+        Xm, Xr = guard(*_add_positions(Xm, Xr, P, fmt))
+    return Xm, Xr
 
 
 def guard(Xm, Xr):
