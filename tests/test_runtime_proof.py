@@ -516,3 +516,43 @@ def test_a_key_unit_called_off_is_off_by_more_than_the_rounding(seed, runtime):
     assert key is not None and runtime_proof._key_rows(X, R, w, fmt, key)[0][0]
     off = ~runtime_proof.maybe_on(X, R, w, fmt)
     assert _off_beyond_rounding(w, X, R, off, fmt) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), attention=st.sampled_from(["hardmax", "softmax"]),
+       far=st.sampled_from([0.0, 1e3, 2e38, np.inf]))
+def test_boxes_of_sparse_heads_hold_every_pass(seed, attention, far):
+    """A residual attention layer whose heads read and write a few coordinates (α = β = 0,
+    the keyed models' heads) is enclosed on those alone: every pass of the test's own, in
+    every order and layout, lies in the boxes, a coordinate no head touches is x exactly,
+    and one whose values may overflow (``far``: 2·10³⁸, inf, in a coordinate no weight
+    reads) is enclosed with the rest, its nan and inf left unknown."""
+    from exactformer.model import SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
+    from exactformer.verification.formats import get_format
+    from exactformer.verification.runtime_proof import enclose_runtime
+
+    rng = np.random.default_rng(seed)
+    D, n = int(rng.integers(3, 7)), int(rng.integers(2, 5))
+
+    def sparse():  # the last coordinate, which holds ``far``, is read by no weight
+        return np.append(np.where(rng.random(D - 1) < 0.4, rng.integers(-4, 5, D - 1) / 4,
+                                  0.0), 0.0)
+
+    heads = [Head(ScoreMatrix(0.0, sparse(), sparse()), ValueMatrix(0.0, sparse(), sparse()))
+             for _ in range(int(rng.integers(1, 3)))]
+    model = Transformer(D, attention, [Block(None, SA(1.0, heads=heads))], exact=False)
+    xs = [np.hstack([rng.integers(-8, 9, (n, D - 1)) / 8, np.full((n, 1), far)])
+          for _ in range(3)]
+    for runtime in ("float32", "tf32"):
+        boxes = enclose_runtime(model, xs, get_format(runtime))
+        for p in (p for p in PASSES if p.tf32 == (runtime == "tf32")):
+            for x, (m, r) in zip(xs, boxes, strict=True):
+                out = p.run(model, x)
+                with np.errstate(invalid="ignore"):
+                    held = np.isinf(r) | (out == m) | (np.abs(out - m) <= r)
+                assert held.all(), (runtime, p.order, p.lens, p.value, out, m, r)
+    touched = sum(np.abs(h.A.a) + np.abs(h.A.c) + np.abs(h.V.p) + np.abs(h.V.q)
+                  for h in heads) > 0
+    if far in (0.0, 1e3):
+        for x, (m, r) in zip(xs, boxes, strict=True):
+            assert (m[:, ~touched] == x[:, ~touched]).all() and not r[:, ~touched].any()

@@ -5,6 +5,7 @@ NumPy only.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -62,6 +63,47 @@ def lens_slack(model: Transformer) -> float:
 def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     """Every runtime value of ρ·x_i + Σ_h V_h·y_h, V_h = β_h·I + p_h·q_hᵀ, on a batch of
     sequences of one length (B×n×D boxes); ``sa_w`` holds each head's :class:`Weights`.
+    A residual layer (ρ exactly 1) whose heads have α = β = 0 reads and writes only the
+    coordinates of their a, c, p and q: every other coordinate, where its values are finite
+    and far below overflow (so that no average of them overflows either), is multiplied by
+    exact zeros in every product and adds nothing (x + 0 is x). Only the others are
+    enclosed, and a row left unknown there is unknown in every coordinate (nan spreads)."""
+    cols = _head_columns(Xm, Xr, sa_w, rho, ctx.fmt)
+    if cols is None:
+        return _sa_box(Xm, Xr, sa_w, rho, ctx)
+    m, r = _sa_box(Xm[..., cols], Xr[..., cols], [_head_on(w, cols) for w in sa_w], rho, ctx)
+    Ym, Yr = Xm.copy(), Xr.copy()
+    Ym[..., cols], Yr[..., cols] = m, r
+    lost = ~np.isfinite(r).all(axis=-1)
+    return Ym, np.where(lost[..., None], np.inf, Yr)
+
+
+def _head_columns(Xm, Xr, sa_w: list, rho: Weights, fmt: Format):
+    """The coordinates :func:`sa_box` must enclose, or None where that is all of them."""
+    if scalar(rho.v) != 1 or rho.v_r != 0:
+        return None
+    used = np.zeros(Xm.shape[-1], dtype=bool)
+    for w in sa_w:
+        if scalar(w.alpha) != 0 or w.alpha_r != 0 or scalar(w.beta) != 0 or w.beta_r != 0:
+            return None
+        for name in ("a", "c", "p", "q"):
+            used |= (getattr(w, name) != 0) | (getattr(w, name + "_r") != 0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        used |= ~(np.abs(Xm) + Xr < fmt.huge / 4).all(axis=(0, 1))
+    return None if used.all() else np.flatnonzero(used)
+
+
+def _head_on(w: Weights, cols: np.ndarray) -> Weights:
+    """A head's weights on the coordinates ``cols`` alone."""
+    out = copy.copy(w)
+    for name in ("a", "c", "p", "q"):
+        setattr(out, name, getattr(w, name)[cols])
+        setattr(out, name + "_r", getattr(w, name + "_r")[cols])
+    return out
+
+
+def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
+    """:func:`sa_box` on every coordinate.
 
     The three layouts apply V in three orders — the torch module β·y + p·(q·y), TransformerLens
     the dense V after the average, the ρ/η layout the dense V on every key before it — with
@@ -163,10 +205,13 @@ def _value_quanta(q, exact, qy, w: Weights, fmt: Format):
                      np.outer(lowbit(w.p), lowbit(w.q)))  # per (c, j); inf where 0
     if fmt.matmul_bits is not None:
         exact = exact & bool(fits(V, fmt.matmul_bits).all())
+    q = np.array(np.broadcast_to(q, qy.shape))
+    finite = np.isfinite(lbV)  # an infinite lbV[c, j] (V_cj = 0) bounds nothing
     with np.errstate(over="ignore", invalid="ignore"):
-        for j in range(len(w.q)):  # q_c = min_j lbV[c, j]·qy[j]
-            term = qy[..., j, None] * lbV[None, None, :, j]
-            q = np.minimum(q, np.where(np.isnan(term), np.inf, term))
+        for j in np.flatnonzero(finite.any(axis=0)):  # q_c = min_j lbV[c, j]·qy[j]
+            cs = np.flatnonzero(finite[:, j])
+            term = qy[..., j, None] * lbV[cs, j]
+            q[..., cs] = np.minimum(q[..., cs], np.where(np.isnan(term), np.inf, term))
     return q, exact
 
 

@@ -24,6 +24,7 @@ from ..evaluate.enclosure import TINY, rounding, sum_error, up, upper
 from ..evaluate.enclosure import U as U64
 from ..evaluate.grid import fits_exactly, lowbit
 from ..evaluate.keys import KeyLayer, key_layers, row_keys
+from ..evaluate.twins import distinct
 from ..model import FF, Transformer
 from ..numbers import pad_columns
 from .formats import ACC, DEFAULT_EXP_ULPS, Format, conversions, fits, matmul_input_error, theta
@@ -312,8 +313,10 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
     """(midpoints, radii) per sequence (n_j × D) enclosing the output of every evaluation of
     the exported dense computation in ``fmt`` on ``inputs`` (zero-padded to the model's
     width and stored in the format first; a causal model's positions added, rounded). The
-    rows of every sequence are one array, grouped by length: an FF layer acts on rows, so it
-    runs once over all of them, and each attention layer once per length."""
+    rows of every sequence are one array, grouped by length: an FF layer acts on each row
+    alone, so it runs once over the distinct rows (equal bits, radius included, give equal
+    boxes: a set model's shared tokens before the first attention), and each attention layer
+    once per length, after which the distinct rows are found again."""
     layers, params = prepare(model, fmt)
     ctx = Context(model, fmt, exp_ulps)
     xs = pad_columns([np.asarray(x, dtype=float) for x in inputs], model.d)
@@ -323,16 +326,24 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
     Xm = np.concatenate([m.reshape(-1, model.d) for m, _ in parts])
     Xr = np.concatenate([r.reshape(-1, model.d) for _, r in parts])
     spans = np.cumsum([0] + [n * len(js) for n, js in groups])
+    first, inv = distinct(np.concatenate([Xm, Xr], axis=1))
+    Um, Ur = Xm[first], Xr[first]
     with np.errstate(invalid="ignore", over="ignore"):
         for ff, sa in layers:
             if ff is not None:
-                Xm, Xr = ff_box(Xm, Xr, ff, fmt)
+                Um, Ur = ff_box(Um, Ur, ff, fmt)
+            if sa is None:
+                Um, Ur = guard(Um, Ur)
+                continue
+            Xm, Xr = Um[inv], Ur[inv]
             for (n, js), a, b in zip(groups, spans[:-1], spans[1:], strict=True):
-                if sa is not None:
-                    m, r = sa_box(Xm[a:b].reshape(len(js), n, -1),
-                                  Xr[a:b].reshape(len(js), n, -1), sa[1], sa[0], ctx)
-                    Xm[a:b], Xr[a:b] = m.reshape(b - a, -1), r.reshape(b - a, -1)
+                m, r = sa_box(Xm[a:b].reshape(len(js), n, -1),
+                              Xr[a:b].reshape(len(js), n, -1), sa[1], sa[0], ctx)
+                Xm[a:b], Xr[a:b] = m.reshape(b - a, -1), r.reshape(b - a, -1)
             Xm, Xr = guard(Xm, Xr)
+            first, inv = distinct(np.concatenate([Xm, Xr], axis=1))
+            Um, Ur = Xm[first], Xr[first]
+    Xm, Xr = Um[inv], Ur[inv]
     outs: list = [None] * len(xs)
     for (n, js), a in zip(groups, spans[:-1], strict=True):
         for i, j in enumerate(js):
