@@ -433,7 +433,7 @@ def _pieces_into(out, rad, X, r, eta, U_, b, W, active, rows) -> None:
     units' evaluation it takes this midpoint and radius instead (docs/numerics.md#enclosures:
     the move is added without the rounding of the units' large arguments)."""
     d = X.shape[1]
-    patterns, which = _groups(active[rows])
+    patterns, which = flag_patterns(active[rows])
     for g, pat in enumerate(patterns):
         J, size, n = _jacobian(W, U_, pat, eta)
         if not np.array_equal(J, _identity(eta, W, U_)):
@@ -458,7 +458,7 @@ def _pieces_into(out, rad, X, r, eta, U_, b, W, active, rows) -> None:
 def jacobian_bound(r, active, W, U_, eta) -> np.ndarray:
     """Per row, |J| r (with J's rounding) for J = η·I + Σ_{k active} W_k U_kᵀ, the exact
     Jacobian of the row's affine piece. Rows are grouped by their pattern of active units."""
-    patterns, which = _groups(active)
+    patterns, which = flag_patterns(active)
     out = np.empty((len(r), W.shape[0]))
     for g, pat in enumerate(patterns):
         rows = which == g
@@ -471,7 +471,7 @@ def pattern_bound(r, active, unsure, W, U_, eta) -> np.ndarray:
     units plus any subset of the undecided ones (``unsure``, a few per row). Rows are
     grouped by their (active, undecided) patterns."""
     h = active.shape[1]
-    patterns, which = _groups(np.concatenate([active, unsure], axis=1))
+    patterns, which = flag_patterns(np.concatenate([active, unsure], axis=1))
     out = np.empty((len(r), W.shape[0]))
     for g, pat in enumerate(patterns):
         rows = which == g
@@ -485,7 +485,7 @@ def pattern_bound(r, active, unsure, W, U_, eta) -> np.ndarray:
     return out
 
 
-def _groups(flags) -> tuple[np.ndarray, np.ndarray]:
+def flag_patterns(flags) -> tuple[np.ndarray, np.ndarray]:
     """The distinct rows of a boolean array and each row's index among them."""
     if flags.shape[1] < 63:  # a pattern as one integer: sorting those is far faster
         code = flags.astype(np.int64) @ (np.int64(1) << np.arange(flags.shape[1]))

@@ -313,8 +313,10 @@ def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
         hi = np.where(allowed, high(sm, sr), -np.inf)
         best = lo.max(axis=2, keepdims=True)
         cand = allowed & ~(hi < best - ctx.slack)
-    top = np.where(cand, sm, -np.inf).max(axis=2, keepdims=True)
     count = cand.sum(axis=2)
+    if (count == 1).all() and np.isfinite(Xm).all() and np.isfinite(Xr).all():
+        return (*copied_keys(np.argmax(cand, axis=2), Xm, Xr, fmt), count == 1)
+    top = np.where(cand, sm, -np.inf).max(axis=2, keepdims=True)
     tie = (count == 1) | (~cand | ((sr == 0) & (sm == top))).all(axis=2)
     inv = 1.0 / np.maximum(count, 1)
     exact_w = lowbit(inv) == inv  # 1/|C| a power of two: stored exactly
@@ -326,6 +328,22 @@ def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
         Ym[b, i], Yr[b, i], Ybar[b, i] = _hull(Xm[b, cand[b, i]], Xr[b, cand[b, i]], ctx)
         qy[b, i] = 0.0
     return Ym, Yr, Ybar, qy, count == 1
+
+
+def copied_keys(key, Xm, Xr, fmt: Format):
+    """:func:`mix` where every row's weights are one key's exact 1 (``key``: B×n) and every
+    key is finite (0·x is then an exact 0): the key's box, copied, with :func:`mix`'s bounds
+    (the float64 sum's rounding unless the sequence's keys are points) and its quanta."""
+    n = Xm.shape[1]
+    at = key[..., None]
+    Ym = np.take_along_axis(Xm, at, axis=1)
+    Xr_l = np.take_along_axis(Xr, at, axis=1)
+    S = pos_up(np.take_along_axis(np.abs(Xm) + Xr, at, axis=1), n + 2)
+    f64 = np.where(S > 0, rounding(S, n), 0.0)
+    points = (Xr == 0).all(axis=(1, 2))[:, None, None]
+    lbX = term_bits(np.ones((1, 1, 1)), np.zeros((1, 1, 1)), Xm, Xr, fmt)[1]
+    return Ym, pos_up(Xr_l, n + 2) + np.where(points, 0.0, f64), S, \
+        np.take_along_axis(lbX, at, axis=1)
 
 
 def _hull(C, C_r, ctx: Context):

@@ -20,7 +20,7 @@ import copy
 
 import numpy as np
 
-from ..evaluate.enclosure import TINY, rounding, sum_error, up, upper
+from ..evaluate.enclosure import TINY, flag_patterns, rounding, sum_error, up, upper
 from ..evaluate.enclosure import U as U64
 from ..evaluate.grid import fits_exactly, lowbit
 from ..evaluate.keys import KeyLayer, key_layers, row_keys
@@ -273,8 +273,7 @@ def jacobian_spread(Xr, active, W, U_, eta: float, cols=None):
     moving = np.flatnonzero(Xr.any(axis=1))
     if not len(moving):
         return out
-    patterns, which = np.unique(active[moving], axis=0, return_inverse=True)
-    which = which.reshape(-1)
+    patterns, which = flag_patterns(active[moving])
     for g, pat in enumerate(patterns):
         rows = moving[which == g]
         Wp, Up = W[:, pat], U_[pat]
