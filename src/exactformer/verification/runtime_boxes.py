@@ -39,6 +39,8 @@ def quantum(m, r, fmt: Format) -> np.ndarray:
     """A lower bound on the lowest set bit of every stored value in the boxes m ± r: the
     bit itself where r = 0 (inf for 0), else the spacing of ``fmt`` at the box's smallest
     magnitude, or its smallest subnormal where the box holds 0."""
+    if not np.any(r):  # points only (a nan radius counts as nonzero)
+        return lowbit(_points(m, r))
     with np.errstate(invalid="ignore", over="ignore"):
         least_mag = lower(np.abs(m), r)
         _, e = np.frexp(least_mag)
@@ -46,6 +48,12 @@ def quantum(m, r, fmt: Format) -> np.ndarray:
         least = 2.0 ** (fmt.emin + 1 - fmt.bits)
         box = np.where(least_mag > 0, spacing, least)
         return np.where(r == 0, lowbit(m), np.where(np.isfinite(least_mag), box, 0.0))
+
+
+def _points(m, r) -> np.ndarray:
+    """The midpoints m as a new float array of the boxes' shape (every radius r is 0)."""
+    return np.array(np.broadcast_to(m, np.broadcast_shapes(np.shape(m), np.shape(r))),
+                    dtype=np.float64)
 
 
 def sign_parts(m, r):
@@ -64,12 +72,16 @@ def partial_bound(Pm, Pr, Wm):
 
 def low(m, r):
     """A float ≤ every value of the boxes m ± r (m itself where r = 0)."""
+    if not np.any(r):  # points only: a new array, as below
+        return _points(m, r)
     with np.errstate(invalid="ignore"):
         return np.where(r == 0, m, lower(m, r))
 
 
 def high(m, r):
     """A float ≥ every value of the boxes m ± r (m itself where r = 0)."""
+    if not np.any(r):  # points only: a new array, as below
+        return _points(m, r)
     with np.errstate(invalid="ignore"):
         return np.where(r == 0, m, upper(m, r))
 
