@@ -29,6 +29,22 @@ def test_an_off_unit_whose_float32_sums_overflow_is_not_passed_over():
     assert not ef.prove_runtime(model, data, "float32").ok
 
 
+
+def test_a_unit_whose_sums_overflow_makes_its_whole_row_nan_whatever_w_writes():
+    """The same unit with W = 0: every column is x + 0·relu(nan), and 0·nan is nan, so no
+    column of the row is x + 0 (neither a column no unit writes, left out of the residual
+    FF's work, nor one no unit that may be on writes). The row must be unknown."""
+    ff = FF(1.0, np.array([[2.0, -4.0, 0.0]]), np.array([0.0]), np.zeros((3, 1)))
+    model = Transformer(3, "hardmax", [Block(ff, None)], exact=False)
+    X = [[[2e38, 2e38, 0.0], [1.0, 1.0, 0.0]]]
+    data = ef.Dataset.from_arrays(X, X)
+    x = np.array(X[0], dtype=np.float32)
+    with np.errstate(all="ignore"):  # the test's own float32 evaluation of the dense graph
+        z = x[:, :1] * np.float32(2) + x[:, 1:2] * np.float32(-4)
+        y = x + np.where(np.isnan(z), z, np.maximum(z, 0)) * np.float32(0)
+    assert np.isnan(y[0]).all()
+    assert not ef.prove_runtime(model, data, "float32").ok
+
 def _one_head(alpha, a, c, beta, p, q, rho=0.0):
     head = SA(rho, ScoreMatrix(alpha, np.array(a), np.array(c)),
               ValueMatrix(beta, np.array(p), np.array(q)))
