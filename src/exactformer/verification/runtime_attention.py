@@ -223,7 +223,8 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     if ctx.attention == "softmax" and ctx.tau != 1:
         mid, spread, size = mid / ctx.tau, spread / ctx.tau, size / ctx.tau
         rnd = rnd / ctx.tau + theta(1, 1, fmt) * size + fmt.tiny
-        exact &= lowbit(ctx.tau) == ctx.tau
+        with np.errstate(over="ignore", invalid="ignore"):  # q/τ: no step below the normals
+            exact &= (lowbit(ctx.tau) == ctx.tau) & (q / ctx.tau >= fmt.tiny)
     f64 = np.where(spread > 0, rounding(size, D + 2), 0.0)
     rad = spread + pos_up(np.where(exact, f64, rnd), 4)
     bad = may_overflow(inter, 1 + theta(D + 4, 4, fmt), (2 * D + 10) * fmt.tiny, fmt)
