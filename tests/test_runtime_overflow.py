@@ -139,3 +139,19 @@ def test_an_infinite_weight_or_tolerance_is_refused_or_never_proved():
     blocks[i] = dataclasses.replace(blk, sa=dataclasses.replace(blk.sa, heads=[bad]))
     v = prove_runtime(dataclasses.replace(model, blocks=blocks), data, "float32")
     assert not v.ok
+
+
+def test_a_float16_score_may_overflow_before_the_temperature_divides_it():
+    """A softmax score x_1² = 90 000 at τ = 4: the divided score 22 500 is a float16, but the
+    runtime stores the product first (inf in float16), and inf − inf is nan in the softmax."""
+    head = SA(0.0, ScoreMatrix(0.0, np.array([1.0, 0.0]), np.array([1.0, 0.0])),
+              ValueMatrix(1.0, np.zeros(2), np.zeros(2)))
+    model = Transformer(2, "softmax", [Block(None, head)], exact=False, tau=4.0)
+    X = [[[300.0, 1.0]]]
+    data = ef.Dataset.from_arrays(X, X)
+    x = np.float16(300.0)
+    with np.errstate(all="ignore"):  # the test's own float16 evaluation of the one weight
+        s = (x * x) / np.float16(4.0)
+        weight = np.exp(s - s) / np.exp(s - s)
+    assert np.isnan(weight)
+    assert not ef.prove_runtime(model, data, "float16", tolerance=0.1).ok

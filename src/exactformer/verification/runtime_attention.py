@@ -220,14 +220,18 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
         (2 * D + 10) * fmt.tiny * max(1.0, abs(alpha)) + rounding(size, D + 2)
     whole = size  # the sum's terms, before 1/τ scales the sum: they must fit, not overflow
     exact &= fits_exactly(whole, q, fmt.bits, fmt.tiny)
+    stored_bad = False
     if ctx.attention == "softmax" and ctx.tau != 1:
+        with np.errstate(over="ignore", invalid="ignore"):  # the sum is stored, then divided
+            stored_bad = ~(np.abs(mid) + spread + rnd < fmt.huge)
         mid, spread, size = mid / ctx.tau, spread / ctx.tau, size / ctx.tau
         rnd = rnd / ctx.tau + theta(1, 1, fmt) * size + fmt.tiny
         with np.errstate(over="ignore", invalid="ignore"):  # q/τ: no step below the normals
             exact &= (lowbit(ctx.tau) == ctx.tau) & (q / ctx.tau >= fmt.tiny)
     f64 = np.where(spread > 0, rounding(size, D + 2), 0.0)
     rad = spread + pos_up(np.where(exact, f64, rnd), 4)
-    bad = may_overflow(inter, 1 + theta(D + 4, 4, fmt), (2 * D + 10) * fmt.tiny, fmt)
+    bad = may_overflow(inter, 1 + theta(D + 4, 4, fmt), (2 * D + 10) * fmt.tiny, fmt) | \
+        stored_bad
     with np.errstate(over="ignore", invalid="ignore"):
         if fmt.name == "float32":  # TransformerLens's scaled scores: inf − inf is nan
             bad |= ~(size * ctx.lens_scale * 2 < ACC.huge)
