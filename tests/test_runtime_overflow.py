@@ -155,3 +155,20 @@ def test_a_float16_score_may_overflow_before_the_temperature_divides_it():
         weight = np.exp(s - s) / np.exp(s - s)
     assert np.isnan(weight)
     assert not ef.prove_runtime(model, data, "float16", tolerance=0.1).ok
+
+
+def test_a_float16_rank_one_score_term_may_overflow_though_the_score_does_not():
+    """(c·x)(a·x) = 2·200² = 80 000 is beyond float16, α⟨x, x⟩ = −40 000 brings the score
+    back to 40 000: the torch module stores the product first (inf), so the score is inf and
+    the softmax weight nan."""
+    head = SA(0.0, ScoreMatrix(-1.0, np.array([0.0, 1.0]), np.array([0.0, 2.0])),
+              ValueMatrix(1.0, np.zeros(2), np.zeros(2)))
+    model = Transformer(2, "softmax", [Block(None, head)], exact=False)
+    X = [[[0.0, 200.0]]]
+    data = ef.Dataset.from_arrays(X, X)
+    x = np.float16(200.0)
+    with np.errstate(all="ignore"):  # the test's own float16 evaluation of the one weight
+        s = (np.float16(2.0) * x) * x + np.float16(-1.0) * (x * x)
+        weight = np.exp(s - s) / np.exp(s - s)
+    assert np.isnan(weight)
+    assert not ef.prove_runtime(model, data, "float16", tolerance=0.1).ok

@@ -191,7 +191,7 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     with np.errstate(over="ignore", invalid="ignore"):
         q = quantum(Pm, Pr, fmt)[:, :, None] * quantum(Qm, Qr, fmt)[:, None, :]
     exact = np.ones(mid.shape, dtype=bool)
-    inter = np.zeros(mid.shape)  # intermediates beside the terms that ``size`` bounds
+    inter = size  # intermediates beside the sum: the stored product (c·x_i)(a·x_l) first
     if alpha != 0 or alpha_r != 0:
         XT = np.swapaxes(Xm, 1, 2)
         G = Xm @ XT
@@ -200,10 +200,12 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
         spread = spread + abs(alpha) * (Xr @ np.abs(XT) + aX @ np.swapaxes(Xr, 1, 2)) + \
             alpha_r * SG
         size = size + (abs(alpha) + alpha_r) * SG
-        # the torch module's ⟨x_i, x_l⟩ before α scales it, the other layouts' α·x_i (times
-        # the query scale, at most 4, of TransformerLens's softmax)
+        # the torch module's ⟨x_i, x_l⟩ before α scales it and α·⟨x_i, x_l⟩ stored, the other
+        # layouts' α·x_i (times the query scale, at most 4, of TransformerLens's softmax)
         with np.errstate(over="ignore", invalid="ignore"):
-            inter = np.maximum(SG, 4 * (abs(alpha) + alpha_r) * aX.max(axis=2)[:, :, None])
+            inter = np.maximum(inter, np.maximum(
+                max(1.0, abs(alpha) + alpha_r) * SG,
+                4 * (abs(alpha) + alpha_r) * aX.max(axis=2)[:, :, None]))
         exact &= (alpha_r == 0) & (lowbit(alpha) == abs(alpha))  # α a power of two
         with np.errstate(over="ignore", invalid="ignore"):
             q = np.minimum(q, abs(alpha) * qX[:, :, None] * qX[:, None, :])
