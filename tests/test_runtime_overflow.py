@@ -172,3 +172,15 @@ def test_a_float16_rank_one_score_term_may_overflow_though_the_score_does_not():
         weight = np.exp(s - s) / np.exp(s - s)
     assert np.isnan(weight)
     assert not ef.prove_runtime(model, data, "float16", tolerance=0.1).ok
+
+
+def test_an_exact_ff_output_beyond_the_format_is_not_snapped_back():
+    """4·relu(30 000) = 120 000 is exact in 11 bits (a multiple of 64 below 2^11·64), but it
+    is beyond float16's 65 504: every float16 evaluation stores inf."""
+    ff = FF(0.0, np.array([[1.0, 0.0]]), np.array([0.0]), np.array([[4.0], [1.0]]))
+    model = Transformer(2, "hardmax", [Block(ff, None)], exact=False)
+    data = ef.Dataset.from_arrays([[[30000.0, 0.0]]], [[[120000.0, 30000.0]]])
+    with np.errstate(all="ignore"):  # the test's own float16 evaluation
+        y = np.maximum(np.float16(30000.0) * np.float16(1.0), np.float16(0)) * np.float16(4.0)
+    assert np.isinf(y)
+    assert not ef.prove_runtime(model, data, "float16", tolerance=0.1).ok

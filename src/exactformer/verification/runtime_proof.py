@@ -229,6 +229,7 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
     # and the midpoint nearer to it than half its quantum — it is the multiple of q nearest
     loose = (unsure | (active & (Zexact == 0))).astype(float) @ (W != 0).T.astype(float)
     snap = exact & (jac == 0) & (loose == 0)  # only units exactly computed write it
+    snap &= rad < np.inf  # and it may not overflow (exact is about the bits, not the range)
     with np.errstate(invalid="ignore", over="ignore"):
         snap &= up(chain + f64, 4) < q * 0.5
         mid = np.where(snap, np.rint(mid / np.where(snap, q, 1.0)) * np.where(snap, q, 1.0), mid)
