@@ -184,3 +184,21 @@ def test_an_exact_ff_output_beyond_the_format_is_not_snapped_back():
         y = np.maximum(np.float16(30000.0) * np.float16(1.0), np.float16(0)) * np.float16(4.0)
     assert np.isinf(y)
     assert not ef.prove_runtime(model, data, "float16", tolerance=0.1).ok
+
+
+def test_a_float16_product_may_overflow_before_the_bias_or_the_residual_is_added():
+    """The runtime stores x·Uᵀ before it adds b, and relu(·)·Wᵀ before it adds η·x: with
+    2·60 000 − 60 000 and −60 000 + 2·60 000 the sums are floats of float16, the products
+    (120 000) are inf."""
+    x = np.float16(60000.0)
+    with np.errstate(all="ignore"):  # the test's own float16 evaluations
+        assert np.isinf(x * np.float16(2.0) + np.float16(-60000.0))
+        assert np.isinf(-x + np.maximum(x, np.float16(0)) * np.float16(2.0))
+    cases = [(FF(1.0, np.array([[2.0, 0.0]]), np.array([-60000.0]), np.array([[0.0], [1.0]])),
+              [60000.0, 0.0], [60000.0, 60000.0]),
+             (FF(1.0, np.array([[-1.0, 0.0]]), np.array([0.0]), np.array([[2.0], [1.0]])),
+              [-60000.0, 0.0], [60000.0, 60000.0])]
+    for ff, x_in, y in cases:
+        model = Transformer(2, "hardmax", [Block(ff, None)], exact=False)
+        data = ef.Dataset.from_arrays([[x_in]], [[y]])
+        assert not ef.prove_runtime(model, data, "float16", tolerance=0.1).ok

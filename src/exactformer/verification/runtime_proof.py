@@ -225,6 +225,11 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
         ((((active | unsure) & (Ar > 0)).astype(float) @ (W != 0).T.astype(float)) > 0)
     f64 = np.where(inexact_in, rounding(S, k), 0.0)  # the float64 midpoint's own rounding
     rad = unknown_if_overflow(mid, jac + chain + np.where(exact, f64, rnd), fmt, S)
+    with np.errstate(over="ignore", invalid="ignore"):  # the stored η·x and A·Wᵀ themselves
+        lost = ~(np.abs(Am @ W.T) + Ar @ aW.T + (np.abs(Am) + Ar) @ w.W_r.T + rnd < fmt.huge)
+        if eta != 1:
+            lost |= ~(abs(eta) * (np.abs(Xm) + Xr) + rnd < fmt.huge)
+    rad = np.where(lost, np.inf, rad)
     # a value every evaluation computes alike: no rounding, a constant affine piece (J = 0),
     # and the midpoint nearer to it than half its quantum — it is the multiple of q nearest
     loose = (unsure | (active & (Zexact == 0))).astype(float) @ (W != 0).T.astype(float)
