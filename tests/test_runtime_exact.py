@@ -135,3 +135,17 @@ def test_an_unread_column_that_may_not_be_finite_is_still_read():
     mid, spread, rnd, q = linear(np.array([[1.0, 5.0]]), np.array([[0.0, 1.0]]), W,
                                  np.zeros_like(W), b, np.zeros(1), FMT)
     assert (mid[0, 0], spread[0, 0] + rnd[0, 0], q[0, 0]) == (1.0, 0.0, 1.0)
+
+
+def test_a_score_divided_by_a_large_power_of_two_may_round_below_the_normals():
+    """⟨c, x⟩·⟨a, x⟩ = 3·2^-126 is exact, and τ = 2^24 is a power of two, but the divided
+    score 3·2^-150 is below float32's subnormal step 2^-149: the division rounds."""
+    model = SimpleNamespace(attention="softmax", causal=False, tau=2.0 ** 24, blocks=[])
+    ctx = Context(model, FMT, 2.0)
+    x = np.array([2.0 ** -63, 3 * 2.0 ** -63])
+    head = Weights({"alpha": 0.0, "a": np.array([0.0, 1.0]), "c": np.array([1.0, 0.0]),
+                    "beta": 1.0, "p": np.zeros(2), "q": np.zeros(2)}, FMT)
+    mid, rad = scores_box(x[None, None], np.zeros((1, 1, 2)), head, ctx)
+    got = float(F32(F32(x[0]) * F32(x[1])) / F32(2.0 ** 24))
+    assert Fraction(got) != Fraction(x[0]) * Fraction(x[1]) / 2 ** 24
+    assert abs(got - mid[0, 0, 0]) <= rad[0, 0, 0]

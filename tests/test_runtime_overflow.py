@@ -29,6 +29,22 @@ def test_an_off_unit_whose_float32_sums_overflow_is_not_passed_over():
     assert not ef.prove_runtime(model, data, "float32").ok
 
 
+
+def test_a_unit_whose_sums_overflow_makes_its_whole_row_nan_whatever_w_writes():
+    """The same unit with W = 0: every column is x + 0·relu(nan), and 0·nan is nan, so no
+    column of the row is x + 0 (neither a column no unit writes, left out of the residual
+    FF's work, nor one no unit that may be on writes). The row must be unknown."""
+    ff = FF(1.0, np.array([[2.0, -4.0, 0.0]]), np.array([0.0]), np.zeros((3, 1)))
+    model = Transformer(3, "hardmax", [Block(ff, None)], exact=False)
+    X = [[[2e38, 2e38, 0.0], [1.0, 1.0, 0.0]]]
+    data = ef.Dataset.from_arrays(X, X)
+    x = np.array(X[0], dtype=np.float32)
+    with np.errstate(all="ignore"):  # the test's own float32 evaluation of the dense graph
+        z = x[:, :1] * np.float32(2) + x[:, 1:2] * np.float32(-4)
+        y = x + np.where(np.isnan(z), z, np.maximum(z, 0)) * np.float32(0)
+    assert np.isnan(y[0]).all()
+    assert not ef.prove_runtime(model, data, "float32").ok
+
 def _one_head(alpha, a, c, beta, p, q, rho=0.0):
     head = SA(rho, ScoreMatrix(alpha, np.array(a), np.array(c)),
               ValueMatrix(beta, np.array(p), np.array(q)))
@@ -123,3 +139,66 @@ def test_an_infinite_weight_or_tolerance_is_refused_or_never_proved():
     blocks[i] = dataclasses.replace(blk, sa=dataclasses.replace(blk.sa, heads=[bad]))
     v = prove_runtime(dataclasses.replace(model, blocks=blocks), data, "float32")
     assert not v.ok
+
+
+def test_a_float16_score_may_overflow_before_the_temperature_divides_it():
+    """A softmax score x_1² = 90 000 at τ = 4: the divided score 22 500 is a float16, but the
+    runtime stores the product first (inf in float16), and inf − inf is nan in the softmax."""
+    head = SA(0.0, ScoreMatrix(0.0, np.array([1.0, 0.0]), np.array([1.0, 0.0])),
+              ValueMatrix(1.0, np.zeros(2), np.zeros(2)))
+    model = Transformer(2, "softmax", [Block(None, head)], exact=False, tau=4.0)
+    X = [[[300.0, 1.0]]]
+    data = ef.Dataset.from_arrays(X, X)
+    x = np.float16(300.0)
+    with np.errstate(all="ignore"):  # the test's own float16 evaluation of the one weight
+        s = (x * x) / np.float16(4.0)
+        weight = np.exp(s - s) / np.exp(s - s)
+    assert np.isnan(weight)
+    assert not ef.prove_runtime(model, data, "float16", tolerance=0.1).ok
+
+
+def test_a_float16_rank_one_score_term_may_overflow_though_the_score_does_not():
+    """(c·x)(a·x) = 2·200² = 80 000 is beyond float16, α⟨x, x⟩ = −40 000 brings the score
+    back to 40 000: the torch module stores the product first (inf), so the score is inf and
+    the softmax weight nan."""
+    head = SA(0.0, ScoreMatrix(-1.0, np.array([0.0, 1.0]), np.array([0.0, 2.0])),
+              ValueMatrix(1.0, np.zeros(2), np.zeros(2)))
+    model = Transformer(2, "softmax", [Block(None, head)], exact=False)
+    X = [[[0.0, 200.0]]]
+    data = ef.Dataset.from_arrays(X, X)
+    x = np.float16(200.0)
+    with np.errstate(all="ignore"):  # the test's own float16 evaluation of the one weight
+        s = (np.float16(2.0) * x) * x + np.float16(-1.0) * (x * x)
+        weight = np.exp(s - s) / np.exp(s - s)
+    assert np.isnan(weight)
+    assert not ef.prove_runtime(model, data, "float16", tolerance=0.1).ok
+
+
+def test_an_exact_ff_output_beyond_the_format_is_not_snapped_back():
+    """4·relu(30 000) = 120 000 is exact in 11 bits (a multiple of 64 below 2^11·64), but it
+    is beyond float16's 65 504: every float16 evaluation stores inf."""
+    ff = FF(0.0, np.array([[1.0, 0.0]]), np.array([0.0]), np.array([[4.0], [1.0]]))
+    model = Transformer(2, "hardmax", [Block(ff, None)], exact=False)
+    data = ef.Dataset.from_arrays([[[30000.0, 0.0]]], [[[120000.0, 30000.0]]])
+    with np.errstate(all="ignore"):  # the test's own float16 evaluation
+        y = np.maximum(np.float16(30000.0) * np.float16(1.0), np.float16(0)) * np.float16(4.0)
+    assert np.isinf(y)
+    assert not ef.prove_runtime(model, data, "float16", tolerance=0.1).ok
+
+
+def test_a_float16_product_may_overflow_before_the_bias_or_the_residual_is_added():
+    """The runtime stores x·Uᵀ before it adds b, and relu(·)·Wᵀ before it adds η·x: with
+    2·60 000 − 60 000 and −60 000 + 2·60 000 the sums are floats of float16, the products
+    (120 000) are inf."""
+    x = np.float16(60000.0)
+    with np.errstate(all="ignore"):  # the test's own float16 evaluations
+        assert np.isinf(x * np.float16(2.0) + np.float16(-60000.0))
+        assert np.isinf(-x + np.maximum(x, np.float16(0)) * np.float16(2.0))
+    cases = [(FF(1.0, np.array([[2.0, 0.0]]), np.array([-60000.0]), np.array([[0.0], [1.0]])),
+              [60000.0, 0.0], [60000.0, 60000.0]),
+             (FF(1.0, np.array([[-1.0, 0.0]]), np.array([0.0]), np.array([[2.0], [1.0]])),
+              [-60000.0, 0.0], [60000.0, 60000.0])]
+    for ff, x_in, y in cases:
+        model = Transformer(2, "hardmax", [Block(ff, None)], exact=False)
+        data = ef.Dataset.from_arrays([[x_in]], [[y]])
+        assert not ef.prove_runtime(model, data, "float16", tolerance=0.1).ok

@@ -236,7 +236,7 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     with np.errstate(over="ignore", invalid="ignore"):
         q = quantum(Pm, Pr, fmt)[:, :, None] * quantum(Qm, Qr, fmt)[:, None, :]
     exact = np.ones(mid.shape, dtype=bool)
-    inter = np.zeros(mid.shape)  # intermediates beside the terms that ``size`` bounds
+    inter = size  # intermediates beside the sum: the stored product (c·x_i)(a·x_l) first
     if alpha != 0 or alpha_r != 0:
         XT = np.swapaxes(Xm, 1, 2)
         G = Xm @ XT
@@ -245,10 +245,12 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
         spread = spread + abs(alpha) * (Xr @ np.abs(XT) + aX @ np.swapaxes(Xr, 1, 2)) + \
             alpha_r * SG
         size = size + (abs(alpha) + alpha_r) * SG
-        # the torch module's ⟨x_i, x_l⟩ before α scales it, the other layouts' α·x_i (times
-        # the query scale, at most 4, of TransformerLens's softmax)
+        # the torch module's ⟨x_i, x_l⟩ before α scales it and α·⟨x_i, x_l⟩ stored, the other
+        # layouts' α·x_i (times the query scale, at most 4, of TransformerLens's softmax)
         with np.errstate(over="ignore", invalid="ignore"):
-            inter = np.maximum(SG, 4 * (abs(alpha) + alpha_r) * aX.max(axis=2)[:, :, None])
+            inter = np.maximum(inter, np.maximum(
+                max(1.0, abs(alpha) + alpha_r) * SG,
+                4 * (abs(alpha) + alpha_r) * aX.max(axis=2)[:, :, None]))
         exact &= (alpha_r == 0) & (lowbit(alpha) == abs(alpha))  # α a power of two
         with np.errstate(over="ignore", invalid="ignore"):
             q = np.minimum(q, abs(alpha) * qX[:, :, None] * qX[:, None, :])
@@ -265,13 +267,18 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
         (2 * D + 10) * fmt.tiny * max(1.0, abs(alpha)) + rounding(size, D + 2)
     whole = size  # the sum's terms, before 1/τ scales the sum: they must fit, not overflow
     exact &= fits_exactly(whole, q, fmt.bits, fmt.tiny)
+    stored_bad = False
     if ctx.attention == "softmax" and ctx.tau != 1:
+        with np.errstate(over="ignore", invalid="ignore"):  # the sum is stored, then divided
+            stored_bad = ~(np.abs(mid) + spread + rnd < fmt.huge)
         mid, spread, size = mid / ctx.tau, spread / ctx.tau, size / ctx.tau
         rnd = rnd / ctx.tau + theta(1, 1, fmt) * size + fmt.tiny
-        exact &= lowbit(ctx.tau) == ctx.tau
+        with np.errstate(over="ignore", invalid="ignore"):  # q/τ: no step below the normals
+            exact &= (lowbit(ctx.tau) == ctx.tau) & (q / ctx.tau >= fmt.tiny)
     f64 = np.where(spread > 0, rounding(size, D + 2), 0.0)
     rad = spread + pos_up(np.where(exact, f64, rnd), 4)
-    bad = may_overflow(inter, 1 + theta(D + 4, 4, fmt), (2 * D + 10) * fmt.tiny, fmt)
+    bad = may_overflow(inter, 1 + theta(D + 4, 4, fmt), (2 * D + 10) * fmt.tiny, fmt) | \
+        stored_bad
     with np.errstate(over="ignore", invalid="ignore"):
         if fmt.name == "float32":  # TransformerLens's scaled scores: inf − inf is nan
             bad |= ~(size * ctx.lens_scale * 2 < ACC.huge)

@@ -116,7 +116,8 @@ def linear(Xm, Xr, Wm, Wr, b, br, fmt: Format):
     aX = np.abs(Xm) + Xr
     bias = np.zeros(len(Wm)) if b is None else b
     k = int((Wm != 0).sum(axis=1).max(initial=0)) + (b is not None)
-    mid = Xm @ Wm.T + bias
+    prod = Xm @ Wm.T
+    mid = prod + bias
     spread = pos_up(Xr @ aW.T, k + 2)
     S = pos_up(aX @ aW.T + np.abs(bias), k + 2)
     conv = 0.0
@@ -137,8 +138,13 @@ def linear(Xm, Xr, Wm, Wr, b, br, fmt: Format):
     exact, q = _linear_exact(Xm, Xr, Wm, Wr, bias, part, fmt)
     if br is not None:
         exact &= br == 0
+    lost = False
+    if b is not None:  # the runtime stores X Wᵀ in the format before it adds b
+        with np.errstate(over="ignore", invalid="ignore"):
+            lost = ~(np.abs(prod) + spread + rnd < fmt.huge)
     rnd = np.where(exact, f64, rnd)
     rnd = unknown_if_overflow(mid, rnd + spread, fmt, S) - spread
+    rnd = np.where(lost, np.inf, rnd)
     return mid, spread, rnd, np.where(exact, q, 0.0)
 
 

@@ -190,13 +190,17 @@ def _ff_rows(Xm, Xr, w: Weights, fmt: Format):
                               ~np.isfinite(Xm).all(axis=0))
         if len(cols) < Xm.shape[1]:
             Ym, Yr = Xm.copy(), Xr.copy()
-            Ym[:, cols], Yr[:, cols] = _ff_columns(Xm, Xr, w, fmt, cols)
+            Ym[:, cols], Yr[:, cols], wild = _ff_columns(Xm, Xr, w, fmt, cols)
+            Yr[wild] = np.inf  # 0·inf and 0·nan are nan: no column is x + 0 there
             return Ym, Yr
-    return _ff_columns(Xm, Xr, w, fmt, np.arange(Xm.shape[1]))
+    return _ff_columns(Xm, Xr, w, fmt, np.arange(Xm.shape[1]))[:2]
 
 
 def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
-    """:func:`ff_box`'s output columns ``cols`` on every row."""
+    """:func:`ff_box`'s output columns ``cols`` on every row, and the rows where a unit's
+    stored output may be inf or nan (its box is not finite): the runtime's product with
+    the units then is nan in every column, a weight 0 included (0·inf), so those rows
+    are unknown everywhere."""
     eta = scalar(w.eta)
     Zm, Zs, Zq, Zexact = linear(Xm, Xr, w.U, w.U_r, w.b, w.b_r, fmt)
     w = ff_outputs(w, cols)
@@ -222,10 +226,16 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
         ((((active | unsure) & (Ar > 0)).astype(float) @ (W != 0).T.astype(float)) > 0)
     f64 = np.where(inexact_in, rounding(S, k), 0.0)  # the float64 midpoint's own rounding
     rad = unknown_if_overflow(mid, jac + chain + np.where(exact, f64, rnd), fmt, S)
+    with np.errstate(over="ignore", invalid="ignore"):  # the stored η·x and A·Wᵀ themselves
+        lost = ~(np.abs(Am @ W.T) + Ar @ aW.T + (np.abs(Am) + Ar) @ w.W_r.T + rnd < fmt.huge)
+        if eta != 1:
+            lost |= ~(abs(eta) * (np.abs(Xm) + Xr) + rnd < fmt.huge)
+    rad = np.where(lost, np.inf, rad)
     # a value every evaluation computes alike: no rounding, a constant affine piece (J = 0),
     # and the midpoint nearer to it than half its quantum — it is the multiple of q nearest
     loose = (unsure | (active & (Zexact == 0))).astype(float) @ (W != 0).T.astype(float)
     snap = exact & (jac == 0) & (loose == 0)  # only units exactly computed write it
+    snap &= rad < np.inf  # and it may not overflow (exact is about the bits, not the range)
     with np.errstate(invalid="ignore", over="ignore"):
         snap &= up(chain + f64, 4) < q * 0.5
         mid = np.where(snap, np.rint(mid / np.where(snap, q, 1.0)) * np.where(snap, q, 1.0), mid)
@@ -234,7 +244,8 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
         touched = ((active | unsure).astype(float) @ (W != 0).T.astype(float)) > 0
         keep = ~touched & np.isfinite(Xm)
         mid, rad = np.where(keep, Xm, mid), np.where(keep, Xr, rad)
-    return mid, rad
+    wild = ~(np.isfinite(Am) & np.isfinite(Ar)).all(axis=1)
+    return mid, np.where(wild[:, None], np.inf, rad), wild
 
 
 def _ff_exact(Xm, Xr, Am, Ar, Zq, on, w: Weights, k: int, fmt: Format):
