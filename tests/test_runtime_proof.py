@@ -403,7 +403,8 @@ def _one_block_each(rows: int, blocks: int):
 def test_unit_blocks_give_the_verdict_of_the_whole_layer(ds, attention):
     """A residual FF enclosed row by row with only the units that may be on there proves what
     the whole layer at once proves, no pass of the test's misses where it proves, and its
-    bound is the whole layer's up to the rounding of fewer terms."""
+    bound is at most the whole layer's (each row's rounding counts the units that may be on
+    at that row, but the whole layer's float64 bounds carry more terms)."""
     model = _build(ds, attention=attention, width=8)
     with _one_block_each(1, 10 ** 9):
         split = prove_runtime(model, ds, "float32", witness=False)
@@ -412,6 +413,35 @@ def test_unit_blocks_give_the_verdict_of_the_whole_layer(ds, attention):
         whole = prove_runtime(model, ds, "float32", witness=False)
     assert (split.proved, split.checked) == (whole.proved, whole.checked)
     assert split.bound <= whole.bound * (1 + 1e-9) + 1e-300
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), runtime=st.sampled_from(["float32", "bfloat16"]))
+def test_a_rows_rounding_counts_the_units_on_at_that_row(seed, runtime):
+    """A residual FF whose rows each turn on a unit or two of many (a keyed layer's moves,
+    inexact numbers): each row's radius is the same, up to float64's own rounding, whether
+    the row is enclosed alone or in one block with every unit (an off unit adds an exact 0,
+    so it is no term of the row's rounding)."""
+    from exactformer.verification import runtime_proof
+    from exactformer.verification.formats import get_format
+    from exactformer.verification.runtime_boxes import Weights
+
+    rng = np.random.default_rng(seed)
+    units, D = int(rng.integers(8, 40)), 3
+    U = np.hstack([rng.normal(size=(units, D)), np.eye(units)])
+    b = -np.ones(units) + rng.normal(size=units) * 1e-3
+    W = rng.normal(size=(D + units, units))
+    W[D:] = 0.0
+    key = rng.integers(0, units, size=64)
+    hit = rng.random(64) < 0.5  # the other rows turn no unit on: the layer is blocked
+    X = np.hstack([rng.normal(size=(64, D)) * 0.1, 4 * np.eye(units)[key] * hit[:, None]])
+    w = Weights({"eta": 1.0, "U": U, "b": b, "W": W}, get_format(runtime))
+    fmt = get_format(runtime)
+    with np.errstate(all="ignore"), _one_block_each(1, 10 ** 9):
+        _, alone = runtime_proof.ff_box(X, np.zeros_like(X), w, fmt)
+    with np.errstate(all="ignore"), _one_block_each(10 ** 9, 1):
+        _, together = runtime_proof.ff_box(X, np.zeros_like(X), w, fmt)
+    assert np.allclose(alone, together, rtol=1e-9, atol=0) and (alone[hit, :D] > 0).all()
 
 
 def test_a_wide_text_is_proved_in_unit_blocks():

@@ -105,6 +105,12 @@ def theta(n_acc: int, n_store: int, fmt: Format) -> float:
     return t * (1 + 2.0 ** -40) + 2.0 ** -1000
 
 
+def thetas(n_acc: np.ndarray, n_store: int, fmt: Format) -> np.ndarray:
+    """:func:`theta` for each entry of an array of (integral) float32 rounding counts."""
+    counts, at = np.unique(n_acc, return_inverse=True)
+    return np.array([theta(int(n), n_store, fmt) for n in counts])[at].reshape(np.shape(n_acc))
+
+
 def matmul_input_error(fmt: Format) -> float:
     """Relative change of a product w·x when both inputs are cut to ``fmt.matmul_bits``
     (rounded or truncated: each moves by less than 2^(1 − bits) relatively); 0 without."""

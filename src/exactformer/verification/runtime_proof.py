@@ -27,7 +27,16 @@ from ..evaluate.keys import KeyLayer, key_layers, row_keys
 from ..evaluate.twins import distinct
 from ..model import FF, Transformer
 from ..numbers import pad_columns
-from .formats import ACC, DEFAULT_EXP_ULPS, Format, conversions, fits, matmul_input_error, theta
+from .formats import (
+    ACC,
+    DEFAULT_EXP_ULPS,
+    Format,
+    conversions,
+    fits,
+    matmul_input_error,
+    theta,
+    thetas,
+)
 from .runtime_attention import Context, sa_box
 from .runtime_boxes import (
     Weights,
@@ -217,9 +226,11 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
     mid = eta * Xm + Am @ W.T
     jac = jacobian_spread(R, active, W, w.U, eta, cols)
     chain = pos_up((Zq * active + top) @ aW.T, W.shape[1] + 2)
-    k = int((W != 0).sum(axis=1).max(initial=0)) + 1
+    # terms per row: η·x and the units that may be on there (an off unit adds an exact 0)
+    writes = ((W != 0) | (w.W_r != 0)).T.astype(float)
+    k = ((active | unsure).astype(float) @ writes).max(axis=1, initial=0.0)[:, None] + 1
     S = pos_up(abs(eta) * (np.abs(Xm) + Xr) + (np.abs(Am) + Ar) @ (aW + w.W_r).T, k + 2)
-    rnd = (theta(k + 2, 3, fmt) + matmul_input_error(fmt)) * S + (2 * k + 6) * fmt.tiny
+    rnd = (thetas(k + 2, 3, fmt) + matmul_input_error(fmt)) * S + (2 * k + 6) * fmt.tiny
     rnd = up(rnd + rounding(S, k) + (np.abs(Am) + Ar) @ w.W_r.T, 6)
     exact, q = _ff_exact(Xm, Xr, Am, Ar, Zexact, active | unsure, w, k, fmt)
     inexact_in = ((Xr > 0) & (eta != 0)) | \
