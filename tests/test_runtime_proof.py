@@ -587,3 +587,39 @@ def test_boxes_of_sparse_heads_hold_every_pass(seed, attention, far):
     if far in (0.0, 1e3):
         for x, (m, r) in zip(xs, boxes, strict=True):
             assert (m[:, ~touched] == x[:, ~touched]).all() and not r[:, ~touched].any()
+
+
+def test_the_lens_o_matrix_sums_every_heads_terms_at_once():
+    """TransformerLens applies its o matrix to the heads' outputs concatenated: one output's
+    sum runs over the nonzero dense V entries of every head together (here 12·18 terms), not
+    over D. Summed in order, the first term 1 absorbs each later t < 2^-24 (1 + t rounds to
+    1): the float32 result is 1, 216·t ≈ 1.3·10⁻⁵ from the exact value, which the tolerance
+    1e-5 does not allow. The box must hold it and the model may not be proved."""
+    from exactformer.model import SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
+    from exactformer.verification.formats import get_format
+    from exactformer.verification.runtime_proof import enclose_runtime
+
+    D, H = 20, 12
+    e = np.eye(D)
+    q = np.where(np.arange(D) >= 2, 1.0, 0.0)
+    heads = [Head(ScoreMatrix(0.0, e[0], e[0]), ValueMatrix(0.0, e[1], q + (h == 0) * e[0]))
+             for h in range(H)]
+    model = Transformer(D, "hardmax", [Block(None, SA(1.0, heads=heads))], exact=False)
+    t = 2.0 ** -24 - 2.0 ** -34
+    x = np.where(np.arange(D) >= 2, t, 0.0)
+    x[0] = 1.0
+    # the test's own TransformerLens pass on the one key (weight exactly 1, so z_h = x):
+    # x_1 + Σ_(h, j) O[1, (h, j)]·z_h,j, the heads' terms summed in their stored order
+    acc = np.float32(0.0)
+    for h in heads:
+        for j in range(D):
+            acc = np.float32(acc + np.float32(h.V.p[1] * h.V.q[j]) * np.float32(x[j]))
+    out = float(np.float32(np.float32(x[1]) + acc))
+    exact = 1.0 + H * (D - 2) * t
+    assert out == 1.0 and exact - out > 1e-5
+    (m, r), = enclose_runtime(model, [x[None]], get_format("float32"))
+    assert abs(out - m[0, 1]) <= r[0, 1]
+    target = x.copy()
+    target[1] = exact
+    data = ef.Dataset.from_arrays([[x.tolist()]], [[target.tolist()]])
+    assert not prove_runtime(model, data, "float32").ok

@@ -122,7 +122,10 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     exact = rho.v_r == 0
     untouched = np.full(Xm.shape[-1], r0 == 1 and rho.v_r == 0)
     n, D = Xm.shape[1], Xm.shape[2]
-    k = n + D + 2 * len(sa_w) + 6  # roundings on any term's path, in any of the orders
+    # roundings on any term's path, in any of the orders: TransformerLens's o matrix sums
+    # every head's terms V_cj·y_j in one product, so an output's sum there has as many terms
+    # as the heads' dense V have nonzero entries in its row together (up to H·D), not D
+    k = n + max(D, _dense_terms(sa_w)) + 2 * len(sa_w) + 6
     overflow = np.zeros(Xm.shape[:2], dtype=bool)
     amp = 1.0  # per output coordinate: how much the intermediates' underflow is scaled up
     for w in sa_w:
@@ -154,6 +157,19 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     keep = untouched & np.isfinite(mid)
     rad = np.where(overflow[..., None], np.inf, np.where(keep, Xr, rad))
     return np.where(keep, Xm, mid), rad
+
+
+def _dense_terms(sa_w: list) -> int:
+    """The most terms V_cj·y_j that an output c of TransformerLens's one o-matrix product
+    sums over every head: the nonzero (or uncertain) entries of row c of the heads' dense V."""
+    count = 0
+    for w in sa_w:
+        p_on = (w.p != 0) | (w.p_r != 0)
+        q_on = (w.q != 0) | (w.q_r != 0)
+        beta_on = scalar(w.beta) != 0 or w.beta_r != 0
+        count = count + np.where(p_on, int(q_on.sum()), 0) + \
+            (beta_on & ~(p_on & q_on)).astype(int)
+    return int(np.max(count, initial=0))
 
 
 def _subnormal_intermediates(Ym, Ys, qy, one, w: Weights, fmt: Format):
