@@ -38,7 +38,9 @@ class Format:
     @property
     def tiny(self) -> float:
         """Absolute error one operation may add below the normal range: the smallest normal
-        magnitude, which covers rounding to subnormals and flushing them to zero."""
+        magnitude, which covers rounding a result to subnormals or flushing it to zero (a
+        stored subnormal input is assumed kept: docs/numerics.md#proofs-for-reduced-precision-
+        runtimes)."""
         return 2.0 ** self.emin
 
 
