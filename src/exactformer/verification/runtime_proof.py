@@ -356,12 +356,7 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
             if sa is None:
                 Um, Ur = guard(Um, Ur)
                 continue
-            Xm, Xr = Um[inv], Ur[inv]
-            for (n, js), a, b in zip(groups, spans[:-1], spans[1:], strict=True):
-                m, r = sa_box(Xm[a:b].reshape(len(js), n, -1),
-                              Xr[a:b].reshape(len(js), n, -1), sa[1], sa[0], ctx)
-                Xm[a:b], Xr[a:b] = m.reshape(b - a, -1), r.reshape(b - a, -1)
-            Xm, Xr = guard(Xm, Xr)
+            Xm, Xr = _attend(Um[inv], Ur[inv], sa, groups, spans, ctx)
             first, inv = distinct(np.concatenate([Xm, Xr], axis=1))
             Um, Ur = Xm[first], Xr[first]
     Xm, Xr = Um[inv], Ur[inv]
@@ -370,6 +365,16 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
         for i, j in enumerate(js):
             outs[j] = (Xm[a + i * n:a + (i + 1) * n], Xr[a + i * n:a + (i + 1) * n])
     return outs
+
+
+def _attend(Xm, Xr, sa, groups: list, spans: np.ndarray, ctx: Context):
+    """One attention layer on the stacked rows (``Xm``, ``Xr``: new arrays, written in
+    place), each group of sequences of one length at once."""
+    for (n, js), a, b in zip(groups, spans[:-1], spans[1:], strict=True):
+        m, r = sa_box(Xm[a:b].reshape(len(js), n, -1), Xr[a:b].reshape(len(js), n, -1),
+                      sa[1], sa[0], ctx)
+        Xm[a:b], Xr[a:b] = m.reshape(b - a, -1), r.reshape(b - a, -1)
+    return guard(Xm, Xr)
 
 
 def _stored_inputs(xs: list[np.ndarray], params: Transformer, fmt: Format):
