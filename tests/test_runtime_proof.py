@@ -444,6 +444,26 @@ def test_a_rows_rounding_counts_the_units_on_at_that_row(seed, runtime):
     assert np.allclose(alone, together, rtol=1e-9, atol=0) and (alone[hit, :D] > 0).all()
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_weight_stored_as_inf_leaves_its_columns_unknown_even_where_its_unit_is_off(rows):
+    """float16 stores a weight of 1e5 as inf: the unit is off (relu 0) at every row, but
+    inf·0 is nan, so the runtime's output column is nan; no box may claim it is x + 0."""
+    from exactformer.model import FF, Block, Transformer
+    from exactformer.verification.formats import get_format
+    from exactformer.verification.runtime_proof import enclose_runtime
+
+    U, b, W = np.array([[1.0, 0.0]]), np.array([-10.0]), np.array([[0.0], [1e5]])
+    model = Transformer(2, "hardmax", [Block(FF(1.0, U, b, W), None)], exact=False)
+    x = np.array([[1.0, 0.0], [2.0, 1.0], [0.5, -3.0]])[:rows]
+    h16 = np.float16
+    with np.errstate(all="ignore"):  # the runtime, by hand: x + W·relu(U·x + b) in float16
+        a = np.maximum(x.astype(h16) @ U.T.astype(h16) + b.astype(h16), h16(0))
+        y = (x.astype(h16) + a @ W.T.astype(h16)).astype(float)
+        (mid, rad), = enclose_runtime(model, [x], get_format("float16"))
+    assert np.isnan(y[:, 1]).all()
+    assert (rad[:, 1] == np.inf).all()
+
+
 def test_a_wide_text_is_proved_in_unit_blocks():
     """A position-key text at width 256 (a residual FF moves hundreds of rows, each by its own
     unit) is proved in float32 and bfloat16 in blocks of 8 rows, and every pass of the test
