@@ -464,6 +464,28 @@ def test_a_weight_stored_as_inf_leaves_its_columns_unknown_even_where_its_unit_i
     assert (rad[:, 1] == np.inf).all()
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_weight_tf32_may_cut_to_inf_leaves_its_columns_unknown(rows):
+    """TF32 may round a matmul input to 11 bits: float32's largest number then becomes
+    2^128 = inf, and inf·0 (an off unit) is nan in the runtime's output column."""
+    from exactformer.model import FF, Block, Transformer
+    from exactformer.verification.formats import get_format
+    from exactformer.verification.runtime_proof import enclose_runtime
+
+    big = float(np.finfo(np.float32).max)
+    U, b, W = np.array([[1.0, 0.0]]), np.array([-10.0]), np.array([[0.0], [big]])
+    model = Transformer(2, "hardmax", [Block(FF(1.0, U, b, W), None)], exact=False)
+    x = np.array([[1.0, 0.0], [2.0, 1.0], [0.5, -3.0]])[:rows]
+    m, e = np.frexp(big)
+    with np.errstate(all="ignore"):
+        cut = np.float32(np.ldexp(np.rint(np.ldexp(m, 11)), e - 11))  # rounded to 11 bits
+        a = np.maximum(x.astype(np.float32) @ U.T.astype(np.float32) - np.float32(10), np.float32(0))
+        y = x[:, 1].astype(np.float32) + a[:, 0] * cut
+        (mid, rad), = enclose_runtime(model, [x], get_format("tf32"))
+    assert np.isinf(cut) and np.isnan(y).all()
+    assert (rad[:, 1] == np.inf).all()
+
+
 def test_a_wide_text_is_proved_in_unit_blocks():
     """A position-key text at width 256 (a residual FF moves hundreds of rows, each by its own
     unit) is proved in float32 and bfloat16 in blocks of 8 rows, and every pass of the test

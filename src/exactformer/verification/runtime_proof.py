@@ -65,9 +65,13 @@ def ff_box(Xm, Xr, w: Weights, fmt: Format):
     the others are enclosed, in blocks of rows with only the units that may be on at one of
     them (a unit certainly off adds an exact 0): a keyed layer moves a few rows, each by a few
     units."""
-    if not (np.isfinite(w.W).all() and np.isfinite(w.W_r).all()):
-        # a weight the format stores as ±inf: inf·0 is nan, so even an off unit (relu 0)
-        # writes nan into its columns, in every row; no row is x + 0 nor any sum's terms known
+    top = fmt.huge if fmt.matmul_bits is None else (2 - 2.0 ** (1 - fmt.matmul_bits)) * 2.0 ** 127
+    with np.errstate(invalid="ignore"):
+        finite = (np.abs(w.W) + w.W_r <= top).all()
+    if not finite:
+        # a weight the format stores as ±inf, or that TF32's cut may round up to inf: inf·0
+        # is nan, so even an off unit (relu 0) writes nan into its columns, in every row; no
+        # row is x + 0 nor any sum's terms known
         return Xm.copy(), np.full_like(Xr, np.inf)
     if scalar(w.eta) == 1 and w.eta_r == 0 and len(Xm) > 1:
         maybe = maybe_on(Xm, Xr, w, fmt)
