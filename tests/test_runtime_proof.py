@@ -479,7 +479,8 @@ def test_a_weight_tf32_may_cut_to_inf_leaves_its_columns_unknown(rows):
     m, e = np.frexp(big)
     with np.errstate(all="ignore"):
         cut = np.float32(np.ldexp(np.rint(np.ldexp(m, 11)), e - 11))  # rounded to 11 bits
-        a = np.maximum(x.astype(np.float32) @ U.T.astype(np.float32) - np.float32(10), np.float32(0))
+        z = x.astype(np.float32) @ U.T.astype(np.float32) - np.float32(10)
+        a = np.maximum(z, np.float32(0))
         y = x[:, 1].astype(np.float32) + a[:, 0] * cut
         (mid, rad), = enclose_runtime(model, [x], get_format("tf32"))
     assert np.isinf(cut) and np.isnan(y).all()
