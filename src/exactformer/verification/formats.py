@@ -36,6 +36,15 @@ class Format:
         return 2.0 ** -self.bits
 
     @property
+    def largest_product_input(self) -> float:
+        """The largest magnitude a matrix product's input keeps: ``huge``, or with TF32's cut
+        the largest number of ``matmul_bits`` bits below 2^128 (a larger float32 rounds up to
+        inf)."""
+        if self.matmul_bits is None:
+            return self.huge
+        return (2 - 2.0 ** (1 - self.matmul_bits)) * 2.0 ** 127
+
+    @property
     def tiny(self) -> float:
         """Absolute error one operation may add below the normal range: the smallest normal
         magnitude, which covers rounding a result to subnormals or flushing it to zero (a

@@ -364,9 +364,8 @@ def copied_keys(key, Xm, Xr, fmt: Format):
     S = pos_up(np.take_along_axis(np.abs(Xm) + Xr, at, axis=1), n + 2)
     f64 = np.where(S > 0, rounding(S, n), 0.0)
     points = (Xr == 0).all(axis=(1, 2))[:, None, None]
-    lbX = term_bits(np.ones((1, 1, 1)), np.zeros((1, 1, 1)), Xm, Xr, fmt)[1]
     return Ym, pos_up(Xr_l, n + 2) + np.where(points, 0.0, f64), S, \
-        np.take_along_axis(lbX, at, axis=1)
+        np.take_along_axis(key_bits(Xm, Xr, fmt), at, axis=1)
 
 
 def _hull(C, C_r, ctx: Context):
@@ -452,11 +451,17 @@ def term_bits(Pm, Pr, Xm, Xr, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
     certainly 0, 0 where it is uncertain or TF32 may cut it) and of the keys (B×n×D)."""
     lbP = np.where((Pm != 0) | (Pr > 0), quantum(Pm, Pr, fmt), np.inf)
     lbP = np.where(Pr > 0, 0.0, lbP)
-    lbX = quantum(Xm, Xr, fmt)
     if fmt.matmul_bits is not None:
         lbP = np.where(fits(Pm, fmt.matmul_bits) & (Pr == 0), lbP, 0.0)
+    return lbP, key_bits(Xm, Xr, fmt)
+
+
+def key_bits(Xm, Xr, fmt: Format) -> np.ndarray:
+    """Lower bounds on the lowest bits of the keys (B×n×D): 0 where TF32 may cut one."""
+    lbX = quantum(Xm, Xr, fmt)
+    if fmt.matmul_bits is not None:
         lbX = np.where(fits(Xm, fmt.matmul_bits) & (Xr == 0), lbX, 0.0)
-    return lbP, lbX
+    return lbX
 
 
 def min_products(lbP, lbX) -> np.ndarray:

@@ -65,9 +65,8 @@ def ff_box(Xm, Xr, w: Weights, fmt: Format):
     the others are enclosed, in blocks of rows with only the units that may be on at one of
     them (a unit certainly off adds an exact 0): a keyed layer moves a few rows, each by a few
     units."""
-    top = fmt.huge if fmt.matmul_bits is None else (2 - 2.0 ** (1 - fmt.matmul_bits)) * 2.0 ** 127
     with np.errstate(invalid="ignore"):
-        finite = (np.abs(w.W) + w.W_r <= top).all()
+        finite = (np.abs(w.W) + w.W_r <= fmt.largest_product_input).all()
     if not finite:
         # a weight the format stores as ±inf, or that TF32's cut may round up to inf: inf·0
         # is nan, so even an off unit (relu 0) writes nan into its columns, in every row; no
