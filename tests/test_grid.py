@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from exactformer.evaluate.grid import FLOAT64, exact_dots, lowbit
 
-FLOAT32 = (24, 2.0 ** -149)
+FLOAT32 = (24, 2.0 ** -149, float(np.finfo(np.float32).max))
 
 
 def values(draw, n: int, dtype) -> np.ndarray:

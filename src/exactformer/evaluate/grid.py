@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-FLOAT64 = (53, 2.0 ** -1074)  # (significant bits, smallest step) of float64
+FLOAT64 = (53, 2.0 ** -1074, float(np.finfo(np.float64).max))  # (bits, smallest step, largest)
 MARGIN = 2.0 ** -40  # relative: covers the rounding of a size computed in float64
 
 
@@ -56,11 +56,12 @@ def supports(V: np.ndarray) -> list[np.ndarray]:
 
 def exact_dots(X: np.ndarray, V: np.ndarray, c, fmt=FLOAT64) -> np.ndarray:
     """Per row x of ``X`` (n×d) and row v of ``V`` (k×d): whether x·v + c_k is computed
-    exactly by every evaluation in the format ``fmt`` = (bits, smallest step); n×k booleans.
+    exactly by every evaluation in the format ``fmt`` = (bits, smallest step, largest
+    number); n×k booleans.
     ``c``: k constants, or n×k (a term of each row's own, such as η·x_k). The terms' lowest
     bit is bounded below per group of dot products reading the same columns, so that a unit
     reading one exact code is not judged by the data another unit reads."""
-    bits, tiny = fmt
+    bits, tiny, huge = fmt
     c = np.broadcast_to(np.asarray(c, dtype=np.float64), (len(X), len(V)))
     lx, lv = lowbit(X), lowbit(V)
     q = lowbit(c).copy()
@@ -74,4 +75,4 @@ def exact_dots(X: np.ndarray, V: np.ndarray, c, fmt=FLOAT64) -> np.ndarray:
         pos = Xp @ Vp.T + Xn @ Vn.T + np.maximum(c, 0.0)
         neg = Xp @ Vn.T + Xn @ Vp.T + np.maximum(-c, 0.0)
         size = np.maximum(pos, neg) * (1 + MARGIN)
-    return fits_exactly(size, q, bits, tiny) & np.isfinite(size)
+    return fits_exactly(size, q, bits, tiny) & (size <= huge)  # no partial sum overflows
