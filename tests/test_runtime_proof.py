@@ -487,6 +487,32 @@ def test_a_weight_tf32_may_cut_to_inf_leaves_its_columns_unknown(rows):
     assert (rad[:, 1] == np.inf).all()
 
 
+@pytest.mark.parametrize("name", ["a", "c", "p", "q"])
+def test_an_attention_weight_tf32_may_cut_to_inf_leaves_the_layer_unknown(name):
+    """An attention weight at float32's largest number against a coordinate that is 0 at
+    every token: float32 multiplies it by 0, but TF32's cut of a matrix product's input
+    rounds it to 2^128 = inf, and inf·0 is nan. The test's own TF32 pass gives nan, so no
+    box of the layer's output may be finite there."""
+    from exactformer.model import SA, Block, ScoreMatrix, Transformer, ValueMatrix
+    from exactformer.verification.formats import get_format
+    from exactformer.verification.runtime_proof import enclose_runtime
+
+    big = float(np.finfo(np.float32).max)
+    w = {"a": [1.0, 0.0, 0.0], "c": [1.0, 0.0, 0.0], "p": [0.0, 1.0, 0.0],
+         "q": [1.0, 0.0, 0.0]}
+    w[name] = [v if i != 2 else big for i, v in enumerate(w[name])]
+    head = (ScoreMatrix(0.0, np.array(w["a"]), np.array(w["c"])),
+            ValueMatrix(0.0, np.array(w["p"]), np.array(w["q"])))
+    model = Transformer(3, "hardmax", [Block(None, SA(1.0, *head))], exact=False)
+    x = np.array([[1.0, 2.0, 0.0], [3.0, -1.0, 0.0], [0.5, 0.25, 0.0]])
+    y = Pass(tf32=True).run(model, x)
+    with np.errstate(all="ignore"):
+        (mid, rad), = enclose_runtime(model, [x], get_format("tf32"))
+    missed = ~np.isfinite(y)
+    assert missed.any()
+    assert (rad[missed] == np.inf).all()
+
+
 def test_a_wide_text_is_proved_in_unit_blocks():
     """A position-key text at width 256 (a residual FF moves hundreds of rows, each by its own
     unit) is proved in float32 and bfloat16 in blocks of 8 rows, and every pass of the test

@@ -67,7 +67,11 @@ def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     coordinates of their a, c, p and q: every other coordinate, where its values are finite
     and far below overflow (so that no average of them overflows either), is multiplied by
     exact zeros in every product and adds nothing (x + 0 is x). Only the others are
-    enclosed, and a row left unknown there is unknown in every coordinate (nan spreads)."""
+    enclosed, and a row left unknown there is unknown in every coordinate (nan spreads).
+    A weight that may be stored as inf, or that TF32's cut may round up to inf, leaves every
+    output unknown: inf·0 is nan, even against a coordinate that is 0 everywhere."""
+    if not _weights_finite(sa_w, rho, ctx.fmt):
+        return Xm.copy(), np.full_like(Xr, np.inf)
     cols = _head_columns(Xm, Xr, sa_w, rho, ctx.fmt)
     if cols is None:
         return _sa_box(Xm, Xr, sa_w, rho, ctx)
@@ -76,6 +80,21 @@ def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     Ym[..., cols], Yr[..., cols] = m, r
     lost = ~np.isfinite(r).all(axis=-1)
     return Ym, np.where(lost[..., None], np.inf, Yr)
+
+
+def _weights_finite(sa_w: list, rho: Weights, fmt: Format) -> bool:
+    """Whether every stored weight of the layer, the entries of each head's dense
+    V = β·I + p·qᵀ (TransformerLens, ρ/η) included, stays within what a matrix product's input
+    keeps (:attr:`.formats.Format.largest_product_input`)."""
+    limit = fmt.largest_product_input
+    sizes = [np.abs(rho.v) + rho.v_r]
+    for w in sa_w:
+        sizes += [np.abs(getattr(w, name)) + getattr(w, name + "_r")
+                  for name in ("alpha", "a", "c", "beta", "p", "q")]
+        Vm, Vr = conversions(scalar(w.beta) * np.eye(len(w.p)) + np.outer(w.p, w.q), fmt)
+        sizes.append(np.abs(Vm) + Vr)
+    with np.errstate(invalid="ignore"):
+        return all(bool((s <= limit).all()) for s in sizes)
 
 
 def _head_columns(Xm, Xr, sa_w: list, rho: Weights, fmt: Format):
