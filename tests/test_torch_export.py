@@ -6,6 +6,7 @@ float64; the targets themselves. "Relative" means relative to the dataset's coor
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import sys
@@ -484,6 +485,9 @@ def test_float32_verdict_matches_a_float32_run(name, layout, attention):
     err = max(hausdorff(y[j, : len(x_j)], ys[j]) for j, x_j in enumerate(data.inputs))
     err /= data.coordinate_scale()
     assert verdict.error == pytest.approx(err, rel=1e-12)
+    # one standard for a float32 run and a float32 proof: the runtime proofs' tolerance
+    assert verdict.tolerance == inspect.signature(ef.prove_runtime).parameters["tolerance"] \
+        .default == et.LENS_TOLERANCE["float32"]
     assert verdict.interpolates == (err <= verdict.tolerance)
     assert verdict.hat_clearance > 0
     assert (verdict.hardmax_margin > 0) if attention == "hardmax" else \

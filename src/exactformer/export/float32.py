@@ -15,6 +15,7 @@ from ..evaluate import forward as np_forward
 from ..model import Transformer
 from ..runtime import range_faults
 from ..tables import format_table
+from ..verification.runtime_verdict import DEFAULT_TOLERANCE
 from .layouts import convert, to_torch
 from .native import round_model
 from .run import apply
@@ -92,10 +93,11 @@ def output_error(outs: list[np.ndarray], dataset: Dataset | CausalDataset) -> fl
 
 
 def float32_verdict(model: Transformer, dataset: Dataset, layout: str = "native",
-                    tolerance: float = 1e-3, device=None) -> Float32Verdict:
+                    tolerance: float = DEFAULT_TOLERANCE, device=None) -> Float32Verdict:
     """Run ``model`` exported in ``layout`` in float32 and float64 on ``dataset`` (zero-padded
     to the model's width), and collect the evaluator's margins (exact arithmetic for exact
-    hardmax models, else float64)."""
+    hardmax models, else float64). The default tolerance is the runtime proofs' (1e-5 × the
+    data's scale), so that a run and a proof of float32 judge by one standard."""
     dataset = dataset.padded(model.d)
     stats = PassStats()
     exact = model.exact and model.attention == "hardmax"
