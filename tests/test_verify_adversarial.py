@@ -432,3 +432,50 @@ def test_float_construction_never_emits_a_model_that_misses(seed, digits):
     except (ConstructionError, ef.DatasetError):
         return
     assert ef.verify(model, data).ok
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cancelling_value_products_are_charged(causal):
+    """A head's β·m_c and p_c·(q·m) cancel in float64 to 0 where their exact sum is 2^-24, on
+    an exact average (one token) and an exact q·m (radius 0): the write's rounding must be
+    charged on the two products, not on their cancelled sum. It was charged on the sum, the
+    enclosure bounded the error by about 1e-153, and verify said OK at 10^-9
+    (docs/numerics.md#enclosures, attention writes)."""
+    p, beta = 2.0 ** 40 * (1 + 2.0 ** -52), -(2.0 ** 80 + 2.0 ** 29)
+    block = attention_block("0", ["0", "0"], ["0", "0"], rho="0", beta=repr(beta),
+                            p=[repr(p), "0"], q=[repr(p), "0"])
+    doc = model_doc([block], number="float64")
+    if causal:
+        doc.update(format="exactformer.model/2", causal=True)
+    model = model_from_dict(doc)
+    assert model.blocks[0].sa.V.beta == beta and model.blocks[0].sa.V.p[0] == p
+    (out,) = ref_outputs(model, [[[1.0, 0.0]]])
+    assert out == [[Fraction(1, 2 ** 24), 0]]  # (the float64 pass writes 0)
+    x, y = np.array([[1.0, 0.0]]), np.array([[0.0, 0.0]])
+    kind = ef.CausalDataset if causal else ef.Dataset
+    data = kind.from_arrays([x], [y])
+    assert ref_hausdorff_sq(out, y.tolist(), Fraction) > (Fraction(1e-9) * 1) ** 2
+    report = ef.verify(model, data)
+    assert not report.ok and not report.proved and report.verdict() == "FAILED"
+
+
+def test_key_lookup_quiet_test_reads_tiny_scales_exactly():
+    """A key layer's quiet test (no unit but the row's own key is on) at a scale g below
+    float64's normal range: g = 5·2^-1076 rounds to 2^-1074, and with κ = 2^1000 the float64
+    test said κ·g + b ≤ 0 where exactly it is 2^-77 > 0. The exact pass skipped the two units
+    that are on, and verify PROVED EXACT a rational model whose output is off by about 2^1000
+    (docs/numerics.md#key-layers)."""
+    g, kappa, b = Fraction(5, 2 ** 1076), Fraction(2) ** 1000, Fraction(-9, 2 ** 77)
+
+    def ff(eta, U, bias, W):
+        return {"eta": str(eta), "U": strings(U), "b": [str(v) for v in bias], "W": strings(W)}
+
+    shrink = ff(0, [[1, 0], [0, 1]], [0, 0], [[g, 0], [0, 1]])  # (1, 0) -> (g, 0)
+    key = ff(1, [[kappa, kappa], [kappa, -kappa]], [b, b], [[1, 1], [0, 0]])  # g·(1, 0): key
+    grow = ff(0, [[1, 0], [0, 1]], [0, 0], [[1 / g, 0], [0, 1]])  # back to the data's scale
+    model = model_from_dict(model_doc([{"ff": f, "sa": None} for f in (shrink, key, grow)]))
+    (out,) = ref_outputs(model, [[[1, 0]]])
+    assert out == [[1 + Fraction(2) ** 1000 / 5, 0]]  # both units on, each by 2^-77
+    data = ef.Dataset.from_arrays([[["1", "0"]]], [[["1", "0"]]])
+    report = ef.verify(model, data)
+    assert not report.ok and not report.proved and report.verdict() == "FAILED"

@@ -233,6 +233,17 @@ def _quiet(g, key: KeyLayer) -> bool:
     return key.kappa * _exact(g) * (key.w - 1) + key.b <= 0
 
 
+def _converts(v, f: float) -> bool:
+    """Whether the float64 ``f`` read from the number ``v`` is within a relative 2^-53 of
+    |v|: a normal float (or ±inf, which no float decision trusts), or |v| itself (every
+    float of a float64 pass). A rational or mpmath number that rounds to a subnormal or to 0
+    can be off by nearly all of itself."""
+    return not abs(f) < SMALLEST_NORMAL or Fraction(abs(f)) == abs(_exact(v))
+
+
+SMALLEST_NORMAL = 2.0 ** -1022
+
+
 def _exact(v) -> Fraction:
     """A float, rational (Fraction, gmpy2 mpq) or binary multiprecision number (gmpy2 mpfr,
     mpmath mpf) as the exact Fraction it is."""
@@ -263,6 +274,7 @@ class KeyRun:
         self.code, self.layer, self.unit = code[order], layer[order], unit[order]
         self.quiet: dict = {}  # scale g -> per layer k, whether layers k, k + 1, … are quiet
         self._kappa = self._bias = None  # the layers' κ and b in float64, when first needed
+        self._kappa_ok = None  # per layer: whether its float64 κ errs by a relative rounding
         self._table = None  # every unit's U on Q, b and W column (:meth:`_units`), when needed
         self._kb = None  # per layer: the index of its (κ, b) among the distinct pairs
         self.dense_rows = 0  # rows ``apply`` has evaluated densely instead of looking them up
@@ -274,15 +286,24 @@ class KeyRun:
 
     def _quiet_from(self, g) -> list[bool]:
         """Per layer k: whether every layer from k on is quiet at scale g. Decided in float64
-        where the rounding cannot change the sign (bounded generously), exactly elsewhere."""
+        where the rounding cannot change the sign (bounded generously), exactly elsewhere:
+        also wherever κ or g is a number (an exact or mpmath pass's) whose float64 image has
+        more than a relative rounding, one that rounds to a subnormal or to 0
+        (:func:`_converts`). Such a g times a κ near 2^1000 errs by far more than the
+        absolute slack (κ = 2^1000, g = 5·2^-1076 read as 2^-1074, b = −9·2^-77: quiet in
+        float64, a unit on by 2^-77 exactly, which the lookup skipped)."""
         if g not in self.quiet:
             if self._kappa is None:
-                self._kappa = np.array([float(k.kappa) for k in self.keys])
-                self._bias = np.array([float(k.b) for k in self.keys])
+                self._kappa = np.array([safe_float(k.kappa) for k in self.keys])
+                self._bias = np.array([safe_float(k.b) for k in self.keys])
+                self._kappa_ok = np.array([_converts(k.kappa, v) for k, v in
+                                           zip(self.keys, self._kappa.tolist(), strict=True)])
+            g_f = safe_float(abs(g))
             with np.errstate(invalid="ignore"):  # inf·0 is nan: decided exactly below
-                big = self._kappa * safe_float(abs(g)) * (self.w - 1)
+                big = self._kappa * g_f * (self.w - 1)
                 val = big + self._bias
                 sure = np.abs(val) > 1e-12 * (big + np.abs(self._bias)) + 1e-300
+            sure &= self._kappa_ok & _converts(g, g_f)
             each = np.where(sure, val <= 0, False)
             for k in np.flatnonzero(~sure).tolist():
                 each[k] = _quiet(g, self.keys[k])

@@ -170,9 +170,10 @@ def _write_terms(st: RowState, rho, terms: list[_Term]) -> None:
     """The rows become ρ·x plus the heads' terms, one column of one chunk of rows at a time
     and in place (a column of the column-major rows is one contiguous array, and no row-sized
     temporary is made). A tracking pass grows each radius by |ρ|·r, the terms' radii and the
-    rounding of the product and the sums. With ρ = 1 the product is exact and only the
-    written columns change."""
-    k = len(terms) + 2
+    rounding of the products and the sums: ρ·x and up to two products per head, whose sizes
+    are charged one by one (:func:`_write_column`). With ρ = 1 the product is exact and only
+    the written columns change."""
+    k = 2 * len(terms) + 2
     written = sorted({c for t in terms for c in t.cols})
     cols = written if rho == 1 else list(range(st.P.shape[1]))
     reading = {c: [t for t in terms if c in t.cols] for c in cols}
@@ -185,7 +186,12 @@ def _write_terms(st: RowState, rho, terms: list[_Term]) -> None:
 
 
 def _write_column(st: RowState, rho, k: int, parts: list, rows: slice, c: int) -> None:
-    """:func:`_write_terms` on column c of the rows ``rows``, given the terms' values there."""
+    """:func:`_write_terms` on column c of the rows ``rows``, given the terms' values there.
+    The rounding is charged on the size of every product the column sums (each part's
+    factors), not on the part's value: a head's β·m_c and p_c·(q·m) may cancel to a value far
+    below their own roundings, and where q·m is exact (docs/numerics.md#exact-rows) its radius
+    is 0 and covers none of them (β = −(2^80 + 2^29), p = q = 2^40·(1 + 2^-52) on m = 1 gave
+    the float 0 with a radius near 2^-1000 for the exact 2^-24)."""
     x = st.P[rows, c]
     new = x if rho == 1 else x * rho
     if st.rad is not None:
@@ -194,8 +200,9 @@ def _write_column(st: RowState, rho, k: int, parts: list, rows: slice, c: int) -
         exact = (r == 0) if rho == 1 else np.zeros(len(r), dtype=bool)
         if rho != 1:
             r = abs(rho) * r + enclosure.rounding(size, 1)
-        for v, vr, _, known in parts:
-            size += np.abs(v)
+        for _, vr, factors, known in parts:
+            for a, w in factors:
+                size += np.abs(a) * abs(float(w))
             r += vr
             exact &= known
         size = enclosure.rounding(size, k, out=size)
