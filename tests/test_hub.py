@@ -262,3 +262,30 @@ def test_a_tensor_missing_or_extra_is_named(saved, tmp_path):
     refused(folder, key, "missing")
     save_file({**tensors, "eval.extra": torch.zeros(2)}, str(folder / "model.safetensors"))
     refused(folder, "eval.extra")
+
+
+@pytest.mark.parametrize("construction", ["paper", "keyed"])
+def test_the_card_says_when_the_module_as_saved_misses_its_data(tmp_path, construction):
+    """A folder stored in bfloat16 runs in bfloat16: the paper model's hats do not survive
+    it. Its card showed only the float32 verdict ("still interpolates") and a snippet whose
+    comment called the outputs the target set; the snippet, run as written, says otherwise.
+    The card must say what the stored module gives (the keyed model's reproduces)."""
+    data = builtin.demo()
+    model = ef.compile(data, construction=construction)
+    et.to_torch(model, torch.bfloat16).save_pretrained(tmp_path, data=data,
+                                                        report=ef.verify(model, data))
+    card = (tmp_path / "README.md").read_text()
+    (snippet,) = card_blocks(card, "python")
+    keep = "\nnp.save('out.npy', apply(module, [x])[0])\n"
+    done = subprocess.run([sys.executable, "-c", snippet + keep], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = np.load(tmp_path / "out.npy")[:, :data.d]
+    D = np.linalg.norm(out[:, None] - data.floats()[1][0][None], axis=-1)  # own Hausdorff
+    misses = not np.max([D.min(axis=1).max(), D.min(axis=0).max()]) <= 1e-3 * \
+        data.coordinate_scale()
+    assert misses == (construction == "paper")  # the test's own premise, measured here
+    (saved,) = [line for line in card.splitlines() if line.startswith("The module this folder")]
+    assert "bfloat16" in saved
+    assert ("does NOT reproduce" in saved) == misses
+    assert ("their distinct rows are the target set" in snippet) == (not misses)
