@@ -124,7 +124,8 @@ def write_model(e: Entry, folder: Path) -> dict:
     report = verify(model, data)
     to_torch(model).save_pretrained(folder, data=data, report=report)
     save_lens(model, folder / "transformer_lens", data=data, circuit=True)
-    verdicts = {"transformer_lens": lens_verdict(to_lens(model, "float32"), data).to_dict()}
+    verdicts = {"transformer_lens": lens_verdict(to_lens(model, "float32"), data,
+                                                 attention=model.attention).to_dict()}
     if isinstance(data, Dataset):
         verdicts["native"] = float32_verdict(model, data).to_dict()
     texts = {"circuit.json": (folder / "transformer_lens" / "circuit.json").read_text(),
