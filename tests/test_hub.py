@@ -262,3 +262,34 @@ def test_a_tensor_missing_or_extra_is_named(saved, tmp_path):
     refused(folder, key, "missing")
     save_file({**tensors, "eval.extra": torch.zeros(2)}, str(folder / "model.safetensors"))
     refused(folder, "eval.extra")
+
+
+@pytest.mark.parametrize("case", ["paper", "keyed", "paper-dense"])
+def test_the_card_says_when_the_module_as_saved_misses_its_data(tmp_path, case):
+    """A folder runs as stored: in bfloat16 the paper model's hats do not survive, nor in
+    float32 evaluated densely (ff="dense") on a wider paper model. Its card showed only the
+    float32 verdict of the profile form ("still interpolates") and a snippet whose comment
+    called the outputs the target set; the snippet, run as written, says otherwise. The card
+    must say what the stored module gives (the keyed model's reproduces)."""
+    data = builtin.vocabulary(20, 12, 6, 2, 4, seed=3) if case == "paper-dense" else \
+        builtin.demo()
+    model = ef.compile(data, construction=case.removesuffix("-dense"),
+                       width=64 if case == "paper-dense" else 4)
+    dtype, ff = (torch.float32, "dense") if case == "paper-dense" else (torch.bfloat16, "profile")
+    et.to_torch(model, dtype, ff=ff).save_pretrained(tmp_path, data=data,
+                                                     report=ef.verify(model, data))
+    card = (tmp_path / "README.md").read_text()
+    (snippet,) = card_blocks(card, "python")
+    keep = "\nnp.save('out.npy', apply(module, [x])[0])\n"
+    done = subprocess.run([sys.executable, "-c", snippet + keep], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = np.load(tmp_path / "out.npy")[:, :data.d]
+    D = np.linalg.norm(out[:, None] - data.floats()[1][0][None], axis=-1)  # own Hausdorff
+    misses = not np.max([D.min(axis=1).max(), D.min(axis=0).max()]) <= 1e-3 * \
+        data.coordinate_scale()
+    assert misses == case.startswith("paper")  # the test's own premise, measured here
+    (saved,) = [line for line in card.splitlines() if line.startswith("The module this folder")]
+    assert str(dtype).removeprefix("torch.") in saved and f"FFs in {ff} form" in saved
+    assert ("does NOT reproduce" in saved) == misses
+    assert ("their distinct rows are the target set" in snippet) == (not misses)

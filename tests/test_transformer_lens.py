@@ -366,3 +366,33 @@ def test_a_broken_lens_folder_is_one_error_naming_the_file(tmp_path, fault):
         (tmp_path / "config.json").write_text(fault)
     with pytest.raises(FolderError, match=str(tmp_path)):
         et.load_lens(tmp_path)
+
+
+def test_a_softmax_export_below_tau_one_half_is_not_judged_as_hardmax(tmp_path, capsys):
+    """A softmax model at τ = 1/4 exports with attn_scale 2τ = 1/2 < 1, which the verdict
+    read as a hardmax export: it demanded score gaps of 746 that softmax never needs and
+    printed FAILS (exit 1) for a folder that reproduces its data to 4e-17. The check here is
+    TransformerLens's own loading path and the test's own error."""
+    data = builtin.shared_pool(6, 2, 5, 3, 2, seed=1)
+    model = ef.compile(data, attention="softmax", tau=Fraction(1, 4))
+    ef.save_model(model, tmp_path / "m.json")
+    (tmp_path / "d.json").write_text(json.dumps(data.to_json_dict()))
+    code = cli.main(["export", str(tmp_path / "m.json"), "-o", str(tmp_path / "tl"),
+                     "--layout", "transformer-lens", "--data", str(tmp_path / "d.json")])
+    out = capsys.readouterr().out
+    config = json.loads((tmp_path / "tl" / "config.json").read_text())
+    assert config["attn_scale"] < 1  # the premise: the scale alone looks like hardmax's
+    bridge = TransformerBridge.boot_native(TransformerBridgeConfig(**config),
+                                           dtype=torch.float64)
+    bridge.load_state_dict(load_file(str(tmp_path / "tl" / "model.safetensors")), strict=True)
+    worst = 0.0
+    for x, y in zip(data.floats()[0], data.floats()[1], strict=True):
+        xs = torch.zeros(1, len(x), config["d_model"], dtype=torch.float64)
+        xs[0, :, : data.d] = torch.as_tensor(x)
+        with torch.no_grad():
+            o = bridge(xs, return_type="logits")[0].numpy()
+        D = np.linalg.norm(o[:, None, : data.d] - y[None], axis=-1)
+        worst = float(np.max([worst, D.min(axis=1).max(), D.min(axis=0).max()]))
+    assert worst <= 1e-9 * data.coordinate_scale()
+    assert code == 0 and "INTERPOLATES" in out and "FAILS" not in out
+    assert "hardmax needs" not in out

@@ -86,7 +86,8 @@ def _export_lens(ef_torch, model, args) -> int:
     except ImportError as e:
         raise UsageError(f"--data needs transformer-lens (pip install 'exactformer[lens]'): "
                          f"{e}") from None
-    verdict = ef_torch.lens_verdict(bridge, data, progress=progress_on(args))
+    verdict = ef_torch.lens_verdict(bridge, data, progress=progress_on(args),
+                                    attention=model.attention)
     print(ef_torch.verdict_table([verdict]))
     return max(0 if verdict.interpolates else 1, _range_verdict(model, args.dtype, data),
                _runtime_proof_line(model, data, args.dtype, proof))

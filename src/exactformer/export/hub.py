@@ -53,7 +53,7 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
         config["runtime_proofs"] = {v.runtime: v.verdict for v in proofs}
         config["runtime_proof_criterion"] = proofs[0].criterion  # distance or decoding
     texts = {CONFIG: json.dumps(config, indent=1),
-             CARD: model_card(module.model, data, report, proofs)}
+             CARD: model_card(module.model, data, report, proofs, module)}
     if wanted(module.model, data, None):  # the circuit, by TL hooks (docs/circuit.md)
         texts[CIRCUIT_FILE] = circuit_text(module.model, data)
     if module.model.exact:
@@ -160,10 +160,11 @@ def _check_equal(path: Path, found: dict, expected: dict, source: str) -> None:
                               "altered after save_pretrained wrote it")
 
 
-def model_card(model: Transformer, data=None, report=None, proofs=None) -> str:
+def model_card(model: Transformer, data=None, report=None, proofs=None, module=None) -> str:
     """The folder's README.md, a card one can publish: what the model is (the rows of
     ``exactformer info``), what was proved of it and in which arithmetic, its float32
-    verdict, the warning that outputs off the data are arbitrary, how the data's sha256 is
+    verdict, with ``module`` (the one the folder stores) what it gives on the data as saved,
+    the warning that outputs off the data are arbitrary, how the data's sha256 is
     computed, how to run it (from this folder, ``.``), the licence and the paper to cite. Every
     needed explanation is in the card itself: it links nowhere."""
     kind = f"{'causal ' if model.causal else ''}{model.attention}"
@@ -179,7 +180,9 @@ def model_card(model: Transformer, data=None, report=None, proofs=None) -> str:
              "model: a prefix of one) its output is arbitrary. Nothing was fitted, and nothing "
              "generalises.", "", "## Model", "", *_markdown(model_summary(model)), ""]
     lines += _data_lines(model, data) + _verdict_lines(model, report)
-    lines += _float32_lines(model, data) + _runtime_lines(proofs) + _usage_lines(model, data)
+    saved = None if module is None else _saved_run(module, data)
+    lines += _float32_lines(model, data) + _saved_lines(saved) + _runtime_lines(proofs)
+    lines += _usage_lines(model, data, saved)
     lines += ["## Licence and citation", "",
               f"exactformer, which wrote these weights, is {LICENCE}-licensed, and this card "
               "declares the same licence for them; the weights are a function of the data, so "
@@ -262,6 +265,37 @@ def _float32_lines(model: Transformer, data) -> list[str]:
             "```", verdict.table(), "```", ""]
 
 
+def _saved_run(module, data) -> dict:
+    """What the stored module (``from_pretrained(".")``: its dtype and FF form) gives on
+    ``data``: its largest error over the data's scale (nan for a nan output) and whether that
+    is within the tolerance of its dtype (1e-9 in float64, else the float32 verdict's 1e-3);
+    without data only the dtype and form. The card's float32 verdict runs the model's profile
+    form in float32, which a folder stored in bfloat16, or with ``ff="dense"``, does not run:
+    a folder that misses its data as stored must say so rather than show only that verdict."""
+    from .float32 import max_error  # here: float32 imports modules, which imports hub
+    dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
+    out = {"dtype": dtype, "ff": module.ff}
+    if data is not None:
+        out["tolerance"] = 1e-9 if dtype == "float64" else 1e-3
+        out["error"] = max_error(module, data)
+        out["ok"] = bool(out["error"] <= out["tolerance"])
+    return out
+
+
+def _saved_lines(saved) -> list[str]:
+    """The card's section on the stored module run on the data (:func:`_saved_run`)."""
+    if saved is None or "error" not in saved:
+        return []
+    word = "reproduces" if saved["ok"] else "does NOT reproduce"
+    return ["## As saved", "",
+            f"The module this folder stores (`from_pretrained(\".\")`: {saved['dtype']}, FFs in "
+            f"{saved['ff']} form), run on the data, {word} them within {saved['tolerance']:g} × "
+            f"the data's scale: largest error {saved['error']:.3g} × scale. This is a "
+            "measurement of one run, not a proof."
+            + ("" if saved["ok"] else " `from_pretrained(\".\", dtype=torch.float64)` runs "
+               "the stored model in float64 instead."), ""]
+
+
 PROVED_RUNTIMES = ("float32", "bfloat16")  # the runtimes a folder written with data is proved in
 
 
@@ -302,9 +336,11 @@ def _criterion(v) -> str:
     return f"reproduces the data within {v.tolerance:g} × the data's scale"
 
 
-def _usage_lines(model: Transformer, data) -> list[str]:
+def _usage_lines(model: Transformer, data, saved: dict | None = None) -> list[str]:
     """A snippet that runs as written in this folder (``.``): the module on one sequence
-    of its data, embedded when short enough, else on a sequence the reader supplies."""
+    of its data, embedded when short enough, else on a sequence the reader supplies. Its
+    comment says what the outputs are only where the stored module (``saved``,
+    :func:`_saved_run`) was measured to reproduce the data, or is float64."""
     x = None
     if data is not None:
         first = np.asarray(data.floats()[0][0])
@@ -314,6 +350,10 @@ def _usage_lines(model: Transformer, data) -> list[str]:
         f"x = np.array(...)  # one input sequence of the data: n × {model.d} (or narrower)"
     out = ("the outputs at each position: the model's next-token predictions" if model.causal
            else "the outputs: their distinct rows are the target set")
+    if saved is not None and not saved.get("ok", saved["dtype"] == "float64"):
+        out = (f"the outputs; in {saved['dtype']} they miss the targets (see As saved)"
+               if "ok" in saved else f"the outputs in {saved['dtype']}, not measured on the "
+               "data: they may miss the targets")
     return ["## Running it", "", "In this folder (`pip install 'exactformer[torch]'`):", "",
             "```python", "import numpy as np",
             "from exactformer.export import NativeTransformer, apply", "",

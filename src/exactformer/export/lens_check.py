@@ -16,6 +16,7 @@ decides, and bit for bit. This file never imports exactformer (docs/circuit.md#t
 from __future__ import annotations
 
 import json
+import math
 import sys
 from fractions import Fraction
 from pathlib import Path
@@ -23,6 +24,14 @@ from pathlib import Path
 import torch
 
 TOLERANCE = 1e-9  # of the data's coordinate scale, float64
+
+
+def worst(values) -> float:
+    """The largest of ``values`` (0 for none), nan if any is nan. Python's ``max`` keeps a
+    number when a nan follows it (nan > x is False), so a pair whose outputs are nan would
+    pass every check that compares the largest deviation with the tolerance."""
+    values = [float(v) for v in values]
+    return math.nan if any(math.isnan(v) for v in values) else max(values, default=0.0)
 
 
 def read_data(path: Path) -> dict:
@@ -81,11 +90,11 @@ def error(out: torch.Tensor, targets, causal: bool) -> float:
     if causal:
         errs = [float((out[i, :d] - torch.tensor(t, dtype=out.dtype)).abs().max())
                 for i, t in known]
-        return max(errs + [float(out[i, d:].abs().max()) for i, _ in known])
+        return worst(errs + [float(out[i, d:].abs().max()) for i, _ in known])
     y = torch.zeros(len(targets), out.shape[1], dtype=out.dtype)
     y[:, :d] = torch.tensor(targets, dtype=out.dtype)
     D = torch.cdist(out, y)
-    return float(max(D.min(dim=1).values.max(), D.min(dim=0).values.max()))
+    return worst([D.min(dim=1).values.max(), D.min(dim=0).values.max()])
 
 
 def groups(circuit: dict) -> list[tuple[int, dict, dict]]:
@@ -120,11 +129,12 @@ def check(folder: Path) -> dict:
                  for v in r] + [1.0])
     tol = TOLERANCE * scale
     base = outputs(helpers, bridge, data, {}, {})
-    err = max(error(o, t, data["causal"]) for o, t in zip(base, data["targets"], strict=True))
+    err = worst(error(o, t, data["causal"]) for o, t in zip(base, data["targets"],
+                                                          strict=True))
     report = {"error": err / scale, "targets": err <= tol}
     unused = outputs(helpers, bridge, data, circuit["unused"]["units"],
                      circuit["unused"]["heads"])
-    moved = max(float((a - b).abs().max()) for a, b in zip(unused, base, strict=True))
+    moved = worst((a - b).abs().max() for a, b in zip(unused, base, strict=True))
     report |= {"unused_moved": moved, "unused_ok": moved <= tol}
     gs = groups(circuit)
     report |= {"groups": len(gs), "groups_changed": 0, "others_moved": 0.0,
@@ -141,7 +151,7 @@ def check(folder: Path) -> dict:
             report["groups_changed"] += 1
         for k, _, _ in rest:
             diff = float((out[k] - base[k]).abs().max())
-            report["others_moved"] = max(report["others_moved"], diff)
+            report["others_moved"] = worst([report["others_moved"], diff])
             report["others_bitwise"] &= bool(torch.equal(out[k], base[k]))
     if circuit.get("patch"):
         report |= patched(helpers, bridge, data, circuit["patch"], base, tol)
@@ -174,13 +184,13 @@ def patched(helpers, bridge, data: dict, patch: dict, base, tol: float) -> dict:
 
     y = helpers.read_outputs(bridge.run_with_hooks(
         x, return_type="logits", attention_mask=mask, fwd_hooks=[(patch["hook"], hook)]), mask)
-    worst, bitwise = 0.0, True
+    moved, bitwise = 0.0, True
     for k, got in enumerate(y):
         want = base[partner.get(k, k)]
-        worst = max(worst, float((got - want).abs().max()))
+        moved = worst([moved, (got - want).abs().max()])
         bitwise &= bool(torch.equal(got, want))
-    return {"patched": len(partner), "patch_moved": worst, "patch_bitwise": bitwise,
-            "patch_ok": worst <= tol}
+    return {"patched": len(partner), "patch_moved": moved, "patch_bitwise": bitwise,
+            "patch_ok": moved <= tol}
 
 
 def main(argv: list[str]) -> int:

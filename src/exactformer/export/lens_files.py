@@ -222,14 +222,22 @@ class LensVerdict:
 
 
 def lens_verdict(bridge, dataset: Dataset | CausalDataset, tolerance: float | None = None,
-                 progress: bool = False) -> LensVerdict:
+                 progress: bool = False, attention: str | None = None) -> LensVerdict:
     """Run ``bridge`` (say from :func:`load_lens`) on ``dataset`` and judge its outputs
-    (``tolerance`` None: :data:`LENS_TOLERANCE` of its dtype); for a hardmax export
-    (attn_scale < 1) also measure the score margin. Data narrower than the model (its logits,
-    ``d_vocab_out``, are the model's D coordinates) are zero-padded, inputs and targets.
-    One forward pass, layer by layer (:func:`lens_run`), with a progress bar if asked."""
+    (``tolerance`` None: :data:`LENS_TOLERANCE` of its dtype); for a hardmax export also
+    measure the score margin. Data narrower than the model (its logits, ``d_vocab_out``, are
+    the model's D coordinates) are zero-padded, inputs and targets. One forward pass, layer by
+    layer (:func:`lens_run`), with a progress bar if asked.
+
+    ``attention``: the exported model's ("hardmax" or "softmax"), where the caller knows it.
+    None reads it from the bridge: a hardmax export divides its scores by attn_scale = 2^-k
+    < 1. That guess takes a softmax export at τ < 1/2 (attn_scale 2τ or 4τ, below 1) for a
+    hardmax one and fails it for score gaps that softmax never needed (an export of a τ = 1/4
+    model that reproduced its data to 4e-17 printed FAILS), so pass it where known."""
     dataset = dataset.padded(bridge.cfg.d_vocab_out)
-    hardmax = bridge.cfg.attn_scale < 1  # hardmax: scores divided by 2^-k
+    if attention not in (None, "hardmax", "softmax"):
+        raise ValueError(f"attention must be 'hardmax', 'softmax' or None, got {attention!r}")
+    hardmax = bridge.cfg.attn_scale < 1 if attention is None else attention == "hardmax"
     outputs, margin = lens_run(bridge, dataset.floats()[0], dataset.d, hardmax, progress)
     err = output_error(outputs, dataset)
     dtype = str(next(bridge.parameters()).dtype).removeprefix("torch.")
