@@ -1,7 +1,8 @@
 """The zoo's README must not call float32 faithful where the folder's own proof says FAILED:
 its one column, "float32 faithful (measured)", listed both exports of the paper demo (one
-float32 run each within 1e-3 of the scale) while the folder's config.json recorded the float32
-proof (every evaluation of the dense computation, within 1e-5) as FAILED."""
+float32 run each, then judged within 1e-3 of the scale) while the folder's config.json
+recorded the float32 proof (every evaluation of the dense computation, within 1e-5) as
+FAILED."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def test_the_readme_shows_the_float32_proof_beside_the_measured_run(tmp_path):
     readme = zoo.zoo_readme({"models": [row]})
     assert "faithful" not in readme
     header, _, line = readme.splitlines()[-3:]
-    assert "float32 proof" in header and "0.001 × scale (measured)" in header
+    assert "float32 proof" in header and "1e-05 × scale (measured)" in header
     assert line.rstrip().endswith("| FAILED |")
     proofs = json.loads((folder / "config.json").read_text())["runtime_proofs"]
     assert proofs["float32"] == "FAILED" == row["runtime_proofs"]["float32"]
