@@ -382,7 +382,9 @@ def test_cli_export_proves_the_copy(tmp_path, capsys):
                                                 "targets": [y.tolist() for y in ys]}))
     args = ["export", str(tmp_path / "m.json"), "--data", str(tmp_path / "d.json")]
     assert cli_main([*args, "-o", str(tmp_path / "a.safetensors"), "--dtype", "float32"]) == 0
-    assert "float32 copy: PROVED FAITHFUL IN float32" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "float32 copy: PROVED FAITHFUL IN float32" in said
+    assert f"on the {len(xs)} pairs of --data" in said  # what it was proved on
     assert cli_main([*args, "-o", str(tmp_path / "b.safetensors"), "--dtype", "bfloat16"]) == 1
     said = capsys.readouterr().out
     assert "bfloat16 copy: FAILED" in said or "bfloat16 copy: UNDECIDED" in said

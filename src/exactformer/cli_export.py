@@ -109,8 +109,9 @@ def _runtime_proof_line(model, data, dtype: str, v=None) -> int:
     v = v or prove_runtime(model, data, dtype)
     why = f": {v.reason()}" if v.reason() else ""
     judged = " decoding every position" if v.criterion == "decoding" else ""
-    print(f"{dtype} copy: {v.verdict}{why} (the dense computation{judged}, any summation order, "
-          "docs/numerics.md#proofs-for-reduced-precision-runtimes)")
+    on = f"{v.checked} {'positions' if v.criterion == 'decoding' else 'pairs'} of --data"
+    print(f"{dtype} copy: {v.verdict}{why} (the dense computation{judged} on the {on}, any "
+          "summation order, docs/numerics.md#proofs-for-reduced-precision-runtimes)")
     return 0 if v.ok else 1
 
 
