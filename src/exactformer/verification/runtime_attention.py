@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ..evaluate.enclosure import lower, rounding, up, upper
+from ..evaluate.enclosure import lower, rounding, sum_error, up, upper
 from ..evaluate.grid import fits_exactly, lowbit
 from ..model import Transformer
 from .formats import ACC, Format, conversions, fits, matmul_input_error, theta
@@ -91,8 +91,7 @@ def _weights_finite(sa_w: list, rho: Weights, fmt: Format) -> bool:
     for w in sa_w:
         sizes += [np.abs(getattr(w, name)) + getattr(w, name + "_r")
                   for name in ("alpha", "a", "c", "beta", "p", "q")]
-        Vm, Vr = conversions(scalar(w.beta) * np.eye(len(w.p)) + np.outer(w.p, w.q), fmt)
-        sizes.append(np.abs(Vm) + Vr)
+        sizes.append(np.abs(w.V) + w.V_r)  # the dense V as the exports store it
     with np.errstate(invalid="ignore"):
         return all(bool((s <= limit).all()) for s in sizes)
 
@@ -107,6 +106,8 @@ def _head_columns(Xm, Xr, sa_w: list, rho: Weights, fmt: Format):
             return None
         for name in ("a", "c", "p", "q"):
             used |= (getattr(w, name) != 0) | (getattr(w, name + "_r") != 0)
+        V = (w.V != 0) | (w.V_r != 0)  # the exports' dense V may be nonzero where p·q is not
+        used |= V.any(axis=0) | V.any(axis=1)
     with np.errstate(invalid="ignore", over="ignore"):
         used |= ~(np.abs(Xm) + Xr < fmt.huge / 4).all(axis=(0, 1))
     return None if used.all() else np.flatnonzero(used)
@@ -118,6 +119,7 @@ def _head_on(w: Weights, cols: np.ndarray) -> Weights:
     for name in ("a", "c", "p", "q"):
         setattr(out, name, getattr(w, name)[cols])
         setattr(out, name + "_r", getattr(w, name + "_r")[cols])
+    out.V, out.V_r = w.V[np.ix_(cols, cols)], w.V_r[np.ix_(cols, cols)]
     return out
 
 
@@ -157,15 +159,21 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
             (Ys @ np.abs(w.q) + aY @ w.q_r)[..., None] * np.abs(w.p) + \
             (aY @ aq)[..., None] * w.p_r
         M = M + (abs(beta) + w.beta_r) * Ybar + (Ybar @ aq)[..., None] * ap
+        gap = value_gap(w)  # the exports' stored dense V less β·I + p·qᵀ of the stored factors
+        if gap.any():
+            off = pos_up(Ybar @ gap.T, D + 2)
+            spread, M = spread + off, M + off
+            exact = exact & ~gap.any(axis=1)
         q, exact = _value_quanta(q, exact, qy, w, fmt)
         # a y_j or q·y that may pass through subnormal numbers is not exact, and its
         # underflow (at most one smallest normal per operation) is scaled up by V or p
         sub_y, sub_t = _subnormal_intermediates(Ym, Ys, qy, one, w, fmt)
-        aV = (abs(beta) + w.beta_r) * np.eye(D) + np.outer(ap, aq)
+        aV = (abs(beta) + w.beta_r) * np.eye(D) + np.outer(ap, aq) + gap
         exact = exact & ~(sub_y.astype(float) @ (aV > 0).T > 0) & \
             ~(sub_t[..., None] & (ap > 0))
         amp = amp + sub_y.astype(float) @ aV.T + sub_t[..., None] * ap * (1 + aq.sum())
-        untouched &= (beta == 0) & (w.beta_r == 0) & (w.p == 0) & (w.p_r == 0)
+        untouched &= (beta == 0) & (w.beta_r == 0) & (w.p == 0) & (w.p_r == 0) & \
+            ~((w.V != 0) | (w.V_r != 0)).any(axis=1)
     spread = pos_up(spread, 2 * D + 8)
     M = pos_up(M, 2 * D + 8)
     rnd = (theta(k, k, fmt) + 2 * matmul_input_error(fmt)) * M + 4 * k * fmt.tiny * amp + \
@@ -186,9 +194,30 @@ def _dense_terms(sa_w: list) -> int:
         p_on = (w.p != 0) | (w.p_r != 0)
         q_on = (w.q != 0) | (w.q_r != 0)
         beta_on = scalar(w.beta) != 0 or w.beta_r != 0
-        count = count + np.where(p_on, int(q_on.sum()), 0) + \
-            (beta_on & ~(p_on & q_on)).astype(int)
+        count = count + np.maximum(np.where(p_on, int(q_on.sum()), 0) +
+                                   (beta_on & ~(p_on & q_on)).astype(int),
+                                   ((w.V != 0) | (w.V_r != 0)).sum(axis=1))
     return int(np.max(count, initial=0))
+
+
+def value_gap(w: Weights) -> np.ndarray:
+    """Per entry (D×D), a bound on |V_e − V_s|: V_e the dense V as the ρ/η and
+    TransformerLens exports store it (formed from the model's own parameters, then converted:
+    ``w.V`` ± ``w.V_r``), V_s = β·I + p·qᵀ of the stored factors, which the enclosure (and the
+    torch module) uses. 0 exactly where V_e is one stored value equal to V_s (p·q is exact
+    in float64, the diagonal's sum checked by TwoSum). Where the factors round, the two
+    differ: p = 1 + 2⁻⁸ − 2⁻¹², q = 1.75 store in bfloat16 as 1 and 1.75, but p·q rounds up
+    to 1.7578125."""
+    Vs = np.outer(w.p, w.q)
+    diag = np.diagonal(Vs).copy()
+    beta = scalar(w.beta)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.fill_diagonal(Vs, diag + beta)
+        err = np.zeros_like(Vs)
+        np.fill_diagonal(err, sum_error(np.full_like(diag, beta), diag, np.diagonal(Vs)))
+        same = (w.V_r == 0) & (w.V == Vs) & (err == 0)
+        gap = up(np.abs(w.V - Vs) + w.V_r + err, 4)
+    return np.where(same, 0.0, np.where(np.isnan(gap), np.inf, gap))
 
 
 def _subnormal_intermediates(Ym, Ys, qy, one, w: Weights, fmt: Format):
@@ -217,8 +246,7 @@ def _value_overflow(aX, Ybar, w: Weights, k: int, fmt: Format) -> np.ndarray:
     p_c = 0), and the ρ/η layout's V·x_l on every key, weight 0 or not (0·inf is nan in every
     row of the sequence)."""
     beta, aq = scalar(w.beta), np.abs(w.q) + w.q_r
-    Vm, Vr = conversions(beta * np.eye(len(w.p)) + np.outer(w.p, w.q), fmt)
-    aV = np.abs(Vm) + Vr + (abs(beta) + w.beta_r) * np.eye(len(w.p)) * 2.0 ** -50 + \
+    aV = np.abs(w.V) + w.V_r + (abs(beta) + w.beta_r) * np.eye(len(w.p)) * 2.0 ** -50 + \
         np.outer(np.abs(w.p) + w.p_r, aq) * 2.0 ** -50
     grow, slack = 1 + theta(k, k, fmt), 4 * k * fmt.tiny
     with np.errstate(over="ignore", invalid="ignore"):

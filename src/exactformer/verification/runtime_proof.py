@@ -321,16 +321,21 @@ def jacobian_spread(Xr, active, W, U_, eta: float, cols=None):
 # ------------------------------------------------------------------------------ the pass
 def prepare(model: Transformer, fmt: Format):
     """Each block's runtime weights: (FF Weights or None, (ρ Weights, [head Weights]) or
-    None)."""
+    None). A head's ``V`` is its dense V = β·I + p·qᵀ as the ρ/η and TransformerLens exports
+    store it: formed in the model's own numbers (exact for a rational model) and converted
+    once, which need not equal β·I + p·qᵀ of the stored β, p and q that the torch module
+    reads (:func:`.runtime_attention.value_gap`)."""
     params = model.to_float() if model.exact else model
     out = []
-    for blk in params.blocks:
+    for own, blk in zip(model.blocks, params.blocks, strict=True):
         ff = None if blk.ff is None else Weights(
             {"eta": blk.ff.eta, "U": blk.ff.U, "b": blk.ff.b, "W": blk.ff.W}, fmt)
         sa = None
         if blk.sa is not None and not blk.sa.is_identity():
             heads = [Weights({"alpha": h.A.alpha, "a": h.A.a, "c": h.A.c, "beta": h.V.beta,
-                              "p": h.V.p, "q": h.V.q}, fmt) for h in blk.sa.heads]
+                              "p": h.V.p, "q": h.V.q,
+                              "V": np.asarray(o.V.dense(), dtype=float)}, fmt)
+                     for o, h in zip(own.sa.heads, blk.sa.heads, strict=True)]
             sa = (Weights({"v": blk.sa.rho}, fmt), heads)
         out.append((ff, sa))
     return out, params
