@@ -150,7 +150,7 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     overflow = np.zeros(Xm.shape[:2], dtype=bool)
     amp = 1.0  # per output coordinate: how much the intermediates' underflow is scaled up
     for w in sa_w:
-        Ym, Ys, Ybar, qy, one = head_box(Xm, Xr, w, ctx)
+        Ym, Ys, Ybar, qy, one, weighted = head_box(Xm, Xr, w, ctx)
         overflow |= _value_overflow(aX, Ybar, w, k, fmt)
         beta, aq, ap = scalar(w.beta), np.abs(w.q) + w.q_r, np.abs(w.p) + w.p_r
         aY = np.abs(Ym) + Ys
@@ -165,6 +165,8 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
             spread, M = spread + off, M + off
             exact = exact & ~gap.any(axis=1)
         q, exact = _value_quanta(q, exact, qy, w, fmt)
+        if fmt.matmul_bits is not None:
+            exact = exact & ~_cut_intermediates(Xm, Xr, Ym, Ys, weighted, w, fmt)
         # a y_j or q·y that may pass through subnormal numbers is not exact, and its
         # underflow (at most one smallest normal per operation) is scaled up by V or p
         sub_y, sub_t = _subnormal_intermediates(Ym, Ys, qy, one, w, fmt)
@@ -218,6 +220,24 @@ def value_gap(w: Weights) -> np.ndarray:
         same = (w.V_r == 0) & (w.V == Vs) & (err == 0)
         gap = up(np.abs(w.V - Vs) + w.V_r + err, 4)
     return np.where(same, 0.0, np.where(np.isnan(gap), np.inf, gap))
+
+
+def _cut_intermediates(Xm, Xr, Ym, Ys, weighted, w: Weights, fmt: Format) -> np.ndarray:
+    """Outputs (B×n×D) whose exactness TF32 may break by cutting a value the layer computes
+    to 11 bits as the input of a second matrix product: the torch module's average y before
+    q·y (where p is nonzero), and the ρ/η layout's V·x_l on every key l that may carry
+    weight (``weighted``: B×n×n) before the average. Two 11-bit keys averaged with weights
+    1/2 may need 12 bits, as may 3·(1 + 2⁻¹⁰); such a value is exact only where it has at
+    most ``fmt.matmul_bits`` bits and no radius."""
+    bits = fmt.matmul_bits
+    q_on = (w.q != 0) | (w.q_r > 0)
+    p_on = (w.p != 0) | (w.p_r > 0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y_cut = (~(fits(Ym, bits) & (Ys == 0)) & q_on).any(axis=-1)
+        VX = Xm @ w.V.T  # per key: where the other conditions hold, exact in float64
+        key_cut = ~(fits(VX, bits) & (Xr == 0).all(axis=-1, keepdims=True))
+    v_cut = (weighted.astype(float) @ key_cut.astype(float)) > 0
+    return (y_cut[..., None] & p_on) | v_cut
 
 
 def _subnormal_intermediates(Ym, Ys, qy, one, w: Weights, fmt: Format):
@@ -355,7 +375,8 @@ def _allowed(n: int, causal: bool) -> np.ndarray:
 def head_box(Xm, Xr, w: Weights, ctx: Context):
     """One head's average y_i = Σ_l π_il x_l under every runtime's weights, as the box of its
     exact value (midpoint and radius, B×n×D), a bound on Σ_l |π_il|·|x_l| (its terms'
-    sizes) and the quanta of the terms π_il·x_l (0 where unknown); the rounding of the
+    sizes), the quanta of the terms π_il·x_l (0 where unknown), the rows whose weights are
+    one key's exact 1, and the keys that may carry weight (B×n×n); the rounding of the
     average is left to :func:`sa_box`."""
     sm, sr = scores_box(Xm, Xr, w, ctx)
     allowed = _allowed(Xm.shape[1], ctx.causal)
@@ -363,20 +384,23 @@ def head_box(Xm, Xr, w: Weights, ctx: Context):
         Pm, Pr = softmax_box(sm, sr, allowed, ctx)
         Ym, Yr, Ybar, qy = mix(Pm, Pr, Xm, Xr, ctx.fmt)
         one = ((Pr == 0) & ((Pm == 0) | (Pm == 1))).all(axis=2)
+        weighted = np.broadcast_to(allowed, sm.shape)
     else:
-        Ym, Yr, Ybar, qy, one = hardmax_box(sm, sr, allowed, Xm, Xr, ctx)
+        Ym, Yr, Ybar, qy, one, weighted = hardmax_box(sm, sr, allowed, Xm, Xr, ctx)
     # a score that may overflow may be inf or nan in the runtime (inf·0, inf − inf): the max
     # of a row holding a nan is nan, and so are its weights, whatever the other keys
     lost = (allowed & ~(np.isfinite(sr) & np.isfinite(sm))).any(axis=2)
     return np.where(lost[..., None], 0.0, Ym), np.where(lost[..., None], np.inf, Yr), \
-        np.where(lost[..., None], np.inf, Ybar), np.where(lost[..., None], 0.0, qy), one & ~lost
+        np.where(lost[..., None], np.inf, Ybar), np.where(lost[..., None], 0.0, qy), \
+        one & ~lost, weighted
 
 
 def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
     """A row whose candidates (keys whose score may reach the best certain one, less the
     TransformerLens slack) are one key, or an exact tie every evaluation sees as one, takes
     weights 1/|C| rounded; any other row averages some of its candidates with weights that sum
-    to 1 up to rounding, which lies in the hull of their boxes, widened by that rounding."""
+    to 1 up to rounding, which lies in the hull of their boxes, widened by that rounding.
+    Returns :func:`mix`'s boxes, the rows of one candidate and the candidates (B×n×n)."""
     fmt = ctx.fmt
     with np.errstate(invalid="ignore"):
         lo = np.where(allowed, low(sm, sr), -np.inf)
@@ -385,7 +409,7 @@ def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
         cand = allowed & ~(hi < best - ctx.slack)
     count = cand.sum(axis=2)
     if (count == 1).all() and np.isfinite(Xm).all() and np.isfinite(Xr).all():
-        return (*copied_keys(np.argmax(cand, axis=2), Xm, Xr, fmt), count == 1)
+        return (*copied_keys(np.argmax(cand, axis=2), Xm, Xr, fmt), count == 1, cand)
     top = np.where(cand, sm, -np.inf).max(axis=2, keepdims=True)
     tie = (count == 1) | (~cand | ((sr == 0) & (sm == top))).all(axis=2)
     inv = 1.0 / np.maximum(count, 1)
@@ -397,7 +421,7 @@ def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
     for b, i in zip(*np.nonzero(~tie), strict=True):
         Ym[b, i], Yr[b, i], Ybar[b, i] = _hull(Xm[b, cand[b, i]], Xr[b, cand[b, i]], ctx)
         qy[b, i] = 0.0
-    return Ym, Yr, Ybar, qy, count == 1
+    return Ym, Yr, Ybar, qy, count == 1, cand
 
 
 def copied_keys(key, Xm, Xr, fmt: Format):
