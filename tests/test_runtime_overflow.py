@@ -231,3 +231,20 @@ def test_a_row_that_overflows_reaches_every_row_through_a_zero_attention_layer(l
     assert np.isnan(out).all()  # every evaluation of the layout misses the targets
     assert not ef.prove_runtime(model, data, "float16").ok
     assert ef.prove_runtime(model, data, "float32").ok  # 10⁵ is finite there
+
+
+def test_a_value_map_term_stored_on_the_way_may_overflow_where_the_output_does_not():
+    """The torch module computes ρ·x + β·y + p·(q·y) storing each product: with x = y = 2^10,
+    β = −32, p = 64, q = 1 the output 2^10·33 = 33 792 is a float16 number, but the stored
+    p·(q·y) = 65 536 is inf there, and so is the output."""
+    sa = SA(1.0, ScoreMatrix(0.0, np.zeros(2), np.zeros(2)),
+            ValueMatrix(-32.0, np.array([0.0, 64.0]), np.array([0.0, 1.0])))
+    model = Transformer(2, "hardmax", [Block(None, sa)], exact=False)
+    data = ef.Dataset.from_arrays([[[0.0, 1024.0]]], [[[0.0, 33792.0]]])
+    h = np.float16
+    with np.errstate(all="ignore"):  # the test's own float16 pass of the torch module
+        y = h(1024.0)  # one key: its weight is exactly 1
+        out = h(h(1.0) * y) + h(-32.0) * y + (y * h(1.0)) * h(64.0)
+    assert np.isinf(out)
+    assert not ef.prove_runtime(model, data, "float16").ok
+    assert ef.prove_runtime(model, data, "bfloat16").ok  # 65 536 is finite there

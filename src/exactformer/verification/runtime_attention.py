@@ -183,6 +183,13 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     exact = exact & fits_exactly(M, q, fmt.bits, fmt.tiny)
     f64 = np.where(spread > 0, rounding(M, k), 0.0)
     rad = unknown_if_overflow(mid, spread + pos_up(np.where(exact, f64, rnd), 4), fmt, M)
+    # every layout stores sums of some of the terms on the way (the torch module's β·y,
+    # p·(q·y) and ρ·x + β·y, the dense layouts' V·y): each is at most M, rounded, and may
+    # overflow the format where the output does not (2^10·(1 − 32 + 64): 64·2^10 is inf in
+    # float16, the output 33 792 is not)
+    with np.errstate(over="ignore", invalid="ignore"):
+        rad = np.where(may_overflow(M, 1 + theta(k, k, fmt), 4 * k * fmt.tiny * amp, fmt),
+                       np.inf, rad)
     keep = untouched & np.isfinite(mid)
     rad = np.where(overflow[..., None], np.inf, np.where(keep, Xr, rad))
     return np.where(keep, Xm, mid), rad
