@@ -202,3 +202,49 @@ def test_a_float16_product_may_overflow_before_the_bias_or_the_residual_is_added
         model = Transformer(2, "hardmax", [Block(ff, None)], exact=False)
         data = ef.Dataset.from_arrays([[x_in]], [[y]])
         assert not ef.prove_runtime(model, data, "float16", tolerance=0.1).ok
+
+
+@pytest.mark.parametrize("layout", ["rho-eta", "numpy"])
+def test_a_row_that_overflows_reaches_every_row_through_a_zero_attention_layer(layout):
+    """The ρ/η layout runs an attention layer of zero weights before an FF that has none
+    before it (TransformerLens too): it adds π·(0·x_l), and 0·inf is nan, so a last token
+    that float16 stores as inf (a position without a target) makes the constrained
+    positions before it nan although the model has no attention at all."""
+    ff = FF(1.0, np.array([[1.0, 0.0]]), np.array([-100.0]), np.array([[1.0], [0.0]]))
+    model = Transformer(2, "hardmax", [Block(ff, None)], exact=False, causal=True)
+    x = np.array([[1.0, 0.0], [2.0, 0.0], [1e5, 0.0]])
+    data = ef.CausalDataset.from_arrays([x], [[[1.0, 0.0], [2.0, 0.0], None]])
+    if layout == "rho-eta":
+        torch = pytest.importorskip("torch")
+        from exactformer.export import to_rho_eta
+
+        with torch.no_grad():
+            out = to_rho_eta(model, torch.float16)(torch.tensor(x[None], dtype=torch.float16))
+        out = out[0, :2].double().numpy()
+    else:  # the test's own float16 pass of that layer: ρ·x + π·(x·W_vᵀ), W_v = 0, causal
+        with np.errstate(all="ignore"):
+            X = x.astype(np.float16)  # 10⁵ is inf
+            V = X @ np.zeros((2, 2), dtype=np.float16)
+            pi = np.tril(np.ones((3, 3), dtype=np.float16))
+            pi = pi / pi.sum(axis=1, keepdims=True)
+            out = (X + pi @ V)[:2].astype(float)
+    assert np.isnan(out).all()  # every evaluation of the layout misses the targets
+    assert not ef.prove_runtime(model, data, "float16").ok
+    assert ef.prove_runtime(model, data, "float32").ok  # 10⁵ is finite there
+
+
+def test_a_value_map_term_stored_on_the_way_may_overflow_where_the_output_does_not():
+    """The torch module computes ρ·x + β·y + p·(q·y) storing each product: with x = y = 2^10,
+    β = −32, p = 64, q = 1 the output 2^10·33 = 33 792 is a float16 number, but the stored
+    p·(q·y) = 65 536 is inf there, and so is the output."""
+    sa = SA(1.0, ScoreMatrix(0.0, np.zeros(2), np.zeros(2)),
+            ValueMatrix(-32.0, np.array([0.0, 64.0]), np.array([0.0, 1.0])))
+    model = Transformer(2, "hardmax", [Block(None, sa)], exact=False)
+    data = ef.Dataset.from_arrays([[[0.0, 1024.0]]], [[[0.0, 33792.0]]])
+    h = np.float16
+    with np.errstate(all="ignore"):  # the test's own float16 pass of the torch module
+        y = h(1024.0)  # one key: its weight is exactly 1
+        out = h(h(1.0) * y) + h(-32.0) * y + (y * h(1.0)) * h(64.0)
+    assert np.isinf(out)
+    assert not ef.prove_runtime(model, data, "float16").ok
+    assert ef.prove_runtime(model, data, "bfloat16").ok  # 65 536 is finite there

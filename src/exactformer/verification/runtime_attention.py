@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ..evaluate.enclosure import lower, rounding, up, upper
+from ..evaluate.enclosure import lower, rounding, sum_error, up, upper
 from ..evaluate.grid import fits_exactly, lowbit
 from ..model import Transformer
 from .formats import ACC, Format, conversions, fits, matmul_input_error, theta
@@ -91,8 +91,7 @@ def _weights_finite(sa_w: list, rho: Weights, fmt: Format) -> bool:
     for w in sa_w:
         sizes += [np.abs(getattr(w, name)) + getattr(w, name + "_r")
                   for name in ("alpha", "a", "c", "beta", "p", "q")]
-        Vm, Vr = conversions(scalar(w.beta) * np.eye(len(w.p)) + np.outer(w.p, w.q), fmt)
-        sizes.append(np.abs(Vm) + Vr)
+        sizes.append(np.abs(w.V) + w.V_r)  # the dense V as the exports store it
     with np.errstate(invalid="ignore"):
         return all(bool((s <= limit).all()) for s in sizes)
 
@@ -107,6 +106,8 @@ def _head_columns(Xm, Xr, sa_w: list, rho: Weights, fmt: Format):
             return None
         for name in ("a", "c", "p", "q"):
             used |= (getattr(w, name) != 0) | (getattr(w, name + "_r") != 0)
+        V = (w.V != 0) | (w.V_r != 0)  # the exports' dense V may be nonzero where p·q is not
+        used |= V.any(axis=0) | V.any(axis=1)
     with np.errstate(invalid="ignore", over="ignore"):
         used |= ~(np.abs(Xm) + Xr < fmt.huge / 4).all(axis=(0, 1))
     return None if used.all() else np.flatnonzero(used)
@@ -118,6 +119,7 @@ def _head_on(w: Weights, cols: np.ndarray) -> Weights:
     for name in ("a", "c", "p", "q"):
         setattr(out, name, getattr(w, name)[cols])
         setattr(out, name + "_r", getattr(w, name + "_r")[cols])
+    out.V, out.V_r = w.V[np.ix_(cols, cols)], w.V_r[np.ix_(cols, cols)]
     return out
 
 
@@ -148,7 +150,7 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     overflow = np.zeros(Xm.shape[:2], dtype=bool)
     amp = 1.0  # per output coordinate: how much the intermediates' underflow is scaled up
     for w in sa_w:
-        Ym, Ys, Ybar, qy, one = head_box(Xm, Xr, w, ctx)
+        Ym, Ys, Ybar, qy, one, weighted = head_box(Xm, Xr, w, ctx)
         overflow |= _value_overflow(aX, Ybar, w, k, fmt)
         beta, aq, ap = scalar(w.beta), np.abs(w.q) + w.q_r, np.abs(w.p) + w.p_r
         aY = np.abs(Ym) + Ys
@@ -157,15 +159,23 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
             (Ys @ np.abs(w.q) + aY @ w.q_r)[..., None] * np.abs(w.p) + \
             (aY @ aq)[..., None] * w.p_r
         M = M + (abs(beta) + w.beta_r) * Ybar + (Ybar @ aq)[..., None] * ap
+        gap = value_gap(w)  # the exports' stored dense V less β·I + p·qᵀ of the stored factors
+        if gap.any():
+            off = pos_up(Ybar @ gap.T, D + 2)
+            spread, M = spread + off, M + off
+            exact = exact & ~gap.any(axis=1)
         q, exact = _value_quanta(q, exact, qy, w, fmt)
+        if fmt.matmul_bits is not None:
+            exact = exact & ~_cut_intermediates(Xm, Xr, Ym, Ys, weighted, w, fmt)
         # a y_j or q·y that may pass through subnormal numbers is not exact, and its
         # underflow (at most one smallest normal per operation) is scaled up by V or p
         sub_y, sub_t = _subnormal_intermediates(Ym, Ys, qy, one, w, fmt)
-        aV = (abs(beta) + w.beta_r) * np.eye(D) + np.outer(ap, aq)
+        aV = (abs(beta) + w.beta_r) * np.eye(D) + np.outer(ap, aq) + gap
         exact = exact & ~(sub_y.astype(float) @ (aV > 0).T > 0) & \
             ~(sub_t[..., None] & (ap > 0))
         amp = amp + sub_y.astype(float) @ aV.T + sub_t[..., None] * ap * (1 + aq.sum())
-        untouched &= (beta == 0) & (w.beta_r == 0) & (w.p == 0) & (w.p_r == 0)
+        untouched &= (beta == 0) & (w.beta_r == 0) & (w.p == 0) & (w.p_r == 0) & \
+            ~((w.V != 0) | (w.V_r != 0)).any(axis=1)
     spread = pos_up(spread, 2 * D + 8)
     M = pos_up(M, 2 * D + 8)
     rnd = (theta(k, k, fmt) + 2 * matmul_input_error(fmt)) * M + 4 * k * fmt.tiny * amp + \
@@ -173,6 +183,13 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     exact = exact & fits_exactly(M, q, fmt.bits, fmt.tiny)
     f64 = np.where(spread > 0, rounding(M, k), 0.0)
     rad = unknown_if_overflow(mid, spread + pos_up(np.where(exact, f64, rnd), 4), fmt, M)
+    # every layout stores sums of some of the terms on the way (the torch module's β·y,
+    # p·(q·y) and ρ·x + β·y, the dense layouts' V·y): each is at most M, rounded, and may
+    # overflow the format where the output does not (2^10·(1 − 32 + 64): 64·2^10 is inf in
+    # float16, the output 33 792 is not)
+    with np.errstate(over="ignore", invalid="ignore"):
+        rad = np.where(may_overflow(M, 1 + theta(k, k, fmt), 4 * k * fmt.tiny * amp, fmt),
+                       np.inf, rad)
     keep = untouched & np.isfinite(mid)
     rad = np.where(overflow[..., None], np.inf, np.where(keep, Xr, rad))
     return np.where(keep, Xm, mid), rad
@@ -186,9 +203,48 @@ def _dense_terms(sa_w: list) -> int:
         p_on = (w.p != 0) | (w.p_r != 0)
         q_on = (w.q != 0) | (w.q_r != 0)
         beta_on = scalar(w.beta) != 0 or w.beta_r != 0
-        count = count + np.where(p_on, int(q_on.sum()), 0) + \
-            (beta_on & ~(p_on & q_on)).astype(int)
+        count = count + np.maximum(np.where(p_on, int(q_on.sum()), 0) +
+                                   (beta_on & ~(p_on & q_on)).astype(int),
+                                   ((w.V != 0) | (w.V_r != 0)).sum(axis=1))
     return int(np.max(count, initial=0))
+
+
+def value_gap(w: Weights) -> np.ndarray:
+    """Per entry (D×D), a bound on |V_e − V_s|: V_e the dense V as the ρ/η and
+    TransformerLens exports store it (formed from the model's own parameters, then converted:
+    ``w.V`` ± ``w.V_r``), V_s = β·I + p·qᵀ of the stored factors, which the enclosure (and the
+    torch module) uses. 0 exactly where V_e is one stored value equal to V_s (p·q is exact
+    in float64, the diagonal's sum checked by TwoSum). Where the factors round, the two
+    differ: p = 1 + 2⁻⁸ − 2⁻¹², q = 1.75 store in bfloat16 as 1 and 1.75, but p·q rounds up
+    to 1.7578125."""
+    Vs = np.outer(w.p, w.q)
+    diag = np.diagonal(Vs).copy()
+    beta = scalar(w.beta)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.fill_diagonal(Vs, diag + beta)
+        err = np.zeros_like(Vs)
+        np.fill_diagonal(err, sum_error(np.full_like(diag, beta), diag, np.diagonal(Vs)))
+        same = (w.V_r == 0) & (w.V == Vs) & (err == 0)
+        gap = up(np.abs(w.V - Vs) + w.V_r + err, 4)
+    return np.where(same, 0.0, np.where(np.isnan(gap), np.inf, gap))
+
+
+def _cut_intermediates(Xm, Xr, Ym, Ys, weighted, w: Weights, fmt: Format) -> np.ndarray:
+    """Outputs (B×n×D) whose exactness TF32 may break by cutting a value the layer computes
+    to 11 bits as the input of a second matrix product: the torch module's average y before
+    q·y (where p is nonzero), and the ρ/η layout's V·x_l on every key l that may carry
+    weight (``weighted``: B×n×n) before the average. Two 11-bit keys averaged with weights
+    1/2 may need 12 bits, as may 3·(1 + 2⁻¹⁰); such a value is exact only where it has at
+    most ``fmt.matmul_bits`` bits and no radius."""
+    bits = fmt.matmul_bits
+    q_on = (w.q != 0) | (w.q_r > 0)
+    p_on = (w.p != 0) | (w.p_r > 0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y_cut = (~(fits(Ym, bits) & (Ys == 0)) & q_on).any(axis=-1)
+        VX = Xm @ w.V.T  # per key: where the other conditions hold, exact in float64
+        key_cut = ~(fits(VX, bits) & (Xr == 0).all(axis=-1, keepdims=True))
+    v_cut = (weighted.astype(float) @ key_cut.astype(float)) > 0
+    return (y_cut[..., None] & p_on) | v_cut
 
 
 def _subnormal_intermediates(Ym, Ys, qy, one, w: Weights, fmt: Format):
@@ -217,8 +273,7 @@ def _value_overflow(aX, Ybar, w: Weights, k: int, fmt: Format) -> np.ndarray:
     p_c = 0), and the ρ/η layout's V·x_l on every key, weight 0 or not (0·inf is nan in every
     row of the sequence)."""
     beta, aq = scalar(w.beta), np.abs(w.q) + w.q_r
-    Vm, Vr = conversions(beta * np.eye(len(w.p)) + np.outer(w.p, w.q), fmt)
-    aV = np.abs(Vm) + Vr + (abs(beta) + w.beta_r) * np.eye(len(w.p)) * 2.0 ** -50 + \
+    aV = np.abs(w.V) + w.V_r + (abs(beta) + w.beta_r) * np.eye(len(w.p)) * 2.0 ** -50 + \
         np.outer(np.abs(w.p) + w.p_r, aq) * 2.0 ** -50
     grow, slack = 1 + theta(k, k, fmt), 4 * k * fmt.tiny
     with np.errstate(over="ignore", invalid="ignore"):
@@ -327,7 +382,8 @@ def _allowed(n: int, causal: bool) -> np.ndarray:
 def head_box(Xm, Xr, w: Weights, ctx: Context):
     """One head's average y_i = Σ_l π_il x_l under every runtime's weights, as the box of its
     exact value (midpoint and radius, B×n×D), a bound on Σ_l |π_il|·|x_l| (its terms'
-    sizes) and the quanta of the terms π_il·x_l (0 where unknown); the rounding of the
+    sizes), the quanta of the terms π_il·x_l (0 where unknown), the rows whose weights are
+    one key's exact 1, and the keys that may carry weight (B×n×n); the rounding of the
     average is left to :func:`sa_box`."""
     sm, sr = scores_box(Xm, Xr, w, ctx)
     allowed = _allowed(Xm.shape[1], ctx.causal)
@@ -335,20 +391,23 @@ def head_box(Xm, Xr, w: Weights, ctx: Context):
         Pm, Pr = softmax_box(sm, sr, allowed, ctx)
         Ym, Yr, Ybar, qy = mix(Pm, Pr, Xm, Xr, ctx.fmt)
         one = ((Pr == 0) & ((Pm == 0) | (Pm == 1))).all(axis=2)
+        weighted = np.broadcast_to(allowed, sm.shape)
     else:
-        Ym, Yr, Ybar, qy, one = hardmax_box(sm, sr, allowed, Xm, Xr, ctx)
+        Ym, Yr, Ybar, qy, one, weighted = hardmax_box(sm, sr, allowed, Xm, Xr, ctx)
     # a score that may overflow may be inf or nan in the runtime (inf·0, inf − inf): the max
     # of a row holding a nan is nan, and so are its weights, whatever the other keys
     lost = (allowed & ~(np.isfinite(sr) & np.isfinite(sm))).any(axis=2)
     return np.where(lost[..., None], 0.0, Ym), np.where(lost[..., None], np.inf, Yr), \
-        np.where(lost[..., None], np.inf, Ybar), np.where(lost[..., None], 0.0, qy), one & ~lost
+        np.where(lost[..., None], np.inf, Ybar), np.where(lost[..., None], 0.0, qy), \
+        one & ~lost, weighted
 
 
 def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
     """A row whose candidates (keys whose score may reach the best certain one, less the
     TransformerLens slack) are one key, or an exact tie every evaluation sees as one, takes
     weights 1/|C| rounded; any other row averages some of its candidates with weights that sum
-    to 1 up to rounding, which lies in the hull of their boxes, widened by that rounding."""
+    to 1 up to rounding, which lies in the hull of their boxes, widened by that rounding.
+    Returns :func:`mix`'s boxes, the rows of one candidate and the candidates (B×n×n)."""
     fmt = ctx.fmt
     with np.errstate(invalid="ignore"):
         lo = np.where(allowed, low(sm, sr), -np.inf)
@@ -357,7 +416,7 @@ def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
         cand = allowed & ~(hi < best - ctx.slack)
     count = cand.sum(axis=2)
     if (count == 1).all() and np.isfinite(Xm).all() and np.isfinite(Xr).all():
-        return (*copied_keys(np.argmax(cand, axis=2), Xm, Xr, fmt), count == 1)
+        return (*copied_keys(np.argmax(cand, axis=2), Xm, Xr, fmt), count == 1, cand)
     top = np.where(cand, sm, -np.inf).max(axis=2, keepdims=True)
     tie = (count == 1) | (~cand | ((sr == 0) & (sm == top))).all(axis=2)
     inv = 1.0 / np.maximum(count, 1)
@@ -369,7 +428,7 @@ def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
     for b, i in zip(*np.nonzero(~tie), strict=True):
         Ym[b, i], Yr[b, i], Ybar[b, i] = _hull(Xm[b, cand[b, i]], Xr[b, cand[b, i]], ctx)
         qy[b, i] = 0.0
-    return Ym, Yr, Ybar, qy, count == 1
+    return Ym, Yr, Ybar, qy, count == 1, cand
 
 
 def copied_keys(key, Xm, Xr, fmt: Format):

@@ -321,16 +321,21 @@ def jacobian_spread(Xr, active, W, U_, eta: float, cols=None):
 # ------------------------------------------------------------------------------ the pass
 def prepare(model: Transformer, fmt: Format):
     """Each block's runtime weights: (FF Weights or None, (ρ Weights, [head Weights]) or
-    None)."""
+    None). A head's ``V`` is its dense V = β·I + p·qᵀ as the ρ/η and TransformerLens exports
+    store it: formed in the model's own numbers (exact for a rational model) and converted
+    once, which need not equal β·I + p·qᵀ of the stored β, p and q that the torch module
+    reads (:func:`.runtime_attention.value_gap`)."""
     params = model.to_float() if model.exact else model
     out = []
-    for blk in params.blocks:
+    for own, blk in zip(model.blocks, params.blocks, strict=True):
         ff = None if blk.ff is None else Weights(
             {"eta": blk.ff.eta, "U": blk.ff.U, "b": blk.ff.b, "W": blk.ff.W}, fmt)
         sa = None
         if blk.sa is not None and not blk.sa.is_identity():
             heads = [Weights({"alpha": h.A.alpha, "a": h.A.a, "c": h.A.c, "beta": h.V.beta,
-                              "p": h.V.p, "q": h.V.q}, fmt) for h in blk.sa.heads]
+                              "p": h.V.p, "q": h.V.q,
+                              "V": np.asarray(o.V.dense(), dtype=float)}, fmt)
+                     for o, h in zip(own.sa.heads, blk.sa.heads, strict=True)]
             sa = (Weights({"v": blk.sa.rho}, fmt), heads)
         out.append((ff, sa))
     return out, params
@@ -356,8 +361,11 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
     spans = np.cumsum([0] + [n * len(js) for n, js in groups])
     first, inv = distinct(np.concatenate([Xm, Xr], axis=1))
     Um, Ur = Xm[first], Xr[first]
+    mixing = padding_attention(params)
     with np.errstate(invalid="ignore", over="ignore"):
-        for ff, sa in layers:
+        for (ff, sa), mixed in zip(layers, mixing, strict=True):
+            if ff is not None and mixed:
+                Um, Ur, inv = unknown_sequences(Um, Ur, inv, groups, spans)
             if ff is not None:
                 Um, Ur = ff_box(Um, Ur, ff, fmt)
             if sa is None:
@@ -372,6 +380,33 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
         for i, j in enumerate(js):
             outs[j] = (Xm[a + i * n:a + (i + 1) * n], Xr[a + i * n:a + (i + 1) * n])
     return outs
+
+
+def padding_attention(params: Transformer) -> list[bool]:
+    """Per block, whether the ρ/η or TransformerLens layout runs an attention layer of zero
+    weights right before its FF: the ρ/η layout pairs every FF with the attention before it,
+    zero where that is absent (before the first FF, after a block without attention), and the
+    TransformerLens layout opens a block, with zero attention weights, for an FF whose
+    preceding block has no attention or a non-residual one (ρ ≠ 1, whose ρ·x takes that
+    block's MLP). Such a layer adds π·(0·x_l) to every row: 0·inf is nan, so one row that may
+    not be finite makes every row of its sequence nan, constrained positions included."""
+    before = [None] + [blk.sa for blk in params.blocks[:-1]]
+    return [sa is None or sa.is_identity() or sa.rho != 1 for sa in before]
+
+
+def unknown_sequences(Um, Ur, inv, groups: list, spans: np.ndarray):
+    """The distinct rows ``Um`` ± ``Ur`` (full rows ``inv``) with every row of a sequence
+    holding a row that may not be finite made unknown (radius inf), as an attention layer of
+    zero weights leaves them (:func:`padding_attention`), as distinct rows and ``inv``."""
+    bad = ~(np.isfinite(Um).all(axis=1) & np.isfinite(Ur).all(axis=1))
+    if not bad.any():
+        return Um, Ur, inv
+    Xm, Xr = Um[inv], Ur[inv]
+    for (n, js), a, b in zip(groups, spans[:-1], spans[1:], strict=True):
+        lost = bad[inv[a:b]].reshape(len(js), n).any(axis=1)
+        Xr[a:b].reshape(len(js), n, -1)[lost] = np.inf
+    first, inv = distinct(np.concatenate([Xm, Xr], axis=1))
+    return Xm[first], Xr[first], inv
 
 
 def _attend(Xm, Xr, sa, groups: list, spans: np.ndarray, ctx: Context):
