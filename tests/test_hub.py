@@ -293,3 +293,24 @@ def test_the_card_says_when_the_module_as_saved_misses_its_data(tmp_path, case):
     assert str(dtype).removeprefix("torch.") in saved and f"FFs in {ff} form" in saved
     assert ("does NOT reproduce" in saved) == misses
     assert ("their distinct rows are the target set" in snippet) == (not misses)
+
+
+def test_recorded_runtime_proofs_must_be_for_the_stored_weights(tmp_path):
+    """A folder's config records what the runtime proofs said of its weights. Moved beside
+    other weights of the same shape (the paper model's, which float32 does not reproduce),
+    that verdict would claim PROVED for them: reading the folder must refuse it."""
+    data = builtin.demo()
+    keyed, paper = ef.compile(data), ef.compile(data, construction="paper")
+    et.to_torch(keyed).save_pretrained(tmp_path / "k", data=data)
+    et.to_torch(paper).save_pretrained(tmp_path / "p", data=data)
+    ck, cp = (json.loads((tmp_path / f / "config.json").read_text()) for f in "kp")
+    assert et.NativeTransformer.from_pretrained(tmp_path / "k").model.n_blocks == keyed.n_blocks
+    assert cp["runtime_proofs"]["float32"] != ck["runtime_proofs"]["float32"]  # the premise
+    wk, wp = (load_file(str(tmp_path / f / "model.safetensors")) for f in "kp")
+    assert any(k not in wp or not torch.equal(v, wp[k]) for k, v in wk.items())
+    moved = {k: ck[k] for k in ("runtime_proofs", "runtime_proofs_for")}
+    (tmp_path / "p" / "config.json").write_text(json.dumps(cp | moved))
+    refused(tmp_path / "p", "runtime_proofs", "model.safetensors")
+    del cp["runtime_proofs_for"]  # proofs recorded with nothing naming what they were for
+    (tmp_path / "p" / "config.json").write_text(json.dumps(cp))
+    refused(tmp_path / "p", "runtime_proofs")

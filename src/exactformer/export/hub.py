@@ -17,6 +17,7 @@ naming the folder, the file and the field. See docs/numerics.md#the-hub-folder.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from contextlib import ExitStack
 from pathlib import Path
@@ -48,11 +49,13 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
     dtype = next(module.parameters()).dtype
     config = {"format": FORMAT, "dtype": str(dtype).removeprefix("torch."), **module.config()}
     tensors = native_tensors(module.model, torch.float64)  # the stored model, read back
-    tensors |= {EVAL + k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
     proofs = runtime_proofs(module.model, data)
     if proofs:
         config["runtime_proofs"] = {v.runtime: v.verdict for v in proofs}
         config["runtime_proof_criterion"] = proofs[0].criterion  # distance or decoding
+        config[PROVED_FOR] = {"weights_sha256": weights_sha256(tensors),
+                              "data_sha256": data.sha256()}
+    tensors |= {EVAL + k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
     texts = {CONFIG: json.dumps(config, indent=1),
              CARD: model_card(module.model, data, report, proofs, module)}
     if wanted(module.model, data, None):  # the circuit, by TL hooks (docs/circuit.md)
@@ -67,6 +70,20 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
             stack.enter_context(atomic_path(folder / name)).write_text(text)
     if CIRCUIT_FILE not in texts:  # an earlier folder's circuit would describe other weights
         (folder / CIRCUIT_FILE).unlink(missing_ok=True)
+
+
+PROVED_FOR = "runtime_proofs_for"  # config field: the weights and data the proofs were made on
+
+
+def weights_sha256(native: dict) -> str:
+    """SHA-256 of the stored model's tensors (name, dtype, shape and bytes, by name): what a
+    folder's recorded runtime proofs were made for."""
+    h = hashlib.sha256()
+    for key in sorted(native):
+        t = native[key].detach().cpu().contiguous()
+        h.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
 
 
 class FolderError(ValueError):
@@ -86,16 +103,32 @@ def read_pretrained(cls, folder: str | Path, device=None, dtype=None, ff: str | 
             raise FolderError(f"{folder}: no {name} (not a folder written by save_pretrained)")
     config = read_config(folder / CONFIG)
     tensors = read_tensors(folder / WEIGHTS)
-    model = _stored_model(folder, config, {k: v for k, v in tensors.items()
-                                           if not k.startswith(EVAL)})
+    native = {k: v for k, v in tensors.items() if not k.startswith(EVAL)}
+    model = _stored_model(folder, config, native)
     form = config.get("ff", "profile")
     saved = cls(model, getattr(torch, config["dtype"]), form)
     _check_equal(folder / WEIGHTS, {k: v for k, v in tensors.items() if k.startswith(EVAL)},
                  {EVAL + k: v for k, v in saved.state_dict().items()}, "the module rebuilt "
                  f"from {MODEL if (folder / MODEL).is_file() else 'the stored parameters'}")
+    _check_proved_for(folder, config, native)
     module = saved if dtype is None and ff is None else \
         cls(model, dtype or getattr(torch, config["dtype"]), ff or form)
     return module.to(device)
+
+
+def _check_proved_for(folder: Path, config: dict, native: dict) -> None:
+    """FolderError unless the config's recorded runtime proofs (if any) were made for the
+    weights the folder stores: a verdict kept beside other weights would claim for them what
+    was proved of the first."""
+    if "runtime_proofs" not in config:
+        return
+    made = config.get(PROVED_FOR)
+    found = weights_sha256(native)
+    if not isinstance(made, dict) or made.get("weights_sha256") != found:
+        raise FolderError(f"{folder / CONFIG}: \"runtime_proofs\" were not recorded for the "
+                          f"weights of {WEIGHTS} (sha256 {found[:12]}…; \"{PROVED_FOR}\" "
+                          "names others or none): the folder was altered after "
+                          "save_pretrained wrote it")
 
 
 def read_config(path: Path, native: bool = True):
