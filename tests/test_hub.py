@@ -89,6 +89,16 @@ def card_blocks(card: str, language: str) -> list[str]:
     return [b.split("\n", 1)[1] for b in card.split("```")[1::2] if b.startswith(language)]
 
 
+def run_snippet(card: str, folder) -> tuple[str, np.ndarray]:
+    """The card's Python snippet, and the outputs it computes run as written in ``folder``."""
+    (snippet,) = card_blocks(card, "python")
+    keep = "\nnp.save('out.npy', apply(module, [x])[0])\n"
+    done = subprocess.run([sys.executable, "-c", snippet + keep], cwd=folder,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return snippet, np.load(folder / "out.npy")
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_card_is_one_to_publish(tmp_path, capsys, causal):
     """Version, licence, citation, the verdict and its arithmetic, the float32 verdict, the
@@ -117,12 +127,7 @@ def test_the_card_is_one_to_publish(tmp_path, capsys, causal):
     assert len(info) == len(model_summary(model))
     for line, (label, value) in zip(info, model_summary(model), strict=True):
         assert line.startswith(label) and line.endswith(value)
-    (snippet,) = card_blocks(card, "python")
-    keep = "\nnp.save('out.npy', apply(module, [x])[0])\n"
-    done = subprocess.run([sys.executable, "-c", snippet + keep], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    out = np.load(tmp_path / "out.npy")[:, :data.d]
+    out = run_snippet(card, tmp_path)[1][:, :data.d]
     targets = data.floats()[1][0]
     if causal:  # the first tokens' predictions are the next characters
         known = data.known[0][: len(out)]
@@ -279,12 +284,8 @@ def test_the_card_says_when_the_module_as_saved_misses_its_data(tmp_path, case):
     et.to_torch(model, dtype, ff=ff).save_pretrained(tmp_path, data=data,
                                                      report=ef.verify(model, data))
     card = (tmp_path / "README.md").read_text()
-    (snippet,) = card_blocks(card, "python")
-    keep = "\nnp.save('out.npy', apply(module, [x])[0])\n"
-    done = subprocess.run([sys.executable, "-c", snippet + keep], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    out = np.load(tmp_path / "out.npy")[:, :data.d]
+    snippet, out = run_snippet(card, tmp_path)
+    out = out[:, :data.d]
     D = np.linalg.norm(out[:, None] - data.floats()[1][0][None], axis=-1)  # own Hausdorff
     misses = not np.max([D.min(axis=1).max(), D.min(axis=0).max()]) <= 1e-5 * \
         data.coordinate_scale()
