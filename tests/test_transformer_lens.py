@@ -396,3 +396,5 @@ def test_a_softmax_export_below_tau_one_half_is_not_judged_as_hardmax(tmp_path, 
     assert worst <= 1e-9 * data.coordinate_scale()
     assert code == 0 and "INTERPOLATES" in out and "FAILS" not in out
     assert "hardmax needs" not in out
+    verdict = et.lens_verdict(et.to_lens(model, "float64"), data)  # docs/export.md's call
+    assert verdict.interpolates and verdict.score_margin is None

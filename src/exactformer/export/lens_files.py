@@ -230,11 +230,14 @@ def lens_verdict(bridge, dataset: Dataset | CausalDataset, tolerance: float | No
     layer (:func:`lens_run`), with a progress bar if asked.
 
     ``attention``: the exported model's ("hardmax" or "softmax"), where the caller knows it.
-    None reads it from the bridge: a hardmax export divides its scores by attn_scale = 2^-k
-    < 1. That guess takes a softmax export at τ < 1/2 (attn_scale 2τ or 4τ, below 1) for a
-    hardmax one and fails it for score gaps that softmax never needed (an export of a τ = 1/4
-    model that reproduced its data to 4e-17 printed FAILS), so pass it where known."""
+    None takes the tag :func:`~.transformer_lens.to_lens` puts on its bridges, and for a
+    bridge without one (read from a folder) guesses from the bridge: a hardmax export divides
+    its scores by attn_scale = 2^-k < 1. That guess takes a softmax export at τ < 1/2
+    (attn_scale 2τ or 4τ, below 1) for a hardmax one and fails it for score gaps that softmax
+    never needed (an export of a τ = 1/4 model that reproduced its data to 4e-17 printed
+    FAILS), so pass it where known."""
     dataset = dataset.padded(bridge.cfg.d_vocab_out)
+    attention = attention or getattr(bridge, "exactformer_attention", None)
     if attention not in (None, "hardmax", "softmax"):
         raise ValueError(f"attention must be 'hardmax', 'softmax' or None, got {attention!r}")
     hardmax = bridge.cfg.attn_scale < 1 if attention is None else attention == "hardmax"

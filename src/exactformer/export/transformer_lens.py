@@ -193,6 +193,10 @@ def _mlp(part, w_in, b_in, w_out, d: int, half: int) -> int:
 
 # ------------------------------------------------------------------------------ bridge
 def to_lens(model: Transformer, dtype: str = "float64", device=None, n_ctx: int | None = None):
-    """``model`` as a TransformerLens ``TransformerBridge`` (docs/numerics.md)."""
-    return build_bridge(lens_config(model, dtype, n_ctx), lens_state_dict(model, dtype, n_ctx),
-                        device)  # the helper every exported folder carries (lens_helpers.boot)
+    """``model`` as a TransformerLens ``TransformerBridge`` (docs/numerics.md), tagged with the
+    model's attention (``exactformer_attention``), which its config cannot say: a softmax
+    export at τ < 1/2 has an attn_scale below 1 as a hardmax one does (:func:`lens_verdict`)."""
+    bridge = build_bridge(lens_config(model, dtype, n_ctx), lens_state_dict(model, dtype, n_ctx),
+                          device)  # the helper every exported folder carries (lens_helpers.boot)
+    bridge.exactformer_attention = model.attention
+    return bridge
