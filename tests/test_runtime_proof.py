@@ -140,7 +140,8 @@ PASSES = [Pass("seq"), Pass("rev"), Pass("pairwise"), Pass("perm", seed=1),
           Pass("perm", seed=2), Pass("blocked"), Pass(fma=True),
           Pass("rev", lens=True, value="after"), Pass("perm", lens=True, seed=3, value="before"),
           Pass("pairwise", lens=True, value="after"), Pass(fma=True, lens=True, value="before"),
-          Pass(tf32=True), Pass("rev", tf32=True), Pass("perm", tf32=True, lens=True, seed=4)]
+          Pass(tf32=True), Pass("rev", tf32=True), Pass("perm", tf32=True, lens=True, seed=4),
+          Pass("rev", tf32=True, lens=True, value="before")]  # ρ/η (no TF32 proof covers TL)
 
 
 def pass_error(model, data, p: Pass) -> float:
@@ -514,6 +515,28 @@ def test_an_attention_weight_tf32_may_cut_to_inf_leaves_the_layer_unknown(name):
     assert missed.any()
     assert (rad[missed] == np.inf).all()
 
+
+
+@pytest.mark.parametrize("rho", [0.0, 1.0])
+def test_tf32_cut_of_q_in_the_torch_modules_q_y(rho):
+    """The torch module forms q·y as a matrix product, whose input q TF32 cuts to 11 bits;
+    the dense V's entries can fit 11 bits where q does not: β = −2^-12, p = e_0 and
+    q = (1 + 2^-12)·e_0 make V_00 = 1, but q_0 cuts to 1 and the module gives (1 − 2^-12)·y_0.
+    The proof counted the output exact (the dense V fits) and said PROVED FAITHFUL IN tf32
+    with a bound of 1e-16 where the test's own TF32 pass of the module is off by 2^-12."""
+    from exactformer.model import SA, Block, ScoreMatrix, Transformer, ValueMatrix
+
+    head = (ScoreMatrix(0.0, np.zeros(2), np.zeros(2)),
+            ValueMatrix(-2.0 ** -12, np.array([1.0, 0.0]), np.array([1.0 + 2.0 ** -12, 0.0])))
+    model = Transformer(2, "hardmax", [Block(None, SA(rho, *head))], exact=False)
+    assert (model.blocks[0].sa.heads[0].V.dense() == np.diag([1.0, -2.0 ** -12])).all()
+    x = np.array([[1.0, 0.0]])
+    exact = Pass().run(model, x)  # every sum exact in float32: the model's own outputs
+    assert exact.tolist() == [[rho + 1.0, 0.0]]
+    err = np.abs(Pass(tf32=True).run(model, x) - exact).max()
+    assert err == 2.0 ** -12
+    verdict = prove_runtime(model, ef.Dataset.from_arrays([x], [exact]), "tf32")
+    assert not verdict.ok
 
 def test_a_wide_text_is_proved_in_unit_blocks():
     """A position-key text at width 256 (a residual FF moves hundreds of rows, each by its own

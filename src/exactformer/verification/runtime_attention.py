@@ -232,15 +232,19 @@ def value_gap(w: Weights) -> np.ndarray:
 def _cut_intermediates(Xm, Xr, Ym, Ys, weighted, w: Weights, fmt: Format) -> np.ndarray:
     """Outputs (B×n×D) whose exactness TF32 may break by cutting a value the layer computes
     to 11 bits as the input of a second matrix product: the torch module's average y before
-    q·y (where p is nonzero), and the ρ/η layout's V·x_l on every key l that may carry
-    weight (``weighted``: B×n×n) before the average. Two 11-bit keys averaged with weights
-    1/2 may need 12 bits, as may 3·(1 + 2⁻¹⁰); such a value is exact only where it has at
-    most ``fmt.matmul_bits`` bits and no radius."""
+    q·y (where p is nonzero), and q itself, the product's other input, which the dense V's
+    11 bits do not bound (β = −2⁻¹², p = e_0, q = (1 + 2⁻¹²)·e_0 make V_00 = 1, and q_0
+    cuts to 1); and the ρ/η layout's V·x_l on every key l that may carry weight
+    (``weighted``: B×n×n) before the average. Two 11-bit keys averaged with weights 1/2 may
+    need 12 bits, as may 3·(1 + 2⁻¹⁰); such a value is exact only where it has at most
+    ``fmt.matmul_bits`` bits and no radius. (TransformerLens's o product cuts its y as well,
+    but no TF32 proof covers that layout: :data:`.runtime_verdict.COVERED`.)"""
     bits = fmt.matmul_bits
     q_on = (w.q != 0) | (w.q_r > 0)
     p_on = (w.p != 0) | (w.p_r > 0)
     with np.errstate(over="ignore", invalid="ignore"):
-        y_cut = (~(fits(Ym, bits) & (Ys == 0)) & q_on).any(axis=-1)
+        y_bad = ~(fits(Ym, bits) & (Ys == 0))
+        y_cut = (y_bad & q_on).any(axis=-1) | bool((q_on & ~fits(w.q, bits)).any())
         VX = Xm @ w.V.T  # per key: where the other conditions hold, exact in float64
         key_cut = ~(fits(VX, bits) & (Xr == 0).all(axis=-1, keepdims=True))
     v_cut = (weighted.astype(float) @ key_cut.astype(float)) > 0
