@@ -1,5 +1,6 @@
 """Softmax construction (docs/softmax.md): exact on the data to 50 digits, τ*, bad τ."""
 
+import dataclasses
 import functools
 import json
 from fractions import Fraction
@@ -212,3 +213,15 @@ def test_ball_pass_from_the_exact_prefix_is_the_pass_from_the_inputs(data, exact
             u, v = as_ball(s), as_ball(t)
             assert all(u[i, 0].mid() == v[i, 0].mid() and u[i, 0].rad() == v[i, 0].rad()
                        for i in range(u.nrows()))
+
+
+def test_a_model_without_a_temperature_is_verified_at_one():
+    """A softmax model built by hand with no τ (the field's default) is read at τ = 1 by
+    every pass; verify used to stop on float(None) while writing its report. Its verdict and
+    error bound are those of the same model with τ = 1 given explicitly."""
+    data = builtin.shared_pool(4, 2, 4, 3, 2, seed=1)
+    model = ef.compile(data, attention="softmax", exact=False)
+    none, one = (ef.verify(dataclasses.replace(model, tau=t), data) for t in (None, 1))
+    assert none.verdict() == one.verdict()
+    assert none.hausdorff_float64 == one.hausdorff_float64
+    assert none.extra["temperature τ (τ* of the geometry)"].startswith("1 ")
