@@ -130,10 +130,8 @@ def _used_tau(model: Transformer, tau):
     """The temperature a softmax model is verified at (``tau``, else its own, else 1 as every
     pass reads a model built without one), refused unless positive and finite (as
     balls.Layers: the enclosures, which may decide alone, would take any τ)."""
-    used = model.tau if tau is None else tau
-    if model.attention == "softmax" and used is None:
-        return 1
-    if model.attention == "softmax" and used is not None and not 0 < used < math.inf:
+    used = tau if tau is not None else (model.tau if model.tau is not None else 1)
+    if model.attention == "softmax" and not 0 < used < math.inf:
         raise ValueError(f"the model's temperature tau must be positive and finite, got "
                          f"{used}")
     return used
