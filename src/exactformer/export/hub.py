@@ -34,7 +34,7 @@ from ..model import Transformer
 from ..modelio import ModelFormatError, atomic_path, load_model, model_to_dict
 from ..numbers import wider_than_model
 from ..summary import LICENCE, PAPER, decides, model_summary
-from ..verification.runtime_verdict import DEFAULT_TOLERANCE
+from ..verification.runtime_verdict import RUN_TOLERANCE
 from .native import FORMAT, check_native_config, native_config, native_model, native_tensors
 
 CONFIG, WEIGHTS, CARD, MODEL = "config.json", "model.safetensors", "README.md", "model.json"
@@ -302,7 +302,7 @@ def _float32_lines(model: Transformer, data) -> list[str]:
 def _saved_run(module, data) -> dict:
     """What the stored module (``from_pretrained(".")``: its dtype and FF form) gives on
     ``data``: its largest error over the data's scale (nan for a nan output) and whether that
-    is within the tolerance of its dtype (1e-9 in float64, else the runtime proofs' 1e-5);
+    is within the tolerance of its dtype (RUN_TOLERANCE: bfloat16 and float16 as float32);
     without data only the dtype and form. The card's float32 verdict runs the model's profile
     form in float32, which a folder stored in bfloat16, or with ``ff="dense"``, does not run:
     a folder that misses its data as stored must say so rather than show only that verdict."""
@@ -310,7 +310,7 @@ def _saved_run(module, data) -> dict:
     dtype = str(next(module.parameters()).dtype).removeprefix("torch.")
     out = {"dtype": dtype, "ff": module.ff}
     if data is not None:
-        out["tolerance"] = 1e-9 if dtype == "float64" else DEFAULT_TOLERANCE
+        out["tolerance"] = RUN_TOLERANCE["float64" if dtype == "float64" else "float32"]
         out["error"] = max_error(module, data)
         out["ok"] = bool(out["error"] <= out["tolerance"])
     return out

@@ -24,7 +24,7 @@ from ..distance import smallest
 from ..model import Transformer
 from ..modelio import atomic_path
 from ..tables import format_table
-from ..verification.runtime_verdict import DEFAULT_TOLERANCE
+from ..verification.runtime_verdict import RUN_TOLERANCE
 from . import lens_helpers
 from .float32 import output_error
 from .hub import FolderError, read_config, read_tensors
@@ -35,9 +35,7 @@ from .transformer_lens import EXP_UNDERFLOW, lens_config, lens_state_dict
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 PROOFS = "runtime_proofs.json"  # the float32 proof of the exported computation on the data
 HELPERS = "lens_helpers.py"  # a copy of exactformer/export/lens_helpers.py, no exactformer import
-# The verdict's default tolerances (error / coordinate scale): verify's for float64, and the
-# runtime proofs' for float32 (as exactformer.export.float32_verdict).
-LENS_TOLERANCE = {"float64": 1e-9, "float32": DEFAULT_TOLERANCE}
+LENS_TOLERANCE = RUN_TOLERANCE  # lens_verdict's default tolerance by dtype
 
 
 def save_lens(model: Transformer, folder: str | Path, dtype: str = "float64",

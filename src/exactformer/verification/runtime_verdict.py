@@ -31,6 +31,9 @@ from .runtime_decode import decoded_wrong, decoding_margins, target_indices
 from .runtime_proof import enclose_runtime
 
 DEFAULT_TOLERANCE = 1e-5  # relative to the data's coordinate scale
+# A measured run's tolerance by dtype (error / coordinate scale): verify's in float64, the
+# runtime proofs' in float32 and below (float32_verdict, lens_verdict, a Hub folder as saved).
+RUN_TOLERANCE = {"float64": 1e-9, "float32": DEFAULT_TOLERANCE}
 ORDERS = ("sequential", "reversed")  # the witness passes' summation orders
 COVERED = {  # the layouts whose graph each proof covers (TransformerLens: float32 only)
     "float32": "dense FFs: torch ff=dense, rho-eta, TransformerLens; any summation order",
