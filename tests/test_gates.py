@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exactformer.evaluate import Arithmetic, enclose, forward
-from exactformer.evaluate.gates import distinct_labels, gate_layers
+from exactformer.evaluate.gates import gate_layers
 from exactformer.evaluate.jobs import Job
 from exactformer.evaluate.keys import pack
 from exactformer.evaluate.state import RowState
@@ -297,28 +297,3 @@ def test_rationals_below_float64s_normal_range_make_no_gate():
     k = Fraction(1, 2 ** 10)
     case([[k, k, 0, Fraction(1, 2 ** 1076)], [k, 0, -k, 0]], [-k - Fraction(1, 2 ** 55), -2 * k],
          [[1.0, 0, 1, 2.0 ** 1023], [0, 0, 0, 0], [0, 0, 0, 1.0]])
-
-
-@settings(max_examples=60, **SETTINGS)
-@given(st.integers(1, 300), st.integers(1, 6), st.integers(0, 2**32 - 1))
-def test_row_labels_are_grouped_as_sorting_whole_rows_groups_them(n, k, seed):
-    """distinct_labels (a hash per row, checked) gives np.unique(axis=0)'s grouping."""
-    rng = np.random.default_rng(seed)
-    labels = rng.choice([0.0, 1.0, 2.0, 0.5, np.inf, 1e300], size=(n, k))
-    seen, which = distinct_labels(labels)
-    assert np.array_equal(seen[which], labels)
-    assert len(seen) == len(np.unique(labels, axis=0))
-
-
-def test_rows_whose_hashes_collide_keep_their_own_labels():
-    """Two different labels built to have one hash (the bit difference (m2, −m1) cancels in
-    m1·Δ1 + m2·Δ2 mod 2^64) are still told apart, by the exact check's fallback."""
-    m = np.uint64(0x9E3779B97F4A7C15) * np.array([1, 3], dtype=np.uint64)
-    a = np.array([1.5, 2.25]).view(np.uint64)
-    b = a + m[::-1] * np.array([1, -1], dtype=np.int64).astype(np.uint64)  # (wraps mod 2^64)
-    labels = np.stack([a, b]).view(np.float64)
-    assert np.isfinite(labels).all() and not np.array_equal(labels[0], labels[1])
-    assert (labels.view(np.uint64) * m).sum(axis=1)[0] == (labels.view(np.uint64) * m).sum(
-        axis=1)[1]
-    seen, which = distinct_labels(labels)
-    assert len(seen) == 2 and np.array_equal(seen[which], labels)

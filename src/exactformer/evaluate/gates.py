@@ -27,6 +27,7 @@ from ..model import FF
 from ..numbers import safe_float, safe_floats
 from . import enclosure
 from .keys import MAX_KEY_COORDINATES, keys_of, pack
+from .twins import distinct
 
 
 @dataclass
@@ -180,8 +181,8 @@ class Classes:
         their classes, widening each class's box by its new rows."""
         old = self.row[rows]
         np.subtract.at(self.count, old[old >= 0], 1)
-        seen, which = distinct_labels(labels)
-        ids = np.array([self._class(label) for label in map(tuple, seen.tolist())],
+        first, which = distinct(labels)  # (the labels repeat: a class per distinct one)
+        ids = np.array([self._class(label) for label in map(tuple, labels[first].tolist())],
                        dtype=np.int64)[which]
         self.row[rows] = ids
         np.add.at(self.count, ids, 1)
@@ -199,22 +200,6 @@ class Classes:
             self.lo = np.vstack([self.lo, np.full(self.lo.shape[1], np.inf)])
             self.hi = np.vstack([self.hi, np.full(self.hi.shape[1], -np.inf)])
         return self.index[label]
-
-
-def distinct_labels(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the distinct rows of the float array ``labels``, each row's index among them), found
-    by sorting one 64-bit hash per row, far faster than sorting whole rows; the grouping is
-    then checked row by row, and a collision (rows of different labels in one group) falls
-    back to sorting the rows themselves."""
-    bits = np.ascontiguousarray(labels, dtype=np.float64).view(np.uint64)
-    mix = np.uint64(0x9E3779B97F4A7C15) * (2 * np.arange(bits.shape[1], dtype=np.uint64) + 1)
-    _, first, which = np.unique((bits * mix).sum(axis=1), return_index=True,
-                                return_inverse=True)
-    which = which.reshape(-1)
-    if np.array_equal(labels[first][which], labels):
-        return labels[first], which
-    seen, which = np.unique(labels, axis=0, return_inverse=True)
-    return seen, which.reshape(-1)
 
 
 def classes_of(st, Q: np.ndarray, R: np.ndarray, rk) -> Classes:
