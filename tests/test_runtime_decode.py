@@ -237,6 +237,21 @@ def test_boxes_that_cannot_be_proved():
     assert not decoding_margins(dup, Ym[:1], Yr[:1], np.array([0]))[0] > 0
 
 
+def test_repeated_boxes_are_bounded_once_each_with_its_own_target():
+    """Equal boxes are bounded once (a text repeats them): the margins of a stack with
+    repeats equal each box's alone, and one box with two targets gets two margins."""
+    rng = np.random.default_rng(5)
+    vocab = rng.integers(-4, 5, (6, 3)).astype(float)
+    Ym = np.repeat(vocab[:3] + 0.01, 4, axis=0)
+    Yr = np.full(Ym.shape, 0.01)
+    Yr[::5] = 0.3
+    index = np.tile([0, 1, 2, 0], 3)
+    alone = [decoding_margins(vocab, Ym[i:i + 1], Yr[i:i + 1], index[i:i + 1])[0]
+             for i in range(len(Ym))]
+    np.testing.assert_array_equal(decoding_margins(vocab, Ym, Yr, index), alone)
+    assert len(set(alone)) > 3 and alone[0] != alone[1]
+
+
 def test_vocabularies_the_proof_refuses():
     data = ef.CausalDataset.from_text("abcab", {c: np.array([i, 1.0]) for i, c in
                                                enumerate("abc")})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..evaluate.enclosure import rounding, up
+from ..evaluate.twins import distinct
 from ..tools.decode import nearest_rows
 
 CHUNK = 1 << 20  # positions × entries × coordinates per block of the vectorised bound
@@ -37,7 +38,14 @@ def decoding_margins(vocab: np.ndarray, Ym: np.ndarray, Yr: np.ndarray,
     least over the other entries v of (min of the form − its error bounds) / (2·|t − v|):
     where positive, how far every point of the box stays inside the target's decoding region
     (less the rounding); the box is proved to decode to its target exactly there. −inf where
-    there is no target or an entry equals it, nan where the box is nan."""
+    there is no target or an entry equals it, nan where the box is nan. Equal boxes with
+    one target (a text's positions repeat them) are bounded once."""
+    first, inv = distinct(np.column_stack([Ym, Yr, index]))
+    return _distinct_margins(vocab, Ym[first], Yr[first], index[first])[inv]
+
+
+def _distinct_margins(vocab, Ym, Yr, index) -> np.ndarray:
+    """:func:`decoding_margins` of each box, in blocks of :data:`CHUNK` numbers."""
     out = np.full(len(Ym), -np.inf)
     with np.errstate(all="ignore"):
         rest = up(((np.abs(Ym[:, vocab.shape[1]:]) + Yr[:, vocab.shape[1]:]) ** 2)
