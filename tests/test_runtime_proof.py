@@ -717,3 +717,41 @@ def test_the_lens_o_matrix_sums_every_heads_terms_at_once():
     target[1] = exact
     data = ef.Dataset.from_arrays([[x.tolist()]], [[target.tolist()]])
     assert not prove_runtime(model, data, "float32").ok
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), runtime=st.sampled_from(["float32", "tf32"]))
+def test_many_rows_enclosed_once_per_group_equal_on_what_the_layer_reads(seed, runtime):
+    """A residual FF on more than 2^14 rows that repeat their read and written columns but
+    differ elsewhere (signatures), some rows with inf or nan in a column it does not read, or
+    a radius there, and a unit whose output overflows: the boxes are those of every row
+    enclosed on its own, the unknown ones (radius inf) included."""
+    from exactformer.evaluate.twins import TWIN_ROWS
+    from exactformer.verification import runtime_proof
+    from exactformer.verification.formats import get_format
+    from exactformer.verification.runtime_boxes import Weights
+
+    rng = np.random.default_rng(seed)
+    fmt, T, D = get_format(runtime), TWIN_ROWS + 200, 7
+    U = np.zeros((4, D))
+    U[:, :3] = rng.normal(size=(4, 3))
+    W = np.zeros((D, 4))
+    W[3] = rng.normal(size=4)
+    if rng.random() < 0.5:
+        W[3, 0] = 1e30  # a unit's output may overflow: its rows are unknown everywhere
+    w = Weights({"eta": 1.0, "U": U, "b": rng.normal(size=4), "W": W}, fmt)
+    parts = rng.normal(size=(12, 4)) * 3
+    parts[0, :3] = 3e38  # U·x may overflow: these rows are unknown in every column
+    Xm = np.hstack([parts[rng.integers(0, 12, T)], rng.normal(size=(T, D - 4))])
+    Xr = np.zeros((T, D))
+    Xr[rng.integers(0, T, 50), 0] = 1e-3
+    Xr[rng.integers(0, T, 50), 5] = 1e-3
+    Xm[:, 6] = 0.0
+    Xm[rng.integers(0, T, 3), 6] = rng.choice([np.inf, np.nan])  # (a column read from here)
+    with np.errstate(all="ignore"):
+        Ym, Yr = runtime_proof.ff_box(Xm, Xr, w, fmt)
+        Am, Ar = runtime_proof._ff_residual(Xm, Xr, w, fmt)
+    np.testing.assert_array_equal(np.isinf(Yr), np.isinf(Ar))
+    known = np.isfinite(Ar)  # (equal up to float64's rounding of the bounds: BLAS blocking)
+    np.testing.assert_allclose(Ym[known], Am[known], rtol=1e-9, atol=1e-300)
+    np.testing.assert_allclose(Yr[known], Ar[known], rtol=1e-9, atol=0)

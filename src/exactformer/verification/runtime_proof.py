@@ -24,7 +24,7 @@ from ..evaluate.enclosure import TINY, flag_patterns, rounding, sum_error, up, u
 from ..evaluate.enclosure import U as U64
 from ..evaluate.grid import fits_exactly, lowbit
 from ..evaluate.keys import KeyLayer, key_layers, row_keys
-from ..evaluate.twins import distinct
+from ..evaluate.twins import TWIN_ROWS, distinct
 from ..model import FF, Transformer
 from ..numbers import pad_columns
 from .formats import (
@@ -72,6 +72,40 @@ def ff_box(Xm, Xr, w: Weights, fmt: Format):
         # is nan, so even an off unit (relu 0) writes nan into its columns, in every row; no
         # row is x + 0 nor any sum's terms known
         return Xm.copy(), np.full_like(Xr, np.inf)
+    if scalar(w.eta) == 1 and w.eta_r == 0 and len(Xm) >= TWIN_ROWS:
+        return _ff_twins(Xm, Xr, w, fmt)
+    return _ff_residual(Xm, Xr, w, fmt)
+
+
+def _ff_twins(Xm, Xr, w: Weights, fmt: Format):
+    """:func:`ff_box` of a residual layer on many rows, once per group of rows equal on the
+    columns it reads or writes (radii included; every column that is not finite somewhere
+    counts as read): each output there is a function of those columns alone (a column no
+    unit reads adds exact zeros, one no unit writes is x + 0), so a group's first row gives
+    them all; the rows keep their own other columns. After the first attention a keyed
+    model's rows differ by their signatures, which a tagging or separation layer does not
+    read (docs/numerics.md#proofs-for-reduced-precision-runtimes, Cost). Where the first
+    row's other columns changed (a unit's output may be infinite: every column unknown),
+    the group's rows are taken one by one."""
+    used = (w.U != 0).any(axis=0) | (w.U_r != 0).any(axis=0) | (w.W != 0).any(axis=1) | \
+        (w.W_r != 0).any(axis=1) | ~(np.isfinite(Xm) & np.isfinite(Xr)).all(axis=0)
+    first, inv = distinct(np.concatenate([Xm[:, used], Xr[:, used]], axis=1))
+    if used.all() or 2 * len(first) > len(Xm):
+        return _ff_residual(Xm, Xr, w, fmt)
+    Fm, Fr = _ff_residual(Xm[first], Xr[first], w, fmt)
+    Ym, Yr = Xm.copy(), Xr.copy()
+    Ym[:, used], Yr[:, used] = Fm[inv][:, used], Fr[inv][:, used]
+    off = ~used
+    moved = ((Fm[:, off] != Xm[first][:, off]) | (Fr[:, off] != Xr[first][:, off])).any(axis=1)
+    redo = np.flatnonzero(moved[inv])
+    if len(redo):
+        Ym[redo], Yr[redo] = _ff_residual(Xm[redo], Xr[redo], w, fmt)
+    return Ym, Yr
+
+
+def _ff_residual(Xm, Xr, w: Weights, fmt: Format):
+    """:func:`ff_box` on finite weights; a residual layer passes the rows where every unit
+    is certainly off as they are, and encloses the others in blocks of rows."""
     if scalar(w.eta) == 1 and w.eta_r == 0 and len(Xm) > 1:
         maybe = maybe_on(Xm, Xr, w, fmt)
         rows = np.flatnonzero(maybe.any(axis=1))
