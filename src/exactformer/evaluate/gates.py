@@ -18,6 +18,7 @@ key is some σ_k, and the rows of the other classes, are evaluated, densely.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -144,12 +145,14 @@ SMALLEST_NORMAL = Fraction(2) ** -1022
 def _most_frequent(A: np.ndarray) -> np.ndarray | None:
     """Per row of A (≥ 0), its most frequent nonzero value (the smallest of the most
     frequent); None if a row is all zeros."""
-    nz = A != 0
-    if not nz.any(axis=1).all():
-        return None
-    count = np.where(nz, (A[:, :, None] == A[:, None, :]).sum(axis=2), 0)
-    best = np.where(count == count.max(axis=1, keepdims=True), A, np.inf)
-    return np.array([min(row) for row in best.tolist()], dtype=A.dtype)
+    out = []
+    for row in A.tolist():
+        counts = Counter(v for v in row if v != 0)
+        if not counts:
+            return None
+        top = max(counts.values())
+        out.append(min(v for v, n in counts.items() if n == top))
+    return np.array(out, dtype=A.dtype)
 
 
 @dataclass
