@@ -27,16 +27,23 @@ def exp_neg_upper(g) -> np.ndarray:
     nan or negative). e^(−g) ≤ 2^(−y) for any y ≤ g·log2(e), and with k = ⌊y⌋, f = y − k
     (exact): 2^(−y) = 2^(−k)·2^(−f) ≤ 2^(−k)·(1 − f/2), the chord of the convex 2^(−f) on
     [0, 1]. ldexp of a number in [½, 1] by −k ≥ −999 is exact."""
-    g = np.asarray(g, dtype=float)
+    y = np.array(g, dtype=float)
     with np.errstate(all="ignore"):
-        y = np.nextafter(g * LOG2E_LOW, -np.inf)
-        known = y >= 0  # false for nan and for negative g
-        y = np.where(known, y, 0.0)
+        y *= LOG2E_LOW
+        np.nextafter(y, -np.inf, out=y)
+        unknown = ~(y >= 0)  # nan, and negative g
         tiny = y >= FLOOR_EXPONENT  # inf included
-        k = np.floor(np.where(tiny, 0.0, y))
-        m = np.nextafter(1.0 - (y - k) / 2, np.inf)
-        out = np.ldexp(m, -k.astype(np.int64))
-    return np.where(tiny, 2.0 ** -FLOOR_EXPONENT, np.where(known, out, 1.0))
+        rest = ~(unknown | tiny)
+        f = y[rest]  # the chord only where it is needed (sharp heads: few entries)
+        k = np.floor(f)
+        f -= k
+        f /= 2
+        np.subtract(1.0, f, out=f)
+        np.nextafter(f, np.inf, out=f)
+        y[rest] = np.ldexp(f, -k.astype(np.int64))
+    y[tiny] = 2.0 ** -FLOOR_EXPONENT
+    y[unknown] = 1.0
+    return y
 
 
 def tail_weight(S, E, w, tau: float, causal: bool = False
@@ -49,18 +56,25 @@ def tail_weight(S, E, w, tau: float, causal: bool = False
     certificate and W are taken over those (docs/numerics.md#causal-softmax-averages). Rows
     with a score or bound of an allowed key that is not finite are never certified."""
     n = S.shape[-1]
-    allowed = np.tri(n, dtype=bool) if causal else np.ones((n, n), dtype=bool)
+    allowed = np.tri(n, dtype=bool) if causal else np.True_  # the keys each row weighs
     with np.errstate(all="ignore"):
         s_hi, s_lo = upper(S, E), lower(S, E)
         finite = (~allowed | (np.isfinite(s_hi) & np.isfinite(s_lo))).all(axis=-1)
-        best = np.argmax(np.where(allowed & ~np.isnan(S), S, -np.inf), axis=-1)
+        nan = np.isnan(S)
+        if causal or nan.any():
+            S = np.where(allowed & ~nan, S, -np.inf)
+        best = np.argmax(S, axis=-1)
         at = best[..., None]  # the best key's column, per row
-        gap = np.nextafter(np.take_along_axis(s_lo, at, axis=-1) - s_hi, -np.inf)
+        gap = np.subtract(np.take_along_axis(s_lo, at, axis=-1), s_hi, out=s_hi)
+        np.nextafter(gap, -np.inf, out=gap)
         if tau != 1:
-            gap = np.nextafter(gap / tau, -np.inf)
+            np.divide(gap, tau, out=gap)
+            np.nextafter(gap, -np.inf, out=gap)
         np.put_along_axis(gap, at, np.inf, axis=-1)
         certain = finite & (gap > 0).all(axis=-1, where=allowed)
-        terms = np.where(allowed, exp_neg_upper(gap) * w[..., None, :], 0.0)
+        terms = exp_neg_upper(gap)
+        terms *= w[..., None, :]
+        np.copyto(terms, 0.0, where=~allowed)
         np.put_along_axis(terms, at, 0.0, axis=-1)
         W = up(terms.sum(axis=-1) / np.take_along_axis(w, best, axis=-1), 2 * n + 2)
     return best, certain, W
