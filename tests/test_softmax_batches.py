@@ -12,15 +12,16 @@ import pytest
 
 from exactformer.evaluate import attention
 from exactformer.evaluate.arithmetic import Arithmetic, PassStats
+from exactformer.evaluate.causal_radius import causal_head_average
 from exactformer.evaluate.head_radius import score_error
 from exactformer.evaluate.softmax_radius import softmax_box, tail_weight
 from exactformer.evaluate.state import RowState
 
 
-def _state(seed: int, track: bool) -> RowState:
+def _state(seed: int, track: bool, merged: bool = True) -> RowState:
     """Sequences of lengths 1 to 5 (several of each), points on a coarse grid plus noise, some
     rows huge (their scores overflow to inf and nan), radii with zeros and an inf, and
-    multiplicities 1 to 3."""
+    multiplicities 1 to 3 (``merged``; else 1, as in a causal pass)."""
     rng = np.random.default_rng(seed)
     d = int(rng.integers(1, 4))
     lengths = rng.choice([1, 2, 3, 5], size=int(rng.integers(1, 12)))
@@ -36,12 +37,14 @@ def _state(seed: int, track: bool) -> RowState:
         if rng.random() < 0.2:
             rad[0][0, 0] = np.inf
     st = RowState(inputs, Arithmetic("float"), rad)
-    st.cnt = rng.integers(1, 4, len(st.seq))
+    if merged:
+        st.cnt = rng.integers(1, 4, len(st.seq))
     return st
 
 
-def _per_sequence(st: RowState, A, q, tau):
-    """The reference: each sequence alone (B = 1), scores as np.outer and X @ X.T."""
+def _per_sequence(st: RowState, A, q, tau, causal=False):
+    """The reference: each sequence alone (B = 1), scores as np.outer and X @ X.T; ``causal``:
+    row i over the keys l ≤ i, as causal_radius.causal_softmax_box (every row of weight 1)."""
     P, rad, w = st.P, st.rad, st.weights()
     (qa, q_rad), (ka, k_rad) = (attention._dot(st, v, {}) for v in (A.c, A.a))
     C, C_rad = (P, rad) if q is None else attention._dot(st, q, {})
@@ -52,33 +55,40 @@ def _per_sequence(st: RowState, A, q, tau):
         S = np.outer(qa[s:e], ka[s:e])
         if A.alpha != 0:
             S = S + (P[s:e] @ P[s:e].T) * A.alpha
-        Z = S - S.max(axis=1)[:, None]
-        Z = Z / tau if tau != 1 else Z
+        if causal:
+            Sm = np.where(np.tri(e - s, dtype=bool), S, -np.inf)
+            Z = (Sm - Sm.max(axis=1)[:, None]) / tau
+        else:
+            Z = S - S.max(axis=1)[:, None]
+            Z = Z / tau if tau != 1 else Z
         out[s:e] = attention.softmax_average(Z, C[s:e], st.ar, w[s:e][None, :])
         if rad is not None:
             E = score_error(P[s:e], rad[s:e], qa[s:e], q_rad[s:e], ka[s:e], k_rad[s:e],
                             A.alpha)
             out[s:e], out_rad[s:e] = softmax_box(out[s:e], S, E, w[s:e], tau, C[s:e],
-                                                 C_rad[s:e])
+                                                 C_rad[s:e], causal)
     return out, None if rad is None else out_rad
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_batched_softmax_heads_are_bitwise_the_per_sequence_ones(seed, monkeypatch):
     """Midpoints and radii of the tracking pass, and the plain pass's averages, with batches
-    of a few scores each (so one length spans several batches) and of the default size."""
+    of a few scores each (so one length spans several batches) and of the default size;
+    every fourth seed a causal tracking pass (causal_radius.causal_head_average)."""
     rng = np.random.default_rng(10_000 + seed)
+    causal = seed % 4 == 3
     track = bool(seed % 2)
-    st = _state(seed, track)
+    st = _state(seed, track, merged=not causal)
     d = st.P.shape[1]
     A = SimpleNamespace(c=rng.normal(0, 30, d), a=rng.normal(0, 1, d),
                         alpha=float(rng.choice([0.0, 0.125, -2.0, 1.0])))
     q = None if seed % 3 else rng.normal(0, 1, d)
     tau = float(rng.choice([1.0, 0.5, 3.0]))
-    want = _per_sequence(st, A, q, tau)
+    want = _per_sequence(st, A, q, tau, causal)
+    average = causal_head_average if causal else attention.head_average
     for batch in (attention.BATCH, 30):
         monkeypatch.setattr(attention, "BATCH", batch)
-        got = attention.head_average(st, A, q, "softmax", tau, PassStats(), {})
+        got = average(st, A, q, "softmax", tau, PassStats(), {})
         for g, w_ in zip(got, want, strict=True):
             assert (g is None) == (w_ is None)
             if g is not None:
