@@ -50,30 +50,44 @@ def head_average(st: RowState, A, q, attention: str, tau, stats: PassStats, dots
     else:
         C, C_rad = _dot(st, q, dots)
         C, C_rad = C[:, None], None if C_rad is None else C_rad[:, None]
+    if not ar.is_object:
+        if attention == "hardmax":
+            return _float_hardmax(st, qa, q_rad, ka, k_rad, A.alpha, C, C_rad, stats)
+        return _float_softmax(st, qa, q_rad, ka, k_rad, A.alpha, tau, C, C_rad)
     weights = st.weights()  # multiplicities, in the pass's arithmetic
-    if attention == "hardmax" and not ar.is_object:
-        return _float_hardmax(st, qa, q_rad, ka, k_rad, A.alpha, C, C_rad, stats)
     out = np.empty(C.shape, dtype=C.dtype)
-    out_rad = None if st.rad is None else np.empty(C.shape)
     for s, e in st.segments():
         X, w, Cs = P[s:e], weights[s:e], C[s:e]
         if attention == "hardmax":
             out[s:e] = hardmax_rows(X, qa[s:e], ka[s:e], A.alpha, w, stats, Cs)
-            continue
-        if ar.is_object:
+        else:
             out[s:e] = softmax_rows_mp(X, qa[s:e], ka[s:e], A.alpha, w, tau, ar, Cs)
-            continue
-        S = np.outer(qa[s:e], ka[s:e])
-        if A.alpha != 0:
-            S = S + (X @ X.T) * A.alpha
-        Z = S - S.max(axis=1)[:, None]
+    return out, None
+
+
+def _float_softmax(st: RowState, qa, q_rad, ka, k_rad, alpha, tau, C, C_rad):
+    """:func:`head_average`'s softmax average of the carrier C (and its box, in a tracking
+    pass) in a float64 pass, batch by batch of equal-length sequences: each sequence's rows
+    see only its own keys, and every operation acts on one sequence's slice of the batch
+    exactly as on that sequence alone."""
+    P, rad, w = st.P, st.rad, st.weights()
+    out = np.empty(C.shape, dtype=C.dtype)
+    out_rad = None if rad is None else np.empty(C.shape)
+    for rows in _batches(st.segment_index(), 1):
+        X, wb, Cb = P[rows], w[rows], C[rows]
+        S = qa[rows][..., :, None] * ka[rows][..., None, :]
+        if alpha != 0:
+            S = S + (X @ X.swapaxes(-1, -2)) * alpha
+        Z = S - S.max(axis=-1, keepdims=True)
         if tau != 1:
             Z = Z / tau
-        out[s:e] = softmax_average(Z, Cs, ar, w[None, :])
-        if out_rad is not None:
-            E = head_radius.score_error(X, st.rad[s:e], qa[s:e], q_rad[s:e], ka[s:e],
-                                        k_rad[s:e], A.alpha)
-            out[s:e], out_rad[s:e] = softmax_box(out[s:e], S, E, w, tau, Cs, C_rad[s:e])
+        avg = softmax_average(Z, Cb, st.ar, wb[..., None, :])
+        if rad is None:
+            out[rows] = avg
+            continue
+        E = head_radius.score_error(X, rad[rows], qa[rows], q_rad[rows], ka[rows], k_rad[rows],
+                                    alpha)
+        out[rows], out_rad[rows] = softmax_box(avg, S, E, wb, tau, Cb, C_rad[rows])
     return out, out_rad
 
 

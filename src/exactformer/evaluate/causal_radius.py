@@ -18,7 +18,7 @@ import numpy as np
 
 from ..model import SA
 from .arithmetic import FLOAT, Arithmetic
-from .attention import _dot, softmax_average
+from .attention import _batches, _dot, softmax_average
 from .enclosure import lower, upper
 from .head_radius import hull_radius, score_error
 from .softmax_radius import softmax_box
@@ -38,7 +38,8 @@ def tracked(sa: SA, attention: str) -> bool:
 def causal_head_average(st: RowState, A, q, attention: str, tau, stats, dots: dict
                         ) -> tuple[np.ndarray, np.ndarray]:
     """A tracked causal head's averages of its carrier (x·q per row, or the points when q is
-    None) and their radii, sequence by sequence (:func:`causal_rank_one`); the signature of
+    None) and their radii, sequence by sequence (:func:`causal_rank_one`) or, for softmax, batch
+    by batch of equal-length sequences; the signature of
     :func:`.attention.head_average`, whose place it takes in a causal tracking pass; softmax
     heads by :func:`causal_softmax_box`. Ties and margins are not recorded (a causal
     enclosure's statistics never report attention)."""
@@ -48,12 +49,13 @@ def causal_head_average(st: RowState, A, q, attention: str, tau, stats, dots: di
     ka, k_rad = _dot(st, A.a, dots)
     C, C_rad = (st.P, st.rad) if q is None else (v[:, None] for v in _dot(st, q, dots))
     avg, rad = np.empty(C.shape), np.empty(C.shape)
+    if attention == "softmax":
+        for rows in _batches(st.segment_index(), 1):
+            avg[rows], rad[rows] = causal_softmax_box(st.P[rows], st.rad[rows], qa[rows],
+                                                      q_rad[rows], ka[rows], k_rad[rows],
+                                                      A.alpha, tau, C[rows], C_rad[rows])
+        return avg, rad
     for s, e in st.segments():
-        if attention == "softmax":
-            avg[s:e], rad[s:e] = causal_softmax_box(st.P[s:e], st.rad[s:e], qa[s:e],
-                                                    q_rad[s:e], ka[s:e], k_rad[s:e], A.alpha,
-                                                    tau, C[s:e], C_rad[s:e])
-            continue
         avg[s:e], rad[s:e] = causal_rank_one(qa[s:e], q_rad[s:e], ka[s:e], k_rad[s:e],
                                              C[s:e], C_rad[s:e])
     return avg, rad
@@ -62,25 +64,26 @@ def causal_head_average(st: RowState, A, q, attention: str, tau, stats, dots: di
 def causal_softmax_box(X, r, q, q_rad, k, k_rad, alpha, tau, C, C_rad
                        ) -> tuple[np.ndarray, np.ndarray]:
     """One sequence's causal softmax averages of the carrier C (rows X with radii r, queries q
-    = c·x and keys k = a·x with theirs) and their radii: the float averages over each prefix
+    = c·x and keys k = a·x with theirs) and their radii, or a batch's of equal-length
+    sequences (leading axes): the float averages over each prefix
     (:func:`causal_float_softmax`), boxed by :func:`.softmax_radius.softmax_box` over the same
     prefixes, from the float scores and their error bounds. Every row is one token (weight 1:
     a causal pass never merges rows that attention reads)."""
     with np.errstate(all="ignore"):
-        S = np.outer(q, k)
+        S = q[..., :, None] * k[..., None, :]
         if alpha != 0:
-            S = S + (X @ X.T) * alpha
+            S = S + (X @ X.swapaxes(-1, -2)) * alpha
         E = score_error(X, r, q, q_rad, k, k_rad, alpha)
         avg = causal_float_softmax(S, C, tau)
-    return softmax_box(avg, S, E, np.ones(len(S)), tau, C, C_rad, causal=True)
+    return softmax_box(avg, S, E, np.ones(S.shape[:-1]), tau, C, C_rad, causal=True)
 
 
 def causal_float_softmax(S, C, tau, ar: Arithmetic = FLOAT) -> np.ndarray:
     """Row i: the float softmax average of C over the keys l ≤ i of the scores S (n × n, in
-    float64), shifted by the prefix's largest score and divided by τ."""
+    float64; or B × n × n, a batch), shifted by the prefix's largest score and divided by τ."""
     with np.errstate(invalid="ignore", over="ignore"):
-        Sm = np.where(np.tri(len(S), dtype=bool), S, -np.inf)
-        return softmax_average((Sm - Sm.max(axis=1)[:, None]) / float(tau), C, ar)
+        Sm = np.where(np.tri(S.shape[-1], dtype=bool), S, -np.inf)
+        return softmax_average((Sm - Sm.max(axis=-1, keepdims=True)) / float(tau), C, ar)
 
 
 def causal_rank_one(q, q_rad, k, k_rad, C, C_rad) -> tuple[np.ndarray, np.ndarray]:
