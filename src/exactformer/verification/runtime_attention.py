@@ -374,6 +374,13 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     spread = pos_up(spread, D + 4)
     rnd = pos_up(rnd, 4) + (2 * D + 10) * fmt.tiny * max(1.0, abs(alpha)) + \
         rounding(size, D + 2)
+    if alpha != 0 or alpha_r != 0:  # ρ/η, TL: q_j = α·x_ij, where below the normals, may
+        # lose a smallest normal number, which q·k multiplies by the key's x_lj
+        lo_x = np.maximum(np.abs(Xm) - Xr, 0.0)
+        under = ((Xm != 0) | (Xr > 0)) & ~(max(abs(alpha) - alpha_r, 0.0) * lo_x >= 2 * fmt.tiny)
+        with np.errstate(over="ignore", invalid="ignore"):
+            lost = under.astype(float) @ np.swapaxes(aX, 1, 2)
+        rnd = rnd + pos_up(2 * fmt.tiny * np.where(np.isnan(lost), np.inf, lost), D + 2)
     whole = size  # the sum's terms, before 1/τ scales the sum: they must fit, not overflow
     exact &= fits_exactly(whole, q, fmt.bits, fmt.tiny)
     stored_bad = False
