@@ -129,3 +129,22 @@ def matmul_input_error(fmt: Format) -> float:
         return 0.0
     t = 2.0 ** (1 - fmt.matmul_bits)
     return (2 * t + t * t) * (1 + 2.0 ** -40)
+
+
+def chained_cut_error(fmt: Format, cuts: int, theta_: float = 0.0) -> float:
+    """(1 + θ)·(1 + t)^cuts − 1, rounded up, t = 2^(1 − bits): the relative error of a term
+    whose factors pass through ``cuts`` TF32 cuts in a chain (a cut value multiplied and cut
+    again) and float32 roundings worth θ; 0 cuts without TF32. Two cuts are
+    :func:`matmul_input_error`'s 2t + t²."""
+    t = 0.0 if fmt.matmul_bits is None else 2.0 ** (1 - fmt.matmul_bits)
+    grow = math.expm1(cuts * math.log1p(t) + math.log1p(theta_))
+    return grow * (1 + 2.0 ** -40) + 2.0 ** -1000
+
+
+def alpha_cuts(alpha: float, alpha_r: float) -> int:
+    """TF32 cuts on the path of a score's term α·x_ij·x_lj. The torch module cuts x_i and x_l
+    (α·(x·xᵀ) scales a product); the ρ/η and TransformerLens layouts compute q_j = α·x_ij as
+    a product (W_q = [α·I; cᵀ]) and cut it again in q·k: cut(cut(α)·cut(x_ij))·cut(x_lj),
+    four cuts, of which only the two of x survive where α is a power of two (α·cut(x_ij) then
+    keeps 11 bits). docs/numerics.md#proofs-for-reduced-precision-runtimes."""
+    return 2 if alpha_r == 0 and (alpha == 0 or lowbit(alpha) == abs(alpha)) else 4

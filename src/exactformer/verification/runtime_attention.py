@@ -13,7 +13,16 @@ import numpy as np
 from ..evaluate.enclosure import lower, rounding, sum_error, up, upper
 from ..evaluate.grid import fits_exactly, lowbit
 from ..model import Transformer
-from .formats import ACC, Format, conversions, fits, matmul_input_error, theta
+from .formats import (
+    ACC,
+    Format,
+    alpha_cuts,
+    chained_cut_error,
+    conversions,
+    fits,
+    matmul_input_error,
+    theta,
+)
 from .runtime_boxes import (
     Weights,
     high,
@@ -25,8 +34,7 @@ from .runtime_boxes import (
     scalar,
     unknown_if_overflow,
 )
-
-BATCH_CELLS = 2 ** 21  # terms (B·n·n·D) of the exactness test handled at once
+from .runtime_quanta import key_bits, min_products, term_bits
 
 
 # ------------------------------------------------------------------------------ attention
@@ -178,7 +186,9 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
             ~((w.V != 0) | (w.V_r != 0)).any(axis=1)
     spread = pos_up(spread, 2 * D + 8)
     M = pos_up(M, 2 * D + 8)
-    rnd = (theta(k, k, fmt) + 2 * matmul_input_error(fmt)) * M + 4 * k * fmt.tiny * amp + \
+    # a term passes through at most four TF32 cuts (π, x, y and q; π, V, x and V·x), each
+    # by less than 2^-10: (1 + t)^4, which 2·(2t + t²) falls 4t² + 4t³ + t⁴ short of
+    rnd = chained_cut_error(fmt, 4, theta(k, k, fmt)) * M + 4 * k * fmt.tiny * amp + \
         rounding(M, k)
     exact = exact & fits_exactly(M, q, fmt.bits, fmt.tiny)
     f64 = np.where(spread > 0, rounding(M, k), 0.0)
@@ -325,6 +335,7 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     spread = np.abs(Pm)[:, :, None] * Qr[:, None, :] + Pr[:, :, None] * aQ[:, None, :]
     size = aP[:, :, None] * aQ[:, None, :]
     alpha, alpha_r = scalar(w.alpha), float(w.alpha_r)
+    size_pq, size_a = size, 0.0  # the two parts: TF32 may cut the α terms twice more
     aX = np.abs(Xm) + Xr
     qX = quantum(Xm, Xr, fmt).min(axis=2)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -338,7 +349,8 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
         mid = mid + alpha * G
         spread = spread + abs(alpha) * (Xr @ np.abs(XT) + aX @ np.swapaxes(Xr, 1, 2)) + \
             alpha_r * SG
-        size = size + (abs(alpha) + alpha_r) * SG
+        size_a = (abs(alpha) + alpha_r) * SG
+        size = size + size_a
         # the torch module's ⟨x_i, x_l⟩ before α scales it and α·⟨x_i, x_l⟩ stored, the other
         # layouts' α·x_i (times the query scale, at most 4, of TransformerLens's softmax)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -355,10 +367,20 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
         cutq = fits(Qm, fmt.matmul_bits) & (Qr == 0) & \
             (fits(Xm, fmt.matmul_bits) & (Xr == 0)).all(axis=2)
         exact &= cut[:, :, None] & cutq[:, None, :]
+    th, cuts = theta(D + 4, 4, fmt), alpha_cuts(alpha, alpha_r)
+    rnd = (th + matmul_input_error(fmt)) * pos_up(size_pq, D + 4) + \
+        chained_cut_error(fmt, cuts, th) * pos_up(size_a, D + 4)
     size = pos_up(size, D + 4)
     spread = pos_up(spread, D + 4)
-    rnd = (theta(D + 4, 4, fmt) + matmul_input_error(fmt)) * size + \
-        (2 * D + 10) * fmt.tiny * max(1.0, abs(alpha)) + rounding(size, D + 2)
+    rnd = pos_up(rnd, 4) + (2 * D + 10) * fmt.tiny * max(1.0, abs(alpha)) + \
+        rounding(size, D + 2)
+    if alpha != 0 or alpha_r != 0:  # ρ/η, TL: q_j = α·x_ij, where below the normals, may
+        # lose a smallest normal number, which q·k multiplies by the key's x_lj
+        lo_x = np.maximum(np.abs(Xm) - Xr, 0.0)
+        under = ((Xm != 0) | (Xr > 0)) & ~(max(abs(alpha) - alpha_r, 0.0) * lo_x >= 2 * fmt.tiny)
+        with np.errstate(over="ignore", invalid="ignore"):
+            lost = under.astype(float) @ np.swapaxes(aX, 1, 2)
+        rnd = rnd + pos_up(2 * fmt.tiny * np.where(np.isnan(lost), np.inf, lost), D + 2)
     whole = size  # the sum's terms, before 1/τ scales the sum: they must fit, not overflow
     exact &= fits_exactly(whole, q, fmt.bits, fmt.tiny)
     stored_bad = False
@@ -526,41 +548,3 @@ def _mix_quanta(Pm, Pr, Xm, Xr, fmt: Format) -> np.ndarray:
     the keys whose weight may be nonzero (:func:`quantum`; 0 where a weight is uncertain or,
     in TF32, may be cut)."""
     return min_products(*term_bits(Pm, Pr, Xm, Xr, fmt))
-
-
-def term_bits(Pm, Pr, Xm, Xr, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
-    """Lower bounds on the lowest bits of the weights (B×n×n: inf where the weight is
-    certainly 0, 0 where it is uncertain or TF32 may cut it) and of the keys (B×n×D)."""
-    lbP = np.where((Pm != 0) | (Pr > 0), quantum(Pm, Pr, fmt), np.inf)
-    lbP = np.where(Pr > 0, 0.0, lbP)
-    if fmt.matmul_bits is not None:
-        lbP = np.where(fits(Pm, fmt.matmul_bits) & (Pr == 0), lbP, 0.0)
-    return lbP, key_bits(Xm, Xr, fmt)
-
-
-def key_bits(Xm, Xr, fmt: Format) -> np.ndarray:
-    """Lower bounds on the lowest bits of the keys (B×n×D): 0 where TF32 may cut one."""
-    lbX = quantum(Xm, Xr, fmt)
-    if fmt.matmul_bits is not None:
-        lbX = np.where(fits(Xm, fmt.matmul_bits) & (Xr == 0), lbX, 0.0)
-    return lbX
-
-
-def min_products(lbP, lbX) -> np.ndarray:
-    """min over keys l of lbP[b, i, l]·lbX[b, l, j] (a nan product, 0·inf, counts as inf).
-    A 0 weight bit against a finite key bit makes it 0, and a coordinate no key has a finite
-    bit in makes it inf: both are found for all rows at once, and the min over keys runs
-    only on rows with some other coordinate."""
-    B, n, D = lbX.shape
-    zero = ((lbP == 0).astype(float) @ np.isfinite(lbX).astype(float)) > 0
-    empty = ~np.isfinite(lbX).any(axis=1, keepdims=True)
-    q = np.where(empty, np.inf, np.zeros((B, n, D)))
-    rows = np.flatnonzero(~(zero | empty).all(axis=2).reshape(-1))
-    lbP = lbP.reshape(B * n, n)[rows]
-    step = max(1, BATCH_CELLS // max(1, n * D))
-    with np.errstate(over="ignore", invalid="ignore"):
-        for s in range(0, len(rows), step):
-            prod = lbP[s:s + step, :, None] * lbX[rows[s:s + step] // n]
-            q.reshape(B * n, D)[rows[s:s + step]] = np.where(np.isnan(prod), np.inf,
-                                                              prod).min(axis=1)
-    return q
