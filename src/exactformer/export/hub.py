@@ -205,14 +205,17 @@ def model_card(model: Transformer, data=None, report=None, proofs=None, module=N
     lines = ["---", "library_name: exactformer", f"license: {LICENCE.lower()}",
              "tags: [exactformer, exact-interpolation]", "---", "",
              f"# An exact {kind} transformer compiled by exactformer {__version__}", "",
-             "Weights constructed, not trained, so that the model maps every input sequence of "
-             "its dataset to its target, following the construction of "
+             "Weights constructed, not trained, "
+             f"{'so that the model maps' if _proved(report) else 'aiming to map'} every input "
+             "sequence of its dataset to its target, following the construction of "
              f"{PAPER}. The numbers below were produced by exactformer {__version__} when "
-             "this folder was written.", "",
-             "**Outside its data the model means nothing.** It reproduces its dataset and "
-             "nothing else: on any input that is not one of its input sequences (a causal "
-             "model: a prefix of one) its output is arbitrary. Nothing was fitted, and nothing "
-             "generalises.", "", "## Model", "", *_markdown(model_summary(model)), ""]
+             "this folder was written.", "", *_unproved(report),
+             "**Outside its data the model means nothing.** "
+             f"{'It reproduces its dataset and nothing else: ' if _proved(report) else ''}"
+             f"{'o' if _proved(report) else 'O'}n any input that is not one of its input "
+             "sequences (a causal model: a prefix of one) its output is arbitrary. Nothing was "
+             "fitted, and nothing generalises.", "", "## Model", "",
+             *_markdown(model_summary(model)), ""]
     lines += _data_lines(model, data) + _verdict_lines(model, report)
     saved = None if module is None else _saved_run(module, data)
     lines += _float32_lines(model, data) + _saved_lines(saved) + _runtime_lines(proofs)
@@ -227,6 +230,21 @@ def model_card(model: Transformer, data=None, report=None, proofs=None, module=N
               "  journal = {arXiv preprint arXiv:2502.02270},", "  year    = {2025}", "}",
               "```", ""]
     return "\n".join(lines)
+
+
+def _proved(report) -> bool:
+    """Whether the card may say that the model reproduces its dataset: only with a report that
+    verify passed (a model edited after it was built, verified FAILED, was still said to)."""
+    return report is not None and bool(report.ok)
+
+
+def _unproved(report) -> list[str]:
+    """The card's warning, under its first paragraph, when verify did not pass the model."""
+    if _proved(report):
+        return []
+    why = "was not run" if report is None else f"says **{report.verdict()}**"
+    return [f"**Not proved to reproduce its dataset:** `verify` {why} (see What was proved "
+            "below).", ""]
 
 
 def _markdown(rows: list[tuple[str, str]]) -> list[str]:
