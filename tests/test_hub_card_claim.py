@@ -76,3 +76,17 @@ def test_the_card_says_reproduces_only_under_a_passing_report(tmp_path):
     et.to_torch(model).save_pretrained(none)
     card = (none / "README.md").read_text()
     assert CLAIM not in card and "`verify` was not run" in card
+
+
+def test_a_report_on_other_data_is_refused(tmp_path):
+    """The card shows the report's verdict under the sha256 of the data given: a PROVED EXACT
+    on the demo data written with other data (which the model misses by 3.3e8 × their scale)
+    claimed those data proved, and that the model reproduces them."""
+    demo, other = builtin.demo(), builtin.shared_pool(6, 3, 5, 3, 2, seed=1)
+    model = ef.compile(demo)
+    report = ef.verify(model, demo)
+    assert report.verdict() == "PROVED EXACT"
+    assert float64_error(model, other) > 1.0
+    with pytest.raises(ValueError, match="report was made on data"):
+        et.to_torch(model).save_pretrained(tmp_path / "mixed", data=other, report=report)
+    assert not (tmp_path / "mixed").exists()

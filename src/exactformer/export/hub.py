@@ -46,6 +46,7 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
     describes ``data`` and shows ``report`` (say ``exactformer.verify(module.model, data)``)
     when given."""
     folder = Path(folder)
+    _check_report_data(data, report)
     dtype = next(module.parameters()).dtype
     config = {"format": FORMAT, "dtype": str(dtype).removeprefix("torch."), **module.config()}
     tensors = native_tensors(module.model, torch.float64)  # the stored model, read back
@@ -70,6 +71,19 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
             stack.enter_context(atomic_path(folder / name)).write_text(text)
     if CIRCUIT_FILE not in texts:  # an earlier folder's circuit would describe other weights
         (folder / CIRCUIT_FILE).unlink(missing_ok=True)
+
+
+def _check_report_data(data, report) -> None:
+    """ValueError unless ``report`` was made on ``data`` (when both are given): the card shows
+    the report's verdict under ``data``'s sha256, so a PROVED EXACT on the demo data written
+    with other data (which the model misses by 3.3e8 × their scale) claimed them proved."""
+    if data is None or report is None:
+        return
+    checked = getattr(report, "data", {}).get("sha256")
+    if checked != data.sha256():
+        raise ValueError(f"the report was made on data with sha256 {str(checked)[:12]}…, not "
+                         f"on the data given (sha256 {data.sha256()[:12]}…): verify the model "
+                         "on these data for their card")
 
 
 PROVED_FOR = "runtime_proofs_for"  # config field: the weights and data the proofs were made on
