@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 import exactformer as ef  # noqa: E402
@@ -90,3 +90,22 @@ def test_a_report_on_other_data_is_refused(tmp_path):
     with pytest.raises(ValueError, match="report was made on data"):
         et.to_torch(model).save_pretrained(tmp_path / "mixed", data=other, report=report)
     assert not (tmp_path / "mixed").exists()
+
+
+def test_a_report_on_another_model_is_refused(tmp_path):
+    """The demo model's PROVED EXACT report written beside the same model with its last FF
+    bias edited (which misses pair 6 by 64, 10.7 × scale) gave the edited model's card PROVED
+    EXACT and 'It reproduces its dataset'."""
+    data = builtin.demo()
+    model = ef.compile(data)
+    report = ef.verify(model, data)
+    last = model.blocks[-1]
+    b = last.ff.b.copy()
+    b[0] += 1
+    edited = replace(model, blocks=[*model.blocks[:-1], replace(last, ff=replace(last.ff, b=b))])
+    assert float64_error(edited, data) > 1.0
+    with pytest.raises(ValueError, match="another model"):
+        et.to_torch(edited).save_pretrained(tmp_path / "mixed", data=data, report=report)
+    assert not (tmp_path / "mixed").exists()
+    et.to_torch(model, torch.float32).save_pretrained(tmp_path / "f32", data=data,
+                                                      report=report)  # the same model passes

@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from .. import __version__
 from ..circuit.document import CIRCUIT_FILE, circuit_text, wanted
+from ..conditioning import conditioning
 from ..data import CausalDataset
 from ..model import Transformer
 from ..modelio import ModelFormatError, atomic_path, load_model, model_to_dict
@@ -47,6 +48,7 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
     when given."""
     folder = Path(folder)
     _check_report_data(data, report)
+    _check_report_model(module.model, report)
     dtype = next(module.parameters()).dtype
     config = {"format": FORMAT, "dtype": str(dtype).removeprefix("torch."), **module.config()}
     tensors = native_tensors(module.model, torch.float64)  # the stored model, read back
@@ -84,6 +86,23 @@ def _check_report_data(data, report) -> None:
         raise ValueError(f"the report was made on data with sha256 {str(checked)[:12]}…, not "
                          f"on the data given (sha256 {data.sha256()[:12]}…): verify the model "
                          "on these data for their card")
+
+
+def _check_report_model(model: Transformer, report) -> None:
+    """ValueError when ``report`` describes another model: its size and conditioning numbers
+    (parameter count, largest |θ|, ‖θ‖², largest unit slope) differ from ``model``'s. The demo
+    model's report written beside the same model with one bias edited (which misses pair 6 by
+    64) gave that model's card PROVED EXACT. (Equal numbers do not prove the same model.)"""
+    if report is None:
+        return
+    cond = conditioning(model)
+    mine = (model.n_blocks, cond.max_abs, cond.norm_sq, cond.max_slope)
+    theirs = (getattr(report, "blocks", model.n_blocks), report.max_abs_param,
+              report.param_norm_sq, report.max_unit_slope)
+    if mine != theirs:
+        raise ValueError("the report was made on another model (its blocks, largest |θ|, ‖θ‖² "
+                         f"or largest unit slope {theirs} differ from this module's {mine}): "
+                         "verify this module's model for its card")
 
 
 PROVED_FOR = "runtime_proofs_for"  # config field: the weights and data the proofs were made on
