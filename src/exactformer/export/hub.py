@@ -47,6 +47,7 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
     describes ``data`` and shows ``report`` (say ``exactformer.verify(module.model, data)``)
     when given."""
     folder = Path(folder)
+    refuse_other_export(folder, hub=True)
     _check_report_data(data, report)
     _check_report_model(module.model, report)
     dtype = next(module.parameters()).dtype
@@ -73,6 +74,25 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
             stack.enter_context(atomic_path(folder / name)).write_text(text)
     if CIRCUIT_FILE not in texts:  # an earlier folder's circuit would describe other weights
         (folder / CIRCUIT_FILE).unlink(missing_ok=True)
+
+
+def refuse_other_export(folder: Path, hub: bool) -> None:
+    """FolderError when ``folder`` holds the other kind of export (a Hub folder, whose card and
+    model.json a TransformerLens export would leave beside its own weights, or a TransformerLens
+    folder, whose runtime_proofs.json a Hub folder would leave): exporting the paper's demo
+    model to TransformerLens into the keyed model's Hub folder left a card saying "PROVED
+    FAITHFUL IN float32" beside weights that miss the data by 1.9e-4 × scale in float32."""
+    try:
+        doc = json.loads((folder / CONFIG).read_text())
+    except (OSError, ValueError):
+        doc = None
+    is_hub = isinstance(doc, dict) and doc.get("format") == FORMAT
+    is_lens = (folder / "lens_helpers.py").is_file() or \
+        (isinstance(doc, dict) and not is_hub and "n_layers" in doc)
+    if (is_lens if hub else is_hub):
+        other = "a TransformerLens export" if hub else "a Hub folder (save_pretrained)"
+        raise FolderError(f"{folder} holds {other}, whose files describe other weights: write "
+                          "this export to another folder")
 
 
 def _check_report_data(data, report) -> None:
