@@ -46,3 +46,22 @@ def test_exports_refuse_each_others_folders(tmp_path, capsys):
     assert snapshot(lens) == before
     et.save_lens(paper, lens, "float32")  # the same kind may be rewritten (and cleans up)
     assert not (lens / "runtime_proofs.json").exists()
+
+
+def test_a_native_export_refuses_an_export_folders_weights(tmp_path, capsys):
+    """`exactformer export paper.json -o HUB/model.safetensors --dtype float32` replaced the
+    Hub folder's weights under its card (PROVED FAITHFUL IN float32 for the keyed model's),
+    and the same into a TransformerLens folder under its runtime_proofs.json."""
+    data = builtin.demo()
+    keyed, paper = ef.compile(data), ef.compile(data, construction="paper")
+    assert relative_error(paper, data) > 1e-5
+    ef.save_model(paper, tmp_path / "paper.json")
+    hub, lens = tmp_path / "hub", tmp_path / "lens"
+    et.to_torch(keyed).save_pretrained(hub, data=data, report=ef.verify(keyed, data))
+    et.save_lens(keyed, lens, "float32", data=data)
+    for folder in (hub, lens):
+        before = snapshot(folder)
+        status = cli.main(["export", str(tmp_path / "paper.json"), "-o",
+                           str(folder / "model.safetensors"), "--dtype", "float32"])
+        assert status == 2 and "weights file of an export folder" in capsys.readouterr().err
+        assert snapshot(folder) == before
