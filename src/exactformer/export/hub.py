@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from .. import __version__
 from ..circuit.document import CIRCUIT_FILE, circuit_text, wanted
+from ..conditioning import conditioning
 from ..data import CausalDataset
 from ..model import Transformer
 from ..modelio import ModelFormatError, atomic_path, load_model, model_to_dict
@@ -46,6 +47,9 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
     describes ``data`` and shows ``report`` (say ``exactformer.verify(module.model, data)``)
     when given."""
     folder = Path(folder)
+    refuse_other_export(folder, hub=True)
+    _check_report_data(data, report)
+    _check_report_model(module.model, report)
     dtype = next(module.parameters()).dtype
     config = {"format": FORMAT, "dtype": str(dtype).removeprefix("torch."), **module.config()}
     tensors = native_tensors(module.model, torch.float64)  # the stored model, read back
@@ -70,6 +74,55 @@ def write_pretrained(module, folder: str | Path, data=None, report=None) -> None
             stack.enter_context(atomic_path(folder / name)).write_text(text)
     if CIRCUIT_FILE not in texts:  # an earlier folder's circuit would describe other weights
         (folder / CIRCUIT_FILE).unlink(missing_ok=True)
+
+
+def refuse_other_export(folder: Path, hub: bool) -> None:
+    """FolderError when ``folder`` holds the other kind of export (a Hub folder, whose card and
+    model.json a TransformerLens export would leave beside its own weights, or a TransformerLens
+    folder, whose runtime_proofs.json a Hub folder would leave): exporting the paper's demo
+    model to TransformerLens into the keyed model's Hub folder left a card saying "PROVED
+    FAITHFUL IN float32" beside weights that miss the data by 1.9e-4 × scale in float32."""
+    try:
+        doc = json.loads((folder / CONFIG).read_text())
+    except (OSError, ValueError):
+        doc = None
+    is_hub = isinstance(doc, dict) and doc.get("format") == FORMAT
+    is_lens = (folder / "lens_helpers.py").is_file() or \
+        (isinstance(doc, dict) and not is_hub and "n_layers" in doc)
+    if (is_lens if hub else is_hub):
+        other = "a TransformerLens export" if hub else "a Hub folder (save_pretrained)"
+        raise FolderError(f"{folder} holds {other}, whose files describe other weights: write "
+                          "this export to another folder")
+
+
+def _check_report_data(data, report) -> None:
+    """ValueError unless ``report`` was made on ``data`` (when both are given): the card shows
+    the report's verdict under ``data``'s sha256, so a PROVED EXACT on the demo data written
+    with other data (which the model misses by 3.3e8 × their scale) claimed them proved."""
+    if data is None or report is None:
+        return
+    checked = getattr(report, "data", {}).get("sha256")
+    if checked != data.sha256():
+        raise ValueError(f"the report was made on data with sha256 {str(checked)[:12]}…, not "
+                         f"on the data given (sha256 {data.sha256()[:12]}…): verify the model "
+                         "on these data for their card")
+
+
+def _check_report_model(model: Transformer, report) -> None:
+    """ValueError when ``report`` describes another model: its size and conditioning numbers
+    (parameter count, largest |θ|, ‖θ‖², largest unit slope) differ from ``model``'s. The demo
+    model's report written beside the same model with one bias edited (which misses pair 6 by
+    64) gave that model's card PROVED EXACT. (Equal numbers do not prove the same model.)"""
+    if report is None:
+        return
+    cond = conditioning(model)
+    mine = (model.n_blocks, cond.max_abs, cond.norm_sq, cond.max_slope)
+    theirs = (getattr(report, "blocks", model.n_blocks), report.max_abs_param,
+              report.param_norm_sq, report.max_unit_slope)
+    if mine != theirs:
+        raise ValueError("the report was made on another model (its blocks, largest |θ|, ‖θ‖² "
+                         f"or largest unit slope {theirs} differ from this module's {mine}): "
+                         "verify this module's model for its card")
 
 
 PROVED_FOR = "runtime_proofs_for"  # config field: the weights and data the proofs were made on
@@ -205,14 +258,17 @@ def model_card(model: Transformer, data=None, report=None, proofs=None, module=N
     lines = ["---", "library_name: exactformer", f"license: {LICENCE.lower()}",
              "tags: [exactformer, exact-interpolation]", "---", "",
              f"# An exact {kind} transformer compiled by exactformer {__version__}", "",
-             "Weights constructed, not trained, so that the model maps every input sequence of "
-             "its dataset to its target, following the construction of "
+             "Weights constructed, not trained, "
+             f"{'so that the model maps' if _proved(report) else 'aiming to map'} every input "
+             "sequence of its dataset to its target, following the construction of "
              f"{PAPER}. The numbers below were produced by exactformer {__version__} when "
-             "this folder was written.", "",
-             "**Outside its data the model means nothing.** It reproduces its dataset and "
-             "nothing else: on any input that is not one of its input sequences (a causal "
-             "model: a prefix of one) its output is arbitrary. Nothing was fitted, and nothing "
-             "generalises.", "", "## Model", "", *_markdown(model_summary(model)), ""]
+             "this folder was written.", "", *_unproved(report),
+             "**Outside its data the model means nothing.** "
+             f"{'It reproduces its dataset and nothing else: ' if _proved(report) else ''}"
+             f"{'o' if _proved(report) else 'O'}n any input that is not one of its input "
+             "sequences (a causal model: a prefix of one) its output is arbitrary. Nothing was "
+             "fitted, and nothing generalises.", "", "## Model", "",
+             *_markdown(model_summary(model)), ""]
     lines += _data_lines(model, data) + _verdict_lines(model, report)
     saved = None if module is None else _saved_run(module, data)
     lines += _float32_lines(model, data) + _saved_lines(saved) + _runtime_lines(proofs)
@@ -227,6 +283,21 @@ def model_card(model: Transformer, data=None, report=None, proofs=None, module=N
               "  journal = {arXiv preprint arXiv:2502.02270},", "  year    = {2025}", "}",
               "```", ""]
     return "\n".join(lines)
+
+
+def _proved(report) -> bool:
+    """Whether the card may say that the model reproduces its dataset: only with a report that
+    verify passed (a model edited after it was built, verified FAILED, was still said to)."""
+    return report is not None and bool(report.ok)
+
+
+def _unproved(report) -> list[str]:
+    """The card's warning, under its first paragraph, when verify did not pass the model."""
+    if _proved(report):
+        return []
+    why = "was not run" if report is None else f"says **{report.verdict()}**"
+    return [f"**Not proved to reproduce its dataset:** `verify` {why} (see What was proved "
+            "below).", ""]
 
 
 def _markdown(rows: list[tuple[str, str]]) -> list[str]:

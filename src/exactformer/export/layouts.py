@@ -37,7 +37,7 @@ from torch import nn
 from ..model import Transformer
 from ..modelio import atomic_path
 from ..numbers import normal_positive
-from .hub import FolderError, read_config, read_tensors
+from .hub import CONFIG, WEIGHTS, FolderError, read_config, read_tensors
 from .modules import NativeTransformer, RhoEtaTransformer
 from .native import FORMAT, native_model, native_tensors, round_model
 from .rho_eta import to_rho_eta
@@ -80,6 +80,12 @@ def save_torch(module: nn.Module, path: str | Path) -> None:
 
     A native module writes its model's parameters (:func:`native_tensors`) in the module's
     dtype, not its evaluation form; a ρ/η module writes its state dict."""
+    path = Path(path)
+    if path.name == WEIGHTS and (path.parent / CONFIG).is_file():
+        # a Hub or TransformerLens folder's weights: its card, model.json or
+        # runtime_proofs.json would go on describing the weights replaced here
+        raise FolderError(f"{path} is the weights file of an export folder ({path.parent / CONFIG}"
+                          "), whose other files describe those weights: write elsewhere")
     dtype = _dtype(module)
     config = {"format": FORMAT, "dtype": str(dtype).removeprefix("torch."), **module.config()}
     if isinstance(module, NativeTransformer):

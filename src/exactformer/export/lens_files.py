@@ -27,7 +27,7 @@ from ..tables import format_table
 from ..verification.runtime_verdict import RUN_TOLERANCE
 from . import lens_helpers
 from .float32 import output_error
-from .hub import FolderError, read_config, read_tensors
+from .hub import FolderError, read_config, read_tensors, refuse_other_export
 from .lens_helpers import pad_batch
 from .native import floats
 from .transformer_lens import EXP_UNDERFLOW, lens_config, lens_state_dict
@@ -51,6 +51,7 @@ def save_lens(model: Transformer, folder: str | Path, dtype: str = "float64",
     Files of an earlier export that these weights do not back are removed."""
     from safetensors.torch import save_file
 
+    refuse_other_export(Path(folder), hub=False)
     config = lens_config(model, dtype, n_ctx)
     state = lens_state_dict(model, dtype, n_ctx)
     circuit = circuit_text(model, data) if wanted(model, data, circuit) else None
