@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import sys
 import warnings
 from fractions import Fraction
 
@@ -197,3 +198,14 @@ def conflict_data(seed: int = 0, n: int = 14, length: int = 6, d: int = 4) -> ef
         [[pool[t] for t in s] for s in seqs],
         [[by_prefix.setdefault(tuple(s[: i + 1]), rng.choice(outs)) for i in range(len(s))]
          for s in seqs])
+
+
+def folder_bridge(folder):
+    """(the TransformerLens bridge of an exported folder, the folder's own copy of
+    lens_helpers that loaded it: imported from the folder, not from exactformer)."""
+    sys.path.insert(0, str(folder / "transformer_lens"))
+    try:
+        import lens_helpers
+    finally:
+        sys.path.remove(str(folder / "transformer_lens"))
+    return lens_helpers.load_bridge(folder / "transformer_lens"), lens_helpers

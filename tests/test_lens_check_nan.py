@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sys
 
 import pytest
 
 pytest.importorskip("transformer_lens")
 torch = pytest.importorskip("torch")
+from conftest import folder_bridge  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from exactformer.export import lens_check, zoo  # noqa: E402
@@ -55,12 +55,7 @@ def test_check_fails_a_folder_whose_later_pairs_give_nan(tmp_path):
     _tamper_weights(folder)
     _no_exclusive_units(folder)
     # independently of check.py: the folder's own loader, every pair run alone
-    sys.path.insert(0, str(folder / "transformer_lens"))
-    try:
-        import lens_helpers
-    finally:
-        sys.path.remove(str(folder / "transformer_lens"))
-    bridge = lens_helpers.load_bridge(folder / "transformer_lens")
+    bridge, lens_helpers = folder_bridge(folder)
     data = json.loads((folder / "data.json").read_text())
     finite = []
     for seq in data["inputs"]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from fractions import Fraction
 
 import numpy as np
@@ -16,6 +15,8 @@ import pytest
 
 pytest.importorskip("transformer_lens")
 torch = pytest.importorskip("torch")
+
+from conftest import folder_bridge  # noqa: E402
 
 from exactformer.data import Dataset, builtin  # noqa: E402
 from exactformer.export import lens_check, zoo  # noqa: E402
@@ -31,12 +32,7 @@ def _tiny() -> Dataset:
 
 def _relative_error(folder) -> float:
     """Hausdorff error of the folder's bridge on its data.json over that data's scale."""
-    sys.path.insert(0, str(folder / "transformer_lens"))
-    try:
-        import lens_helpers
-    finally:
-        sys.path.remove(str(folder / "transformer_lens"))
-    bridge = lens_helpers.load_bridge(folder / "transformer_lens")
+    bridge, lens_helpers = folder_bridge(folder)
     data = json.loads((folder / "data.json").read_text())
     rows = [[[float(Fraction(v)) for v in r] for r in s] for s in data["inputs"]]
     ys = [np.array([[float(Fraction(v)) for v in r] for r in s]) for s in data["targets"]]
