@@ -374,13 +374,8 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     spread = pos_up(spread, D + 4)
     rnd = pos_up(rnd, 4) + (2 * D + 10) * fmt.tiny * max(1.0, abs(alpha)) + \
         rounding(size, D + 2)
-    if alpha != 0 or alpha_r != 0:  # ρ/η, TL: q_j = α·x_ij, where below the normals, may
-        # lose a smallest normal number, which q·k multiplies by the key's x_lj
-        lo_x = np.maximum(np.abs(Xm) - Xr, 0.0)
-        under = ((Xm != 0) | (Xr > 0)) & ~(max(abs(alpha) - alpha_r, 0.0) * lo_x >= 2 * fmt.tiny)
-        with np.errstate(over="ignore", invalid="ignore"):
-            lost = under.astype(float) @ np.swapaxes(aX, 1, 2)
-        rnd = rnd + pos_up(2 * fmt.tiny * np.where(np.isnan(lost), np.inf, lost), D + 2)
+    if alpha != 0 or alpha_r != 0:
+        rnd = rnd + _query_underflow(Xm, Xr, aX, alpha, alpha_r, fmt)
     whole = size  # the sum's terms, before 1/τ scales the sum: they must fit, not overflow
     exact &= fits_exactly(whole, q, fmt.bits, fmt.tiny)
     stored_bad = False
@@ -399,6 +394,17 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
         if fmt.name == "float32":  # TransformerLens's scaled scores: inf − inf is nan
             bad |= ~(size * ctx.lens_scale * 2 < ACC.huge)
     return mid, unknown_if_overflow(mid, np.where(bad, np.inf, rad), fmt, whole)
+
+
+def _query_underflow(Xm, Xr, aX, alpha: float, alpha_r: float, fmt: Format):
+    """The ρ/η and TransformerLens layouts store q_j = α·x_ij before q·k: where that may fall
+    below the normal numbers it may lose a smallest normal number, which q·k multiplies by
+    the key's x_lj; a bound on that loss per score (B×n×n)."""
+    lo_x = np.maximum(np.abs(Xm) - Xr, 0.0)
+    under = ((Xm != 0) | (Xr > 0)) & ~(max(abs(alpha) - alpha_r, 0.0) * lo_x >= 2 * fmt.tiny)
+    with np.errstate(over="ignore", invalid="ignore"):
+        lost = under.astype(float) @ np.swapaxes(aX, 1, 2)
+    return pos_up(2 * fmt.tiny * np.where(np.isnan(lost), np.inf, lost), Xm.shape[2] + 2)
 
 
 def _allowed(n: int, causal: bool) -> np.ndarray:
