@@ -274,6 +274,9 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
     rnd = (thetas(k + 2, 3, fmt) + matmul_input_error(fmt)) * S + (2 * k + 6) * fmt.tiny
     rnd = up(rnd + rounding(S, k) + (np.abs(Am) + Ar) @ w.W_r.T, 6)
     exact, q = _ff_exact(Xm, Xr, Am, Ar, Zexact, active | unsure, w, k, fmt)
+    two = _two_exact_terms(Xm, Xr, active | unsure, w, fmt)
+    rnd = np.where(two, up(theta(2, 3, fmt) * (np.abs(mid) + jac + chain + rounding(S, k)) +
+                           4 * fmt.tiny, 6), rnd)
     inexact_in = ((Xr > 0) & (eta != 0)) | \
         ((((active | unsure) & (Ar > 0)).astype(float) @ (W != 0).T.astype(float)) > 0)
     f64 = np.where(inexact_in, rounding(S, k), 0.0)  # the float64 midpoint's own rounding
@@ -298,6 +301,23 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
         mid, rad = np.where(keep, Xm, mid), np.where(keep, Xr, rad)
     wild = ~(np.isfinite(Am) & np.isfinite(Ar)).all(axis=1)
     return mid, np.where(wild[:, None], np.inf, rad), wild
+
+
+def _two_exact_terms(Xm, Xr, on, w: Weights, fmt: Format) -> np.ndarray:
+    """Output cells whose sum η·x_c + Σ_k W_ck·a_k has at most two nonzero terms, each an exact
+    product (η and the W entries of the units that may be on are powers of two or 0, stored
+    exactly, and no matmul input is cut): every runtime rounds such a sum once, by at most θ
+    of its own size, however large its terms (x_c − relu(x_c) is exactly 0)."""
+    if fmt.matmul_bits is not None or w.eta_r != 0 or (w.W_r != 0).any():
+        return np.zeros(Xm.shape, dtype=bool)
+    eta = scalar(w.eta)
+    W = w.W
+    power = (W == 0) | (lowbit(W) == np.abs(W))
+    if not (eta == 0 or lowbit(eta) == abs(eta)):
+        return np.zeros(Xm.shape, dtype=bool)
+    on = on.astype(float)
+    terms = on @ (W != 0).T + ((eta != 0) & ((Xm != 0) | (Xr != 0)))
+    return (terms <= 2) & (on @ (~power).T == 0)
 
 
 def _ff_exact(Xm, Xr, Am, Ar, Zq, on, w: Weights, k: int, fmt: Format):
