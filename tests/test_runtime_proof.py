@@ -36,7 +36,9 @@ def _cut(a):
 
 class Pass:
     """A float32 evaluation: each dot product summed in ``order`` ("seq", "rev", "pairwise",
-    "perm", "blocked"), or with one rounding of the float64 sum (``fma``); ``tf32`` cuts the
+    "perm", "blocked", or "columns": every output column in an order of its own, so that two
+    units reading the same inputs round them differently), or with one rounding of the
+    float64 sum (``fma``); ``tf32`` cuts the
     inputs of every matrix product; ``lens`` forms scores as TransformerLens and the ρ/η
     layout do (one product of [α·x; c·x] and [x; a·x]); ``value`` applies V as the torch
     module does ("native": β·y + p·(q·y)), as a dense matrix after the average
@@ -61,6 +63,11 @@ class Pass:
 
     def _sum(self, terms):
         k = len(terms)
+        if self.order == "columns":
+            out = np.empty_like(terms[0])
+            for j in range(out.shape[-1]):
+                out[..., j] = self._seq([terms[i][..., j] for i in self.rng.permutation(k)])
+            return out
         if self.order == "rev":
             terms = terms[::-1]
         elif self.order == "perm":
@@ -137,7 +144,7 @@ class Pass:
 
 
 PASSES = [Pass("seq"), Pass("rev"), Pass("pairwise"), Pass("perm", seed=1),
-          Pass("perm", seed=2), Pass("blocked"), Pass(fma=True),
+          Pass("perm", seed=2), Pass("blocked"), Pass("columns", seed=5), Pass(fma=True),
           Pass("rev", lens=True, value="after"), Pass("perm", lens=True, seed=3, value="before"),
           Pass("pairwise", lens=True, value="after"), Pass(fma=True, lens=True, value="before"),
           Pass(tf32=True), Pass("rev", tf32=True), Pass("perm", tf32=True, lens=True, seed=4),

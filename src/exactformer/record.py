@@ -133,6 +133,8 @@ class Construction:
             scores = kr.get("scores", (list, type(None)), None)  # softmax: (β_s, β_c)
             if scores is not None:
                 rec.keyed["scores"] = _opt_strings(scores, "meta.keyed.scores")
+            if "snaps" in keyed:  # softmax: moves snapped (docs/keyed.md#softmax)
+                rec.keyed["snaps"] = kr.get("snaps", bool)
         if kind == "softmax":
             rec.theta = r.number("theta", default=None)
             rec.folded = r.get("folded", (bool, type(None)), None)

@@ -35,7 +35,7 @@ construct/tagging.py, keyed_tests.py, keyed_separation.py, the collapse here, ke
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -45,7 +45,7 @@ from ..record import Construction, Span
 from .keyed_moves import move_layers, one_top, warn_wide_moves
 from .keyed_separation import Signatures, height_resets, rounds, separation
 from .keyed_tests import plan_tests
-from .keyed_units import SLOTS, Layout, ff_layer, on_code, vec
+from .keyed_units import SLOTS, Layout, ff_layer, on_code, vec, zero_units
 from .position_keys import code_size, code_words
 from .separation import TokenTable
 from .tagging import (
@@ -173,21 +173,21 @@ class Prepared:
     sep_layers: list[list[int]]  # the rounds of each separation layer
     tag_layers: list[Block]
     keyed: dict  # the record's "keyed" object, without the fields a tail adds
+    pending: list  # softmax: data-reset units the tagging had no room for, before the collapse
 
 
 def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, heads: int,
-            seed: int, progress: bool, floor: np.ndarray | None = None) -> Prepared:
+            seed: int, progress: bool, softmax: bool = False, scratch: int = 0) -> Prepared:
     """Plan, codes, signatures, hull batches, scales and tagging layers of the keyed model
     of the data (docs/keyed.md); NotKeyable where it does not apply. Up to ``heads`` rounds
-    share a separation layer. ``floor``: softmax models only, the point their data reset sets
-    every token's data to before the collapse (the layout then has the ``moved``
-    coordinate)."""
+    share a separation layer. ``softmax``: the layout also has the ``moved`` coordinate and
+    ``scratch`` snap coordinates (docs/keyed.md#softmax)."""
     table = TokenTable.build(inputs)
     with np.errstate(over="ignore"):
         if not np.isfinite(np.square(safe_floats(table.points).astype(float)).sum(axis=1)).all():
             raise NotKeyable("tokens too large for float64: their squared norms overflow, and "
                              "every cap and score reads them")
-    p = plan(table, m, exact, width - 1, seed, progress, grid=floor is None)
+    p = plan(table, m, exact, width - 1, seed, progress, grid=not softmax)
     leaders = set(p.leader_tags)
     every_tag = [tag.token for tag in p.tags]
     q, w = code_size(len(every_tag))
@@ -197,20 +197,37 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, hea
     groups = [[index[t] for t in s.tolist() if t in leaders]
               for j, s in enumerate(table.seqs()) if p.reps[j] == j]
     g = priority_direction(words[:len(p.leader_tags)], groups, seed)
-    sep_layers, sig, orders = separation(table, p, width, heads, w, seed, floor is not None)
-    lay = Layout(table.points.shape[1], slots(width), q, floor is not None,
-                 max(map(len, sep_layers), default=1), sig.bent)
-    points = table.points if floor is None else np.vstack([table.points, floor[None, :]])
-    scales = _Scales.of(points, w, g, words[:len(p.leader_tags)], sig.top, exact)
-    tag_layers = tagging(p.tags, lay, word, scales.C, width, exact)
+    sep_layers, sig, orders = separation(table, p, width, heads, w, seed, softmax)
+    lay = Layout(table.points.shape[1], slots(width), q, softmax,
+                 max(map(len, sep_layers), default=1), sig.bent, scratch=scratch)
+    scales = _Scales.of(table.points, w, g, words[:len(p.leader_tags)], sig.top, exact)
+    tag_layers, pending = _tag_layers(p, lay, word, scales.C, width, exact)
     warn_close_tokens(p.tags, p.margin, token_name(table), stacklevel=7)
-    warn_wide_moves(orders, sig.top, w, floor is not None)
+    warn_wide_moves(orders, sig.top, w, softmax)
     record = {"coordinates": q, "weight": w, "tags": len(every_tag),
               "moves": sig.moves, "tag_layers": len(tag_layers), "heights": lay.heights,
               "bent": sig.bent, "scale": str(scales.C),
               "cap_margin": f"{smallest_gap(p.tags):.3g}",
               "float32_margin": f"{p.margin:.3g}"}
-    return Prepared(table, p, lay, word, scales, sig, orders, sep_layers, tag_layers, record)
+    return Prepared(table, p, lay, word, scales, sig, orders, sep_layers, tag_layers, record,
+                    pending)
+
+
+def relaid(prep: Prepared, scratch: int, width: int, exact: bool) -> Prepared:
+    """``prep`` with ``scratch`` snap coordinates and its tagging laid out again for that
+    layout: the same plan, codes and tags."""
+    lay = replace(prep.lay, scratch=scratch)
+    tag_layers, pending = _tag_layers(prep.p, lay, prep.word, prep.scales.C, width, exact)
+    return replace(prep, lay=lay, tag_layers=tag_layers, pending=pending)
+
+
+def _tag_layers(p: Plan, lay: Layout, word: dict, C, width: int, exact: bool
+                ) -> tuple[list[Block], list]:
+    """The tagging layers; a softmax layout's (``moved``) also set every data coordinate to
+    exactly 0 once the last window has read them, where the layers have room (the rest is
+    returned, for the layers before the collapse; docs/keyed.md#softmax)."""
+    tail = zero_units(lay, range(lay.d), exact) if lay.with_moved else []
+    return tagging(p.tags, lay, word, C, width, exact, tail)
 
 
 def slots(width: int) -> int:

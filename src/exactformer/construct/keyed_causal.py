@@ -289,7 +289,7 @@ def build(dataset: CausalDataset, attention: str, exact: bool, width: int, heads
     orders = {k: cell.batches for k, cell in enumerate(cells)}
     warn_wide_moves(orders, top, w, softmax, stacklevel=5)
     beta = _score_scale(data, tests, sig, orders, exact) if softmax else num(1, exact)
-    tag_layers = tagging(co.tags, co.lay, co.word, co.c, width, exact)
+    tag_layers, _ = tagging(co.tags, co.lay, co.word, co.c, width, exact)
     sep = separation_layers(layers, tests, sig, co.lay, co.sig_unit,
                             lambda r, p, out: (*_test_reader(data, co, p, exact), out),
                             beta, exact)

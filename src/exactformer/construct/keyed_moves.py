@@ -33,8 +33,9 @@ def move_limit(w: int, softmax: bool) -> float:
     """The largest move weight K that a float32 pass reads faithfully. A hardmax move's
     argument is an integer, exact while K·(2w + 1) < 2^24 (the limit keeps a factor 2 below).
     A softmax one carries the softmax blur, so float32 rounds it: by at most about
-    (w + 4)·2⁻²⁴·4wK, its w + 4 terms summing to about 4wK, which K·w·(w + 4) ≤ 2^18 keeps
-    within 1/16 (the clip pairs absorb 3/16; docs/keyed.md#moves)."""
+    (w + 4)·2⁻²⁴·5wK, its w + 4 terms summing to about 5wK (codes raised by 9C/8), which
+    K·w·(w + 4) ≤ 2^18 keeps within 5/64 (snaps and clip pairs absorb 3/16;
+    docs/keyed.md#softmax)."""
     return 2.0 ** 18 / (w * (w + 4)) if softmax else 2.0 ** 23 / (2 * w + 1)
 
 
@@ -88,18 +89,18 @@ def move_queues(prep: Prepared, targets: list[np.ndarray], unit) -> list[list[li
              for batch in prep.orders[t]] for t in prep.p.leader_tags]
 
 
-def move_argument(prep: Prepared, t: int, g, j: int, exact: bool, shifted: bool = False):
+def move_argument(prep: Prepared, t: int, g, j: int, exact: bool, shift=0):
     """(u, b, K): the argument K·(ς·code/C − w) + 2·g·(σ − σ_j) + 1 of the (tag t, sequence j)
     state, 1 at it and ≤ −1 at every other state present; K (:func:`move_weight`) makes any
-    other code's −K outweigh every signature term. ``shifted``: codes raised by C (the
-    softmax collapse), read as code − C."""
+    other code's −K outweigh every signature term. ``shift``: codes raised by shift·C (the
+    softmax collapse), read as code − shift·C."""
     lay, sc, word = prep.lay, prep.scales, prep.word[t]
     K = move_weight(g, prep.sig.top, exact)
     u = code_reader(lay, word, sc.C, K, exact)
     for c, gc in zip(lay.sigma, g, strict=True):
         u[c] = num(2 * gc, exact) / sc.sig_unit
     bias = num(1 - 2 * int(np.dot(g, prep.sig.values[j])), exact) - \
-        K * (sc.w + (int(word.sum()) if shifted else 0))
+        K * (sc.w + shift * int(word.sum()))
     return u, bias, K
 
 

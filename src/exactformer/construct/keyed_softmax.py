@@ -7,17 +7,20 @@ one; the construction bounds by how much and makes every later unit blind to it:
 * **Separation** scores β_s·height: each token of a sequence gets the same weights, so its
   signature is the same real number for every token of the sequence, within a bound of the
   hardmax signature.
-* **Data reset.** Before the collapse, one unit per data coordinate sets every token's data
-  to a dyadic point ``floor`` below all of them (x − relu(x − floor)), exactly, and one unit
-  clears the last round's heights.
-* **Collapse** (ρ = 0) with the hardmax scores times β_c and
-  V = I + (C·(code indicator) + (anchor − floor) on the data)·e_oneᵀ: each token becomes its
-  leader tag's state within a bound, its data exactly ``anchor`` (the targets' rounded mean:
-  every row has it), its code entries shifted into [0, 2C] so that nothing is near a ReLU's
-  kink.
-* **Moves** are clip pairs relu(2a − ½) − relu(2a − 3/2) of the hardmax move's argument a
-  (1 at its own state, ≤ −1 elsewhere, off by < 1/16 after the softmax layers): exactly 1 or
-  0 in real arithmetic, they write target − anchor and mark the token as moved.
+* **Data reset.** In the tagging's last layers, once no window reads the data, two units per
+  data coordinate set it to exactly 0 (``keyed_units.zero_units``); with rounds, units
+  before the collapse clear the heights.
+* **Collapse** (ρ = 0) with the hardmax scores times β_c and V = I + (9C/8)·(code
+  indicator)·e_oneᵀ: each token becomes its leader tag's state within a bound, its data
+  exactly 0, its code entries raised into [C/8, 17C/8], clear of every ReLU's kink whatever
+  the layout's rounding.
+* **Moves.** One constant unit writes the ``anchor`` (the targets' rounded mean) into the data.
+  Each state's move reads the hardmax move's argument a (1 at its own state, ≤ −1 elsewhere,
+  off by < 1/16 after the softmax layers): *snapped*, a unit stores s = relu(4a − 2) and a
+  layer later relu(s) − relu(s − 1) writes target − anchor and marks the token as moved, one
+  rounding in any summation order; or, where snaps would break the paper's bound, the plain
+  clip pair relu(2a − ½) − relu(2a − 3/2) of a itself. Both are exactly 1 or 0 in real
+  arithmetic.
 * **Reset.** One unit relu(x_c)·(−e_c) per coordinate of the model's own (all ≥ 0) ends with
   each token exactly its target and the model's coordinates exactly 0.
 
@@ -34,54 +37,51 @@ import numpy as np
 from ..model import SA, Block, ValueMatrix
 from ..numbers import num, to_fraction, zeros
 from .gadgets import power_of_two_below
-from .keyed import Built, Prepared, collapse_scores, phases, prepare
+from .keyed import Built, Prepared, collapse_scores, phases, prepare, relaid
 from .keyed_moves import move_argument, move_queues, schedule, widest_direction, widest_move
 from .keyed_separation import height_resets, rounds
 from .keyed_units import Layout, clip_pair, ff_layer, on_code, reset_unit, vec, with_tail
 
 BLUR = 32  # every softmax layer moves a move's argument by less than 1/BLUR
+RAISE = Fraction(9, 8)  # the collapse raises every code entry by RAISE·C, off 0 by C/8
 
 
 def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exact: bool,
           width: int, heads: int, seed: int, progress: bool = False) -> Built:
     """The keyed softmax model of the data (τ = 1, the score scales folded into A), up to
-    ``heads`` rounds to a separation layer."""
-    floor = data_floor(inputs, exact)
+    ``heads`` rounds to a separation layer. Its moves are snapped (float32-provable, a quarter
+    block more a move at width 4) wherever the model then stays within the paper's bound
+    2Σm + 3N, else plain clip pairs (docs/keyed.md#softmax)."""
     anchor = target_anchor(targets, exact)
-    prep = prepare(inputs, m, exact, width, heads, seed, progress, floor=floor)
+    prep = prepare(inputs, m, exact, width, heads, seed, progress, softmax=True, scratch=width)
+    built = _assemble(prep, targets, anchor, max(map(len, inputs)), width, exact, snaps=True)
+    if len(built.blocks) > 2 * sum(m) + 3 * len(inputs):
+        prep = relaid(prep, 0, width, exact)
+        built = _assemble(prep, targets, anchor, max(map(len, inputs)), width, exact,
+                          snaps=False)
+    return built
+
+
+def _assemble(prep: Prepared, targets: list[np.ndarray], anchor: np.ndarray, n: int,
+              width: int, exact: bool, snaps: bool) -> Built:
+    """The blocks after the tagging: separation, data reset, collapse, moves (snapped or
+    plain clip pairs) and the final resets."""
     p, lay = prep.p, prep.lay
-    beta_s, beta_c = score_scales(prep, max(len(x) for x in inputs), exact)
+    beta_s, beta_c = score_scales(prep, n, exact)
     sep = rounds(prep, exact, score_scale=beta_s)
-    clear = height_resets(lay, exact) if p.rounds else []
-    reset = [ff_layer(units, exact)
-             for units in _chunks(_data_reset(lay, floor, exact) + clear, width)]
-    collapse = [Block(ff, None) for ff in reset[:-1]] + \
-        [Block(reset[-1], _collapse(prep, beta_c, anchor - floor, exact))]
-    moves = _moves(prep, targets, anchor, width, exact)
+    before = prep.pending + (height_resets(lay, exact) if p.rounds else [])
+    clear = [ff_layer(units, exact) for units in _chunks(before, width)] or [None]
+    collapse = [Block(ff, None) for ff in clear[:-1]] + \
+        [Block(clear[-1], _collapse(prep, beta_c, exact))]
+    moves = (_snapped_moves if snaps else _paired_moves)(prep, targets, anchor, width, exact)
+    moves = with_tail(moves, [_anchor_unit(lay, anchor, exact)], width, start=0)
     layers = with_tail(moves, _own_reset(lay, bool(p.rounds), exact), width)  # data, moved only
     layers = with_tail(layers, [reset_unit(lay, lay.moved, exact)], width, start=len(moves))
     blocks = prep.tag_layers + sep + collapse + \
         [Block(ff_layer(units, exact), None) for units in layers]
-    keyed = {**prep.keyed, "scores": [str(beta_s), str(beta_c)]}
+    keyed = {**prep.keyed, "scores": [str(beta_s), str(beta_c)], "snaps": snaps}
     return Built(blocks, lay.D, phases(prep, len(sep), len(collapse), len(blocks)),
                  len(p.rounds), keyed)
-
-
-def data_floor(inputs: list[np.ndarray], exact: bool) -> np.ndarray:
-    """Per data coordinate a dyadic number at or below every token's: the largest multiple of
-    2⁻²⁰ of the coordinate's extent (a power of two at or below its largest |x_c|) not above
-    its smallest x_c, so ball arithmetic holds it exactly. 0 for a coordinate that is 0 on
-    every token."""
-    X = np.vstack(inputs)  # each column's extremes first: one exact conversion per value kept
-    out = []
-    for lo, extent in zip(X.min(axis=0), np.abs(X).max(axis=0), strict=True):
-        lo, extent = to_fraction(lo), to_fraction(extent)
-        if extent == 0:
-            out.append(num(0, exact))
-            continue
-        step = max(power_of_two_below(extent), Fraction(1, 1 << 1000)) * Fraction(1, 1 << 20)
-        out.append(num(math.floor(lo / step) * step, exact))
-    return np.array(out, dtype=object if exact else float)
 
 
 def target_anchor(targets: list[np.ndarray], exact: bool) -> np.ndarray:
@@ -132,45 +132,89 @@ def _chunks(units: list, width: int) -> list[list]:
     return [units[i:i + width] for i in range(0, len(units), width)]
 
 
-def _data_reset(lay: Layout, floor: np.ndarray, exact: bool) -> list:
-    """Every data coordinate set to floor_c (every token has x_c ≥ floor_c)."""
-    return [reset_unit(lay, c, exact, to=floor[c]) for c in range(lay.d)]
-
-
-def _collapse(prep: Prepared, beta, lift: np.ndarray, exact: bool) -> SA:
-    """The hardmax collapse's scores (keyed.py) times β, ρ = 0, and
-    V = I + (C·1_code + lift on the data)·e_oneᵀ: each row becomes the average of its
-    sequence's rows with every code entry raised by C and the data, floor on every row,
-    moved to floor + lift (the anchor)."""
+def _collapse(prep: Prepared, beta, exact: bool) -> SA:
+    """The hardmax collapse's scores (keyed.py) times β, ρ = 0, and V = I + (9C/8)·1_code·e_oneᵀ:
+    each row becomes the average of its sequence's rows with every code entry raised by 9C/8
+    into [C/8, 17C/8], which no layout's rounding takes near 0 (the torch module and
+    TransformerLens add the raise after the average); the data, 0 on every row, stay exactly
+    0."""
     lay, sc = prep.lay, prep.scales
-    shift = on_code(lay, np.ones(lay.q, dtype=np.int64), sc.C, exact)
-    shift[:lay.d] = lift
+    shift = on_code(lay, np.ones(lay.q, dtype=np.int64), RAISE * sc.C, exact)
     return SA(num(0, exact), collapse_scores(lay, sc, beta, exact),
               ValueMatrix(num(1, exact), shift, vec(lay.D, {lay.one: 1}, exact)))
 
 
-def _moves(prep: Prepared, targets: list[np.ndarray], anchor: np.ndarray, width: int,
-           exact: bool) -> list[list]:
-    """The units of each move layer: one clip pair per (leader tag, holding sequence), in the
-    hardmax model's hull batches and schedule (two units per state), each writing
+def _anchor_unit(lay: Layout, anchor: np.ndarray, exact: bool) -> tuple:
+    """relu(1)·anchor on the data: every token's data, 0 after the collapse, becomes the
+    anchor, so that a move writes target − anchor (:func:`target_anchor`)."""
+    out = zeros(lay.D, exact)
+    out[:lay.d] = anchor
+    return zeros(lay.D, exact), num(1, exact), out
+
+
+def _snapped_moves(prep: Prepared, targets: list[np.ndarray], anchor: np.ndarray, width: int,
+                   exact: bool) -> list[list]:
+    """The units of each move layer: per group of up to ``width`` (leader tag, holding
+    sequence) states, in the hardmax model's hull batches and schedule, a layer of snaps
+    (one unit a state) and then their clip pairs (two units a state), each writing
     target − anchor."""
+    def state(t, g, j, target):
+        return t, g, j, target - anchor
+
+    layers = []
+    for group in schedule(move_queues(prep, targets, state), width):
+        layers.append([_snap(prep, k, *item, exact) for k, item in enumerate(group)])
+        layers += _chunks([u for k, item in enumerate(group)
+                           for u in _snapped_pair(prep, k, item[3], exact)], width)
+    return layers
+
+
+def _paired_moves(prep: Prepared, targets: list[np.ndarray], anchor: np.ndarray, width: int,
+                  exact: bool) -> list[list]:
+    """The units of each move layer without snaps: one clip pair relu(2a − ½) − relu(2a − 3/2)
+    of the move's argument a per state, in the same batches and schedule, writing
+    target − anchor. Exact in real arithmetic; in floats each unit rounds a on its own."""
     def pair(t, g, j, target):
-        return _clip_pair(prep, t, g, j, target - anchor, exact)
+        u, bias = _argument(prep, t, g, j, exact)
+        return clip_pair(u, bias, _move_out(prep.lay, target - anchor, exact), exact)
 
     return [[u for p in pairs for u in p]
             for pairs in schedule(move_queues(prep, targets, pair), width // 2)]
 
 
-def _clip_pair(prep: Prepared, t: int, g, j: int, move, exact: bool) -> list:
-    """The hardmax move's argument a (``move_argument``, codes read as code − C), less
-    2K·moved, as relu(2a − ½) − relu(2a − 3/2) times (move on the data, 1 on moved)."""
-    lay = prep.lay
-    u, bias, K = move_argument(prep, t, g, j, exact, shifted=True)
-    u[lay.moved] = -2 * K
+def _argument(prep: Prepared, t: int, g, j: int, exact: bool) -> tuple:
+    """The hardmax move's argument a (``move_argument``, codes read as code − 9C/8), less
+    2K·moved, as (u, b)."""
+    u, bias, K = move_argument(prep, t, g, j, exact, shift=num(RAISE, exact))
+    u[prep.lay.moved] = -2 * K
+    return u, bias
+
+
+def _move_out(lay: Layout, move, exact: bool) -> np.ndarray:
+    """A move's output: ``move`` on the data and 1 on ``moved``."""
     out = zeros(lay.D, exact)
     out[:lay.d] = move
     out[lay.moved] = num(1, exact)
-    return clip_pair(u, bias, out, exact)
+    return out
+
+
+def _snap(prep: Prepared, k: int, t: int, g, j: int, move, exact: bool) -> tuple:
+    """relu(4a − 2) of the move's argument a (:func:`_argument`) into snap coordinate k: 0
+    where a ≤ ½, at least 1 at its own state, whatever the rounding of a (docs/keyed.md#softmax).
+    """
+    u, bias = _argument(prep, t, g, j, exact)
+    return 4 * u, 4 * bias - num(2, exact), vec(prep.lay.D, {prep.lay.snap(k): 1}, exact)
+
+
+def _snapped_pair(prep: Prepared, k: int, move, exact: bool) -> list:
+    """relu(s) − relu(s − 1) of snap k's value s, times (move on the data, 1 on moved): both
+    units read the same stored s, so s − (s − 1) is 1 up to one rounding in any arithmetic.
+    The first unit also clears s."""
+    lay = prep.lay
+    out = _move_out(lay, move, exact)
+    read = vec(lay.D, {lay.snap(k): 1}, exact)
+    clear = vec(lay.D, {lay.snap(k): -1}, exact)
+    return [(read, num(0, exact), out + clear), (read, num(-1, exact), -out)]
 
 
 def _own_reset(lay: Layout, rounds: bool, exact: bool) -> list:

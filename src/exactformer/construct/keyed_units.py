@@ -33,6 +33,7 @@ class Layout:
     heights: int = 1  # the most rounds of a separation layer: a height coordinate each
     bent: bool = False  # bent signatures: each round also has a bend coordinate
     keys: int = 0  # causal models: the position key's length, after the code
+    scratch: int = 0  # softmax models: the snaps' coordinates, work ones once tags are done
 
     @property
     def one(self) -> int:
@@ -78,9 +79,15 @@ class Layout:
         return [self.height(h) for h in range(self.heights)] + \
             ([self.bend(h) for h in range(self.heights)] if self.bent else [])
 
+    def snap(self, k: int) -> int:
+        """Softmax models: where the k-th snap of a move layer stores its value
+        (docs/keyed.md#softmax)."""
+        assert 0 <= k < self.scratch
+        return self.work + k
+
     @property
     def code(self) -> slice:
-        start = self.work + max(self.slots, self.heights * (1 + self.bent))
+        start = self.work + max(self.slots, self.heights * (1 + self.bent), self.scratch)
         return slice(start, start + self.q)
 
     @property
@@ -136,6 +143,15 @@ def reset_unit(lay: Layout, c: int, exact: bool, to=None) -> tuple:
     return vec(lay.D, {c: 1}, exact), num(0, exact) - to, vec(lay.D, {c: -1}, exact)
 
 
+def zero_units(lay: Layout, coords, exact: bool) -> list:
+    """Per coordinate c two units, x_c − relu(x_c) + relu(−x_c) = 0: exact in any arithmetic
+    and for either sign (one unit is off, the other's output cancels x_c)."""
+    one = num(1, exact)
+    return [u for c in coords
+            for u in ((vec(lay.D, {c: one}, exact), num(0, exact), vec(lay.D, {c: -one}, exact)),
+                      (vec(lay.D, {c: -one}, exact), num(0, exact), vec(lay.D, {c: one}, exact)))]
+
+
 def on_code(lay: Layout, word: np.ndarray, factor, exact: bool) -> np.ndarray:
     """The D-vector with factor·word on the code coordinates and 0 elsewhere."""
     v = zeros(lay.D, exact)
@@ -154,12 +170,20 @@ def with_tail(layers: list[list], units: list, width: int, start: int | None = N
     """``layers`` with ``units`` added in the room left from layer ``start`` on (default the
     last layer), then in layers of their own: a unit reads its layer's input, so a reset may
     share the layer of the last units that read what it resets."""
+    layers, rest = fill(layers, units, width, start)
+    return layers + [rest[i:i + width] for i in range(0, len(rest), width)]
+
+
+def fill(layers: list[list], units: list, width: int, start: int | None = None
+         ) -> tuple[list[list], list]:
+    """``layers`` with as many of ``units`` as the room left from layer ``start`` on (default
+    the last layer) takes, in order, and the units left over."""
     layers = [list(layer) for layer in layers]
     k = len(layers) - 1 if start is None else start
-    for unit in units:
+    for i, unit in enumerate(units):
         while k < len(layers) and len(layers[k]) >= width:
             k += 1
         if k == len(layers):
-            layers.append([])
+            return layers, list(units[i:])
         layers[k].append(unit)
-    return layers
+    return layers, []

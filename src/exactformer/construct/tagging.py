@@ -40,7 +40,7 @@ from ..model import Block
 from ..numbers import num, safe_floats
 from .gadgets import power_of_two_below
 from .generic import ConstructionError
-from .keyed_units import Layout, clip_pair, ff_layer, on_code, reset_unit, vec
+from .keyed_units import Layout, clip_pair, ff_layer, fill, on_code, reset_unit, vec
 
 DIRECTIONS = 32  # shared directions: a token's gap is its widest over these
 DIRECTION_BITS = 20  # significant bits of a direction's entries: exact in float32
@@ -280,8 +280,8 @@ def warn_close_tokens(tags: list[Tag], margin: float, name, stacklevel: int) -> 
 
 
 # ----------------------------------------------------------------------------- layers
-def tagging(tags: list[Tag], lay: Layout, word: dict, C, width: int, exact: bool
-            ) -> list[Block]:
+def tagging(tags: list[Tag], lay: Layout, word: dict, C, width: int, exact: bool,
+            tail: list = ()) -> tuple[list[Block], list]:
     """The tagging layers: the unit writing 1 to the ``one`` coordinate, then the tags'
     stages (:func:`_stages`) by list scheduling. Layer by layer: the next stage of every
     started tag, oldest first, each a layer after the one before; then new tags on free
@@ -289,14 +289,16 @@ def tagging(tags: list[Tag], lay: Layout, word: dict, C, width: int, exact: bool
     tag's window adds to the clipped value v there, and its flip clears both, since
     relu(1 − v − window) is an exact 0 and slot − relu(slot) cancels exactly. Last, one reset
     per slot clears the value its last tag left. At width 4 a tag's 6 units take 1.5 layers
-    (docs/keyed.md#tagging)."""
+    (docs/keyed.md#tagging). ``tail``: units that may act once no window reads the data any
+    more (softmax models: the data reset), placed in the room left from the last window's
+    layer on; returns the layers and the tail units that found no room."""
     layers: list[list] = [[(vec(lay.D, {}, exact), num(1, exact), vec(lay.D, {lay.one: 1},
                                                                     exact))]]
     waiting = list(reversed(tags))
     started: list[list] = []  # [stages left, slot, the first layer the next stage may take]
     free = list(range(lay.slots))
     last = {}  # slot → the layer of its last clip
-    k = 0
+    k = reading = 0  # reading: the last layer with a window
     while waiting or started:
         if k == len(layers):
             layers.append([])
@@ -313,6 +315,7 @@ def tagging(tags: list[Tag], lay: Layout, word: dict, C, width: int, exact: bool
             slot = free.pop(0)
             stages = _stages(waiting.pop(), lay, slot, word, C, exact)
             layer += stages.pop(0)
+            reading = k
             started.append([stages, slot, k + 1])
         k += 1
     for slot, k in sorted(last.items(), key=lambda item: item[1]):
@@ -321,7 +324,8 @@ def tagging(tags: list[Tag], lay: Layout, word: dict, C, width: int, exact: bool
         if k == len(layers):
             layers.append([])
         layers[k].append(reset_unit(lay, lay.slot(slot), exact))
-    return [Block(ff_layer(units, exact), None) for units in layers]
+    layers, rest = fill(layers, list(tail), width, start=reading)
+    return [Block(ff_layer(units, exact), None) for units in layers], rest
 
 
 def _stages(tag: Tag, lay: Layout, i: int, word: dict, C, exact: bool) -> list[list]:
