@@ -7,6 +7,8 @@ the data by 1.9e-4 × scale. Either export now refuses the other's folder, chang
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_info_claims import relative_error
 
@@ -65,3 +67,26 @@ def test_a_native_export_refuses_an_export_folders_weights(tmp_path, capsys):
                            str(folder / "model.safetensors"), "--dtype", "float32"])
         assert status == 2 and "weights file of an export folder" in capsys.readouterr().err
         assert snapshot(folder) == before
+
+
+def test_a_model_file_is_not_written_into_a_hub_folder(tmp_path, capsys):
+    """`exactformer build DATA -o HUB/model.json` replaced the Hub folder's model.json under
+    its card (PROVED EXACT for the keyed model, and the card tells readers to verify
+    model.json); `save_model` and every command that writes a model now refuse the folder."""
+    data = builtin.demo()
+    keyed, paper = ef.compile(data), ef.compile(data, construction="paper")
+    hub = tmp_path / "hub"
+    et.to_torch(keyed).save_pretrained(hub, data=data, report=ef.verify(keyed, data))
+    before = snapshot(hub)
+    (tmp_path / "data.json").write_text(json.dumps({"inputs": [[[0, 1], [2, 3]], [[2, 3]]],
+                                                    "targets": [[[1, 1]], [[7, 7]]]}))
+    for args in (["build", str(tmp_path / "data.json"), "-o", str(hub / "model.json"),
+                  "--construction", "paper"],
+                 ["demo", "-o", str(hub / "other.json")]):
+        status = cli.main(args)
+        assert status == 2 and "is a Hub folder" in capsys.readouterr().err
+        assert snapshot(hub) == before
+    with pytest.raises(ValueError, match="is a Hub folder"):
+        ef.save_model(paper, hub / "model.npz")
+    assert snapshot(hub) == before
+    ef.save_model(paper, tmp_path / "elsewhere.json")  # any other folder is fine

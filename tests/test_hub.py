@@ -121,8 +121,9 @@ def test_the_card_is_one_to_publish(tmp_path, capsys, causal):
     rows = [line for line in card.splitlines() if line.startswith("| ")]
     for label, value in model_summary(model):
         assert f"| {label} | {value.replace('|', chr(92) + '|')} |" in rows
-    ef.save_model(model, tmp_path / "m.json")
-    assert main(["info", str(tmp_path / "m.json")]) == 0
+    (tmp_path / "apart").mkdir()  # a model file is not written into a Hub folder
+    ef.save_model(model, tmp_path / "apart" / "m.json")
+    assert main(["info", str(tmp_path / "apart" / "m.json")]) == 0
     info = capsys.readouterr().out.splitlines()
     assert len(info) == len(model_summary(model))
     for line, (label, value) in zip(info, model_summary(model), strict=True):

@@ -33,6 +33,9 @@ FORMAT = "exactformer.model/1"
 FORMAT_2 = "exactformer.model/2"  # adds "causal", "positions" and "heads" (docs/heads.md)
 
 
+TORCH_FORMAT = "exactformer.torch/1"  # a Hub folder's config.json format (export/native.py)
+
+
 class ModelFormatError(ValueError):
     """A model file does not follow ``exactformer.model/1``; the message says where."""
 
@@ -147,7 +150,10 @@ def model_to_dict(model: Transformer) -> dict:
 def save_model(model: Transformer, path: str | Path) -> None:
     """Write the model as JSON, or as .npz when ``path`` ends in .npz (float64 models only);
     nothing is left at ``path`` if writing fails. An FF layer without units is refused (the
-    formats hold none: write ``ff=None``)."""
+    formats hold none: write ``ff=None``), and so is a path inside a Hub folder, whose card,
+    config, weights and model.json describe the model save_pretrained put there: writing
+    another model.json under its card left "PROVED EXACT" beside a file that is not it."""
+    _refuse_hub_folder(Path(path))
     empty = next((i for i, b in enumerate(model.blocks) if b.ff is not None and b.ff.width == 0),
                  None)
     if empty is not None:
@@ -157,6 +163,19 @@ def save_model(model: Transformer, path: str | Path) -> None:
         _save_npz(model, path)
         return
     write_text_atomic(path, json.dumps(model_to_dict(model), separators=(",", ":")))
+
+
+def _refuse_hub_folder(path: Path) -> None:
+    """ModelFormatError when ``path``'s folder is a Hub folder (its config.json names
+    :data:`TORCH_FORMAT`)."""
+    try:
+        doc = json.loads((path.parent / "config.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return
+    if isinstance(doc, dict) and doc.get("format") == TORCH_FORMAT:
+        raise ModelFormatError(f"{path}: {path.parent} is a Hub folder (save_pretrained), whose "
+                               "card and weights describe the model saved there: write this "
+                               "model elsewhere, or save_pretrained it into a folder of its own")
 
 
 # ------------------------------------------------------------------------------ loading

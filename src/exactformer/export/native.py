@@ -18,9 +18,10 @@ import torch
 
 from ..evaluate import direction_scales
 from ..model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
+from ..modelio import TORCH_FORMAT
 from ..numbers import normal_positive, to_fraction_array
 
-FORMAT = "exactformer.torch/1"
+FORMAT = TORCH_FORMAT
 FF_FORMS = ("profile", "dense")  # how a native module evaluates an FF (modules.NativeTransformer)
 NATIVE_DTYPES = ("float64", "float32", "bfloat16", "float16")
 NATIVE_FF_KEYS = ("eta", "U", "b", "W")  # blocks.{i}.ff.{key}: (), (w, d), (w,), (d, w)
