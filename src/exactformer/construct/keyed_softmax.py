@@ -53,7 +53,8 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     block more a move at width 4) wherever the model then stays within the paper's bound
     2Σm + 3N, else plain clip pairs (docs/keyed.md#softmax)."""
     anchor = target_anchor(targets, exact)
-    prep = prepare(inputs, m, exact, width, heads, seed, progress, softmax=True, scratch=width)
+    prep = prepare(inputs, m, exact, width, heads, seed, progress, softmax=True,
+                   scratch=snap_group(width))
     built = _assemble(prep, targets, anchor, max(map(len, inputs)), width, exact, snaps=True)
     if len(built.blocks) > 2 * sum(m) + 3 * len(inputs):
         prep = relaid(prep, 0, width, exact)
@@ -152,20 +153,36 @@ def _anchor_unit(lay: Layout, anchor: np.ndarray, exact: bool) -> tuple:
     return zeros(lay.D, exact), num(1, exact), out
 
 
+def snap_group(width: int) -> int:
+    """The states whose snaps share a layer: ``width`` below 12 (a layer of snaps, then two of
+    their pairs), else width // 3, so that each layer holds one group's pairs beside the next
+    group's snaps and the snaps need only width // 3 coordinates."""
+    return width if width < 12 else width // 3
+
+
 def _snapped_moves(prep: Prepared, targets: list[np.ndarray], anchor: np.ndarray, width: int,
                    exact: bool) -> list[list]:
-    """The units of each move layer: per group of up to ``width`` (leader tag, holding
-    sequence) states, in the hardmax model's hull batches and schedule, a layer of snaps
-    (one unit a state) and then their clip pairs (two units a state), each writing
-    target − anchor."""
+    """The units of each move layer: per group of :func:`snap_group` (leader tag, holding
+    sequence) states, in the hardmax model's hull batches and schedule, their snaps (one unit
+    a state) and a layer later their clip pairs (two units a state), each writing
+    target − anchor. A group's snaps share the layer of the previous group's pairs where
+    there is room and the two groups hold no common tag (a later batch of a tag waits until
+    the one before has moved); the pairs read the snaps' values in the layer's input, so both
+    groups may use the same snap coordinates."""
     def state(t, g, j, target):
         return t, g, j, target - anchor
 
-    layers = []
-    for group in schedule(move_queues(prep, targets, state), width):
-        layers.append([_snap(prep, k, *item, exact) for k, item in enumerate(group)])
+    per, layers, before = snap_group(width), [], None
+    for group in schedule(move_queues(prep, targets, state), per):
+        snaps = [_snap(prep, k, *item, exact) for k, item in enumerate(group)]
+        tags = {item[0] for item in group}
+        if before is not None and 3 * per <= width and not tags & before:
+            layers[-1] = layers[-1] + snaps
+        else:
+            layers.append(snaps)
         layers += _chunks([u for k, item in enumerate(group)
                            for u in _snapped_pair(prep, k, item[3], exact)], width)
+        before = tags
     return layers
 
 
