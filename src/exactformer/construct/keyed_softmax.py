@@ -16,7 +16,7 @@ one; the construction bounds by how much and makes every later unit blind to it:
   the layout's rounding.
 * **Moves.** One constant unit writes the ``anchor`` (the targets' rounded mean) into the data.
   Each state's move reads the hardmax move's argument a (1 at its own state, ≤ −1 elsewhere,
-  off by < 1/16 after the softmax layers): *snapped*, a unit stores s = relu(4a − 2) and a
+  off by < 1/16 after the softmax layers): *snapped*, a unit stores s = relu(2a − ½) and a
   layer later relu(s) − relu(s − 1) writes target − anchor and marks the token as moved, one
   rounding in any summation order; or, where snaps would break the paper's bound, the plain
   clip pair relu(2a − ½) − relu(2a − 3/2) of a itself. Both are exactly 1 or 0 in real
@@ -216,11 +216,13 @@ def _move_out(lay: Layout, move, exact: bool) -> np.ndarray:
 
 
 def _snap(prep: Prepared, k: int, t: int, g, j: int, move, exact: bool) -> tuple:
-    """relu(4a − 2) of the move's argument a (:func:`_argument`) into snap coordinate k: 0
-    where a ≤ ½, at least 1 at its own state, whatever the rounding of a (docs/keyed.md#softmax).
-    """
+    """relu(2a − ½) of the move's argument a (:func:`_argument`) into snap coordinate k: 0
+    where a ≤ ¼, at least 1 where a ≥ ¾ (its own state, whatever the rounding of a), and
+    small, so that the pair's terms s·move and (s − 1)·move round little
+    (docs/keyed.md#softmax)."""
     u, bias = _argument(prep, t, g, j, exact)
-    return 4 * u, 4 * bias - num(2, exact), vec(prep.lay.D, {prep.lay.snap(k): 1}, exact)
+    half = num(Fraction(1, 2), exact)
+    return 2 * u, 2 * bias - half, vec(prep.lay.D, {prep.lay.snap(k): 1}, exact)
 
 
 def _snapped_pair(prep: Prepared, k: int, move, exact: bool) -> list:
