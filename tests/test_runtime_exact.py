@@ -149,3 +149,21 @@ def test_a_score_divided_by_a_large_power_of_two_may_round_below_the_normals():
     got = float(F32(F32(x[0]) * F32(x[1])) / F32(2.0 ** 24))
     assert Fraction(got) != Fraction(x[0]) * Fraction(x[1]) / 2 ** 24
     assert abs(got - mid[0, 0, 0]) <= rad[0, 0, 0]
+
+
+def test_a_cell_of_no_terms_is_its_exact_zero():
+    """η = ½ and a coordinate that is 0 with no unit writing it: the cell has no terms, so its
+    quantum is inf, and snapping it to rint(0/inf)·inf made it nan and the model UNDECIDED
+    (a harmless refusal, found by an attack helper); it is 0, and the model is proved."""
+    import exactformer as ef
+    from exactformer.model import FF, Block, Transformer
+    from exactformer.verification import prove_runtime
+    from exactformer.verification.runtime_proof import ff_box
+
+    U, b, W = np.array([[1.0, 0.0]]), np.zeros(1), np.array([[1.0], [0.0]])
+    w = Weights({"eta": 0.5, "U": U, "b": b, "W": W}, FMT)
+    mid, rad = ff_box(np.array([[2.0, 0.0]]), np.zeros((1, 2)), w, FMT)
+    assert mid.tolist() == [[3.0, 0.0]] and rad.max() < 1e-15
+    model = Transformer(2, "hardmax", [Block(FF(0.5, U, b, W), None)], exact=False)
+    data = ef.Dataset.from_arrays([np.array([[2.0, 0.0]])], [np.array([[3.0, 0.0]])])
+    assert prove_runtime(model, data, "float32").ok

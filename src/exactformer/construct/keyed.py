@@ -201,7 +201,8 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, hea
     lay = Layout(table.points.shape[1], slots(width), q, softmax,
                  max(map(len, sep_layers), default=1), sig.bent, scratch=scratch)
     scales = _Scales.of(table.points, w, g, words[:len(p.leader_tags)], sig.top, exact)
-    tag_layers, pending = _tag_layers(p, lay, word, scales.C, width, exact)
+    tag_layers, pending = _tag_layers(p, lay, word, scales.C, width, exact,
+                                      data_signs(table.points))
     warn_close_tokens(p.tags, p.margin, token_name(table), stacklevel=7)
     warn_wide_moves(orders, sig.top, w, softmax)
     record = {"coordinates": q, "weight": w, "tags": len(every_tag),
@@ -217,17 +218,27 @@ def relaid(prep: Prepared, scratch: int, width: int, exact: bool) -> Prepared:
     """``prep`` with ``scratch`` snap coordinates and its tagging laid out again for that
     layout: the same plan, codes and tags."""
     lay = replace(prep.lay, scratch=scratch)
-    tag_layers, pending = _tag_layers(prep.p, lay, prep.word, prep.scales.C, width, exact)
+    tag_layers, pending = _tag_layers(prep.p, lay, prep.word, prep.scales.C, width, exact,
+                                      data_signs(prep.table.points))
     return replace(prep, lay=lay, tag_layers=tag_layers, pending=pending)
 
 
-def _tag_layers(p: Plan, lay: Layout, word: dict, C, width: int, exact: bool
+def _tag_layers(p: Plan, lay: Layout, word: dict, C, width: int, exact: bool, signs
                 ) -> tuple[list[Block], list]:
     """The tagging layers; a softmax layout's (``moved``) also set every data coordinate to
-    exactly 0 once the last window has read them, where the layers have room (the rest is
-    returned, for the layers before the collapse; docs/keyed.md#softmax)."""
-    tail = zero_units(lay, range(lay.d), exact) if lay.with_moved else []
+    exactly 0 once the last window has read them (``signs``: each coordinate's sign over the
+    tokens, 0 where they have both), where the layers have room (the rest is returned, for
+    the layers before the collapse; docs/keyed.md#softmax)."""
+    tail = zero_units(lay, signs, exact) if lay.with_moved else []
     return tagging(p.tags, lay, word, C, width, exact, tail)
+
+
+def data_signs(points: np.ndarray) -> list[int]:
+    """Per data coordinate 1 where every token is ≥ 0 there, −1 where every one is ≤ 0 (not
+    all 0), else 0; compared exactly (a rational −10⁻⁴⁰⁰ is negative, though its float is −0)."""
+    X = np.asarray(points)
+    return [1 if all(v >= 0 for v in col) else -1 if all(v <= 0 for v in col) else 0
+            for col in X.T]
 
 
 def slots(width: int) -> int:

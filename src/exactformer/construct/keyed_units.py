@@ -143,13 +143,18 @@ def reset_unit(lay: Layout, c: int, exact: bool, to=None) -> tuple:
     return vec(lay.D, {c: 1}, exact), num(0, exact) - to, vec(lay.D, {c: -1}, exact)
 
 
-def zero_units(lay: Layout, coords, exact: bool) -> list:
-    """Per coordinate c two units, x_c − relu(x_c) + relu(−x_c) = 0: exact in any arithmetic
-    and for either sign (one unit is off, the other's output cancels x_c)."""
+def zero_units(lay: Layout, signs, exact: bool) -> list:
+    """Units that set data coordinate c to exactly 0 in any arithmetic, per ``signs[c]``: the
+    sign every token has there (1: all ≥ 0, x_c − relu(x_c); −1: all ≤ 0, x_c + relu(−x_c);
+    0: either, both units, one of which is off while the other cancels x_c)."""
     one = num(1, exact)
-    return [u for c in coords
-            for u in ((vec(lay.D, {c: one}, exact), num(0, exact), vec(lay.D, {c: -one}, exact)),
-                      (vec(lay.D, {c: -one}, exact), num(0, exact), vec(lay.D, {c: one}, exact)))]
+    out = []
+    for c, sign in enumerate(signs):
+        if sign >= 0:
+            out.append((vec(lay.D, {c: one}, exact), num(0, exact), vec(lay.D, {c: -one}, exact)))
+        if sign <= 0:
+            out.append((vec(lay.D, {c: -one}, exact), num(0, exact), vec(lay.D, {c: one}, exact)))
+    return out
 
 
 def on_code(lay: Layout, word: np.ndarray, factor, exact: bool) -> np.ndarray:

@@ -291,6 +291,7 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
     loose = (unsure | (active & (Zexact == 0))).astype(float) @ (W != 0).T.astype(float)
     snap = exact & (jac == 0) & (loose == 0)  # only units exactly computed write it
     snap &= rad < np.inf  # and it may not overflow (exact is about the bits, not the range)
+    snap &= q < np.inf  # a cell of no terms (x_c = 0, no unit): rint(0/inf)·inf would be nan
     with np.errstate(invalid="ignore", over="ignore"):
         snap &= up(chain + f64, 4) < q * 0.5
         mid = np.where(snap, np.rint(mid / np.where(snap, q, 1.0)) * np.where(snap, q, 1.0), mid)
