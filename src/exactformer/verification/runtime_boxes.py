@@ -153,10 +153,9 @@ def linear(Xm, Xr, Wm, Wr, b, br, fmt: Format):
 def _scaled_copies(Xm, Xr, Wm, Wr, b, fmt: Format):
     """Where x·Wᵀ + b is one input times a power of two c and nothing else (no bias, no cut
     of a matmul input, every other input finite), with no overflow and, for |c| < 1, no
-    result below the normals:
-    every runtime computes it exactly, whatever the input's bits (a box straddling a power of
-    two has no common quantum that fits, yet c·x is exact for each of its floats). And the
-    quanta of those values, c times the input's."""
+    result below the normals: every runtime computes it exactly, whatever the input's bits
+    (a box straddling a power of two has no common quantum that fits, yet c·x is exact for
+    each of its floats). And the quanta of those values, c times the input's."""
     single = ((Wm != 0).sum(axis=1) == 1) & (Wr == 0).all(axis=1) & (b == 0)
     if fmt.matmul_bits is not None or not single.any():
         return np.zeros((len(Xm), len(Wm)), dtype=bool), np.zeros((len(Xm), len(Wm)))
