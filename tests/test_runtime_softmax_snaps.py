@@ -14,7 +14,7 @@ from conftest import datasets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_default import claimed_bound
-from test_runtime_proof import PASSES, TOL, Pass, pass_error
+from test_runtime_proof import PASSES, TOL, pass_error
 
 import exactformer as ef
 from exactformer.data import builtin
