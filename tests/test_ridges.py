@@ -27,8 +27,9 @@ def ref_hat_groups(ff: FF):
     """Per layer: units sorted by −b (stable) close a hat where their column signs (±w of the
     hat's first column) sum to 0 and Σ ±b is exactly 0. When that fails (hats touching at a
     shared breakpoint can tie there in the wrong order), the units in their own order, each
-    hat then sorted by −b and the hats by their largest b, downwards. An infinite bias makes
-    no hat."""
+    hat then sorted by −b and the hats by their largest b, downwards, and the hats closed again
+    in that order (a part of a hat whose units cancel, two at one breakpoint, closes as a
+    window of its own). An infinite bias makes no hat."""
     U, b, W = ff.U, ff.b, ff.W
     if ff.eta != 1 or U.dtype != float or not U[0].any() or not (U == U[0]).all():
         return None
@@ -41,7 +42,8 @@ def ref_hat_groups(ff: FF):
     if groups is None:
         return None
     groups = [sorted(g, key=lambda i: (-b[i], i)) for g in groups]
-    return sorted(groups, key=lambda g: -b[g].max())
+    order = [i for g in sorted(groups, key=lambda g: -b[g].max()) for i in g]
+    return ref_closing(b, W, order)  # in that order a hat may close early: a zero-sum part
 
 
 def ref_closing(b, W, order):
@@ -371,6 +373,8 @@ def test_gadget_forms_as_the_reference(window):
                np.array([[1.0, -1.0, -1.0, 1.0]])))
 @example(ff=FF(1.0, np.ones((4, 1)), np.array([1e16, 1e16 - 2, 1e16 - 4, 1e16 - 6]) * -1,
                np.array([[1.0, -1.0, -1.0, 1.0]])))
+@example(ff=FF(1.0, np.tile([0.0, 0.0, 1.0], (8, 1)), -np.array([0.0, 1, 1, 2, 0, 1, 0, 1]),
+               np.array([[0.0] * 8, [0.0] * 8, [1, -1, -1, 1, 0.5, -0.5, -0.5, 0.5]])))
 def test_hat_layers_as_the_reference(ff):
     """One layer, hat or almost hat: the same windows as the per-layer reference."""
     want = ref_ridges(ff)
