@@ -72,7 +72,7 @@ def test_verify_says_when_the_data_are_a_subset():
     assert subset.verdict() == "PROVED EXACT"  # the exactness verdict is unchanged
     assert subset.data == {"sha256": ef.Dataset.from_arrays(XS[:10], YS[:10]).sha256(),
                            "N": 10, "built_for_sha256": data.sha256(), "built_for_N": 20,
-                           "same": False}
+                           "same": False, "model_sha256": same.data["model_sha256"]}
     row = dict(subset.rows())["data"]
     assert row.startswith("NOT") and "built for N = 20, given N = 10" in row
     assert subset.to_dict()["data"]["same"] is False

@@ -17,6 +17,7 @@ pytest.importorskip("safetensors")
 
 import exactformer as ef  # noqa: E402
 from exactformer import export as et  # noqa: E402
+from exactformer.conditioning import conditioning  # noqa: E402
 from exactformer.data import builtin  # noqa: E402
 
 CLAIM = "It reproduces its dataset and nothing else"
@@ -109,3 +110,28 @@ def test_a_report_on_another_model_is_refused(tmp_path):
     assert not (tmp_path / "mixed").exists()
     et.to_torch(model, torch.float32).save_pretrained(tmp_path / "f32", data=data,
                                                       report=report)  # the same model passes
+
+
+def test_a_report_on_a_model_with_the_same_numbers_is_refused(tmp_path):
+    """Two units of one FF layer swapped in their output columns only: the blocks, largest
+    |θ|, ‖θ‖² and largest unit slope, which the check compared before the model sha256, all
+    stay, while the model misses the data; the report's model sha256 tells them apart."""
+    data = builtin.demo()
+    model = ef.compile(data)
+    report = ef.verify(model, data)
+    k, last = next((i, blk) for i, blk in reversed(list(enumerate(model.blocks)))
+                   if blk.ff is not None and blk.ff.width >= 2
+                   and (blk.ff.W[:, 0] != blk.ff.W[:, 1]).any())
+    W = last.ff.W.copy()
+    W[:, [0, 1]] = W[:, [1, 0]]
+    swapped = replace(model, blocks=[*model.blocks[:k], replace(last, ff=replace(last.ff, W=W)),
+                                     *model.blocks[k + 1:]])
+    def numbers(m):
+        c = conditioning(m)
+        return m.n_blocks, c.max_abs, c.norm_sq, c.max_slope
+
+    assert numbers(swapped) == numbers(model)  # what the card's check compared before
+    assert not ef.verify(swapped, data).ok
+    with pytest.raises(ValueError, match="another model"):
+        et.to_torch(swapped).save_pretrained(tmp_path / "mixed", data=data, report=report)
+    assert not (tmp_path / "mixed").exists()

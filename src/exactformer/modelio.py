@@ -11,6 +11,7 @@ blocks concatenated into a few float64 arrays (see ``NPZ_KEYS`` and the README).
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import os
@@ -163,6 +164,38 @@ def save_model(model: Transformer, path: str | Path) -> None:
         _save_npz(model, path)
         return
     write_text_atomic(path, json.dumps(model_to_dict(model), separators=(",", ":")))
+
+
+def model_sha256(model: Transformer) -> str:
+    """SHA-256 of what a model computes: its header (d, attention, number kind, τ, causal,
+    positions) and every parameter, by bits for float64 and by exact value for rational
+    parameters; the record (meta) is left out. What a report names its model by, so that a
+    Hub card shows a verdict only beside the model it was made on."""
+    h = hashlib.sha256()
+    header = {k: v for k, v in _header(model).items() if k != "meta"}
+    h.update(json.dumps(header, sort_keys=True).encode())
+    for b in model.blocks:
+        h.update(b"|ff")
+        if b.ff is not None:
+            for a in (b.ff.eta, b.ff.U, b.ff.b, b.ff.W):
+                _digest(h, a)
+        h.update(b"|sa")
+        if b.sa is not None:
+            _digest(h, b.sa.rho)
+            for head in b.sa.heads:
+                for a in (head.A.alpha, head.A.a, head.A.c, head.V.beta, head.V.p, head.V.q):
+                    _digest(h, a)
+    return h.hexdigest()
+
+
+def _digest(h, value) -> None:
+    """Feed one scalar or array to ``h``: shape, then float64 bytes or exact values."""
+    a = np.asarray(value)
+    h.update(repr(a.shape).encode())
+    if a.dtype == object:
+        h.update(",".join(map(str, a.flat)).encode())
+    else:
+        h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
 
 
 def _refuse_hub_folder(path: Path) -> None:

@@ -32,7 +32,7 @@ from ..circuit.document import CIRCUIT_FILE, circuit_text, wanted
 from ..conditioning import conditioning
 from ..data import CausalDataset
 from ..model import Transformer
-from ..modelio import ModelFormatError, atomic_path, load_model, model_to_dict
+from ..modelio import ModelFormatError, atomic_path, load_model, model_sha256, model_to_dict
 from ..numbers import wider_than_model
 from ..summary import LICENCE, PAPER, decides, model_summary
 from ..verification.runtime_verdict import RUN_TOLERANCE
@@ -109,11 +109,19 @@ def _check_report_data(data, report) -> None:
 
 
 def _check_report_model(model: Transformer, report) -> None:
-    """ValueError when ``report`` describes another model: its size and conditioning numbers
-    (parameter count, largest |θ|, ‖θ‖², largest unit slope) differ from ``model``'s. The demo
-    model's report written beside the same model with one bias edited (which misses pair 6 by
-    64) gave that model's card PROVED EXACT. (Equal numbers do not prove the same model.)"""
+    """ValueError when ``report`` describes another model: the model sha256 it records
+    (``report.data``, :func:`.modelio.model_sha256`) is not ``model``'s, or, for a report that
+    records none, its size and conditioning numbers (blocks, largest |θ|, ‖θ‖², largest unit
+    slope) differ. The demo model's report written beside the same model with one bias edited
+    (which misses pair 6 by 64) gave that model's card PROVED EXACT; two weights swapped keep
+    every one of those numbers."""
     if report is None:
+        return
+    recorded = getattr(report, "data", {}).get("model_sha256")
+    if recorded is not None:
+        if recorded != model_sha256(model):
+            raise ValueError("the report was made on another model (its model sha256 differs "
+                             "from this module's): verify this module's model for its card")
         return
     cond = conditioning(model)
     mine = (model.n_blocks, cond.max_abs, cond.norm_sq, cond.max_slope)

@@ -8,17 +8,20 @@ The exactness verdict itself does not depend on this comparison.
 
 from __future__ import annotations
 
+from ..modelio import model_sha256
+
 
 def data_check(model, dataset) -> dict:
     """The report's ``data`` field: the given data's sha256 and N, the recorded ones (None where
-    the model file predates them or records no construction) and ``same``: True or False
-    when a hash is recorded, else None."""
+    the model file predates them or records no construction), ``same``: True or False
+    when a hash is recorded, else None, and the checked model's own ``model_sha256``."""
     rec = model.record
     stored = getattr(rec, "data_sha256", None)
     given = dataset.sha256()
     return {"sha256": given, "N": dataset.N,
             "built_for_sha256": stored, "built_for_N": None if rec is None else rec.N,
-            "same": None if stored is None else stored == given}
+            "same": None if stored is None else stored == given,
+            "model_sha256": model_sha256(model)}
 
 
 def data_row(data: dict) -> str:
