@@ -214,22 +214,24 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, hea
                     pending)
 
 
-def relaid(prep: Prepared, scratch: int, width: int, exact: bool) -> Prepared:
+def relaid(prep: Prepared, scratch: int, width: int, exact: bool, floor=None) -> Prepared:
     """``prep`` with ``scratch`` snap coordinates and its tagging laid out again for that
-    layout: the same plan, codes and tags."""
+    layout: the same plan, codes and tags. ``floor``: the data reset takes coordinates whose
+    tokens have both signs to it in one unit (:func:`.keyed_units.zero_units`)."""
     lay = replace(prep.lay, scratch=scratch)
     tag_layers, pending = _tag_layers(prep.p, lay, prep.word, prep.scales.C, width, exact,
-                                      data_signs(prep.table.points))
+                                      data_signs(prep.table.points), floor)
     return replace(prep, lay=lay, tag_layers=tag_layers, pending=pending)
 
 
-def _tag_layers(p: Plan, lay: Layout, word: dict, C, width: int, exact: bool, signs
-                ) -> tuple[list[Block], list]:
-    """The tagging layers; a softmax layout's (``moved``) also set every data coordinate to
-    exactly 0 once the last window has read them (``signs``: each coordinate's sign over the
-    tokens, 0 where they have both), where the layers have room (the rest is returned, for
-    the layers before the collapse; docs/keyed.md#softmax)."""
-    tail = zero_units(lay, signs, exact) if lay.with_moved else []
+def _tag_layers(p: Plan, lay: Layout, word: dict, C, width: int, exact: bool, signs,
+                floor=None) -> tuple[list[Block], list]:
+    """The tagging layers; a softmax layout's (``moved``) also reset every data coordinate
+    (to 0, or to ``floor`` where tokens have both signs there) once the last window has read
+    them (``signs``: each coordinate's sign over the tokens, 0 where they have both), where
+    the layers have room (the rest is returned, for the layers before the collapse;
+    docs/keyed.md#softmax)."""
+    tail = zero_units(lay, signs, exact, floor) if lay.with_moved else []
     return tagging(p.tags, lay, word, C, width, exact, tail)
 
 
@@ -237,8 +239,8 @@ def data_signs(points: np.ndarray) -> list[int]:
     """Per data coordinate 1 where every token is ≥ 0 there, −1 where every one is ≤ 0 (not
     all 0), else 0; compared exactly (a rational −10⁻⁴⁰⁰ is negative, though its float is −0)."""
     X = np.asarray(points)
-    return [1 if all(v >= 0 for v in col) else -1 if all(v <= 0 for v in col) else 0
-            for col in X.T]
+    pos, neg = (X >= 0).all(axis=0), (X <= 0).all(axis=0)
+    return [1 if p else -1 if q else 0 for p, q in zip(pos.tolist(), neg.tolist(), strict=True)]
 
 
 def slots(width: int) -> int:

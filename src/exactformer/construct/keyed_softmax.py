@@ -37,7 +37,7 @@ import numpy as np
 from ..model import SA, Block, ValueMatrix
 from ..numbers import num, to_fraction, zeros
 from .gadgets import power_of_two_below
-from .keyed import Built, Prepared, collapse_scores, phases, prepare, relaid
+from .keyed import Built, Prepared, collapse_scores, data_signs, phases, prepare, relaid
 from .keyed_moves import move_argument, move_queues, schedule, widest_direction, widest_move
 from .keyed_separation import height_resets, rounds
 from .keyed_units import Layout, clip_pair, ff_layer, on_code, reset_unit, vec, with_tail
@@ -53,20 +53,25 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     block more a move at width 4) wherever the model then stays within the paper's bound
     2Σm + 3N, else plain clip pairs (docs/keyed.md#softmax)."""
     anchor = target_anchor(targets, exact)
+    bound, n = 2 * sum(m) + 3 * len(inputs), max(map(len, inputs))
     prep = prepare(inputs, m, exact, width, heads, seed, progress, softmax=True,
                    scratch=snap_group(width))
-    built = _assemble(prep, targets, anchor, max(map(len, inputs)), width, exact, snaps=True)
-    if len(built.blocks) > 2 * sum(m) + 3 * len(inputs):
+    built = _assemble(prep, targets, anchor, anchor, n, width, exact, snaps=True)
+    if len(built.blocks) > bound:
         prep = relaid(prep, 0, width, exact)
-        built = _assemble(prep, targets, anchor, max(map(len, inputs)), width, exact,
-                          snaps=False)
+        built = _assemble(prep, targets, anchor, anchor, n, width, exact, snaps=False)
+    if len(built.blocks) > bound:  # one unit, not two, for a coordinate of both signs
+        floor = data_floor(prep.table.points, exact)
+        prep = relaid(prep, 0, width, exact, floor)
+        built = _assemble(prep, targets, anchor, anchor - floor, n, width, exact, snaps=False)
     return built
 
 
-def _assemble(prep: Prepared, targets: list[np.ndarray], anchor: np.ndarray, n: int,
-              width: int, exact: bool, snaps: bool) -> Built:
+def _assemble(prep: Prepared, targets: list[np.ndarray], anchor: np.ndarray, lift: np.ndarray,
+              n: int, width: int, exact: bool, snaps: bool) -> Built:
     """The blocks after the tagging: separation, data reset, collapse, moves (snapped or
-    plain clip pairs) and the final resets."""
+    plain clip pairs, writing target − anchor) and the final resets; ``lift``: what the
+    anchor unit adds to the data, reset to 0 (or to a floor) before the collapse."""
     p, lay = prep.p, prep.lay
     beta_s, beta_c = score_scales(prep, n, exact)
     sep = rounds(prep, exact, score_scale=beta_s)
@@ -75,7 +80,7 @@ def _assemble(prep: Prepared, targets: list[np.ndarray], anchor: np.ndarray, n: 
     collapse = [Block(ff, None) for ff in clear[:-1]] + \
         [Block(clear[-1], _collapse(prep, beta_c, exact))]
     moves = (_snapped_moves if snaps else _paired_moves)(prep, targets, anchor, width, exact)
-    moves = with_tail(moves, [_anchor_unit(lay, anchor, exact)], width, start=0)
+    moves = with_tail(moves, [_anchor_unit(lay, lift, exact)], width, start=0)
     layers = with_tail(moves, _own_reset(lay, bool(p.rounds), exact), width)  # data, moved only
     layers = with_tail(layers, [reset_unit(lay, lay.moved, exact)], width, start=len(moves))
     blocks = prep.tag_layers + sep + collapse + \
@@ -83,6 +88,22 @@ def _assemble(prep: Prepared, targets: list[np.ndarray], anchor: np.ndarray, n: 
     keyed = {**prep.keyed, "scores": [str(beta_s), str(beta_c)], "snaps": snaps}
     return Built(blocks, lay.D, phases(prep, len(sep), len(collapse), len(blocks)),
                  len(p.rounds), keyed)
+
+
+def data_floor(points: np.ndarray, exact: bool) -> np.ndarray:
+    """Per data coordinate whose tokens have both signs a dyadic number at or below every
+    token's: the largest multiple of 2⁻²⁰ of the coordinate's extent (a power of two at or
+    below its largest |x_c|) not above its smallest x_c, held exactly by ball arithmetic; 0
+    elsewhere (those coordinates are reset to exactly 0)."""
+    out = []
+    for col, sign in zip(np.asarray(points).T, data_signs(points), strict=True):
+        if sign != 0:
+            out.append(num(0, exact))
+            continue
+        lo, extent = to_fraction(col.min()), to_fraction(np.abs(col).max())
+        step = max(power_of_two_below(extent), Fraction(1, 1 << 1000)) * Fraction(1, 1 << 20)
+        out.append(num(math.floor(lo / step) * step, exact))
+    return np.array(out, dtype=object if exact else float)
 
 
 def target_anchor(targets: list[np.ndarray], exact: bool) -> np.ndarray:
@@ -145,11 +166,11 @@ def _collapse(prep: Prepared, beta, exact: bool) -> SA:
               ValueMatrix(num(1, exact), shift, vec(lay.D, {lay.one: 1}, exact)))
 
 
-def _anchor_unit(lay: Layout, anchor: np.ndarray, exact: bool) -> tuple:
-    """relu(1)·anchor on the data: every token's data, 0 after the collapse, becomes the
-    anchor, so that a move writes target − anchor (:func:`target_anchor`)."""
+def _anchor_unit(lay: Layout, lift: np.ndarray, exact: bool) -> tuple:
+    """relu(1)·lift on the data: every token's data, 0 (or the floor) after the collapse,
+    becomes the anchor, so that a move writes target − anchor (:func:`target_anchor`)."""
     out = zeros(lay.D, exact)
-    out[:lay.d] = anchor
+    out[:lay.d] = lift
     return zeros(lay.D, exact), num(1, exact), out
 
 

@@ -143,13 +143,18 @@ def reset_unit(lay: Layout, c: int, exact: bool, to=None) -> tuple:
     return vec(lay.D, {c: 1}, exact), num(0, exact) - to, vec(lay.D, {c: -1}, exact)
 
 
-def zero_units(lay: Layout, signs, exact: bool) -> list:
-    """Units that set data coordinate c to exactly 0 in any arithmetic, per ``signs[c]``: the
-    sign every token has there (1: all ≥ 0, x_c − relu(x_c); −1: all ≤ 0, x_c + relu(−x_c);
-    0: either, both units, one of which is off while the other cancels x_c)."""
+def zero_units(lay: Layout, signs, exact: bool, floor=None) -> list:
+    """Units that set each data coordinate c to a constant, per ``signs[c]``, the sign every
+    token has there: 1 (all ≥ 0), x_c − relu(x_c) = 0; −1 (all ≤ 0), x_c + relu(−x_c) = 0;
+    0 (both), both units, one off while the other cancels x_c, or with ``floor`` one unit
+    x_c − relu(x_c − floor_c) = floor_c (floor_c at or below every token's x_c). Each is exact
+    in any arithmetic but the floor, which is exact in real arithmetic only."""
     one = num(1, exact)
     out = []
     for c, sign in enumerate(signs):
+        if sign == 0 and floor is not None:
+            out.append(reset_unit(lay, c, exact, to=floor[c]))
+            continue
         if sign >= 0:
             out.append((vec(lay.D, {c: one}, exact), num(0, exact), vec(lay.D, {c: -one}, exact)))
         if sign <= 0:
