@@ -73,9 +73,11 @@ def separation(table: TokenTable, p: Plan, width: int, heads: int, w: int, seed:
     more) bent ones (two heads a round, a tag's holders in convex position) with hull
     normals, the first with the fewest blocks; hull normals cost larger move weights, so an
     alternative to the first is kept only while every move weight is within
-    :func:`move_limit` (and where its multipliers are found). The blocks counted:
-    separation, collapse (a softmax model's data reset and separation clear, ``width`` units
-    a layer) and moves (two units a move in a softmax model)."""
+    :func:`move_limit` (and where its multipliers are found). The blocks counted, an
+    estimate that weighs the options alike: separation, collapse (a softmax model's data
+    reset and separation clear counted as ``width`` units a layer before it, though the reset
+    mostly shares the tagging's last layers) and moves (two units a move in a softmax model,
+    as plain pairs; snapped ones take three)."""
     options = [(False, False), (False, True)] + ([(True, True)] if heads >= 2 else [])
     best = None
     for bent, normals in options if p.rounds else options[:1]:

@@ -248,8 +248,9 @@ def _snap(prep: Prepared, k: int, t: int, g, j: int, move, exact: bool) -> tuple
 
 def _snapped_pair(prep: Prepared, k: int, move, exact: bool) -> list:
     """relu(s) − relu(s − 1) of snap k's value s, times (move on the data, 1 on moved): both
-    units read the same stored s, so s − (s − 1) is 1 up to one rounding in any arithmetic.
-    The first unit also clears s."""
+    units read the same stored s, so s − (s − 1) is exactly 1 (s ≥ 1) and a data cell gets
+    s·move − (s − 1)·move, two rounded products, in any arithmetic. The first unit also
+    clears s."""
     lay = prep.lay
     out = _move_out(lay, move, exact)
     read = vec(lay.D, {lay.snap(k): 1}, exact)
