@@ -155,3 +155,18 @@ def test_resets_on_boxes_across_a_power_of_two_hold_every_order(seed, power):
     if power:  # no rounding of x's size: x − x is exactly 0 in every order
         assert (rad[:, :2][on & signs] <= 2.0 ** -40 * np.abs(Xm[:, :2][on & signs])).all()
         assert (mid[:, :2][on & signs] == 0).all()
+
+
+def test_a_wide_space_few_targets_keeps_the_bound_with_a_floor():
+    """Two sequences of one token in d = 12, coordinates of both signs: the exact-zero data
+    reset (two units a coordinate) took 12 blocks against 2Σm + 3N = 10; the build falls back
+    to one unit a coordinate, to a dyadic floor below the data, and stays exact."""
+    rng = np.random.default_rng(5)
+    data = ef.Dataset.from_arrays([rng.integers(-20, 20, (1, 12)).astype(float) for _ in range(2)],
+                                  [rng.integers(-20, 20, (1, 12)).astype(float) for _ in range(2)])
+    assert 0 in [1 if (c >= 0).all() else -1 if (c <= 0).all() else 0
+                 for c in np.vstack(data.floats()[0]).T]  # a coordinate of both signs
+    model = _softmax(data, exact=True)
+    assert model.n_blocks <= 2 * data.total_m + 3 * data.N
+    assert not model.record.keyed["snaps"]
+    assert ef.verify(model, data).verdict() == "PROVED EXACT"
