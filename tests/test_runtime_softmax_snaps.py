@@ -170,3 +170,16 @@ def test_a_wide_space_few_targets_keeps_the_bound_with_a_floor():
     assert model.n_blocks <= 2 * data.total_m + 3 * data.N
     assert not model.record.keyed["snaps"]
     assert ef.verify(model, data).verdict() == "PROVED EXACT"
+
+
+def test_the_float64_enclosures_decide_a_model_of_many_snap_groups():
+    """A float64 softmax build at width 16 (381 moves, groups of 5): a pair that clears its
+    snap coordinate has J = 0, which the enclosures charged J's float64 rounding, so each
+    later pair reading that coordinate at a moved row was undecided and doubled the radius;
+    the bound passed the limit and the ball pass decided. J's exact entries now carry no
+    rounding and the enclosures decide, within the limit, as the ball pass does."""
+    data = builtin.shared_pool(100, 4, 20, 8, 3, seed=0)
+    model = _softmax(data, exact=False, width=16)
+    assert model.record.keyed["snaps"]
+    report = ef.verify(model, data)
+    assert report.ok and report.arithmetic == "enclosures"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..distance import hausdorff_of, pair_distances
-from .grid import exact_dots
+from .grid import exact_dots, lowbit
 from .twins import TWIN_ROWS, distinct
 
 U = 2.0 ** -53  # unit roundoff of float64
@@ -505,7 +505,24 @@ def _jacobian_times(r, W, U_, pat, eta) -> np.ndarray:
     if size is None:
         return r @ np.abs(J).T
     c = 2 * n + 4  # rounding(size, n) = c·u·size + c·2^-1022
-    return r @ (np.abs(J) + c * U * size).T + (c * TINY) * r.sum(axis=1)[:, None]
+    err = np.where(exact_entries(W, U_, pat, eta), 0.0, c * U * size)
+    return r @ (np.abs(J) + err).T + (c * TINY) * r.sum(axis=1)[:, None]
+
+
+def exact_entries(W, U_, pat, eta) -> np.ndarray:
+    """The entries of J (:func:`_jacobian`) that float64 computes exactly: every product
+    W_ck·U_kj and η is a multiple of q, the least lowbit(W_c·)·lowbit(U_·j) (and lowbit(η) on
+    the diagonal), and every partial sum stays below q·2^53. A snapped pair's or a reset's
+    units cancel so, and their J = 0 must carry no rounding: a radius left on a cleared
+    coordinate makes the next pair reading it undecided, which doubles it (docs/keyed.md)."""
+    Wp, Up = W[:, pat], U_[pat]
+    eye = _identity(eta, W, U_)
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = lowbit(Wp).min(axis=1, initial=np.inf)[:, None] * \
+            lowbit(Up).min(axis=0, initial=np.inf)[None, :]
+        q = np.minimum(q, np.where(eye != 0, lowbit(eye), np.inf))
+        size = np.abs(Wp) @ np.abs(Up) + np.abs(eye)
+        return (q >= 2.0 ** -1000) & (size < q * 2.0 ** 53)
 
 
 def _jacobian(W, U_, pat, eta) -> tuple[np.ndarray, np.ndarray | None, int]:

@@ -20,7 +20,7 @@ import copy
 
 import numpy as np
 
-from ..evaluate.enclosure import TINY, flag_patterns, rounding, sum_error, up, upper
+from ..evaluate.enclosure import TINY, exact_entries, flag_patterns, rounding, sum_error, up, upper
 from ..evaluate.enclosure import U as U64
 from ..evaluate.grid import fits_exactly, lowbit
 from ..evaluate.keys import KeyLayer, key_layers, row_keys
@@ -363,11 +363,7 @@ def jacobian_spread(Xr, active, W, U_, eta: float, cols=None):
         Wp, Up = W[:, pat], U_[pat]
         J = eta * eye + Wp @ Up
         size = abs(eta) * eye + np.abs(Wp) @ np.abs(Up)
-        with np.errstate(over="ignore", invalid="ignore"):
-            q = np.minimum(lowbit(eta) * np.where(eye > 0, 1.0, np.inf),
-                           lowbit(Wp).min(axis=1, initial=np.inf)[:, None] *
-                           lowbit(Up).min(axis=0, initial=np.inf)[None, :])
-            exact = (q >= 2.0 ** -1000) & (size < q * 2.0 ** 53)
+        exact = exact_entries(W, U_, pat, eta * eye)
         aJ = np.abs(J) + np.where(exact, 0.0, rounding(size, int(pat.sum()) + 1))
         out[rows] = pos_up(Xr[rows] @ aJ.T, d + 2)
     return out
