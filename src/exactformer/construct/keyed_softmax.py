@@ -7,9 +7,10 @@ one; the construction bounds by how much and makes every later unit blind to it:
 * **Separation** scores β_s·height: each token of a sequence gets the same weights, so its
   signature is the same real number for every token of the sequence, within a bound of the
   hardmax signature.
-* **Data reset.** In the tagging's last layers, once no window reads the data, two units per
-  data coordinate set it to exactly 0 (``keyed_units.zero_units``); with rounds, units
-  before the collapse clear the heights.
+* **Data reset.** In the tagging's last layers, once no window reads the data, one unit per
+  data coordinate whose tokens share a sign, two where they do not, set it to exactly 0
+  (``keyed_units.zero_units``; or, where the model would break the paper's bound, one unit
+  to a dyadic floor); with rounds, units before the collapse clear the heights.
 * **Collapse** (ρ = 0) with the hardmax scores times β_c and V = I + (9C/8)·(code
   indicator)·e_oneᵀ: each token becomes its leader tag's state within a bound, its data
   exactly 0, its code entries raised into [C/8, 17C/8], clear of every ReLU's kink whatever
@@ -17,9 +18,9 @@ one; the construction bounds by how much and makes every later unit blind to it:
 * **Moves.** One constant unit writes the ``anchor`` (the targets' rounded mean) into the data.
   Each state's move reads the hardmax move's argument a (1 at its own state, ≤ −1 elsewhere,
   off by < 1/16 after the softmax layers): *snapped*, a unit stores s = relu(2a − ½) and a
-  layer later relu(s) − relu(s − 1) writes target − anchor and marks the token as moved, one
-  rounding in any summation order; or, where snaps would break the paper's bound, the plain
-  clip pair relu(2a − ½) − relu(2a − 3/2) of a itself. Both are exactly 1 or 0 in real
+  layer later relu(s) − relu(s − 1) writes target − anchor and marks the token as moved, two
+  rounded products in any summation order; or, where snaps would break the paper's bound, the
+  plain clip pair relu(2a − ½) − relu(2a − 3/2) of a itself. Both are exactly 1 or 0 in real
   arithmetic.
 * **Reset.** One unit relu(x_c)·(−e_c) per coordinate of the model's own (all ≥ 0) ends with
   each token exactly its target and the model's coordinates exactly 0.
