@@ -156,7 +156,7 @@ def zero_units(lay: Layout, signs, exact: bool, floor=None) -> list:
             out.append(reset_unit(lay, c, exact, to=floor[c]))
             continue
         if sign >= 0:
-            out.append((vec(lay.D, {c: one}, exact), num(0, exact), vec(lay.D, {c: -one}, exact)))
+            out.append(reset_unit(lay, c, exact))
         if sign <= 0:
             out.append((vec(lay.D, {c: -one}, exact), num(0, exact), vec(lay.D, {c: one}, exact)))
     return out

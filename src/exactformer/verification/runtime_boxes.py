@@ -136,7 +136,7 @@ def linear(Xm, Xr, Wm, Wr, b, br, fmt: Format):
         part = np.where(scaled, np.minimum(part, pos_up(np.abs(mid) + spread +
                                                         rounding(S, k), 4)), part)
     exact, q = _linear_exact(Xm, Xr, Wm, Wr, bias, part, fmt)
-    copy, qc = _scaled_copies(Xm, Xr, Wm, Wr, bias, fmt)
+    copy, qc = _scaled_copies(Xm, Xr, Wm, Wr, bias, scaled, fmt)
     exact, q = exact | copy, np.where(copy, np.maximum(q, qc), q)
     if br is not None:
         exact &= br == 0
@@ -150,18 +150,18 @@ def linear(Xm, Xr, Wm, Wr, b, br, fmt: Format):
     return mid, spread, rnd, np.where(exact, q, 0.0)
 
 
-def _scaled_copies(Xm, Xr, Wm, Wr, b, fmt: Format):
-    """Where x·Wᵀ + b is one input times a power of two c and nothing else (no bias, no cut
-    of a matmul input, every other input finite), with no overflow and, for |c| < 1, no
-    result below the normals: every runtime computes it exactly, whatever the input's bits
-    (a box straddling a power of two has no common quantum that fits, yet c·x is exact for
-    each of its floats). And the quanta of those values, c times the input's."""
-    single = ((Wm != 0).sum(axis=1) == 1) & (Wr == 0).all(axis=1) & (b == 0)
+def _scaled_copies(Xm, Xr, Wm, Wr, b, scaled, fmt: Format):
+    """Where x·Wᵀ + b is one input times a power of two c (``scaled``: the units of one such
+    weight) and nothing else (no bias, no cut of a matmul input, every other input finite),
+    with no overflow and, for |c| < 1, no result below the normals: every runtime computes it
+    exactly, whatever the input's bits (a box straddling a power of two has no common quantum
+    that fits, yet c·x is exact for each of its floats). And the quanta of those values, c
+    times the input's."""
+    single = scaled & (Wr == 0).all(axis=1) & (b == 0)
     if fmt.matmul_bits is not None or not single.any():
         return np.zeros((len(Xm), len(Wm)), dtype=bool), np.zeros((len(Xm), len(Wm)))
     col = np.argmax(Wm != 0, axis=1)
     c = np.abs(Wm[np.arange(len(Wm)), col])
-    single &= lowbit(c) == c
     x, r = Xm[:, col], Xr[:, col]
     with np.errstate(over="ignore", invalid="ignore"):
         ax_hi, ax_lo = np.abs(x) + r, np.maximum(np.abs(x) - r, 0.0)
