@@ -19,23 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..distance import hausdorff_of, pair_distances
-from .grid import exact_dots, lowbit
+from .grid import exact_dots
+from .jacobians import jacobian_bound, pattern_bound, pieces_into
+from .rounding import FLOOR, TINY, U, lower, rounding, up, upper
 from .twins import TWIN_ROWS, distinct
-
-U = 2.0 ** -53  # unit roundoff of float64
-TINY = 2.0 ** -1022  # absolute slack per operation: covers underflow to subnormals or zero
-FLOOR = 2.0 ** -510  # > sqrt(2^-1022): a distance whose square underflows is below it
-
-
-def rounding(S, n: int, out=None):
-    """Bound on the rounding error of a float64 sum of n products (any order, FMA or not)
-    whose absolute values add up to S (S computed in float64 itself); into ``out`` (which
-    may be S) when given, with the same operations."""
-    if out is None:
-        return (2 * n + 4) * U * S + (2 * n + 4) * TINY
-    np.multiply(S, (2 * n + 4) * U, out=out)
-    out += (2 * n + 4) * TINY
-    return out
 
 
 def sum_error(a, b, s):
@@ -49,28 +36,6 @@ def sum_error(a, b, s):
     np.abs(e, out=e)  # inf or nan exactly where s is not finite: then inf
     np.copyto(e, np.inf, where=np.isnan(e))
     return e
-
-
-def up(r, n: int, out=None):
-    """``r`` (a nonnegative bound computed with at most n float operations) inflated so that
-    it bounds the exactly computed quantity too; into ``out`` (which may be r) when given,
-    with the same operations."""
-    if out is None:
-        return r * (1 + 4 * (n + 2) * U) + (n + 2) * TINY
-    np.multiply(r, 1 + 4 * (n + 2) * U, out=out)
-    out += (n + 2) * TINY
-    return out
-
-
-def lower(m, r):
-    """A float ≤ m − r exactly (one step below the rounded difference; m itself where r is
-    0, so that an exact value keeps a zero-width hull)."""
-    return np.where(r == 0, m, np.nextafter(m - r, -np.inf))
-
-
-def upper(m, r):
-    """A float ≥ m + r exactly (m itself where r is 0)."""
-    return np.where(r == 0, m, np.nextafter(m + r, np.inf))
 
 
 def dot_radius(X, r, v) -> np.ndarray:
@@ -94,16 +59,23 @@ def dot_radius(X, r, v) -> np.ndarray:
 
 def _pre_activations(X, r, U_, b):
     """Float pre-activations Z = X Uᵀ + b, the rounding of Z alone, and the radius of Z over
-    the boxes X ± r (rounding included). A pre-activation of an exact row (radius 0) that no
-    evaluation rounds is the exact value: its radius is 0, not the few 2^-1022 that
-    :func:`up` adds, so its sign is decided even at 0 (docs/numerics.md#exact-rows)."""
+    the boxes X ± r (rounding included). A pre-activation that reads only coordinates of
+    radius 0 and that no evaluation rounds is the exact value: its radius is 0, not the few
+    2^-1022 that :func:`up` adds, so its sign is decided even at 0; the other coordinates of
+    the row may carry radii (docs/numerics.md#exact-rows)."""
     aU = np.abs(U_)
     Z = X @ U_.T + b
     z_round = rounding(np.abs(X) @ aU.T + np.abs(b), X.shape[1])
     z_round[exact_dots(X, U_, b)] = 0.0  # no evaluation rounds these (docs/numerics.md#grid)
     z_rad = up(r @ aU.T + z_round, X.shape[1] + 1)
-    z_rad[exact_rows(r)[:, None] & (z_round == 0)] = 0.0
+    z_rad[(_reads_radius(r, U_) == 0) & (z_round == 0)] = 0.0
     return Z, z_round, z_rad
+
+
+def _reads_radius(r, V) -> np.ndarray:
+    """Per row and row of V: how many of the columns V reads carry a nonzero radius (nan
+    counts): 0 where the row's values there are the exact ones."""
+    return (r != 0).astype(np.float64) @ (V != 0).T.astype(np.float64)
 
 
 def exact_rows(r) -> np.ndarray:
@@ -375,20 +347,32 @@ def _twins(Xc, rc) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _certainly_off(X, r, U_, b) -> np.ndarray:
-    """Rows on whose whole box every unit is certainly off, by the generic rounding bound
-    alone (no grid certificate: cheaper, and never smaller): with η = 1 the layer returns
-    such a row as it is, x + 0 in every evaluation, radius included. Most rows of a keyed
-    layer after the tagging are such rows (docs/numerics.md#enclosures)."""
+    """Rows on whose whole box every unit is certainly off (:func:`maybe_on`): with η = 1
+    the layer returns such a row as it is, x + 0 in every evaluation, radius included. Most
+    rows of a keyed layer after the tagging are such rows (docs/numerics.md#enclosures)."""
+    return ~maybe_on(X, r, U_, b).any(axis=1)
+
+
+def maybe_on(X, r, U_, b) -> np.ndarray:
+    """Per row and unit: whether U·x + b may be > 0 at an exact point x of the row's box, or
+    in a float evaluation there, by the generic rounding bound alone (no grid certificate:
+    cheaper, and never smaller); True where the bound is not finite or nan. A unit that
+    reads only exact zeros (value and radius 0; U finite) is b, exactly: a snapped pair
+    reads its snap, 0 at every row but the few it moves (docs/keyed.md)."""
     aU = np.abs(U_)
     Z = X @ U_.T + b
     z_rad = up(r @ aU.T + rounding(np.abs(X) @ aU.T + np.abs(b), X.shape[1]), X.shape[1] + 1)
-    return (upper(Z, z_rad) <= 0).all(axis=1)
+    on = ~(upper(Z, z_rad) <= 0)
+    if np.isfinite(U_).all():
+        zeros = _reads_radius((X != 0) | (r != 0), U_) == 0
+        on = np.where(zeros, np.broadcast_to(b > 0, on.shape), on)
+    return on
 
 
 def _ff_dense(X, r, eta, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     """:func:`ff_dense` on every coordinate of X; a coordinate of a row whose units' signs
     are all certain takes the affine piece's evaluation where that bounds it tighter
-    (:func:`_pieces_into`). ``eta``: η, or (η = 1) the rows of the identity of the output
+    (:func:`.jacobians.pieces_into`). ``eta``: η, or (η = 1) the rows of the identity of the output
     coordinates, W then having those rows alone: coordinates no unit writes are left out of
     the output (a tagging window reads every data coordinate and writes one)."""
     d, h = X.shape[1], len(b)
@@ -397,21 +381,23 @@ def _ff_dense(X, r, eta, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     active, unsure = signs(Z, z_rad)
     A, maybe_on = np.maximum(Z, 0.0), active | unsure
     rad = units_radius(r, active, unsure, z_round, z_rad, W, U_, eta)
-    exact = _exact_units(r, z_rad, maybe_on)
     e = eta if np.ndim(eta) == 0 else 1.0
+    exact = _reads_radius((z_rad != 0) & maybe_on, W) == 0  # exact units write it
+    if e != 0:
+        exact &= ro == 0  # and the coordinate itself is exact
     out = e * Xo + A @ W.T
     sums = rounding(abs(e) * np.abs(Xo) + A @ np.abs(W).T, h + 1)
     written = np.flatnonzero(W.any(axis=1))
     if e in (0, 1, -1):  # η·x exact: the row's own term of each sum (grid.py)
         sums[:, written] *= ~exact_dots(A, W[written], e * Xo[:, written])
     rad = up(rad + sums, 2 * (h + d) + 4)
-    rad[exact[:, None] & (sums == 0)] = 0.0  # exact A, a sum no evaluation rounds
+    rad[exact & (sums == 0)] = 0.0  # exact terms, a sum no evaluation rounds
     if e == 1:  # a coordinate no unit that may be on writes: x + 0, exactly, in both
         untouched = (maybe_on.astype(np.float64) @ (W != 0).T.astype(np.float64)) == 0
         rad = np.where(untouched & np.isfinite(out), ro, rad)  # inf·0 = nan is not x
     rows = np.flatnonzero(~unsure.any(axis=1) & active.any(axis=1))
     if len(rows):
-        _pieces_into(out, rad, X, r, eta, U_, b, W, active, rows)
+        pieces_into(out, rad, X, r, eta, U_, b, W, active, rows)
     return out, rad
 
 
@@ -421,131 +407,6 @@ def _outputs(X, r, eta):
         return X, r, eta
     at = np.argmax(eta, axis=1)
     return X[:, at], r[:, at], eta
-
-
-def _pieces_into(out, rad, X, r, eta, U_, b, W, active, rows) -> None:
-    """On ``rows``, where every unit's sign is certain on the box, F is the affine piece
-    x ↦ J_P x + W_P b_P of the row's pattern P of active units. Where the active units'
-    slopes cancel (J_P from :func:`_jacobian` is exactly η·I, or the rows of I that ``eta``
-    gives: a clip pair that is flat), the
-    piece is evaluated so: a coordinate is bounded by (|J_P| + e_J)·r + e_J·|X| + the rounding
-    of W_P b_P and of the piece's own sum, and where that is below its radius from the
-    units' evaluation it takes this midpoint and radius instead (docs/numerics.md#enclosures:
-    the move is added without the rounding of the units' large arguments)."""
-    d = X.shape[1]
-    patterns, which = flag_patterns(active[rows])
-    for g, pat in enumerate(patterns):
-        J, size, n = _jacobian(W, U_, pat, eta)
-        if not np.array_equal(J, _identity(eta, W, U_)):
-            continue
-        at = rows[which == g]
-        J_err = np.zeros(J.shape) if size is None else rounding(size, n)
-        Wp, bp = W[:, pat], b[pat]
-        c = Wp @ bp
-        Xa, ra = X[at], r[at]
-        with np.errstate(all="ignore"):
-            m = Xa @ J.T + c
-            aJ = np.abs(J)
-            e = ra @ (aJ + J_err).T + np.abs(Xa) @ J_err.T + \
-                rounding(np.abs(Wp) @ np.abs(bp), int(pat.sum())) + \
-                rounding(np.abs(Xa) @ aJ.T + np.abs(c), d + 1)
-            e = up(e, 4 * d + 8)
-            better = np.isfinite(m) & (e < rad[at])
-        out[at] = np.where(better, m, out[at])
-        rad[at] = np.where(better, e, rad[at])
-
-
-def jacobian_bound(r, active, W, U_, eta) -> np.ndarray:
-    """Per row, |J| r (with J's rounding) for J = η·I + Σ_{k active} W_k U_kᵀ, the exact
-    Jacobian of the row's affine piece. Rows are grouped by their pattern of active units."""
-    patterns, which = flag_patterns(active)
-    out = np.empty((len(r), W.shape[0]))
-    for g, pat in enumerate(patterns):
-        rows = which == g
-        out[rows] = _jacobian_times(r[rows], W, U_, pat, eta)
-    return out
-
-
-def pattern_bound(r, active, unsure, W, U_, eta) -> np.ndarray:
-    """Per row, the largest |J_P| r (with J_P's rounding) over the patterns P = the active
-    units plus any subset of the undecided ones (``unsure``, a few per row). Rows are
-    grouped by their (active, undecided) patterns."""
-    h = active.shape[1]
-    patterns, which = flag_patterns(np.concatenate([active, unsure], axis=1))
-    out = np.empty((len(r), W.shape[0]))
-    for g, pat in enumerate(patterns):
-        rows = which == g
-        maybe = np.flatnonzero(pat[h:])
-        best = np.zeros((int(rows.sum()), W.shape[0]))
-        for bits in range(2 ** len(maybe)):
-            p = pat[:h].copy()
-            p[maybe[[bool(bits >> i & 1) for i in range(len(maybe))]]] = True
-            best = np.maximum(best, _jacobian_times(r[rows], W, U_, p, eta))
-        out[rows] = best
-    return out
-
-
-def flag_patterns(flags) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct rows of a boolean array and each row's index among them."""
-    if flags.shape[1] < 63:  # a pattern as one integer: sorting those is far faster
-        code = flags.astype(np.int64) @ (np.int64(1) << np.arange(flags.shape[1]))
-        _, first, which = np.unique(code, return_index=True, return_inverse=True)
-        return flags[first], which.reshape(-1)
-    patterns, which = np.unique(flags, axis=0, return_inverse=True)
-    return patterns, which.reshape(-1)
-
-
-def _jacobian_times(r, W, U_, pat, eta) -> np.ndarray:
-    """|J| r per row, J's rounding included, for J = η·I + Σ_{k ∈ pat} W_k U_kᵀ
-    (:func:`_jacobian`). The absolute part of J's rounding bound, the same c·2^-1022 in
-    every entry, is added as c·2^-1022·Σ_j r_j instead of inside the product: otherwise every
-    zero entry of J (a zero row of W) would make its products with the radii subnormal, on
-    which float64 arithmetic is many times slower."""
-    J, size, n = _jacobian(W, U_, pat, eta)
-    if size is None:
-        return r @ np.abs(J).T
-    c = 2 * n + 4  # rounding(size, n) = c·u·size + c·2^-1022
-    err = np.where(exact_entries(W, U_, pat, eta), 0.0, c * U * size)
-    return r @ (np.abs(J) + err).T + (c * TINY) * r.sum(axis=1)[:, None]
-
-
-def exact_entries(W, U_, pat, eta) -> np.ndarray:
-    """The entries of J (:func:`_jacobian`) that float64 computes exactly: every product
-    W_ck·U_kj and η is a multiple of q, the least lowbit(W_c·)·lowbit(U_·j) (and lowbit(η) on
-    the diagonal), and every partial sum stays below q·2^53. A snapped pair's or a reset's
-    units cancel so, and their J = 0 must carry no rounding: a radius left on a cleared
-    coordinate makes the next pair reading it undecided, which doubles it (docs/keyed.md)."""
-    Wp, Up = W[:, pat], U_[pat]
-    eye = _identity(eta, W, U_)
-    with np.errstate(over="ignore", invalid="ignore"):
-        q = lowbit(Wp).min(axis=1, initial=np.inf)[:, None] * \
-            lowbit(Up).min(axis=0, initial=np.inf)[None, :]
-        q = np.minimum(q, np.where(eye != 0, lowbit(eye), np.inf))
-        size = np.abs(Wp) @ np.abs(Up) + np.abs(eye)
-        return (q >= 2.0 ** -1000) & (size < q * 2.0 ** 53)
-
-
-def _jacobian(W, U_, pat, eta) -> tuple[np.ndarray, np.ndarray | None, int]:
-    """J = η·I + Σ_{k ∈ pat} W_k U_kᵀ in float64, with (S, n) such that rounding(S, n)
-    bounds its error entrywise (S None: J is exact). When the active units all read one
-    direction f (every gadget), J = η·I + (Σ W_k) fᵀ with the column sum correctly rounded
-    (math.fsum), so units that cancel exactly give exactly η·I."""
-    eye = _identity(eta, W, U_)
-    if not pat.any():
-        return eye, None, 0
-    Ua = U_[pat]
-    if (Ua == Ua[0]).all():
-        col = np.array([math.fsum(row) for row in W[:, pat]])
-        J = eye + np.outer(col, Ua[0])
-        return J, np.outer(np.abs(col), np.abs(Ua[0])) + np.abs(eye), 2
-    J = eye + W[:, pat] @ Ua
-    return J, np.abs(W[:, pat]) @ np.abs(Ua) + np.abs(eye), len(Ua) + 1
-
-
-def _identity(eta, W, U_) -> np.ndarray:
-    """η·I, or the rows of I (η = 1) of the output coordinates when ``eta`` is that matrix
-    (W then has the output rows alone, U every input column)."""
-    return eta * np.eye(W.shape[0]) if np.ndim(eta) == 0 else eta
 
 
 def hausdorff_upper(O, o_rad, Y, y_rad, D=None) -> np.ndarray:

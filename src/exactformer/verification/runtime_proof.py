@@ -20,9 +20,10 @@ import copy
 
 import numpy as np
 
-from ..evaluate.enclosure import TINY, exact_entries, flag_patterns, rounding, sum_error, up, upper
+from ..evaluate.enclosure import TINY, rounding, sum_error, up, upper
 from ..evaluate.enclosure import U as U64
 from ..evaluate.grid import fits_exactly, lowbit
+from ..evaluate.jacobians import exact_entries, flag_patterns
 from ..evaluate.keys import KeyLayer, key_layers, row_keys
 from ..evaluate.twins import TWIN_ROWS, distinct
 from ..model import FF, Transformer
