@@ -419,7 +419,9 @@ def test_cli_build_keys(tmp_path, capsys):
 # ------------------------------------------------------------------------------ enclosures
 def test_dense_enclosure_keeps_untouched_radii():
     """A coordinate that no unit which may be on writes keeps its radius exactly; one written
-    by an undecided unit does not."""
+    by an undecided unit does not; one written from exact inputs alone (x and the units that
+    write it read only coordinates of radius 0, and no sum rounds) is exact, whatever the
+    radii elsewhere in the row."""
     X = np.array([[1.0, 0.0, 0.5]])
     r = np.array([[1e-9, 2e-9, 0.0]])
     U = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
@@ -427,7 +429,11 @@ def test_dense_enclosure_keeps_untouched_radii():
     W = np.array([[0.0, 0.0], [5.0, 0.0], [0.0, 1.0]])
     out, rad = enclosure.ff_dense(X, r, 1.0, U, b, W)
     assert rad[0, 0] == r[0, 0] and rad[0, 1] == r[0, 1]  # unit 0 is off, coordinate 0 unread
-    assert rad[0, 2] > 0 and out[0, 2] == 1.0
+    assert rad[0, 2] == 0 and out[0, 2] == 1.0  # 0.5 + relu(0.5), exactly
+    U2 = U.copy()
+    U2[1, 0] = 2.0 ** -40  # unit 1 also reads x0 = 1 ± 1e-9
+    out, rad = enclosure.ff_dense(X, r, 1.0, U2, b, W)
+    assert rad[0, 2] >= 1e-9 * 2.0 ** -40 and abs(out[0, 2] - 1.0) <= 2.0 ** -39
     unsure = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # unit 0: x1 = 0 ± 2e-9, undecided
     _, rad = enclosure.ff_dense(X, r, 1.0, unsure, np.array([0.0, -1.0]), W)
     assert rad[0, 1] > r[0, 1]

@@ -197,7 +197,7 @@ def _write_column(st: RowState, rho, k: int, parts: list, rows: slice, c: int) -
     if st.rad is not None:
         size = np.abs(new)
         r = st.rad[rows, c]
-        exact = (r == 0) if rho == 1 else np.zeros(len(r), dtype=bool)
+        exact = r == 0  # (with the sum unrounded: ρ·x is then exact too)
         if rho != 1:
             r = abs(rho) * r + enclosure.rounding(size, 1)
         for _, vr, factors, known in parts:
@@ -257,7 +257,8 @@ class _Term:
         if self.avg_rad is None:
             return val, None, factors, None
         src, s_src = self.avg_rad[rows, c], self.s_rad[rows]
-        return val, abs(beta) * src + s_src * abs(p), factors, (src == 0) & (s_src == 0)
+        known = (src == 0) & ((s_src == 0) | ((p == 0) & np.isfinite(self.s[rows])))
+        return val, abs(beta) * src + s_src * abs(p), factors, known
 
 
 def _head_term(st: RowState, head, attention: str, tau, stats: PassStats, dots: dict,

@@ -1,0 +1,106 @@
+"""Exactness per coordinate in the float64 enclosures (evaluate/enclosure.py): a unit that
+reads only coordinates of radius 0 has an exact pre-activation when no evaluation rounds it,
+an output written only from such inputs is exact, and a unit reading only exact zeros is
+its bias. Checked against the exact evaluation, in Fractions, at points of every box: rows
+mix exact and uncertain coordinates, zeros, tiny radii (2^-1022-sized, what a reset leaves)
+and the extreme parameters of test_enclosure.py."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_enclosure import head, random_ffs, transformer
+
+from exactformer.evaluate import enclose, enclosure
+from exactformer.model import SA, Block
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=150)
+RADII = [0.0, 0.0, 0.0, 2.0 ** -1020, 2.0 ** -30, 1e-9, 0.5]
+
+
+@st.composite
+def boxes(draw, d: int):
+    """1 to 4 rows of d coordinates (zeros, small dyadics, arbitrary floats), each with its
+    own radius, most of them 0."""
+    n = draw(st.integers(1, 4))
+    coord = st.one_of(st.just(0.0), st.just(0.0), st.integers(-4, 4).map(float),
+                      st.floats(-4, 4, allow_nan=False, allow_infinity=False))
+    X = np.array([[draw(coord) for _ in range(d)] for _ in range(n)])
+    r = np.array([[draw(st.sampled_from(RADII)) for _ in range(d)] for _ in range(n)])
+    return X, r
+
+
+def points(X, r, draw) -> list[list[Fraction]]:
+    """Exact points of each row's box: its centre, and a corner or an inner dyadic point."""
+    out = []
+    for x, rad in zip(X.tolist(), r.tolist(), strict=True):
+        out.append([Fraction(v) for v in x])
+        t = [Fraction(draw(st.sampled_from([-1, 1, 0, 1, -1]))) /
+             draw(st.sampled_from([1, 1, 2, 3])) for _ in x]
+        out.append([Fraction(v) + s * Fraction(e) for v, s, e in zip(x, t, rad, strict=True)])
+    return out
+
+
+def exact_ff(ff, x: list[Fraction]) -> tuple[list[Fraction], list[Fraction]]:
+    """(pre-activations, output) of η·x + W·relu(U·x + b), exactly."""
+    U, b, W = (np.asarray(a).tolist() for a in (ff.U, ff.b, ff.W))
+    z = [sum((Fraction(u) * v for u, v in zip(row, x, strict=True)), Fraction(0)) +
+         Fraction(bk) for row, bk in zip(U, b, strict=True)]
+    h = [max(v, Fraction(0)) for v in z]
+    eta = Fraction(float(ff.eta))
+    out = [eta * x[c] + sum((Fraction(w) * v for w, v in zip(W[c], h, strict=True)),
+                            Fraction(0)) for c in range(len(x))]
+    return z, out
+
+
+@settings(**SETTINGS)
+@given(d=st.integers(2, 4), data=st.data())
+def test_every_exact_point_is_in_its_box(d, data):
+    """ff_dense's boxes, and maybe_on's verdicts, hold at every exact point sampled from
+    the input boxes (finite parameters and values only: the rest is test_enclosure's)."""
+    X, r = data.draw(boxes(d))
+    ff = data.draw(random_ffs(d, False, sorted({float(v) for v in X.flat})))
+    if not all(np.isfinite(np.asarray(a, dtype=float)).all() for a in (ff.U, ff.b, ff.W)):
+        return
+    with np.errstate(all="ignore"):
+        out, rad = enclosure.ff_dense(X, r, float(ff.eta), ff.U, ff.b, ff.W)
+        on = enclosure.maybe_on(X, r, ff.U, ff.b)
+    for i, x in enumerate(points(X, r, data.draw)):
+        z, want = exact_ff(ff, x)
+        row = i // 2
+        assert all(on[row, k] for k, v in enumerate(z) if v > 0)
+        for c, v in enumerate(want):
+            if np.isfinite(out[row, c]) and np.isfinite(rad[row, c]):
+                assert abs(Fraction(out[row, c]) - v) <= Fraction(rad[row, c]), (row, c)
+
+
+def test_a_unit_reading_exact_zeros_is_its_bias():
+    """A snapped pair's units read the snap coordinate, an exact 0 (radius 0) at every row
+    it does not move, beside coordinates with radii: maybe_on gives b > 0 there, where the
+    generic bound (its 2^-1022 slack) would leave relu(2s) undecided; any radius or nonzero
+    value on a coordinate it reads sends the unit back to the bound."""
+    X = np.array([[0.0, 3.0], [0.0, 3.0], [2.0 ** -60, 3.0]])
+    r = np.array([[0.0, 1e-9], [2.0 ** -1020, 1e-9], [0.0, 0.0]])
+    U = np.array([[2.0, 0.0], [2.0, 0.0], [0.0, 1.0]])
+    b = np.array([0.0, -2.0, -3.0])
+    on = enclosure.maybe_on(X, r, U, b)
+    assert on[0].tolist() == [False, False, True]  # 0, −2 exactly; 3 ± 1e-9 − 3 undecided
+    assert on[1, 0] and on[2, 0]  # a radius, or a value, on what unit 0 reads
+    assert on[2, 2]  # 3 − 3 = 0, but only exact zeros skip the bound's slack
+
+
+def test_an_average_of_exact_zeros_is_exactly_zero():
+    """A collapse (ρ = 0, V = I + p·qᵀ) over rows whose column 1 is exactly 0 while column 0
+    carries radii: column 1 of every output is exactly 0 (β·0 + 0·(q·avg), whatever the
+    weights), with radius 0, where it used to take the sum's 2^-1022 slack; column 0 keeps
+    a radius. A nonzero p there gives column 1 the radius of q·avg."""
+    for p1, zero in ((0.0, True), (0.5, False)):
+        sa = SA(0.0, heads=[head(0.0, [0.0, 0.0], [0.0, 0.0], 1.0, [0.0, p1], [1.0, 0.0])])
+        model = transformer([Block(None, sa)], d=2)
+        xs = [np.array([[1.0, 0.0], [3.0, 0.0]])]
+        out, rad = enclose(model, xs, [np.array([[1e-9, 0.0], [2e-9, 0.0]])])
+        assert (rad[0][:, 0] > 0).all()
+        assert ((rad[0][:, 1] == 0) & (out[0][:, 1] == 0)).all() == zero
