@@ -80,6 +80,18 @@ class Gate:
         return ok.all(axis=1) & (cl.weight[ids] >= 0) & (cl.weight[ids] <= self.w)
 
 
+def merged(gates: list) -> Gate | None:
+    """One gate of every unit of ``gates`` (layers on one Q, R and key weight w; else None):
+    a row it leaves alone is left alone by each of them (docs/numerics.md#runs-of-gated-layers)."""
+    first = gates[0]
+    if any(g is None or g.w != first.w or not np.array_equal(g.Q, first.Q)
+           or not np.array_equal(g.R, first.R) for g in gates):
+        return None
+    return Gate(first.Q, first.w, np.unique(np.concatenate([g.codes for g in gates])),
+                *(np.concatenate([getattr(g, k) for g in gates]) for k in ("kappa", "bias")),
+                first.R, np.vstack([g.rest for g in gates]))
+
+
 def gate_layers(ffs: list) -> list[Gate | None]:
     """Each FF of ``ffs`` as a gated layer, read from its stored numbers (floats or rationals;
     :func:`_form`), or None. The layers share one Q and one R, the unions of theirs, wherever

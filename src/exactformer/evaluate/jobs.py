@@ -22,6 +22,7 @@ from ..model import Transformer, first_mixing
 from . import runs
 from .arithmetic import Arithmetic, PassStats
 from .causal import apply_causal_sa
+from .gate_runs import gate_runs
 from .gates import gate_layers
 from .keys import KeyRun, key_layers
 from .layers import apply_ff, apply_sa, ff_rows
@@ -44,6 +45,7 @@ class Job:
     keys: list  # per block: its FF as a key layer (evaluate/keys.py), or None
     key_runs: dict  # first block -> (end, keys.KeyRun) over blocks of key layers alone
     gates: list  # per block: its FF as a gated layer (evaluate/gates.py), or None
+    gate_runs: dict  # first block -> gate_runs.GateRun (float64 passes)
 
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau, causal: bool | None = None) -> Job:
@@ -58,7 +60,7 @@ class Job:
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         return cls(ar, model.attention, blocks, ridges, tau, plan,
                    model.causal if causal is None else causal, keys, _key_runs(blocks, keys, ar),
-                   gates)
+                   gates, {} if ar.is_object else gate_runs(blocks, gates))
 
     def run(self, xs: list[np.ndarray], snapshots, stats: PassStats,
             progress: bool) -> tuple[list, dict]:
@@ -104,6 +106,13 @@ class Job:
                     and runs.apply_run(st, run, stats):
                 bar.update(run.end - i)
                 i = run.end
+                continue
+            gr = self.gate_runs.get(i)
+            if gr is not None and st.rad is not None and gr.end <= stop and \
+                    not any(i < k <= gr.end for k in snapshots or ()):
+                gr.apply(st)
+                bar.update(gr.end - i)
+                i = gr.end
                 continue
             blk = self.blocks[i]
             if blk.ff is not None:
