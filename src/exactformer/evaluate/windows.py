@@ -103,8 +103,22 @@ def direction_scales(U: np.ndarray) -> tuple[np.ndarray, list] | None:
     if U.dtype != object and (U[nz] == f).all() or \
             all(i not in nz or np.array_equal(U[i], f) for i in range(U.shape[0])):
         return f, [1 if i in nz else 0 for i in range(U.shape[0])]
+    if U.dtype != object and _surely_not_rank_one(U[nz], f):
+        return None
     ks = _row_scales(to_fraction_array(U), nz[0])
     return None if ks is None else (f, ks)
+
+
+def _surely_not_rank_one(rows: np.ndarray, f: np.ndarray) -> bool:
+    """Whether some float row is certainly no multiple of f: its cross product with f,
+    U_ij·f_j0 − U_ij0·f_j, is 0 in exact arithmetic for a multiple, and its float value is
+    then within the rounding of the two products and their difference (a keyed layer's
+    units read different codes on one support: decided here, not in Fractions)."""
+    j0 = int(np.flatnonzero(f)[0])
+    with np.errstate(over="ignore", invalid="ignore"):
+        a, b = rows * f[j0], np.outer(rows[:, j0], f)
+        return bool((np.abs(a - b) > 4 * 2.0 ** -53 * (np.abs(a) + np.abs(b)) + 2.0 ** -1000)
+                    .any())
 
 
 def _row_scales(U: np.ndarray, first: int) -> list | None:
