@@ -362,7 +362,8 @@ def maybe_on(X, r, U_, b) -> np.ndarray:
     aU = np.abs(U_)
     Z = X @ U_.T + b
     z_rad = up(r @ aU.T + rounding(np.abs(X) @ aU.T + np.abs(b), X.shape[1]), X.shape[1] + 1)
-    on = ~(upper(Z, z_rad) <= 0)
+    with np.errstate(invalid="ignore"):  # upper(Z, z_rad) <= 0, without its nextafter:
+        on = ~np.where(z_rad == 0, Z <= 0, Z + z_rad < 0)  # a float sum < 0 is exactly < 0
     if np.isfinite(U_).all():
         zeros = _reads_radius((X != 0) | (r != 0), U_) == 0
         on = np.where(zeros, np.broadcast_to(b > 0, on.shape), on)

@@ -118,12 +118,20 @@ def _record(X, qa, ka, sign: int, rows, best, sg: Segments, ties, margin) -> Non
 
 
 def _two_points(X, rows, sg: Segments) -> np.ndarray:
-    """Per segment: do its ``rows`` (increasing) hold two distinct points?"""
+    """Per segment: do its ``rows`` (increasing) hold two distinct points? Column by column,
+    each row against its segment's first, dropping the segments already found to: the first
+    column decides most (every row of a separation head's sequence is a query)."""
     s = sg.seg[rows]
     first = _firsts(s)
     rep = rows[np.repeat(first, np.diff(np.append(first, len(rows))))]
     out = np.zeros(sg.n, dtype=bool)
-    out[s[np.any(X[rows] != X[rep], axis=1).astype(bool)]] = True
+    left = np.arange(len(rows))
+    for c in range(X.shape[1]):
+        differ = np.asarray(X[rows[left], c] != X[rep[left], c], dtype=bool)
+        out[s[left[differ]]] = True
+        left = left[~out[s[left]]]
+        if not len(left):
+            break
     return out
 
 
