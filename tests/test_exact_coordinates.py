@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_enclosure import head, random_ffs, transformer
 
+from exactformer import Dataset, verify
 from exactformer.evaluate import enclose, enclosure
-from exactformer.model import SA, Block
+from exactformer.model import FF, SA, Block
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=150)
 RADII = [0.0, 0.0, 0.0, 2.0 ** -1020, 2.0 ** -30, 1e-9, 0.5]
@@ -104,3 +105,21 @@ def test_an_average_of_exact_zeros_is_exactly_zero():
         out, rad = enclose(model, xs, [np.array([[1e-9, 0.0], [2e-9, 0.0]])])
         assert (rad[0][:, 0] > 0).all()
         assert ((rad[0][:, 1] == 0) & (out[0][:, 1] == 0)).all() == zero
+
+
+def test_a_bias_times_a_weight_that_underflows_keeps_its_radius():
+    """W·relu(b) with b = W = 2^-1074 is exactly 2^-2148, which float64 rounds to 0: the
+    output box must still hold it, and a model that then scales it up by 2^2200 must not be
+    enclosed at 0 ± 0 (a reviewer's attack on a rule that read W·b in float64)."""
+    tiny = 2.0 ** -1074
+    out, rad = enclosure.ff_dense(np.array([[0.0]]), np.zeros((1, 1)), 0.0,
+                                  np.array([[0.0]]), np.array([tiny]), np.array([[tiny]]))
+    assert abs(Fraction(out[0, 0]) - Fraction(tiny) ** 2) <= Fraction(rad[0, 0])
+    assert rad[0, 0] > 0
+    blocks = [Block(FF(0.0, np.zeros((1, 2)), np.array([tiny]), np.array([[tiny], [0.0]])))]
+    for s in (2.0 ** 1000, 2.0 ** 1000, 2.0 ** 200):  # x0 ↦ x0 + relu(s·x0): 2^-2148 → 2^52
+        blocks.append(Block(FF(1.0, np.array([[s, 0.0]]), np.array([0.0]),
+                               np.array([[1.0], [0.0]]))))
+    X = np.array([[1.0, 1.0]])
+    data = Dataset.from_arrays([X], [np.array([[0.0, 0.0]])])
+    assert verify(transformer(blocks, d=2), data).verdict() == "FAILED"

@@ -164,24 +164,8 @@ def pieces_into(out, rad, X, r, eta, U_, b, W, active, rows) -> None:
     patterns, which = flag_patterns(active[rows])
     jac = jacobians(W, U_, patterns, eta)
     flat = (jac.J == _identity(eta, W, U_)).all(axis=(1, 2))
-    for g, pat in enumerate(patterns):
-        at = rows[which == g]
-        _cleared_into(out, rad, W, b, pat, jac, g, at)
-        if flat[g]:
-            _flat_into(out, rad, X, r, U_, b, W, pat, jac, g, at)
-
-
-def _cleared_into(out, rad, W, b, pat, jac: Jacobians, g: int, at) -> None:
-    """Coordinates that the piece sets to exactly 0 (their row of J_P is exactly 0, and so
-    is every W_ck·b_k: a reset x − relu(x) of a coordinate certainly ≥ 0) are exactly 0 at
-    every point of the box, so |float value| bounds their error; taken where smaller (an
-    exact 0 then keeps no radius, which would leave the units reading it undecided)."""
-    zero = (jac.J[g] == 0).all(axis=1) & jac.exact[g].all(axis=1) & \
-        ~((W[:, pat] * b[pat]) != 0).any(axis=1)
-    if zero.any():
-        cols = np.flatnonzero(zero)
-        o, e = np.abs(out[np.ix_(at, cols)]), rad[np.ix_(at, cols)]
-        rad[np.ix_(at, cols)] = np.where(o < e, o, e)
+    for g in np.flatnonzero(flat).tolist():
+        _flat_into(out, rad, X, r, U_, b, W, patterns[g], jac, g, rows[which == g])
 
 
 def _flat_into(out, rad, X, r, U_, b, W, pat, jac: Jacobians, g: int, at) -> None:
