@@ -24,7 +24,8 @@ import numpy as np
 from . import enclosure
 from .gates import Gate, merged
 
-RUN_LAYERS = 16  # layers taken at once: F has their units side by side (measured best at 1e4)
+RUN_UNITS = 64  # units of F at most: 16 layers of width 4 (measured best at 10⁴ sequences);
+# a run of wide layers costs more as one F than layer by layer
 
 
 @dataclass
@@ -84,15 +85,17 @@ class GateRun:
 
 
 def gate_runs(blocks: list, gates: list) -> dict[int, GateRun]:
-    """first block -> GateRun for consecutive blocks, up to :data:`RUN_LAYERS`, whose FFs are
-    gated layers with one Q, R and key weight and whose attention is absent or the identity;
-    ``blocks`` in float64."""
+    """first block -> GateRun for consecutive blocks, :data:`RUN_UNITS` units at most, whose
+    FFs are gated layers with one Q, R and key weight and whose attention is absent or the
+    identity; ``blocks`` in float64."""
     out, i = {}, 0
     while i < len(blocks):
-        j = i
-        while j < len(blocks) and j - i < RUN_LAYERS and gates[j] is not None \
+        j, units = i, 0
+        while j < len(blocks) and gates[j] is not None \
+                and units + len(blocks[j].ff.b) <= RUN_UNITS \
                 and (blocks[j].sa is None or blocks[j].sa.is_identity()) \
                 and merged([gates[i], gates[j]]) is not None:
+            units += len(blocks[j].ff.b)
             j += 1
         if j - i >= 2:
             out[i] = _run(blocks, gates, i, j)
