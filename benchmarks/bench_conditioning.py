@@ -148,8 +148,10 @@ def construction(model) -> str:
     return ", position keys" if getattr(rec, "position_code", None) is not None else ""
 
 
-def measure(label: str, data, exact: bool, attention: str, width: int, keys: bool) -> dict:
-    """The row of the model that ``keys`` chooses (the keyed or the paper's construction)."""
+def measure(label: str, data, exact: bool, attention: str, width: int, keys: bool,
+            partial=None) -> dict:
+    """The row of the model that ``keys`` chooses (the keyed or the paper's construction);
+    ``partial`` is not called (the row is one step)."""
     t0 = time.perf_counter()
     model = ef.compile(data, attention=attention, exact=exact, width=width,
                        heads=heads_of(width), keys=keys)
@@ -235,23 +237,29 @@ def main(argv=None) -> int:
 def run_row(label: str, data, exact: bool, attention: str, width: int, keys,
             timeout: float, row=measure) -> dict | None:
     """``row`` (:func:`measure`) in a child process of its own; a row that says so when it
-    takes more than ``timeout`` seconds, None (and a line) when the construction refuses the
-    data."""
+    takes more than ``timeout`` seconds (with what ``row`` reported of itself by then, through
+    its ``partial`` callback), None (and a line) when the construction refuses the data."""
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
     child = ctx.Process(target=_measure_into,
                         args=(results, row, label, data, exact, attention, width, keys))
     child.start()
+    known, end = {}, time.monotonic() + timeout
     try:
-        kind, value = results.get(timeout=timeout)
+        while True:
+            kind, value = results.get(timeout=max(end - time.monotonic(), 0.01))
+            if kind != "partial":
+                break
+            known = value
     except queue.Empty:
         child.kill()
         child.join()
+        note = f"did not finish in {timeout:.0f} s"
         return {c: "" for c in COLUMNS} | {
             "data": data_label(label, exact),
             "attention": attention + (", keyed" if keys in (True, "keyed") else ""),
-            "width": width_label(width, data),
-            "build s": f"did not finish in {timeout:.0f} s"}
+            "width": width_label(width, data)} | known | \
+            ({"float64": f"dense passes {note}"} if known else {"build s": note})
     child.join()
     if kind == "skipped":
         print(f"{label}, {attention}, width {width}: skipped ({value})", flush=True)
@@ -263,7 +271,7 @@ def _measure_into(results, row, *args) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            results.put(("row", row(*args)))
+            results.put(("row", row(*args, partial=lambda r: results.put(("partial", r)))))
         except (ValueError, ef.DatasetError, RuntimeError) as exc:
             results.put(("skipped", str(exc)))
 

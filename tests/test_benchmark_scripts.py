@@ -2,6 +2,7 @@
 
 import importlib.util
 import re
+import time
 from argparse import Namespace
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import exactformer as ef
+from exactformer.data import builtin
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -90,6 +92,22 @@ def test_conditioning_benchmark_runs_rows_apart_and_sums_up_the_goal():
     summary = bench.goal_summary([keyed, hat, late])
     assert "keyed models: 1 of 1 finished rows meet the goal" in summary
     assert "hat models: 0 of 1 finished rows" in summary and "1 rows did not finish" in summary
+
+
+def _slow_after_verify(label, data, exact, attention, width, keys, partial):
+    """A row that reports its build and verify, then runs past any limit."""
+    partial({"build s": "1.25", "verify s": "2.50", "verdict": "OK"})
+    time.sleep(60)
+
+
+def test_an_unfinished_row_keeps_the_build_and_verify_it_reported():
+    """bench_default's rows hand build and verify to the parent before the dense passes: a
+    row cut at its limit after that keeps them, and says that the dense passes ran out."""
+    bench = load("bench_conditioning")
+    data = builtin.demo()
+    row = bench.run_row("demo", data, True, "hardmax", 4, True, 3, row=_slow_after_verify)
+    assert (row["build s"], row["verify s"], row["verdict"]) == ("1.25", "2.50", "OK")
+    assert row["float64"] == "dense passes did not finish in 3 s" and row["float32"] == ""
 
 
 def markdown_rows(text: str, columns: list[str]) -> list[dict]:
