@@ -123,3 +123,21 @@ def test_a_bias_times_a_weight_that_underflows_keeps_its_radius():
     X = np.array([[1.0, 1.0]])
     data = Dataset.from_arrays([X], [np.array([[0.0, 0.0]])])
     assert verify(transformer(blocks, d=2), data).verdict() == "FAILED"
+
+
+def test_a_carrier_with_a_radius_keeps_the_column_it_writes_uncertain():
+    """V = I + p·qᵀ with p = e_1 and q = e_0: column 1 (exact zeros) gains q·avg, the
+    average of column 0, which carries radii; its boxes must hold the exact average at the
+    corners of the inputs' boxes (an exact column 1 would hide it)."""
+    sa = SA(1.0, heads=[head(0.0, [0.0, 0.0], [0.0, 0.0], 1.0, [0.0, 1.0], [1.0, 0.0])])
+    model = transformer([Block(None, sa)], d=2)
+    X = np.array([[1.0, 0.0], [1.0 / 3.0, 0.0], [2.0, 0.0]])
+    r = np.array([[1e-9, 0.0], [0.0, 0.0], [2e-9, 0.0]])
+    out, rad = (a[0] for a in enclose(model, [X], [r]))
+    for signs in ((1, 1, 1), (-1, -1, -1), (1, 0, -1)):
+        x0 = [Fraction(v) + s * Fraction(e) for v, s, e in zip(X[:, 0], signs, r[:, 0],
+                                                                strict=True)]
+        mean = sum(x0, Fraction(0)) / 3  # hardmax with equal scores: every row's average
+        for i in range(3):
+            assert abs(Fraction(out[i, 1]) - mean) <= Fraction(rad[i, 1])
+    assert (rad[:, 1] > 0).all()

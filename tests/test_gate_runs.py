@@ -116,6 +116,26 @@ def test_a_row_handed_to_a_later_layers_key_sends_the_run_layer_by_layer(monkeyp
     assert seen == {"runs": 1, "rows": 1, "in order": 1}
 
 
+def test_a_row_two_layers_would_take_goes_layer_by_layer(monkeypatch):
+    """Layers 1 and 2 both fire at key s1; layer 1 moves the row to a key neither reads, so
+    layer 2 then leaves it: the wide FF would take both moves (data 3, not 1), so the run
+    must see two layers' units on at the row's box and take it layer by layer."""
+    seen = counted(monkeypatch)
+    D, s1, away = 5, KEYS[0], KEYS[2]
+    U = np.zeros((1, D))
+    U[0, :3], U[0, 3] = 4 * s1, 1.0
+    W1, W2 = np.zeros((D, 1)), np.zeros((D, 1))
+    W1[:3, 0], W1[4, 0] = (away - s1) / 2, 0.5  # at its key z = 2: data 1, key away
+    W2[4, 0] = 1.0
+    blocks = [Block(FF(1.0, U, np.array([-7.0]), W), None) for W in (W1, W2)]
+    X = np.array([[*s1, 1.0, 0.0]])
+    model = Transformer(d=D, attention="hardmax", blocks=blocks, exact=False)
+    want = reference(blocks, X)
+    assert want[0][4] == 1 and want[0][:3] == [Fraction(int(v)) for v in away]
+    holds(model, [X], want)
+    assert seen == {"runs": 1, "rows": 1, "in order": 1}
+
+
 @pytest.mark.parametrize("seed", [3, 4])
 def test_a_keyed_models_moves_go_as_runs_and_stay_exact(monkeypatch, seed):
     """A float64 keyed hardmax model of shared-token data: its moves are taken as runs,

@@ -68,14 +68,14 @@ def _pre_activations(X, r, U_, b):
     z_round = rounding(np.abs(X) @ aU.T + np.abs(b), X.shape[1])
     z_round[exact_dots(X, U_, b)] = 0.0  # no evaluation rounds these (docs/numerics.md#grid)
     z_rad = up(r @ aU.T + z_round, X.shape[1] + 1)
-    z_rad[(_reads_radius(r, U_) == 0) & (z_round == 0)] = 0.0
+    z_rad[(_flagged_reads(r, U_) == 0) & (z_round == 0)] = 0.0
     return Z, z_round, z_rad
 
 
-def _reads_radius(r, V) -> np.ndarray:
-    """Per row and row of V: how many of the columns V reads carry a nonzero radius (nan
-    counts): 0 where the row's values there are the exact ones."""
-    return (r != 0).astype(np.float64) @ (V != 0).T.astype(np.float64)
+def _flagged_reads(flags, V) -> np.ndarray:
+    """Per row of ``flags`` and row of V: how many of the columns V reads are flagged
+    (nonzero; nan counts). For radii: 0 where the row's values there are the exact ones."""
+    return (flags != 0).astype(np.float64) @ (V != 0).T.astype(np.float64)
 
 
 def exact_rows(r) -> np.ndarray:
@@ -97,23 +97,14 @@ def window_pad(widening, lo, hi):
 
 
 def _ff_parts(X, r, U_, b, W, etas):
-    """(A, per η in ``etas`` a radius part, the units that may be on, the exact rows) of a
-    layer's units on the boxes X ± r: the float ReLU outputs, a bound on |F(x) − F̃(X)| for
-    F(x) = η·x + W relu(U x + b), every x in the box and F̃ the float evaluation before the
-    rounding of its output sum (:func:`units_radius`), per row the units certainly active or
-    undecided, and the rows whose A is exact (an exact row whose every unit that may be on
-    has an exact pre-activation; the others are certainly off and give exactly 0)."""
+    """(A, per η in ``etas`` a radius part) of a layer's units on the boxes X ± r: the float
+    ReLU outputs, and a bound on |F(x) − F̃(X)| for F(x) = η·x + W relu(U x + b), every x in
+    the box and F̃ the float evaluation before the rounding of its output sum
+    (:func:`units_radius`)."""
     Z, z_round, z_rad = _pre_activations(X, r, U_, b)
     active, unsure = signs(Z, z_rad)
-    maybe_on = active | unsure
     return np.maximum(Z, 0.0), [units_radius(r, active, unsure, z_round, z_rad, W, U_, eta)
-                                for eta in etas], maybe_on, _exact_units(r, z_rad, maybe_on)
-
-
-def _exact_units(r, z_rad, maybe_on) -> np.ndarray:
-    """Rows whose ReLU outputs are exact: an exact row whose every unit that may be on has
-    an exact pre-activation (the others are certainly off and give exactly 0)."""
-    return exact_rows(r) & ~((z_rad != 0) & maybe_on).any(axis=1)
+                                for eta in etas]
 
 
 PATTERNS = 4  # undecided units per row up to which their on/off patterns are enumerated
@@ -297,7 +288,7 @@ def ff_change(X, r, U_, b, W):
     (|I + J| r for the Jacobian J of the units certainly active, grouped by activity pattern,
     plus every unit's rounding and the undecided units' spread), and of the change alone."""
     h = len(b)
-    A, (whole, alone), *_ = _ff_parts(X, r, U_, b, W, (1.0, 0.0))
+    A, (whole, alone) = _ff_parts(X, r, U_, b, W, (1.0, 0.0))
     spread = rounding(np.abs(X) + A @ np.abs(W).T, h + 1)
     n = 2 * (h + X.shape[1]) + 4
     return A @ W.T, up(whole + spread, n), up(alone + spread, n)
@@ -362,10 +353,10 @@ def maybe_on(X, r, U_, b) -> np.ndarray:
     aU = np.abs(U_)
     Z = X @ U_.T + b
     z_rad = up(r @ aU.T + rounding(np.abs(X) @ aU.T + np.abs(b), X.shape[1]), X.shape[1] + 1)
-    with np.errstate(invalid="ignore"):  # upper(Z, z_rad) <= 0, without its nextafter:
-        on = ~np.where(z_rad == 0, Z <= 0, Z + z_rad < 0)  # a float sum < 0 is exactly < 0
+    with np.errstate(invalid="ignore"):  # upper(Z, z_rad) <= 0 (z_rad > 0) without its
+        on = ~(Z + z_rad < 0)  # nextafter: a float sum < 0 is exactly < 0; nan is on
     if np.isfinite(U_).all():
-        zeros = _reads_radius((X != 0) | (r != 0), U_) == 0
+        zeros = _flagged_reads((X != 0) | (r != 0), U_) == 0
         on = np.where(zeros, np.broadcast_to(b > 0, on.shape), on)
     return on
 
@@ -373,17 +364,17 @@ def maybe_on(X, r, U_, b) -> np.ndarray:
 def _ff_dense(X, r, eta, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     """:func:`ff_dense` on every coordinate of X; a coordinate of a row whose units' signs
     are all certain takes the affine piece's evaluation where that bounds it tighter
-    (:func:`.jacobians.pieces_into`). ``eta``: η, or (η = 1) the rows of the identity of the output
-    coordinates, W then having those rows alone: coordinates no unit writes are left out of
-    the output (a tagging window reads every data coordinate and writes one)."""
+    (:func:`.jacobians.pieces_into`). ``eta``: η, or (η = 1) the rows of the identity of
+    the output coordinates, W then having those rows alone: coordinates no unit writes are
+    left out of the output (a tagging window reads every data coordinate and writes one)."""
     d, h = X.shape[1], len(b)
     Xo, ro, eta = _outputs(X, r, eta)
     Z, z_round, z_rad = _pre_activations(X, r, U_, b)
     active, unsure = signs(Z, z_rad)
-    A, maybe_on = np.maximum(Z, 0.0), active | unsure
+    A, may_be_on = np.maximum(Z, 0.0), active | unsure
     rad = units_radius(r, active, unsure, z_round, z_rad, W, U_, eta)
     e = eta if np.ndim(eta) == 0 else 1.0
-    exact = _reads_radius((z_rad != 0) & maybe_on, W) == 0  # exact units write it
+    exact = _flagged_reads((z_rad != 0) & may_be_on, W) == 0  # exact units write it
     if e != 0:
         exact &= ro == 0  # and the coordinate itself is exact
     out = e * Xo + A @ W.T
@@ -394,7 +385,7 @@ def _ff_dense(X, r, eta, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     rad = up(rad + sums, 2 * (h + d) + 4)
     rad[exact & (sums == 0)] = 0.0  # exact terms, a sum no evaluation rounds
     if e == 1:  # a coordinate no unit that may be on writes: x + 0, exactly, in both
-        untouched = (maybe_on.astype(np.float64) @ (W != 0).T.astype(np.float64)) == 0
+        untouched = _flagged_reads(may_be_on, W) == 0
         rad = np.where(untouched & np.isfinite(out), ro, rad)  # inf·0 = nan is not x
     rows = np.flatnonzero(~unsure.any(axis=1) & active.any(axis=1))
     if len(rows):
@@ -403,7 +394,7 @@ def _ff_dense(X, r, eta, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _outputs(X, r, eta):
-    """The output coordinates of X and r, and η as :func:`_jacobian` takes it."""
+    """The output coordinates of X and r, and η as :func:`.jacobians.jacobians` takes it."""
     if np.ndim(eta) == 0:
         return X, r, eta
     at = np.argmax(eta, axis=1)
