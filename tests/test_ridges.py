@@ -5,6 +5,7 @@ the same outputs and radii of ``enclose`` (docs/numerics.md#ridge-windows)."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from unittest import mock
 
 import numpy as np
@@ -442,3 +443,34 @@ def test_constructed_models_as_the_reference(data, shape, rational):
     assert_same_preparation(model.blocks)
     xs, _ = data.floats()
     assert_same_enclosure(model, xs)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False).filter(lambda v: v != 0), min_size=2,
+                max_size=5),
+       st.lists(st.sampled_from([1.0, -1.0, 2.0, 0.5, -3.0, 2.0 ** -40, 0.0]), min_size=2,
+                max_size=4),
+       st.integers(0, 10 ** 6))
+def test_direction_scales_finds_every_exact_multiple_and_no_other(f, ks, where):
+    """Rows k·f (k a power of two or ±3: k·f exact unless it rounds, which the test avoids
+    by keeping only exact products) are one direction with those scales; a row moved by one
+    ulp in one entry is none (the float cross-product refutation must not reject the
+    first, and the Fractions must reject the second)."""
+    f = np.array(f)
+    U = np.array([np.array(k) * f for k in ks])
+    if not all(Fraction(float(k * v)) == Fraction(k) * Fraction(v) for k in ks for v in f):
+        return  # ±3·f rounded: not an exact multiple
+    found = ridge_windows.direction_scales(U)
+    nz = [k for k in ks if k != 0]
+    if not nz:
+        assert found is None
+        return
+    assert found is not None
+    first = nz[0]
+    assert [Fraction(k) for k in found[1]] == [Fraction(k) / Fraction(first) for k in ks]
+    i = [j for j, k in enumerate(ks) if k != 0][-1]
+    if i == [j for j, k in enumerate(ks) if k != 0][0]:
+        return  # one nonzero row: any change keeps it one direction
+    c = where % len(f)
+    U[i, c] = np.nextafter(U[i, c], np.inf)
+    assert ridge_windows.direction_scales(U) is None
