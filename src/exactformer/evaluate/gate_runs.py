@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import enclosure
-from .gates import Gate, merged
+from .gates import Gate, merged, same_form
 
 RUN_UNITS = 64  # units of F at most: 16 layers of width 4 (measured best at 10⁴ sequences);
 # a run of wide layers costs more as one F than layer by layer
@@ -94,7 +94,7 @@ def gate_runs(blocks: list, gates: list) -> dict[int, GateRun]:
         while j < len(blocks) and gates[j] is not None \
                 and units + len(blocks[j].ff.b) <= RUN_UNITS \
                 and (blocks[j].sa is None or blocks[j].sa.is_identity()) \
-                and merged([gates[i], gates[j]]) is not None:
+                and same_form(gates[i], gates[j]):
             units += len(blocks[j].ff.b)
             j += 1
         if j - i >= 2:

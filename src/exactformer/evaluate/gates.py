@@ -80,12 +80,17 @@ class Gate:
         return ok.all(axis=1) & (cl.weight[ids] >= 0) & (cl.weight[ids] <= self.w)
 
 
+def same_form(a: Gate | None, b: Gate | None) -> bool:
+    """Whether two gates read one Q, one R and one key weight (:func:`merged` can join them)."""
+    return a is not None and b is not None and a.w == b.w and np.array_equal(a.Q, b.Q) \
+        and np.array_equal(a.R, b.R)
+
+
 def merged(gates: list) -> Gate | None:
     """One gate of every unit of ``gates`` (layers on one Q, R and key weight w; else None):
     a row it leaves alone is left alone by each of them (docs/numerics.md#runs-of-gated-layers)."""
     first = gates[0]
-    if any(g is None or g.w != first.w or not np.array_equal(g.Q, first.Q)
-           or not np.array_equal(g.R, first.R) for g in gates):
+    if not all(same_form(first, g) for g in gates):
         return None
     return Gate(first.Q, first.w, np.unique(np.concatenate([g.codes for g in gates])),
                 *(np.concatenate([getattr(g, k) for g in gates]) for k in ("kappa", "bias")),

@@ -165,10 +165,10 @@ def pieces_into(out, rad, X, r, eta, U_, b, W, active, rows) -> None:
     jac = jacobians(W, U_, patterns, eta)
     flat = (jac.J == _identity(eta, W, U_)).all(axis=(1, 2))
     for g in np.flatnonzero(flat).tolist():
-        _flat_into(out, rad, X, r, U_, b, W, patterns[g], jac, g, rows[which == g])
+        _flat_into(out, rad, X, r, b, W, patterns[g], jac, g, rows[which == g])
 
 
-def _flat_into(out, rad, X, r, U_, b, W, pat, jac: Jacobians, g: int, at) -> None:
+def _flat_into(out, rad, X, r, b, W, pat, jac: Jacobians, g: int, at) -> None:
     """A flat piece (J_P = η·I) evaluated as such where that bounds tighter
     (:func:`pieces_into`)."""
     d, J = X.shape[1], jac.J[g]
