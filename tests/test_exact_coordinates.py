@@ -1,9 +1,10 @@
 """Exactness per coordinate in the float64 enclosures (evaluate/enclosure.py): a unit that
 reads only coordinates of radius 0 has an exact pre-activation when no evaluation rounds it,
 an output written only from such inputs is exact, and a unit reading only exact zeros is
-its bias. Checked against the exact evaluation, in Fractions, at points of every box: rows
-mix exact and uncertain coordinates, zeros, tiny radii (2^-1022-sized, what a reset leaves)
-and the extreme parameters of test_enclosure.py."""
+its bias, and an output whose affine piece is constant on the box is exact where the float
+evaluation at the midpoint is. Checked against the exact evaluation, in Fractions, at points
+of every box: rows mix exact and uncertain coordinates, zeros, tiny radii (2^-1022-sized,
+what a reset leaves) and the extreme parameters of test_enclosure.py."""
 
 from __future__ import annotations
 
@@ -141,3 +142,78 @@ def test_a_carrier_with_a_radius_keeps_the_column_it_writes_uncertain():
         for i in range(3):
             assert abs(Fraction(out[i, 1]) - mean) <= Fraction(rad[i, 1])
     assert (rad[:, 1] > 0).all()
+
+
+@st.composite
+def cancelling_ffs(draw, d: int) -> FF:
+    """A residual layer whose units read one or two coordinates with small dyadic or
+    arbitrary weights, and write them back with weights that often cancel the identity
+    (a clear x_c − relu(x_c), a flip, a pair): the constant pieces of the keyed models."""
+    dyadic = st.sampled_from([1.0, -1.0, 2.0, -2.0, 0.5, -0.5])
+    weight = st.one_of(dyadic, dyadic, st.just(0.0), st.sampled_from([3.0, 1 / 3, 0.1]))
+    h = draw(st.integers(1, 4))
+    U, W = np.zeros((h, d)), np.zeros((d, h))
+    for k in range(h):
+        for c in draw(st.lists(st.integers(0, d - 1), min_size=1, max_size=2, unique=True)):
+            U[k, c] = draw(weight)
+            W[c, k] = draw(st.sampled_from([-1.0, -1.0, 1.0])) / U[k, c] if U[k, c] else 0.0
+        W[draw(st.integers(0, d - 1)), k] += draw(st.sampled_from([0.0, 0.0, 1.0]))
+    b = np.array([draw(st.sampled_from([0.0, 0.0, -1.0, 1.0, -0.5, 2.0 ** -60]))
+                  for _ in range(h)])
+    return FF(draw(st.sampled_from([1.0, 1.0, 0.0])), U, b, W)
+
+
+@settings(**SETTINGS)
+@given(d=st.integers(2, 4), data=st.data())
+def test_a_constant_piece_holds_its_exact_value(d, data):
+    """Layers whose units cancel the identity on some output (J's row exactly 0 on the
+    box's piece): the box holds the exact output at every sampled point, the rule that
+    makes such an output exact included (a rounded pre-activation or weight, or a
+    rounded sum at the midpoint, must keep its radius)."""
+    X, r = data.draw(boxes(d))
+    X = X * data.draw(st.sampled_from([1.0, 8.0, 2.0 ** 40]))
+    ff = data.draw(cancelling_ffs(d))
+    with np.errstate(all="ignore"):
+        out, rad = enclosure.ff_dense(X, r, float(ff.eta), ff.U, ff.b, ff.W)
+    for i, x in enumerate(points(X, r, data.draw)):
+        _, want = exact_ff(ff, x)
+        for c, v in enumerate(want):
+            assert abs(Fraction(out[i // 2, c]) - v) <= Fraction(rad[i // 2, c]), (i, c)
+
+
+def test_a_clear_of_a_positive_coordinate_is_exactly_zero():
+    """x_c − relu(x_c) at x_c = 2 ± 10⁻⁹: the piece is constant 0 and the midpoint's float
+    evaluation 2 − 2 is exact, so the output is 0 with radius 0 (not the few 2^-1022 that
+    would leave the next unit reading it undecided at 0). The same clear through a
+    rounded weight (3·x_c, then −x_c/3) keeps a radius."""
+    X, r = np.array([[2.0, 1.0]]), np.array([[1e-9, 0.5]])
+    for u, w, exact in ((1.0, -1.0, True), (2.0, -0.5, True), (3.0, -1 / 3, False)):
+        out, rad = enclosure.ff_dense(X, r, 1.0, np.array([[u, 0.0]]), np.array([0.0]),
+                                      np.array([[w], [0.0]]))
+        assert (rad[0, 0] == 0) == exact and abs(out[0, 0]) <= rad[0, 0]
+        assert rad[0, 1] == 0.5  # untouched: keeps its own radius
+
+
+def test_a_constant_piece_with_a_rounded_pre_activation_keeps_its_radius():
+    """x_0 + relu(x_0 + x_1) − relu(x_0 + x_1 + 2^-60) − relu(x_0) at x = (1, 2^-60): the
+    piece is the constant −2^-60 (J's row is exactly 0), and the midpoint's float sum
+    1 + 1 − 1 − 1 is exact, but both pre-activations x_0 + x_1 round to 1: the float
+    output 0 is not the exact one, so the radius must cover 2^-60."""
+    X, r = np.array([[1.0, 2.0 ** -60]]), np.zeros((1, 2))
+    U, b = np.array([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0]]), np.array([0.0, 2.0 ** -60, 0.0])
+    W = np.array([[1.0, -1.0, -1.0], [0.0, 0.0, 0.0]])
+    out, rad = enclosure.ff_dense(X, r, 1.0, U, b, W)
+    assert out[0, 0] == 0.0
+    assert Fraction(rad[0, 0]) >= Fraction(2) ** -60
+
+
+def test_a_jacobian_that_only_rounds_to_zero_keeps_the_radius():
+    """x_0 − relu(x_0 + 1) + relu(2^-60·x_0 + 1) on x_0 ∈ [−2^-70, 2^-70]: the midpoint's float
+    evaluation 0 − 1 + 1 is exact, and J = 1 − 1 + 2^-60 rounds to 0 in float64, but the
+    exact J is 2^-60: the output moves by 2^-130 over the box, which its radius must cover."""
+    X, r = np.array([[0.0]]), np.array([[2.0 ** -70]])
+    U, b = np.array([[1.0], [2.0 ** -60]]), np.array([1.0, 1.0])
+    out, rad = enclosure.ff_dense(X, r, 1.0, U, b, np.array([[-1.0, 1.0]]))
+    corner = Fraction(2) ** -70
+    exact = corner - (corner + 1) + (Fraction(2) ** -60 * corner + 1)
+    assert abs(Fraction(out[0, 0]) - exact) <= Fraction(rad[0, 0])

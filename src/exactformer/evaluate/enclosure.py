@@ -389,7 +389,9 @@ def _ff_dense(X, r, eta, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
         rad = np.where(untouched & np.isfinite(out), ro, rad)  # inf·0 = nan is not x
     rows = np.flatnonzero(~unsure.any(axis=1) & active.any(axis=1))
     if len(rows):
-        pieces_into(out, rad, X, r, eta, U_, b, W, active, rows)
+        settled = (sums == 0) & np.isfinite(out) & \
+            (_flagged_reads((z_round != 0) & active, W) == 0)
+        pieces_into(out, rad, X, r, eta, U_, b, W, active, rows, settled)
     return out, rad
 
 

@@ -152,7 +152,7 @@ def _identity(eta, W, U_) -> np.ndarray:
     return eta * np.eye(W.shape[0]) if np.ndim(eta) == 0 else eta
 
 
-def pieces_into(out, rad, X, r, eta, U_, b, W, active, rows) -> None:
+def pieces_into(out, rad, X, r, eta, U_, b, W, active, rows, settled) -> None:
     """On ``rows``, where every unit's sign is certain on the box, F is the affine piece
     x ↦ J_P x + W_P b_P of the row's pattern P of active units. Where the active units'
     slopes cancel (J_P from :func:`jacobians` is exactly η·I, or the rows of I that ``eta``
@@ -160,12 +160,19 @@ def pieces_into(out, rad, X, r, eta, U_, b, W, active, rows) -> None:
     (|J_P| + e_J)·r + e_J·|X| + the rounding of W_P b_P and of the piece's own sum, and
     where that is below its radius from the units' evaluation it takes this midpoint and
     radius instead (docs/numerics.md#enclosures: the move is added without the rounding of
-    the units' large arguments)."""
+    the units' large arguments). An output coordinate whose row of J_P is exactly 0 is
+    constant on the box; where ``settled`` (rows × outputs: the float evaluation at the
+    midpoint is the exact one) holds too, its radius is 0 (docs/numerics.md#exact-rows)."""
     patterns, which = flag_patterns(active[rows])
     jac = jacobians(W, U_, patterns, eta)
     flat = (jac.J == _identity(eta, W, U_)).all(axis=(1, 2))
     for g in np.flatnonzero(flat).tolist():
         _flat_into(out, rad, X, r, b, W, patterns[g], jac, g, rows[which == g])
+    constant = ((jac.J == 0) & (jac.exact | (jac.n[:, None, None] == 0))).all(axis=2)
+    for g in np.flatnonzero(constant.any(axis=1)).tolist():
+        at, cols = rows[which == g], np.flatnonzero(constant[g])
+        cut = np.ix_(at, cols)
+        rad[cut] = np.where(settled[cut], 0.0, rad[cut])
 
 
 def _flat_into(out, rad, X, r, b, W, pat, jac: Jacobians, g: int, at) -> None:
