@@ -594,7 +594,8 @@ def _off_beyond_rounding(w, X, R, off, fmt) -> list:
 
     D = X.shape[1]
     k = int((w.U != 0).sum(axis=1).max(initial=0)) + 1
-    gamma = F((1 + fmt.u) ** 2) * F(1 + 2.0 ** -24) ** (k + 2) - 1  # ≥ the runtime's θ
+    stores = 0 if fmt.bits == 24 else 2  # float32 stores its accumulator's value as it is
+    gamma = F(1 + fmt.u) ** stores * F(1 + 2.0 ** -24) ** (k + 2) - 1  # ≥ the runtime's θ
     wrong = []
     for t, i in zip(*np.nonzero(off), strict=True):
         terms = [F(w.U[i, j]) * F(X[t, j]) for j in range(D)]

@@ -111,8 +111,10 @@ def fits(x, bits: int) -> np.ndarray:
 def theta(n_acc: int, n_store: int, fmt: Format) -> float:
     """(1 + u_acc)^n_acc · (1 + u_fmt)^n_store − 1, rounded up: the relative error of a result
     every term of which passes through at most n_acc float32 roundings and n_store roundings
-    to ``fmt`` (Higham's γ, both kinds at once)."""
-    t = math.expm1(n_acc * math.log1p(ACC.u) + n_store * math.log1p(fmt.u))
+    to ``fmt`` (Higham's γ, both kinds at once). A format that stores float32 (float32, TF32)
+    stores the float32 accumulator's value as it is: its stores round nothing."""
+    stores = 0 if fmt.bits == ACC.bits else n_store
+    t = math.expm1(n_acc * math.log1p(ACC.u) + stores * math.log1p(fmt.u))
     return t * (1 + 2.0 ** -40) + 2.0 ** -1000
 
 

@@ -151,10 +151,13 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     exact = rho.v_r == 0
     untouched = np.full(Xm.shape[-1], r0 == 1 and rho.v_r == 0)
     n, D = Xm.shape[1], Xm.shape[2]
-    # roundings on any term's path, in any of the orders: TransformerLens's o matrix sums
-    # every head's terms V_cj·y_j in one product, so an output's sum there has as many terms
-    # as the heads' dense V have nonzero entries in its row together (up to H·D), not D
-    k = n + max(D, _dense_terms(sa_w)) + 2 * len(sa_w) + 6
+    # roundings on any term's path to output c, in any of the orders: TransformerLens's o
+    # matrix sums every head's terms V_cj·y_j in one product, so c's sum there has as many
+    # terms as row c of the heads' dense V has nonzero entries together (up to H·D); a zero
+    # term adds nothing and rounds nothing. The intermediates' overflow tests keep the
+    # largest count over every coordinate (D at least)
+    k_c = n + _dense_terms(sa_w) + 2 * len(sa_w) + 6
+    k = max(n + D + 2 * len(sa_w) + 6, int(k_c.max(initial=0)))
     overflow = np.zeros(Xm.shape[:2], dtype=bool)
     amp = 1.0  # per output coordinate: how much the intermediates' underflow is scaled up
     for w in sa_w:
@@ -188,10 +191,9 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     M = pos_up(M, 2 * D + 8)
     # a term passes through at most four TF32 cuts (π, x, y and q; π, V, x and V·x), each
     # by less than 2^-10: (1 + t)^4, which 2·(2t + t²) falls 4t² + 4t³ + t⁴ short of
-    rnd = chained_cut_error(fmt, 4, theta(k, k, fmt)) * M + 4 * k * fmt.tiny * amp + \
-        rounding(M, k)
+    rnd = _chained_cuts(k_c, fmt) * M + 4 * k_c * fmt.tiny * amp + rounding(M, k_c)
     exact = exact & fits_exactly(M, q, fmt.bits, fmt.tiny)
-    f64 = np.where(spread > 0, rounding(M, k), 0.0)
+    f64 = np.where(spread > 0, rounding(M, k_c), 0.0)
     rad = unknown_if_overflow(mid, spread + pos_up(np.where(exact, f64, rnd), 4), fmt, M)
     # every layout stores sums of some of the terms on the way (the torch module's β·y,
     # p·(q·y) and ρ·x + β·y, the dense layouts' V·y): each is at most M, rounded, and may
@@ -205,9 +207,18 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     return np.where(keep, Xm, mid), rad
 
 
-def _dense_terms(sa_w: list) -> int:
-    """The most terms V_cj·y_j that an output c of TransformerLens's one o-matrix product
-    sums over every head: the nonzero (or uncertain) entries of row c of the heads' dense V."""
+def _chained_cuts(k_c: np.ndarray, fmt: Format) -> np.ndarray:
+    """Per output coordinate, the relative error of a term through k_c roundings of each
+    kind and four TF32 cuts (:func:`~.formats.chained_cut_error`)."""
+    counts, at = np.unique(k_c, return_inverse=True)
+    return np.array([chained_cut_error(fmt, 4, theta(int(c), int(c), fmt))
+                     for c in counts])[at.reshape(-1)]
+
+
+def _dense_terms(sa_w: list) -> np.ndarray:
+    """Per output c, the terms V_cj·y_j that TransformerLens's one o-matrix product sums
+    over every head (the nonzero or uncertain entries of row c of the heads' dense V), or
+    the torch module's β·y_c and p_c·(q·y), whichever are more."""
     count = 0
     for w in sa_w:
         p_on = (w.p != 0) | (w.p_r != 0)
@@ -216,7 +227,7 @@ def _dense_terms(sa_w: list) -> int:
         count = count + np.maximum(np.where(p_on, int(q_on.sum()), 0) +
                                    (beta_on & ~(p_on & q_on)).astype(int),
                                    ((w.V != 0) | (w.V_r != 0)).sum(axis=1))
-    return int(np.max(count, initial=0))
+    return np.asarray(count, dtype=np.int64)
 
 
 def value_gap(w: Weights) -> np.ndarray:
