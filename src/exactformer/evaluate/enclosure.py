@@ -20,7 +20,7 @@ import numpy as np
 
 from ..distance import hausdorff_of, pair_distances
 from .grid import exact_dots
-from .jacobians import jacobian_bound, pattern_bound, pieces_into
+from .jacobians import Pieces, jacobian_bound, pattern_bound, pieces, pieces_into
 from .rounding import FLOOR, TINY, U, lower, rounding, up, upper
 from .twins import TWIN_ROWS, distinct
 
@@ -103,14 +103,14 @@ def _ff_parts(X, r, U_, b, W, etas):
     (:func:`units_radius`)."""
     Z, z_round, z_rad = _pre_activations(X, r, U_, b)
     active, unsure = signs(Z, z_rad)
-    return np.maximum(Z, 0.0), [units_radius(r, active, unsure, z_round, z_rad, W, U_, eta)
-                                for eta in etas]
+    return np.maximum(Z, 0.0), [units_radius(r, active, unsure, z_round, z_rad, W, U_, eta,
+                                             pieces(active, W, U_, eta)) for eta in etas]
 
 
 PATTERNS = 4  # undecided units per row up to which their on/off patterns are enumerated
 
 
-def units_radius(r, active, unsure, z_round, z_rad, W, U_, eta) -> np.ndarray:
+def units_radius(r, active, unsure, z_round, z_rad, W, U_, eta, pcs: Pieces) -> np.ndarray:
     """The smaller of two bounds on |F(x) − F̃(X)| per row (docs/numerics.md#enclosures):
 
     * |J| r for the Jacobian J of the certainly active units, plus the active units'
@@ -119,9 +119,11 @@ def units_radius(r, active, unsure, z_round, z_rad, W, U_, eta) -> np.ndarray:
       patterns P that switch any of them on (F is continuous and affine with Jacobian J_P
       on each piece of the box, so along the segment from X to x it moves by at most that),
       plus the rounding of every unit that may be on. A row sitting on a hat's kink, whose
-      units cancel in slope, is then charged the hat's slope, not the sum of its units'."""
+      units cancel in slope, is then charged the hat's slope, not the sum of its units'.
+
+    ``pcs``: the rows' patterns of active units and their Jacobians."""
     aW = np.abs(W).T
-    out = jacobian_bound(r, active, W, U_, eta) + (z_round * active + z_rad * unsure) @ aW
+    out = jacobian_bound(r, pcs) + (z_round * active + z_rad * unsure) @ aW
     k = unsure.sum(axis=1)
     rows = np.flatnonzero((k > 0) & (k <= PATTERNS))
     if len(rows):
@@ -372,7 +374,8 @@ def _ff_dense(X, r, eta, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     Z, z_round, z_rad = _pre_activations(X, r, U_, b)
     active, unsure = signs(Z, z_rad)
     A, may_be_on = np.maximum(Z, 0.0), active | unsure
-    rad = units_radius(r, active, unsure, z_round, z_rad, W, U_, eta)
+    pcs = pieces(active, W, U_, eta)
+    rad = units_radius(r, active, unsure, z_round, z_rad, W, U_, eta, pcs)
     e = eta if np.ndim(eta) == 0 else 1.0
     exact = _flagged_reads((z_rad != 0) & may_be_on, W) == 0  # exact units write it
     if e != 0:
@@ -391,7 +394,7 @@ def _ff_dense(X, r, eta, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     if len(rows):
         settled = (sums == 0) & np.isfinite(out) & \
             (_flagged_reads((z_round != 0) & active, W) == 0)
-        pieces_into(out, rad, X, r, eta, U_, b, W, active, rows, settled)
+        pieces_into(out, rad, X, r, eta, pcs, b, W, rows, settled)
     return out, rad
 
 

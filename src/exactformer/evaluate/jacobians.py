@@ -12,13 +12,12 @@ from .grid import lowbit
 from .rounding import TINY, U, rounding, up
 
 
-def jacobian_bound(r, active, W, U_, eta) -> np.ndarray:
+def jacobian_bound(r, pcs: Pieces) -> np.ndarray:
     """Per row, |J| r (with J's rounding) for J = η·I + Σ_{k active} W_k U_kᵀ, the exact
-    Jacobian of the row's affine piece. Rows are grouped by their pattern of active units,
-    whose Jacobians are formed at once (:func:`jacobians`)."""
-    patterns, which = flag_patterns(active)
-    B, c = _bounds(jacobians(W, U_, patterns, eta))
-    out = np.empty((len(r), W.shape[0]))
+    Jacobian of the row's affine piece; rows grouped by their pattern of active units."""
+    patterns, which = pcs.patterns, pcs.which
+    B, c = _bounds(pcs.jac)
+    out = np.empty((len(r), B.shape[1]))
     if len(patterns) <= FEW_PATTERNS:
         for g in range(len(patterns)):
             rows = which == g
@@ -76,6 +75,23 @@ class Jacobians:
     exact: np.ndarray
 
 
+@dataclass
+class Pieces:
+    """The rows' patterns of certainly active units (``which``: each row's index among
+    ``patterns``) and their Jacobians, formed once per layer and η for every rule that reads
+    them (:func:`jacobian_bound`, :func:`pieces_into`)."""
+
+    patterns: np.ndarray
+    which: np.ndarray
+    jac: Jacobians
+
+
+def pieces(active, W, U_, eta) -> Pieces:
+    """The :class:`Pieces` of the rows whose certainly active units are ``active``."""
+    patterns, which = flag_patterns(active)
+    return Pieces(patterns, which, jacobians(W, U_, patterns, eta))
+
+
 def _bounds(jac: Jacobians) -> tuple[np.ndarray, np.ndarray]:
     """(|J| plus the relative part of its rounding bound, c) per pattern, c·2^-1022 the
     absolute part, the same in every entry of a row of J (0 where the row is exact): added as
@@ -99,7 +115,7 @@ def jacobians(W, U_, patterns, eta) -> Jacobians:
     partial sum stays below q·2^53. A snapped pair's or a reset's units cancel so, and their
     J = 0 must carry no rounding: a radius left on a cleared coordinate makes the next pair
     reading it undecided, which doubles it (docs/keyed.md)."""
-    eye = _identity(eta, W, U_)
+    eye = _identity(eta, W)
     k = patterns.sum(axis=1)
     idx, pad = _unit_lists(patterns)
     Wg = np.hstack([W, np.zeros((W.shape[0], 1))])[:, idx]  # (outputs, P, units)
@@ -146,13 +162,13 @@ def _column_sums(Wg) -> np.ndarray:
     return col
 
 
-def _identity(eta, W, U_) -> np.ndarray:
+def _identity(eta, W) -> np.ndarray:
     """η·I, or the rows of I (η = 1) of the output coordinates when ``eta`` is that matrix
     (W then has the output rows alone, U every input column)."""
     return eta * np.eye(W.shape[0]) if np.ndim(eta) == 0 else eta
 
 
-def pieces_into(out, rad, X, r, eta, U_, b, W, active, rows, settled) -> None:
+def pieces_into(out, rad, X, r, eta, pcs: Pieces, b, W, rows, settled) -> None:
     """On ``rows``, where every unit's sign is certain on the box, F is the affine piece
     x ↦ J_P x + W_P b_P of the row's pattern P of active units. Where the active units'
     slopes cancel (J_P from :func:`jacobians` is exactly η·I, or the rows of I that ``eta``
@@ -163,13 +179,14 @@ def pieces_into(out, rad, X, r, eta, U_, b, W, active, rows, settled) -> None:
     the units' large arguments). An output coordinate whose row of J_P is exactly 0 is
     constant on the box; where ``settled`` (rows × outputs: the float evaluation at the
     midpoint is the exact one) holds too, its radius is 0 (docs/numerics.md#exact-rows)."""
-    patterns, which = flag_patterns(active[rows])
-    jac = jacobians(W, U_, patterns, eta)
-    flat = (jac.J == _identity(eta, W, U_)).all(axis=(1, 2))
+    jac, which = pcs.jac, pcs.which[rows]
+    present = np.zeros(len(pcs.patterns), dtype=bool)
+    present[which] = True
+    flat = present & (jac.J == _identity(eta, W)).all(axis=(1, 2))
     for g in np.flatnonzero(flat).tolist():
-        _flat_into(out, rad, X, r, b, W, patterns[g], jac, g, rows[which == g])
+        _flat_into(out, rad, X, r, b, W, pcs.patterns[g], jac, g, rows[which == g])
     constant = ((jac.J == 0) & (jac.exact | (jac.n[:, None, None] == 0))).all(axis=2)
-    for g in np.flatnonzero(constant.any(axis=1)).tolist():
+    for g in np.flatnonzero(present & constant.any(axis=1)).tolist():
         at, cols = rows[which == g], np.flatnonzero(constant[g])
         cut = np.ix_(at, cols)
         rad[cut] = np.where(settled[cut], 0.0, rad[cut])
