@@ -14,7 +14,7 @@ from conftest import datasets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_default import claimed_bound
-from test_runtime_proof import PASSES, TOL, pass_error
+from test_runtime_proof import PASSES, TOL, Pass, pass_error
 
 import exactformer as ef
 from exactformer.data import builtin
@@ -183,3 +183,18 @@ def test_the_float64_enclosures_decide_a_model_of_many_snap_groups():
     assert model.record.keyed["snaps"]
     report = ef.verify(model, data)
     assert report.ok and report.arithmetic == "enclosures"
+
+
+def test_many_heads_writing_one_code_are_counted_per_coordinate():
+    """The vocabulary family at width 64 with 16 heads: its collapse writes each code through
+    two entries of V, and charging every output the D + 2H roundings of the widest one left
+    it UNDECIDED (a bound of 10²⁷: the codes' radii passed the snaps' margin). Counted per
+    coordinate it is proved, and the test's own passes agree (three of them, one per value
+    map: every column in an order of its own, TransformerLens's reversed, FMA on ρ/η's)."""
+    data = builtin.vocabulary(60, 40, 8, 3, 8)
+    model = _softmax(data, width=64, heads=16)
+    verdict = prove_runtime(model, data, "float32")
+    assert verdict.verdict == "PROVED FAITHFUL IN float32", verdict.table()
+    for p in (Pass("columns", seed=5), Pass("rev", lens=True, value="after"),
+              Pass(fma=True, lens=True, value="before")):
+        assert pass_error(model, data, p) <= TOL, (p.order, p.fma, p.lens, p.value)
