@@ -169,10 +169,14 @@ def test_a_constant_piece_holds_its_exact_value(d, data):
     """Layers whose units cancel the identity on some output (J's row exactly 0 on the
     box's piece): the box holds the exact output at every sampled point, the rule that
     makes such an output exact included (a rounded pre-activation or weight, or a
-    rounded sum at the midpoint, must keep its radius)."""
+    rounded sum at the midpoint, must keep its radius), at scales from 2^-980, where a flat
+    piece's own bound beats the units' few 2^-1022, to 2^40."""
     X, r = data.draw(boxes(d))
-    X = X * data.draw(st.sampled_from([1.0, 8.0, 2.0 ** 40]))
+    scale = data.draw(st.sampled_from([1.0, 8.0, 2.0 ** 40, 2.0 ** -980]))
+    X, r = X * scale, r * max(scale, 1.0)
     ff = data.draw(cancelling_ffs(d))
+    if scale < 1 and data.draw(st.booleans()):  # values and biases near the subnormals
+        ff = FF(ff.eta, ff.U, ff.b * scale, ff.W)
     with np.errstate(all="ignore"):
         out, rad = enclosure.ff_dense(X, r, float(ff.eta), ff.U, ff.b, ff.W)
     for i, x in enumerate(points(X, r, data.draw)):
@@ -216,4 +220,42 @@ def test_a_jacobian_that_only_rounds_to_zero_keeps_the_radius():
     out, rad = enclosure.ff_dense(X, r, 1.0, U, b, np.array([[-1.0, 1.0]]))
     corner = Fraction(2) ** -70
     exact = corner - (corner + 1) + (Fraction(2) ** -60 * corner + 1)
+    assert abs(Fraction(out[0, 0]) - exact) <= Fraction(rad[0, 0])
+
+
+def test_a_flat_piece_never_replaces_a_midpoint_called_exact():
+    """η = 0, w·relu(x + b_1) − w·relu(x + b_2) at x ≈ 2^-981 (both units on): the piece is
+    flat (J = 0 = η·I) and constant, w·(b_1 − b_2). The units' midpoint sum is exact, and
+    the flat piece's own evaluation fl(w·b_1 − w·b_2) rounds; near 2^-980 the flat rule's
+    bound beats the units' few 2^-1022, so it used to replace the midpoint after the
+    constant rule had called the cell exact (a reviewer's attack): radius 0 on a value one
+    ulp off, scaled to a wrong OK by later layers."""
+    w = float.fromhex("0x1.912265b1f6000p+0")
+    b1, b2 = float.fromhex("0x1.6c78b8p-980"), float.fromhex("0x1.ec78b8p-980")
+    U = np.array([[1.0], [1.0]] + [[0.0]] * 20)  # the off units raise the units' radius
+    b = np.array([b1, b2] + [-1.0] * 20)
+    W = np.array([[w, -w] + [0.0] * 20])
+    out, rad = enclosure.ff_dense(np.array([[float.fromhex("0x1.270e9p-981")]]),
+                                  np.array([[2.0 ** -990]]), 0.0, U, b, W)
+    exact = Fraction(w) * (Fraction(b1) - Fraction(b2))
+    assert abs(Fraction(out[0, 0]) - exact) <= Fraction(rad[0, 0])
+
+
+@settings(**SETTINGS)
+@given(w=st.integers(1, 2 ** 40), t=st.integers(1, 2 ** 20), a=st.integers(1, 8),
+       off=st.integers(0, 24), scale=st.sampled_from([1.0, 2.0 ** -980]))
+def test_opposite_twin_units_hold_their_constant(w, t, a, off, scale):
+    """η = 0 and w·relu(x + b_1) − w·relu(x + b_2), w of 41 bits, x and the b_k of many bits
+    but x + b_k = 2s and (2 + a/4)s of few (s the scale): the piece is flat and constant,
+    the units' midpoint sum is exact and the flat piece's own w·b_1 − w·b_2 rounds. Near
+    2^-980 the flat rule's bound wins; the box must hold w·(b_1 − b_2) either way."""
+    wf = 1 + w * 2.0 ** -40
+    x = scale * (1 - t * 2.0 ** -21)
+    b1, b2 = 2 * scale - x, (2 + a / 4) * scale - x
+    U = np.array([[1.0], [1.0]] + [[0.0]] * off)
+    b = np.array([b1, b2] + [-1.0] * off)
+    W = np.array([[wf, -wf] + [0.0] * off])
+    out, rad = enclosure.ff_dense(np.array([[x]]), np.array([[scale * 2.0 ** -10]]), 0.0,
+                                  U, b, W)
+    exact = Fraction(wf) * (Fraction(b1) - Fraction(b2))
     assert abs(Fraction(out[0, 0]) - exact) <= Fraction(rad[0, 0])

@@ -177,19 +177,21 @@ def pieces_into(out, rad, X, r, eta, pcs: Pieces, b, W, rows, settled) -> None:
     where that is below its radius from the units' evaluation it takes this midpoint and
     radius instead (docs/numerics.md#enclosures: the move is added without the rounding of
     the units' large arguments). An output coordinate whose row of J_P is exactly 0 is
-    constant on the box; where ``settled`` (rows × outputs: the float evaluation at the
-    midpoint is the exact one) holds too, its radius is 0 (docs/numerics.md#exact-rows)."""
+    constant on the box; where ``settled`` (rows × outputs: the units' float evaluation at
+    the midpoint, ``out`` as it comes in, is the exact one) holds too, its radius is 0
+    (docs/numerics.md#exact-rows). That rule runs first: a radius 0 is never replaced, so
+    ``settled`` speaks of the midpoint that is kept, not of a flat piece's own evaluation."""
     jac, which = pcs.jac, pcs.which[rows]
     present = np.zeros(len(pcs.patterns), dtype=bool)
     present[which] = True
-    flat = present & (jac.J == _identity(eta, W)).all(axis=(1, 2))
-    for g in np.flatnonzero(flat).tolist():
-        _flat_into(out, rad, X, r, b, W, pcs.patterns[g], jac, g, rows[which == g])
     constant = ((jac.J == 0) & (jac.exact | (jac.n[:, None, None] == 0))).all(axis=2)
     for g in np.flatnonzero(present & constant.any(axis=1)).tolist():
         at, cols = rows[which == g], np.flatnonzero(constant[g])
         cut = np.ix_(at, cols)
         rad[cut] = np.where(settled[cut], 0.0, rad[cut])
+    flat = present & (jac.J == _identity(eta, W)).all(axis=(1, 2))
+    for g in np.flatnonzero(flat).tolist():
+        _flat_into(out, rad, X, r, b, W, pcs.patterns[g], jac, g, rows[which == g])
 
 
 def _flat_into(out, rad, X, r, b, W, pat, jac: Jacobians, g: int, at) -> None:
