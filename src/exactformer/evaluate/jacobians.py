@@ -184,7 +184,7 @@ def pieces_into(out, rad, X, r, eta, pcs: Pieces, b, W, rows, settled) -> None:
     jac, which = pcs.jac, pcs.which[rows]
     present = np.zeros(len(pcs.patterns), dtype=bool)
     present[which] = True
-    constant = ((jac.J == 0) & (jac.exact | (jac.n[:, None, None] == 0))).all(axis=2)
+    constant = ((jac.J == 0) & jac.exact).all(axis=2)  # (each pattern here has a unit)
     for g in np.flatnonzero(present & constant.any(axis=1)).tolist():
         at, cols = rows[which == g], np.flatnonzero(constant[g])
         cut = np.ix_(at, cols)
@@ -209,6 +209,6 @@ def _flat_into(out, rad, X, r, b, W, pat, jac: Jacobians, g: int, at) -> None:
             rounding(np.abs(Wp) @ np.abs(bp), int(pat.sum())) + \
             rounding(np.abs(Xa) @ aJ.T + np.abs(c), d + 1)
         e = up(e, 4 * d + 8)
-        better = np.isfinite(m) & (e < rad[at])
+        better = np.isfinite(m) & (e < rad[at]) & (rad[at] != 0)  # 0: called exact
     out[at] = np.where(better, m, out[at])
     rad[at] = np.where(better, e, rad[at])
