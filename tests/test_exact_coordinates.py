@@ -259,3 +259,29 @@ def test_opposite_twin_units_hold_their_constant(w, t, a, off, scale):
                                   U, b, W)
     exact = Fraction(wf) * (Fraction(b1) - Fraction(b2))
     assert abs(Fraction(out[0, 0]) - exact) <= Fraction(rad[0, 0])
+
+
+@settings(**SETTINGS)
+@given(d=st.integers(2, 4), data=st.data())
+def test_a_residual_layer_on_some_columns_holds_every_point(d, data):
+    """ff_dense_into, which looks only at the columns a residual layer reads or writes and
+    skips rows whose units are off (rows reading only exact zeros are off by their biases
+    alone when every bias is ≤ 0): the boxes hold the exact output at sampled points, on
+    rows mixing exact zeros with other values and with biases of either sign."""
+    X, r = data.draw(boxes(d))
+    ff = data.draw(st.one_of(cancelling_ffs(d),
+                             random_ffs(d, False, sorted({float(v) for v in X.flat}))))
+    if not all(np.isfinite(np.asarray(a, dtype=float)).all() for a in (ff.U, ff.b, ff.W)):
+        return
+    U, W = np.asarray(ff.U, dtype=float), np.asarray(ff.W, dtype=float)
+    wide = FF(1.0, np.hstack([U, np.zeros((len(U), 2))]), np.asarray(ff.b, dtype=float),
+              np.vstack([W, np.zeros((2, W.shape[1]))]))
+    Xw, rw = np.hstack([X, np.ones((len(X), 2))]), np.hstack([r, np.zeros((len(X), 2))])
+    out, rad = Xw.copy(), rw.copy()
+    with np.errstate(all="ignore"):
+        enclosure.ff_dense_into(out, rad, 1.0, wide.U, wide.b, wide.W)
+    for i, x in enumerate(points(Xw, rw, data.draw)):
+        _, want = exact_ff(wide, x)
+        for c, v in enumerate(want):
+            if np.isfinite(out[i // 2, c]) and np.isfinite(rad[i // 2, c]):
+                assert abs(Fraction(out[i // 2, c]) - v) <= Fraction(rad[i // 2, c]), (i, c)

@@ -315,19 +315,33 @@ def ff_dense_into(X, r, eta: float, U_, b, W) -> None:
     if eta != 1 or len(cols) == X.shape[1]:
         X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
         return
-    Xc, rc, Uc = X[:, cols], r[:, cols], U_[:, cols]
-    live = np.flatnonzero(~_certainly_off(Xc, rc, Uc, b))
     outs = np.flatnonzero(W[cols].any(axis=1))  # of cols: those a unit writes
     if not len(outs):  # the layer writes nothing: x + 0
         return
-    first, inv = _twins(Xc[live], rc[live])
-    out, rad = _ff_dense(Xc[live[first]], rc[live[first]], np.eye(len(cols))[outs], Uc, b,
-                         W[cols[outs]])
+    rows, Uc = _stirred(X, r, U_, b), U_[:, cols]
+    cut = np.ix_(rows, cols)
+    live = rows[~_certainly_off(X[cut], r[cut], Uc, b)]
+    Xc, rc = X[np.ix_(live, cols)], r[np.ix_(live, cols)]
+    first, inv = _twins(Xc, rc)
+    out, rad = _ff_dense(Xc[first], rc[first], np.eye(len(cols))[outs], Uc, b, W[cols[outs]])
     if not np.isfinite(out).all():  # an infinite unit makes inf·0 = nan elsewhere
         X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
         return
     to = cols[outs]
     X[np.ix_(live, to)], r[np.ix_(live, to)] = out[inv], rad[inv]
+
+
+def _stirred(X, r, U_, b) -> np.ndarray:
+    """The rows on which some unit may be on, or a superset: every row, unless every bias is
+    ≤ 0 and every weight finite, when a row whose read coordinates are all exact zeros
+    (value and radius 0) has each pre-activation exactly its bias, so every unit off
+    (:func:`maybe_on`'s rule, found here with one comparison of the read columns rather
+    than the bound's products over every row: a snapped pair or a reset reads one or two
+    coordinates, 0 at all but a few of thousands of rows)."""
+    if not (b <= 0).all() or not np.isfinite(U_).all():  # (a nan bias is not ≤ 0)
+        return np.arange(len(X))
+    reads = np.flatnonzero(U_.any(axis=0))
+    return np.flatnonzero(((X[:, reads] != 0) | (r[:, reads] != 0)).any(axis=1))
 
 
 def _twins(Xc, rc) -> tuple[np.ndarray, np.ndarray]:
