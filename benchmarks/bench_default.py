@@ -126,7 +126,7 @@ def why(row: dict) -> str:
     if not any(m.startswith("verify/build") for m in misses(row)):
         return ""
     if float(row["verify s"]) < 0.3:
-        return " (verify's fixed cost, about 0.1 s, against a build this short)"
+        return " (verify's fixed cost, a few tens of ms, against a build this short)"
     if row["attention"].startswith("softmax") and "float64 build" not in row["data"]:
         return " (rational parameters have no float64 enclosure: the ball pass carries every " \
                "token through the layers after the first attention in Python)"
@@ -134,8 +134,8 @@ def why(row: dict) -> str:
         return " (the causal enclosure applies every FF layer that is no key lookup densely to " \
                "every row, and verify runs the plain float64 causal pass beside it)"
     if row["attention"].startswith("softmax"):
-        return " (the float64 enclosures bound n² scores per softmax layer, and the report " \
-               "runs an independent dense float64 pass beside them)"
+        return " (every move layer is enclosed on its own, a snap's gate and then its pair, " \
+               "which form no runs; and the enclosures bound n² scores per softmax layer)"
     return " (the enclosure applies the tagging and separation layers to every distinct " \
            "token, at several times the cost of the build's plain float64 pass; only the " \
            "moves are gated, docs/numerics.md#gated-layers)"
