@@ -8,11 +8,13 @@ in a process pool when large (:mod:`.jobs`); causal models go to :mod:`.causal`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import replace
 
 import mpmath
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ..model import Transformer
 from ..numbers import pad_columns, safe_floats
@@ -116,7 +118,7 @@ def enclose(model: Transformer, inputs: list[np.ndarray], radii: list[np.ndarray
         start, xs, radii = _causal_start(model, xs, stats)
     st = job.state(xs, [] if radii is None else [np.asarray(r, dtype=float) for r in radii])
     st.give_up = give_up
-    with np.errstate(all="ignore"):  # overflow shows as inf or nan, and radii become inf
+    with np.errstate(all="ignore"), _one_blas_thread(xs):  # overflow: inf/nan, radii inf
         job.walk(st, None, stats, progress, start)
     stats.floats_plain = start == 0 and _lookups_only(job)
     return st.outputs(), [np.where(np.isfinite(r), r, np.inf) for r in st.radii()]
@@ -134,6 +136,20 @@ def _lookups_only(job: Job) -> bool:
         covered.update(range(first, end))
     return all((b.sa is None or b.sa.is_identity()) and (b.ff is None or i in covered)
                for i, b in enumerate(job.blocks))
+
+
+def _one_blas_thread(xs):
+    """The enclosure pass's matrix products are thin (many rows by d and a few units): BLAS
+    threads gain nothing there, and on a busy machine they spin against other work (one
+    product 20× slower measured on the 2-core machine under load; docs/numerics.md#cost).
+    A pass over few tokens (``xs``) runs as it is: its products are too small to matter,
+    and the limit's first use scans the process's libraries, longer than the whole pass."""
+    if sum(len(x) for x in xs) < SMALL_PASS:
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
+SMALL_PASS = 2048  # tokens below which an enclosure leaves the BLAS threads as they are
 
 
 def _causal_start(model: Transformer, xs: list[np.ndarray], stats: PassStats):

@@ -15,14 +15,12 @@ Causal models are checked position by position (:func:`verify_causal`).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import replace
 from fractions import Fraction
 
 import mpmath
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from ..data import CausalDataset, Dataset
 from ..distance import (
@@ -342,11 +340,10 @@ def _float_and_enclosure(model, dataset, stats, progress: bool, limit: float
     else:
         xs_f, ys_f = dataset.floats()
         xs_r, ys_r = None, [np.zeros_like(y) for y in ys_f]  # float data are exact
-    with _one_blas_thread(xs_f):
-        # a softmax layer's blur can widen a code beyond the limit for a while: the clip
-        # pairs after it are flat there and take it back (docs/keyed.md#softmax)
-        give_up = limit if model.attention == "hardmax" else math.inf
-        outs, rads = enclose(model, xs_f, xs_r, stats, progress, give_up=give_up)
+    # a softmax layer's blur can widen a code beyond the limit for a while: the clip pairs
+    # after it are flat there and take it back (docs/keyed.md#softmax)
+    give_up = limit if model.attention == "hardmax" else math.inf
+    outs, rads = enclose(model, xs_f, xs_r, stats, progress, give_up=give_up)
     both = per_pair(_distance_and_bound, outs, rads, ys_f, ys_r)
     return outs, [b for _, b in both], [h for h, _ in both]
 
@@ -358,20 +355,6 @@ def _distance_and_bound(O, o_rad, Y, y_rad) -> np.ndarray:
         D = pair_distances(O, Y)
     return np.stack([hausdorff_checked(D), enclosure.hausdorff_upper(O, o_rad, Y, y_rad, D)],
                     axis=1)
-
-
-def _one_blas_thread(xs):
-    """The enclosure pass's matrix products are thin (many rows by d and a few units): BLAS
-    threads gain nothing there, and on a busy machine they spin against other work (one
-    product 20× slower measured on the 2-core machine under load; docs/numerics.md#cost).
-    A pass over few tokens (``xs``) runs as it is: its products are too small to matter,
-    and the limit's first use scans the process's libraries, longer than the whole pass."""
-    if sum(len(x) for x in xs) < SMALL_PASS:
-        return contextlib.nullcontext()
-    return threadpool_limits(1, user_api="blas")
-
-
-SMALL_PASS = 2048  # tokens below which verify leaves the BLAS threads as they are
 
 
 def _subset_fractions(dataset, rows: list[int]) -> tuple[list, list]:
@@ -509,8 +492,7 @@ def _causal_enclosure(model, dataset, xs, xs_f, progress: bool, tau):
     if dataset.exact and not model.exact:  # (the float64 path decides float data only)
         return None
     own = PassStats()
-    with _one_blas_thread(xs_f):
-        mids, rads = enclose(twin, xs_f, None, stats=own, progress=progress)
+    mids, rads = enclose(twin, xs_f, None, stats=own, progress=progress)
     return mids, rads, own
 
 
