@@ -120,8 +120,13 @@ def theta(n_acc: int, n_store: int, fmt: Format) -> float:
 
 def thetas(n_acc: np.ndarray, n_store: int, fmt: Format) -> np.ndarray:
     """:func:`theta` for each entry of an array of (integral) float32 rounding counts."""
-    counts, at = np.unique(n_acc, return_inverse=True)
-    return np.array([theta(int(n), n_store, fmt) for n in counts])[at].reshape(np.shape(n_acc))
+    return per_count(n_acc, lambda n: theta(n, n_store, fmt))
+
+
+def per_count(counts: np.ndarray, f) -> np.ndarray:
+    """f(c) for each entry c of an array of integral counts, computed once per distinct c."""
+    distinct, at = np.unique(counts, return_inverse=True)
+    return np.array([f(int(c)) for c in distinct])[at].reshape(np.shape(counts))
 
 
 def matmul_input_error(fmt: Format) -> float:

@@ -21,6 +21,7 @@ from .formats import (
     conversions,
     fits,
     matmul_input_error,
+    per_count,
     theta,
 )
 from .runtime_boxes import (
@@ -150,14 +151,8 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
         q = np.where((r0 == 0) & (rho.v_r == 0), np.inf, lowbit(r0) * quantum(Xm, Xr, fmt))
     exact = rho.v_r == 0
     untouched = np.full(Xm.shape[-1], r0 == 1 and rho.v_r == 0)
-    n, D = Xm.shape[1], Xm.shape[2]
-    # roundings on any term's path to output c, in any of the orders: TransformerLens's o
-    # matrix sums every head's terms V_cj·y_j in one product, so c's sum there has as many
-    # terms as row c of the heads' dense V has nonzero entries together (up to H·D); a zero
-    # term adds nothing and rounds nothing. The intermediates' overflow tests keep the
-    # largest count over every coordinate (D at least)
-    k_c = n + _dense_terms(sa_w) + 2 * len(sa_w) + 6
-    k = max(n + D + 2 * len(sa_w) + 6, int(k_c.max(initial=0)))
+    D = Xm.shape[2]
+    k_c, k = _rounding_counts(sa_w, *Xm.shape[1:])
     overflow = np.zeros(Xm.shape[:2], dtype=bool)
     amp = 1.0  # per output coordinate: how much the intermediates' underflow is scaled up
     for w in sa_w:
@@ -207,12 +202,20 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     return np.where(keep, Xm, mid), rad
 
 
+def _rounding_counts(sa_w: list, n: int, D: int) -> tuple[np.ndarray, int]:
+    """(per output coordinate c, the roundings on any term's path to c in any of the three
+    orders; the largest count, D at least, for the intermediates' overflow tests).
+    TransformerLens's o matrix sums every head's terms V_cj·y_j in one product, so c's sum
+    there has as many terms as row c of the heads' dense V has nonzero entries together (up
+    to H·D); a zero term adds nothing and rounds nothing."""
+    k_c = n + _dense_terms(sa_w) + 2 * len(sa_w) + 6
+    return k_c, max(n + D + 2 * len(sa_w) + 6, int(k_c.max(initial=0)))
+
+
 def _chained_cuts(k_c: np.ndarray, fmt: Format) -> np.ndarray:
     """Per output coordinate, the relative error of a term through k_c roundings of each
     kind and four TF32 cuts (:func:`~.formats.chained_cut_error`)."""
-    counts, at = np.unique(k_c, return_inverse=True)
-    return np.array([chained_cut_error(fmt, 4, theta(int(c), int(c), fmt))
-                     for c in counts])[at.reshape(-1)]
+    return per_count(k_c, lambda c: chained_cut_error(fmt, 4, theta(c, c, fmt)))
 
 
 def _dense_terms(sa_w: list) -> np.ndarray:
