@@ -297,3 +297,37 @@ def test_rationals_below_float64s_normal_range_make_no_gate():
     k = Fraction(1, 2 ** 10)
     case([[k, k, 0, Fraction(1, 2 ** 1076)], [k, 0, -k, 0]], [-k - Fraction(1, 2 ** 55), -2 * k],
          [[1.0, 0, 1, 2.0 ** 1023], [0, 0, 0, 0], [0, 0, 0, 1.0]])
+
+
+def test_a_dense_layer_between_gates_refreshes_the_keys_of_the_rows_it_changed():
+    """A dense layer that changes a few rows (a snapped pair, a reset) keeps the other rows'
+    keys and classes (evaluate/layers.py), so it must refresh those of the rows it changed:
+    here it gives one row of 400 the key of the gate after it, whose unit must then fire
+    there, as the reference says, in the float pass and in the enclosure."""
+    q, D = 3, 6  # key 0..2, `one` 3, trigger 4, written 5
+    U = np.zeros((2, D))
+    U[0, :q], U[1, :q] = [4, 4, 0], [0, 4, -4]
+    U[:, 3] = [-1.0, -1.0]  # at its own key 8 − 1 − 6 = 1, at another at most −3
+    gated = FF(1.0, U, np.array([-6.0, -6.0]), np.outer(np.eye(D)[5], [1.0, 2.0]))
+    Ut = np.zeros((2, D))
+    Ut[0, 4], Ut[1, 4] = 1.0, -1.0  # the trigger's two signs: no ridge window
+    Wt = np.zeros((D, 2))
+    Wt[:q, 0] = [1, 1, 0]  # relu(trigger) writes unit 0's key
+    dense = FF(1.0, Ut, np.zeros(2), Wt)
+    blocks = [Block(gated), Block(dense), Block(gated)]
+    model = Transformer(d=D, attention="hardmax", blocks=blocks, exact=False)
+    job = Job.of(model, Arithmetic("float"), None)
+    assert job.gates[0] is not None and job.gates[1] is None and job.keys[1] is None
+    X = np.zeros((400, D))
+    X[:, 3] = 1.0
+    X[7, 4] = 1.0  # the one row the dense layer moves
+    X[::3, :q] = [0, 1, -1]  # unit 1's key at a third of the rows
+    want = reference(blocks, X)
+    assert want[7][5] == 1 and want[0][5] == 4  # the new key's unit, the other's twice
+    got = forward(model, [X])[0]
+    assert [[Fraction(v) for v in row] for row in got.tolist()] == want
+    out, rad = enclose(model, [X], None)
+    assert all(abs(Fraction(o) - v) <= Fraction(r) for o_row, r_row, w_row in
+               zip(out[0], rad[0], want, strict=True)
+               for o, r, v in zip(o_row, r_row, w_row, strict=True))
+    assert out[0][7, 5] == 1.0

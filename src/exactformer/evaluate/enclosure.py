@@ -304,20 +304,20 @@ def ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     return out, rad
 
 
-def ff_dense_into(X, r, eta: float, U_, b, W) -> None:
-    """:func:`ff_dense` in place. With η = 1, a finite output coordinate that no unit which
-    may be on writes is x itself in both passes and keeps its radius (docs/numerics.md,
-    keyed models), a coordinate no unit reads or writes is not even looked at (a keyed layer
-    touches a few of the model's coordinates), a row whose units are all certainly off
-    is left as it is, and rows equal on those coordinates (radii included) are evaluated
-    once."""
+def ff_dense_into(X, r, eta: float, U_, b, W) -> np.ndarray | None:
+    """:func:`ff_dense` in place; returns the rows it may have changed (None: any row). With
+    η = 1, a finite output coordinate that no unit which may be on writes is x itself in both
+    passes and keeps its radius (docs/numerics.md, keyed models), a coordinate no unit reads
+    or writes is not even looked at (a keyed layer touches a few of the model's coordinates),
+    a row whose units are all certainly off is left as it is (not among the rows returned),
+    and rows equal on those coordinates (radii included) are evaluated once."""
     cols = np.flatnonzero(U_.any(axis=0) | W.any(axis=1))
     if eta != 1 or len(cols) == X.shape[1]:
         X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
-        return
+        return None
     outs = np.flatnonzero(W[cols].any(axis=1))  # of cols: those a unit writes
     if not len(outs):  # the layer writes nothing: x + 0
-        return
+        return np.zeros(0, dtype=np.int64)
     rows, Uc = _stirred(X, r, U_, b), U_[:, cols]
     cut = np.ix_(rows, cols)
     live = rows[~_certainly_off(X[cut], r[cut], Uc, b)]
@@ -326,9 +326,10 @@ def ff_dense_into(X, r, eta: float, U_, b, W) -> None:
     out, rad = _ff_dense(Xc[first], rc[first], np.eye(len(cols))[outs], Uc, b, W[cols[outs]])
     if not np.isfinite(out).all():  # an infinite unit makes inf·0 = nan elsewhere
         X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
-        return
+        return None
     to = cols[outs]
     X[np.ix_(live, to)], r[np.ix_(live, to)] = out[inv], rad[inv]
+    return live
 
 
 def _stirred(X, r, U_, b) -> np.ndarray:

@@ -65,11 +65,10 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
             st.P[rows] = st.P[rows] + change
             st.moved(rows)
         return
-    if st.rad is not None:  # each row alone: slices written back in place stay small
-        for s in range(0, len(st.P), DENSE_ROWS):
-            rows = slice(s, s + DENSE_ROWS)  # views: written in place
-            enclosure.ff_dense_into(st.P[rows], st.rad[rows], ff.eta, ff.U, ff.b, ff.W)
-    elif st.ar.kind == "exact":
+    if st.rad is not None:
+        _dense_tracking(st, ff)
+        return
+    if st.ar.kind == "exact":
         st.P = exact_dense_ff(st.P, st.ar.convert(ff))
     else:
         ff = st.ar.convert(ff)
@@ -77,6 +76,23 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
     st.changed_everything()
     if ff.eta == 0:
         st.compact()
+
+
+def _dense_tracking(st: RowState, ff: FF) -> None:
+    """A dense FF on a tracking pass, each row alone, in slices written back in place. The
+    rows a layer leaves as they are (x + 0, radius included: a keyed layer changes a few) keep
+    their place in every sorted index and their keys and classes (:meth:`RowState.moved`)."""
+    changed = []
+    for s in range(0, len(st.P), DENSE_ROWS):
+        rows = slice(s, s + DENSE_ROWS)  # views: written in place
+        live = enclosure.ff_dense_into(st.P[rows], st.rad[rows], ff.eta, ff.U, ff.b, ff.W)
+        if live is None:
+            st.changed_everything()
+            if ff.eta == 0:
+                st.compact()
+            return
+        changed.append(live + s)
+    st.moved(np.concatenate(changed) if changed else np.zeros(0, dtype=np.int64))
 
 
 def ff_rows(st: RowState, ff: FF, rows: np.ndarray) -> None:
