@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
-from test_verify_bounds import check, doc, ff, sa, set_data
+from test_verify_bounds import check, doc, ff, reference, sa, set_data
 
 import exactformer as ef
-from exactformer.evaluate import enclosure
+from exactformer.evaluate import enclose, enclosure
 from exactformer.evaluate.causal_radius import causal_softmax_box
 from exactformer.evaluate.head_radius import score_error
 from exactformer.evaluate.softmax_radius import exp_neg_upper, softmax_box
@@ -248,3 +248,36 @@ def test_a_flat_clip_pair_adds_its_move_without_the_argument_s_rounding():
     W = np.array([[0.0, 0.0], [0.75, -0.75]])
     out, rad = enclosure.ff_dense(X, r, 1.0, U, b, W)
     assert out[0, 1] == 1.0 and rad[0, 1] <= 1e-15
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2 ** 32 - 1), st.sampled_from(["every", "some", "none"]), st.booleans())
+def test_a_sequence_that_asks_one_query_gets_every_rows_box_from_its_first(seed, constant,
+                                                                          radius):
+    """Rank-one scores whose query reads a coordinate constant on some sequences (`one` in the
+    keyed separation): the pass forms one row's scores for such a batch and gives its box to
+    every row (attention._one_query). Every box holds the 50-digit reference at every token,
+    whether every sequence, some or none ask one query, and with a radius on the query at one
+    row (which then asks another), the reference taken at that radius's end."""
+    rng = np.random.default_rng(seed)
+    n, N, d = int(rng.integers(2, 6)), int(rng.integers(1, 4)), 3
+    xs = [rng.integers(-8, 9, (n, d)) / 8 + rng.normal(0, 1e-3, (n, d)) for _ in range(N)]
+    for k, x in enumerate(xs):
+        if constant == "every" or (constant == "some" and k % 2 == 0):
+            x[:, 0] = float(rng.choice([1.0, -0.5, 3.0]))
+    c, a = [float(rng.choice([0.0, 40.0])), 0, 0], rng.normal(0, 4, d).tolist()
+    c[0] = c[0] or 2.0
+    model = model_from_dict(doc([{"ff": None, "sa": sa(a, c, rho="1", beta="1",
+                                                         p=[0, 1, 0], q=[0, 0, 1])}],
+                                d=d, number="float64"))
+    radii, ends = [np.zeros(x.shape) for x in xs], [x.copy() for x in xs]
+    if radius:  # the end that turns the query toward the other sign (exact sums)
+        radii[0][-1, 0] = 2.0
+        ends[0][-1, 0] -= 2.0 * np.sign(ends[0][-1, 0])
+    out, rad = enclose(model, xs, radii)
+    with mpmath.workdps(50):
+        for o, r, ref in zip(out, rad, reference(model, ends), strict=True):
+            for i in range(n):
+                for t in range(d):  # (slack: the reference's own rounding)
+                    slack = mpmath.mpf(10) ** -45 * (1 + abs(ref[i][t]))
+                    assert abs(ref[i][t] - mpmath.mpf(o[i, t])) <= mpmath.mpf(r[i, t]) + slack

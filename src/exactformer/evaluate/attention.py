@@ -69,26 +69,50 @@ def _float_softmax(st: RowState, qa, q_rad, ka, k_rad, alpha, tau, C, C_rad):
     """:func:`head_average`'s softmax average of the carrier C (and its box, in a tracking
     pass) in a float64 pass, batch by batch of equal-length sequences: each sequence's rows
     see only its own keys, and every operation acts on one sequence's slice of the batch
-    exactly as on that sequence alone."""
-    P, rad, w = st.P, st.rad, st.weights()
+    exactly as on that sequence alone. Under rank-one scores (α = 0) a sequence whose rows
+    all ask one query (the same float c·x and radius: the keyed separation's rounds ask
+    `one`, docs/keyed.md#softmax) gets the same scores, error bounds, average and box at
+    every row, formed once from its first row."""
     out = np.empty(C.shape, dtype=C.dtype)
-    out_rad = None if rad is None else np.empty(C.shape)
+    out_rad = None if st.rad is None else np.empty(C.shape)
     for rows in _batches(st.segment_index(), 1):
-        X, wb, Cb = P[rows], w[rows], C[rows]
-        S = qa[rows][..., :, None] * ka[rows][..., None, :]
-        if alpha != 0:
-            S = S + (X @ X.swapaxes(-1, -2)) * alpha
-        Z = S - S.max(axis=-1, keepdims=True)
-        if tau != 1:
-            Z = Z / tau
-        avg = softmax_average(Z, Cb, st.ar, wb[..., None, :])
-        if rad is None:
-            out[rows] = avg
-            continue
-        E = head_radius.score_error(X, rad[rows], qa[rows], q_rad[rows], ka[rows], k_rad[rows],
-                                    alpha)
-        out[rows], out_rad[rows] = softmax_box(avg, S, E, wb, tau, Cb, C_rad[rows])
+        one = np.zeros(len(rows), dtype=bool) if alpha != 0 else _one_query(qa, q_rad, rows)
+        for part, ask in ((rows[one], rows[one][:, :1]), (rows[~one], rows[~one])):
+            if len(part):
+                _softmax_part(st, part, ask, (qa, q_rad, ka, k_rad, alpha, tau, C, C_rad),
+                              out, out_rad)
     return out, out_rad
+
+
+def _one_query(qa, q_rad, rows) -> np.ndarray:
+    """Per sequence of a batch (rows B × n): whether its rows all ask one query, the same
+    float c·x and radius (a nan query is never the same)."""
+    qb = qa[rows]
+    same = (qb == qb[:, :1]).all(axis=1)
+    if q_rad is not None:
+        rb = q_rad[rows]
+        same &= (rb == rb[:, :1]).all(axis=1)
+    return same
+
+
+def _softmax_part(st: RowState, rows, ask, head, out, out_rad) -> None:
+    """:func:`_float_softmax` on the sequences ``rows`` (B × n), whose scores are those of
+    the queries at ``ask`` (``rows`` itself, or their first column where each asks one)."""
+    qa, q_rad, ka, k_rad, alpha, tau, C, C_rad = head
+    P, wb, Cb = st.P, st.weights()[rows], C[rows]
+    S = qa[ask][..., :, None] * ka[rows][..., None, :]
+    if alpha != 0:
+        S = S + (P[ask] @ P[rows].swapaxes(-1, -2)) * alpha
+    Z = S - S.max(axis=-1, keepdims=True)
+    if tau != 1:
+        Z = Z / tau
+    avg = softmax_average(Z, Cb, st.ar, wb[..., None, :])
+    if out_rad is None:
+        out[rows] = avg
+        return
+    E = head_radius.score_error(P[ask], st.rad[ask], qa[ask], q_rad[ask], ka[rows],
+                                k_rad[rows], alpha)
+    out[rows], out_rad[rows] = softmax_box(avg, S, E, wb, tau, Cb, C_rad[rows])
 
 
 def softmax_average(Z, C, ar: Arithmetic, w=None) -> np.ndarray:
