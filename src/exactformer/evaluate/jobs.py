@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..model import Transformer, first_mixing
-from . import runs
+from . import runs, window_pairs
 from .arithmetic import Arithmetic, PassStats
 from .causal import apply_causal_sa
 from .gate_runs import gate_runs
@@ -46,6 +46,7 @@ class Job:
     key_runs: dict  # first block -> (end, keys.KeyRun) over blocks of key layers alone
     gates: list  # per block: its FF as a gated layer (evaluate/gates.py), or None
     gate_runs: dict  # first block -> gate_runs.GateRun (float64 passes)
+    pairs: dict  # block -> window_pairs.Pair whose window it holds (float64 passes)
 
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau, causal: bool | None = None) -> Job:
@@ -60,7 +61,8 @@ class Job:
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         return cls(ar, model.attention, blocks, ridges, tau, plan,
                    model.causal if causal is None else causal, keys, _key_runs(blocks, keys, ar),
-                   gates, {} if ar.is_object else gate_runs(blocks, gates))
+                   gates, {} if ar.is_object else gate_runs(blocks, gates),
+                   {} if ar.is_object else _pairs(blocks, keys, ridges, gates))
 
     def run(self, xs: list[np.ndarray], snapshots, stats: PassStats,
             progress: bool) -> tuple[list, dict]:
@@ -88,26 +90,26 @@ class Job:
         attend = apply_causal_sa if self.causal else apply_sa
         bar = tqdm(total=stop - start, desc=f"forward ({self.ar.kind})", unit="block",
                    disable=not progress, leave=False, delay=1)
-        i = start
+        i, closing = start, {}  # window–flip pairs whose flip is at block i
         while i < stop:
             if pooled and i >= mixes:
                 st.unpool()
                 pooled = False
-            kr = self.key_runs.get(i)
+            kr = None if closing else self.key_runs.get(i)
             if kr is not None and kr[0] <= stop and \
                     not any(i < k <= kr[0] for k in snapshots or ()):  # (as runs below)
                 kr[1].apply(st, ff_rows)
                 bar.update(kr[0] - i)
                 i = kr[0]
                 continue
-            run = self.runs.get(i)
+            run = None if closing else self.runs.get(i)
             if run is not None and run.end <= stop and \
                     not any(run.start < k <= run.end for k in snapshots or ()) \
                     and runs.apply_run(st, run, stats):
                 bar.update(run.end - i)
                 i = run.end
                 continue
-            gr = self.gate_runs.get(i)
+            gr = None if closing else self.gate_runs.get(i)
             if gr is not None and st.rad is not None and gr.end <= stop and \
                     not any(i < k <= gr.end for k in snapshots or ()):
                 gr.apply(st)
@@ -115,7 +117,11 @@ class Job:
                 i = gr.end
                 continue
             blk = self.blocks[i]
-            if blk.ff is not None:
+            opening = [] if st.rad is None or i + 1 >= stop or (pooled and i + 1 >= mixes) \
+                or (snapshots and i + 1 in snapshots) else self.pairs.get(i, [])
+            if opening or closing:
+                closing = window_pairs.apply(st, blk.ff, opening, closing)
+            elif blk.ff is not None:
                 apply_ff(st, blk.ff, self.ridges[i], stats, self.keys[i], self.gates[i])
             if blk.sa is not None and not blk.sa.is_identity():
                 attend(st, st.ar.convert(blk.sa), self.attention, self.tau, stats)
@@ -127,6 +133,15 @@ class Job:
         if pooled:  # a later walk from here may reach attention
             st.unpool()
         return snaps
+
+
+def _pairs(blocks: list, keys: list, ridges: list, gates: list) -> dict:
+    """window_pairs.window_pairs over the blocks that a pass applies one by one (no key
+    layer, ridge window or gate: none of them is part of a run)."""
+    plain = [k is None and r is None and g is None
+             for k, r, g in zip(keys, ridges, gates, strict=True)]
+    return {L: ps for L, ps in window_pairs.window_pairs(blocks).items()
+            if plain[L] and plain[L + 1]}
 
 
 def layer_forms(model: Transformer, ffs: list, ar: Arithmetic) -> tuple[list, list]:

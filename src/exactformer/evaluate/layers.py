@@ -66,7 +66,7 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
             st.moved(rows)
         return
     if st.rad is not None:
-        _dense_tracking(st, ff)
+        dense_tracking(st, ff)
         return
     if st.ar.kind == "exact":
         st.P = exact_dense_ff(st.P, st.ar.convert(ff))
@@ -78,7 +78,7 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
         st.compact()
 
 
-def _dense_tracking(st: RowState, ff: FF) -> None:
+def dense_tracking(st: RowState, ff: FF) -> None:
     """A dense FF on a tracking pass, each row alone, in slices written back in place. The
     rows a layer leaves as they are (x + 0, radius included: a keyed layer changes a few) keep
     their place in every sorted index and their keys and classes (:meth:`RowState.moved`)."""
@@ -92,21 +92,23 @@ def _dense_tracking(st: RowState, ff: FF) -> None:
                 st.compact()
             return
         changed.append(live + s)
-    st.moved(np.concatenate(changed) if changed else np.zeros(0, dtype=np.int64))
+    st.moved(np.concatenate(changed) if changed else np.zeros(0, dtype=np.int64),
+             np.flatnonzero(ff.W.any(axis=1)))  # (the columns its units write, alone)
 
 
 def ff_rows(st: RowState, ff: FF, rows: np.ndarray) -> None:
     """The FF ``ff`` (η = 1, in the pass's arithmetic) on ``rows`` alone, densely."""
-    X = st.P[rows]
+    X, cols = st.P[rows], None
     if st.rad is not None:
         r = st.rad[rows]
-        enclosure.ff_dense_into(X, r, ff.eta, ff.U, ff.b, ff.W)
+        if enclosure.ff_dense_into(X, r, ff.eta, ff.U, ff.b, ff.W) is not None:
+            cols = np.flatnonzero(ff.W.any(axis=1))  # (written alone: no inf·0 elsewhere)
         st.P[rows], st.rad[rows] = X, r
     elif st.ar.kind == "exact":
         st.P[rows] = exact_dense_ff(X, ff)
     else:
         st.P[rows] = X * ff.eta + relu(X @ ff.U.T + ff.b) @ ff.W.T
-    st.moved(rows)
+    st.moved(rows, cols)
 
 
 def exact_dense_ff(P: np.ndarray, ff: FF) -> np.ndarray:

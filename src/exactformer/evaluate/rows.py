@@ -55,8 +55,9 @@ class Rows(Protocol):
     def reach(self, f) -> float:
         """A bound on |f·x − f·m| over every row m and every exact point x in its box."""
 
-    def moved(self, rows: np.ndarray) -> None:
-        """Rows changed by a ridge FF: sorted indices and radii bookkeeping follow them."""
+    def moved(self, rows: np.ndarray, cols: np.ndarray | None = None) -> None:
+        """Rows changed by an FF (in ``cols`` alone, unless None): sorted indices and radii
+        bookkeeping follow them."""
 
     def grew(self, rows: np.ndarray) -> None:
         """Rows whose value or radius changed."""

@@ -215,9 +215,13 @@ class RowState:
                 self.rad[rows[bad]] = np.inf
                 self.touch(rows[bad])
 
-    def moved(self, rows: np.ndarray) -> None:
-        """Rows changed by a ridge FF: refresh their values in every sorted index."""
+    def moved(self, rows: np.ndarray, cols: np.ndarray | None = None) -> None:
+        """Rows changed by an FF: refresh their values in every sorted index (``cols``: the
+        only columns that changed, None: any; an index along a direction that reads none of
+        them keeps its values)."""
         for f, sp in self.projections.values():
+            if cols is not None and not f[cols].any():
+                continue
             t = self.P[rows] @ f
             self._lose_unsorted(rows, t)
             sp.update(rows, t)
