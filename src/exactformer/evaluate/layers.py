@@ -82,18 +82,20 @@ def dense_tracking(st: RowState, ff: FF) -> None:
     """A dense FF on a tracking pass, each row alone, in slices written back in place. The
     rows a layer leaves as they are (x + 0, radius included: a keyed layer changes a few) keep
     their place in every sorted index and their keys and classes (:meth:`RowState.moved`)."""
-    changed = []
+    changed, everything = [], False
     for s in range(0, len(st.P), DENSE_ROWS):
         rows = slice(s, s + DENSE_ROWS)  # views: written in place
         live = enclosure.ff_dense_into(st.P[rows], st.rad[rows], ff.eta, ff.U, ff.b, ff.W)
-        if live is None:
-            st.changed_everything()
-            if ff.eta == 0:
-                st.compact()
-            return
-        changed.append(live + s)
-    st.moved(np.concatenate(changed) if changed else np.zeros(0, dtype=np.int64),
-             np.flatnonzero(ff.W.any(axis=1)))  # (the columns its units write, alone)
+        everything |= live is None
+        if live is not None:
+            changed.append(live + s)
+    if not everything:
+        st.moved(np.concatenate(changed) if changed else np.zeros(0, dtype=np.int64),
+                 np.flatnonzero(ff.W.any(axis=1)))  # (the columns its units write, alone)
+        return
+    st.changed_everything()
+    if ff.eta == 0:
+        st.compact()
 
 
 def ff_rows(st: RowState, ff: FF, rows: np.ndarray) -> None:
