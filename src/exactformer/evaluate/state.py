@@ -353,15 +353,19 @@ def _largest_abs(col: np.ndarray) -> float:
     return float(np.maximum(col.max(initial=0.0), -col.min(initial=0.0))) + 0.0
 
 
+SMALL_EXTENT = 1 << 12  # entries of P read at once by _extent (the rows an FF moved)
+
+
 def _extent(P: np.ndarray, rad: np.ndarray, cols: np.ndarray | None = None
             ) -> tuple[float, float]:
     """Largest radius and largest |coordinate| over the rows with finite values, in the
-    columns ``cols`` (default all). Read column by column (views, no gathered copies) while
-    every value is finite, which is the usual case."""
-    tops = [v for c in range(P.shape[1]) if cols is None or c in cols
-            for v in (float(rad[:, c].max(initial=0.0)), _largest_abs(P[:, c]))]
-    if all(math.isfinite(v) for v in tops):  # (a nan shows as nan)
-        return max(tops[::2], default=0.0), max(tops[1::2], default=0.0)
+    columns ``cols`` (default all). A large P is read column by column (views, no gathered
+    copies) while every value is finite, which is the usual case."""
+    if P.size > SMALL_EXTENT:
+        tops = [v for c in range(P.shape[1]) if cols is None or c in cols
+                for v in (float(rad[:, c].max(initial=0.0)), _largest_abs(P[:, c]))]
+        if all(math.isfinite(v) for v in tops):  # (a nan shows as nan)
+            return max(tops[::2], default=0.0), max(tops[1::2], default=0.0)
     if cols is not None:
         P, rad = P[:, cols], rad[:, cols]
     ok = np.isfinite(rad).all(axis=1) & np.isfinite(P).all(axis=1)
