@@ -71,7 +71,10 @@ def window_pairs(blocks: list) -> dict[int, list[Pair]]:
         if not (_plain(a) and _plain(b)) or \
                 (blocks[L].sa is not None and not blocks[L].sa.is_identity()):
             continue
-        for k in np.flatnonzero(a.W.any(axis=1)).tolist():
+        writes = a.W != 0
+        lone = writes.sum(axis=0) == 1  # units writing one coordinate, as a window's do
+        for k in np.flatnonzero((writes.sum(axis=1) == 2) & (writes[:, lone].sum(axis=1) == 2)
+                                & (b.U != 0).any(axis=0)).tolist():
             pair = _pair(L, k, a, b)
             if pair is not None:
                 out.setdefault(L, []).append(pair)
