@@ -202,3 +202,21 @@ def test_a_flip_in_the_first_mixing_block_gets_no_pair_across_the_unpooling():
                 for j, v in enumerate(row):
                     slack = mpmath.mpf(10) ** -45 * (1 + abs(v))
                     assert abs(v - mpmath.mpf(o[i, j])) <= mpmath.mpf(r[i, j]) + slack
+
+
+def test_a_radius_that_overflowed_elsewhere_leaves_the_rest_of_its_row_bounded():
+    """A row whose radius is inf in a column the window does not read still counts in the
+    bound on every row's reach along f (state._extent): its radius 9.8 along f takes its box
+    across the window's centre, so the row is near and its slot's box holds the flip's 1."""
+    blocks = [_layer(_window([1.0, 0, 0, 0, 0, 0], -0.5, 1.0, SLOTS[0])),
+              _layer(_flip(SLOTS[0]))]
+    model = Transformer(d=D, attention="hardmax", blocks=blocks, exact=False)
+    X = np.zeros((2, D))
+    X[:, 0] = 10.0
+    r = np.zeros(X.shape)
+    r[1, 0], r[1, CODE] = 9.8, np.inf
+    out, rad = enclose(model, [X], [r])
+    inside = X[1].copy()
+    inside[0] = 0.5  # a point of row 1's box: u·x + b = 0, the flip writes 1
+    assert reference(blocks, inside[None, :])[0][SLOTS[0]] == 1
+    assert abs(1 - out[0][1, SLOTS[0]]) <= rad[0][1, SLOTS[0]]

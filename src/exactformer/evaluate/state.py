@@ -188,9 +188,11 @@ class RowState:
 
     def reach(self, f) -> float:
         """A bound on |f·x − f·m| for every row m and exact point x within its radius,
-        including the rounding of the float f·m (widens a ridge window's row search). Rows
-        whose radius is not finite are left out: their sequences are undecided whatever
-        happens, and FF layers act on each row alone."""
+        including the rounding of the float f·m (widens a ridge window's row search), for
+        every row whose values and radii are finite where f reads. Entries that are not
+        finite are left out of the bound: a row with one where f reads has an f·x that is
+        not finite (and is given up) or a box unbounded along f, which its sequence cannot
+        be decided with."""
         if self.extent is None:
             self._give_up((self.rad > self.give_up).any(axis=1))
             self.extent = _extent(self.P, self.rad)
@@ -358,9 +360,10 @@ SMALL_EXTENT = 1 << 12  # entries of P read at once by _extent (the rows an FF m
 
 def _extent(P: np.ndarray, rad: np.ndarray, cols: np.ndarray | None = None
             ) -> tuple[float, float]:
-    """Largest radius and largest |coordinate| over the rows with finite values, in the
-    columns ``cols`` (default all). A large P is read column by column (views, no gathered
-    copies) while every value is finite, which is the usual case."""
+    """Largest radius and largest |coordinate| over the entries whose value and radius are
+    finite, in the columns ``cols`` (default all): a row's other entries stay bounded when one
+    of its radii overflows. A large P is read column by column (views, no gathered copies)
+    while every value is finite, which is the usual case."""
     if P.size > SMALL_EXTENT:
         tops = [v for c in range(P.shape[1]) if cols is None or c in cols
                 for v in (float(rad[:, c].max(initial=0.0)), _largest_abs(P[:, c]))]
@@ -368,5 +371,5 @@ def _extent(P: np.ndarray, rad: np.ndarray, cols: np.ndarray | None = None
             return max(tops[::2], default=0.0), max(tops[1::2], default=0.0)
     if cols is not None:
         P, rad = P[:, cols], rad[:, cols]
-    ok = np.isfinite(rad).all(axis=1) & np.isfinite(P).all(axis=1)
+    ok = np.isfinite(rad) & np.isfinite(P)
     return float(rad[ok].max(initial=0.0)), float(np.abs(P[ok]).max(initial=0.0))

@@ -128,7 +128,9 @@ def apply(st, ff: FF, opening: list[Pair], closing: dict) -> dict:
     reads), then each flip and each window on its near rows."""
     near = {p: p.near(st) for p in opening}  # (from the layer's input)
     mine = [p.window for p in opening] + [p.flip for p in closing]
-    dense_tracking(st, _units(ff, np.setdiff1d(np.arange(len(ff.b)), np.concatenate(mine))))
+    rest = np.setdiff1d(np.arange(len(ff.b)), np.concatenate(mine))
+    if len(rest):
+        dense_tracking(st, _units(ff, rest))
     for p, (rows, dirty) in closing.items():
         if len(rows):
             ff_rows(st, _units(ff, p.flip), rows)
