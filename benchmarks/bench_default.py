@@ -135,10 +135,11 @@ def why(row: dict) -> str:
                "every row, and verify runs the plain float64 causal pass beside it)"
     if row["attention"].startswith("softmax"):
         return " (every move layer is enclosed on its own, a snap's gate and then its pair, " \
-               "which form no runs; and the enclosures bound n² scores per softmax layer)"
-    return " (the enclosure applies the tagging and separation layers to every distinct " \
-           "token, at several times the cost of the build's plain float64 pass; only the " \
-           "moves are gated, docs/numerics.md#gated-layers)"
+               "which form no runs: a fraction of a ms each on a few rows, thousands of them; " \
+               "and the collapse's enclosure bounds n² scores)"
+    return " (the enclosure applies the separation layers to every row and every tagging " \
+           "window to the rows near it, at several times the cost of the build's plain " \
+           "float64 pass; docs/numerics.md#window-flip-pairs)"
 
 
 def main(argv=None) -> int:
