@@ -18,13 +18,19 @@ from test_verify_bounds import doc, ff, sa
 from test_verify_bounds import reference as reference_mp
 
 import exactformer as ef
-from exactformer.evaluate import Arithmetic, enclose
+from exactformer.evaluate import Arithmetic, enclose, window_pairs
 from exactformer.evaluate.arithmetic import PassStats
 from exactformer.evaluate.jobs import Job
 from exactformer.model import FF, Block, Transformer
 from exactformer.modelio import model_from_dict
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(autouse=True)
+def pairs_on_any_rows(monkeypatch):
+    """Pairs taken however few rows a pass holds (a pass skips them below PAIR_ROWS)."""
+    monkeypatch.setattr(window_pairs, "PAIR_ROWS", 0)
 D_DATA, SLOTS, CODE = 3, (3, 4), 5  # columns: data 0..2, two slots, a code
 D = 6
 

@@ -118,7 +118,8 @@ class Job:
                 continue
             blk = self.blocks[i]
             opening = [] if st.rad is None or i + 1 >= stop or (pooled and i + 1 >= mixes) \
-                or (snapshots and i + 1 in snapshots) else self.pairs.get(i, [])
+                or (snapshots and i + 1 in snapshots) or len(st.P) < window_pairs.PAIR_ROWS \
+                else self.pairs.get(i, [])
             if opening or closing:
                 closing = window_pairs.apply(st, blk.ff, opening, closing)
             elif blk.ff is not None:

@@ -30,6 +30,8 @@ from .enclosure import lower, rounding, up, upper
 from .layers import dense_tracking, ff_rows
 
 MARGIN = 2.0 ** -10  # the window's value must clear 1 by this fraction of it
+PAIR_ROWS = 1024  # rows a pass must hold for a pair to be taken: on fewer, enclosing the
+# two layers densely costs less than the lookups (measured: 200 rows, 0.6 against 0.7 s)
 
 
 @dataclass(eq=False)  # (a pass keys its open pairs by identity)
