@@ -137,9 +137,9 @@ def why(row: dict) -> str:
         return " (every move layer is enclosed on its own, a snap's gate and then its pair, " \
                "which form no runs: a fraction of a ms each on a few rows, thousands of them; " \
                "and the collapse's enclosure bounds n² scores)"
-    return " (the enclosure applies the separation layers to every row and every tagging " \
-           "window to the rows near it, at several times the cost of the build's plain " \
-           "float64 pass; docs/numerics.md#window-flip-pairs)"
+    return " (the enclosure applies the separation layers to every row, and the tagging " \
+           "windows to every distinct token below 1 024 of them, to the rows near each " \
+           "window above; docs/numerics.md#window-flip-pairs)"
 
 
 def main(argv=None) -> int:
