@@ -25,14 +25,14 @@ from exactformer.model import FF, Block, Transformer
 from exactformer.modelio import model_from_dict
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+D_DATA, SLOTS, CODE = 3, (3, 4), 5  # columns: data 0..2, two slots, a code
+D = 6
 
 
 @pytest.fixture(autouse=True)
 def pairs_on_any_rows(monkeypatch):
     """Pairs taken however few rows a pass holds (a pass skips them below PAIR_ROWS)."""
     monkeypatch.setattr(window_pairs, "PAIR_ROWS", 0)
-D_DATA, SLOTS, CODE = 3, (3, 4), 5  # columns: data 0..2, two slots, a code
-D = 6
 
 
 def _window(u, b, omega, k):
@@ -58,6 +58,7 @@ def _clip(k):
 
 
 def _layer(*parts):
+    """One block holding the units of ``parts`` ((U, b, W) each) side by side."""
     U, b, W = (np.concatenate(x, axis=a) for x, a in zip(zip(*parts, strict=True), (0, 0, 1),
                                                           strict=True))
     return Block(FF(1.0, U, b, W))
