@@ -338,12 +338,9 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     in either layout's order (the torch module's α·gram + P·Q, TransformerLens's q·k of
     d + 1 terms): midpoint and radius."""
     fmt = ctx.fmt
-    B, n, D = Xm.shape
-    X2, R2 = Xm.reshape(-1, D), Xr.reshape(-1, D)
-    Pm, Ps, Pq, _ = linear(X2, R2, w.c[None], w.c_r[None], None, None, fmt)
-    Qm, Qs, Qq, _ = linear(X2, R2, w.a[None], w.a_r[None], None, None, fmt)
-    Pm, Pr = Pm.reshape(B, n), (Ps + Pq).reshape(B, n)
-    Qm, Qr = Qm.reshape(B, n), (Qs + Qq).reshape(B, n)
+    D = Xm.shape[2]
+    (Pm, Pr), (Qm, Qr) = (_projection(Xm, Xr, v, v_r, fmt) for v, v_r in ((w.c, w.c_r),
+                                                                          (w.a, w.a_r)))
     aP, aQ = np.abs(Pm) + Pr, np.abs(Qm) + Qr
     mid = Pm[:, :, None] * Qm[:, None, :]
     spread = np.abs(Pm)[:, :, None] * Qr[:, None, :] + Pr[:, :, None] * aQ[:, None, :]
@@ -357,29 +354,18 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     exact = np.ones(mid.shape, dtype=bool)
     inter = size  # intermediates beside the sum: the stored product (c·x_i)(a·x_l) first
     if alpha != 0 or alpha_r != 0:
-        XT = np.swapaxes(Xm, 1, 2)
-        G = Xm @ XT
-        SG = aX @ np.swapaxes(aX, 1, 2)
+        G, wide, SG, inter_g, q_g, exact_g = _gram(Xm, Xr, aX, qX, alpha, alpha_r, fmt)
         mid = mid + alpha * G
-        spread = spread + abs(alpha) * (Xr @ np.abs(XT) + aX @ np.swapaxes(Xr, 1, 2)) + \
-            alpha_r * SG
+        spread = spread + abs(alpha) * wide + alpha_r * SG
         size_a = (abs(alpha) + alpha_r) * SG
         size = size + size_a
-        # the torch module's ⟨x_i, x_l⟩ before α scales it and α·⟨x_i, x_l⟩ stored, the other
-        # layouts' α·x_i (times the query scale, at most 4, of TransformerLens's softmax)
-        with np.errstate(over="ignore", invalid="ignore"):
-            inter = np.maximum(inter, np.maximum(
-                max(1.0, abs(alpha) + alpha_r) * SG,
-                4 * (abs(alpha) + alpha_r) * aX.max(axis=2)[:, :, None]))
-        exact &= (alpha_r == 0) & (lowbit(alpha) == abs(alpha))  # α a power of two
-        with np.errstate(over="ignore", invalid="ignore"):
-            q = np.minimum(q, abs(alpha) * qX[:, :, None] * qX[:, None, :])
-            exact &= (abs(alpha) * qX >= fmt.tiny)[:, :, None]
-    if fmt.matmul_bits is not None:
-        cut = fits(Pm, fmt.matmul_bits) & (Pr == 0) & \
-            (fits(Xm, fmt.matmul_bits) & (Xr == 0)).all(axis=2)
-        cutq = fits(Qm, fmt.matmul_bits) & (Qr == 0) & \
-            (fits(Xm, fmt.matmul_bits) & (Xr == 0)).all(axis=2)
+        inter = np.maximum(inter, inter_g)
+        exact &= exact_g
+        q = np.minimum(q, q_g)
+    if fmt.matmul_bits is not None:  # TF32 cuts the products' inputs: exact where they fit
+        rows = (fits(Xm, fmt.matmul_bits) & (Xr == 0)).all(axis=2)
+        cut, cutq = ((fits(m, fmt.matmul_bits) & (r == 0) & rows) for m, r in ((Pm, Pr),
+                                                                               (Qm, Qr)))
         exact &= cut[:, :, None] & cutq[:, None, :]
     th, cuts = theta(D + 4, 4, fmt), alpha_cuts(alpha, alpha_r)
     rnd = (th + matmul_input_error(fmt)) * pos_up(size_pq, D + 4) + \
@@ -394,12 +380,9 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
     exact &= fits_exactly(whole, q, fmt.bits, fmt.tiny)
     stored_bad = False
     if ctx.attention == "softmax" and ctx.tau != 1:
-        with np.errstate(over="ignore", invalid="ignore"):  # the sum is stored, then divided
-            stored_bad = ~(np.abs(mid) + spread + rnd < fmt.huge)
-        mid, spread, size = mid / ctx.tau, spread / ctx.tau, size / ctx.tau
-        rnd = rnd / ctx.tau + theta(1, 1, fmt) * size + fmt.tiny
-        with np.errstate(over="ignore", invalid="ignore"):  # q/τ: no step below the normals
-            exact &= (lowbit(ctx.tau) == ctx.tau) & (q / ctx.tau >= fmt.tiny)
+        mid, spread, size, rnd, stored_bad, exact_tau = _over_tau(mid, spread, size, rnd, q,
+                                                                  ctx)
+        exact &= exact_tau
     f64 = np.where(spread > 0, rounding(size, D + 2), 0.0)
     rad = spread + pos_up(np.where(exact, f64, rnd), 4)
     bad = may_overflow(inter, 1 + theta(D + 4, 4, fmt), (2 * D + 10) * fmt.tiny, fmt) | \
@@ -408,6 +391,46 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
         if fmt.name == "float32":  # TransformerLens's scaled scores: inf − inf is nan
             bad |= ~(size * ctx.lens_scale * 2 < ACC.huge)
     return mid, unknown_if_overflow(mid, np.where(bad, np.inf, rad), fmt, whole)
+
+
+def _gram(Xm, Xr, aX, qX, alpha: float, alpha_r: float, fmt: Format):
+    """The parts of α⟨x_i, x_l⟩ (B×n×n) that :func:`scores_box` adds: the float gram G, the
+    spread of ⟨x_i, x_l⟩ over the boxes, the gram SG of |x| + r, the intermediates beside the
+    sum (the torch module's ⟨x_i, x_l⟩ before α scales it and α·⟨x_i, x_l⟩ stored, the other
+    layouts' α·x_i times the query scale, at most 4, of TransformerLens's softmax), the
+    terms' finest quantum and whether the part is exact (α a power of two, on normal steps)."""
+    XT = np.swapaxes(Xm, 1, 2)
+    wide = Xr @ np.abs(XT) + aX @ np.swapaxes(Xr, 1, 2)
+    SG = aX @ np.swapaxes(aX, 1, 2)
+    a = abs(alpha) + alpha_r
+    with np.errstate(over="ignore", invalid="ignore"):
+        inter = np.maximum(max(1.0, a) * SG, 4 * a * aX.max(axis=2)[:, :, None])
+        q = abs(alpha) * qX[:, :, None] * qX[:, None, :]
+        exact = (alpha_r == 0) & (lowbit(alpha) == abs(alpha)) & \
+            (abs(alpha) * qX >= fmt.tiny)[:, :, None]
+    return Xm @ XT, wide, SG, inter, q, exact
+
+
+def _projection(Xm, Xr, v, v_r, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
+    """Every runtime value of the rows' x·v (B×n, v with radius v_r): midpoint and radius."""
+    B, n, D = Xm.shape
+    m, s, q, _ = linear(Xm.reshape(-1, D), Xr.reshape(-1, D), v[None], v_r[None], None, None,
+                        fmt)
+    return m.reshape(B, n), (s + q).reshape(B, n)
+
+
+def _over_tau(mid, spread, size, rnd, q, ctx: Context):
+    """The scores' box divided by τ (softmax): the sum is stored, then divided, which rounds
+    once more. Returns the new midpoint, spread, size and rounding, where the stored sum may
+    overflow, and whether the division is exact (τ a power of two, q/τ on a normal step)."""
+    fmt = ctx.fmt
+    with np.errstate(over="ignore", invalid="ignore"):
+        stored_bad = ~(np.abs(mid) + spread + rnd < fmt.huge)
+    mid, spread, size = mid / ctx.tau, spread / ctx.tau, size / ctx.tau
+    rnd = rnd / ctx.tau + theta(1, 1, fmt) * size + fmt.tiny
+    with np.errstate(over="ignore", invalid="ignore"):
+        exact = (lowbit(ctx.tau) == ctx.tau) & (q / ctx.tau >= fmt.tiny)
+    return mid, spread, size, rnd, stored_bad, exact
 
 
 def _query_underflow(Xm, Xr, aX, alpha: float, alpha_r: float, fmt: Format):
