@@ -20,12 +20,14 @@ to the inputs exactly first. Nothing is read from ``model.meta``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 from flint import arb, arb_mat, ctx, fmpq, fmpq_mat, fmpz
 
 from ..model import FF, SA, Head, Transformer
 from ..numbers import to_fraction
+from .ball_screen import MIN_TOKENS, LayerScreen, token_boxes
 
 
 # ------------------------------------------------------------------------------ exact values
@@ -44,6 +46,7 @@ def _mat(a: np.ndarray) -> fmpq_mat:
     return fmpq_mat(a.shape[0], a.shape[1], [as_fmpq(v) for v in a.flat])
 
 
+@cache
 def _identity(d: int) -> fmpq_mat:
     return fmpq_mat(d, d, [1 if i == j else 0 for i in range(d) for j in range(d)])
 
@@ -85,11 +88,12 @@ def _frame_or_point(o: fmpq_mat, e: fmpq_mat) -> Frame | Exact:
 class Line:
     """A token o + s·e on an exact line (``frame``) with s in the ball ``s``."""
 
-    __slots__ = ("frame", "s", "reads")
+    __slots__ = ("frame", "s", "reads", "box")
 
     def __init__(self, frame: Frame, s: arb):
         self.frame, self.s = frame, s
         self.reads: dict[int, arb | fmpq] = {}
+        self.box: tuple | None = None  # the screen's float64 box, once read
 
 
 class Ball:
@@ -97,11 +101,12 @@ class Ball:
     None for 0). FF layers add their exact offsets to o, so a coordinate no ball reaches
     stays exact, even where its value is no binary number."""
 
-    __slots__ = ("v", "o", "reads")
+    __slots__ = ("v", "o", "reads", "box")
 
     def __init__(self, v: arb_mat, o: fmpq_mat | None = None):
         self.v, self.o = v, o
         self.reads: dict[int, arb] = {}
+        self.box: tuple | None = None  # the screen's float64 box, once read
 
 
 def _ball_or_point(v: arb_mat, o: fmpq_mat | None):
@@ -181,10 +186,10 @@ def _piece(M: fmpq_mat, v: fmpq_mat) -> _Piece:
     d = M.nrows()
     if M == _identity(d):
         return _Piece(M, v, "still" if _is_zero(v) else "identity")
-    nz = [(i, j) for i in range(d) for j in range(d) if M[i, j] != 0]
-    if not nz:
+    first = next((k for k, x in enumerate(M.entries()) if x != 0), None)
+    if first is None:
         return _Piece(M, v, "zero", point=Exact(v))
-    i0, j0 = nz[0]
+    i0, j0 = divmod(first, d)
     e = fmpq_mat(d, 1, [M[i, j0] for i in range(d)])
     g = fmpq_mat(1, d, [M[i0, j] / M[i0, j0] for j in range(d)])
     if e * g == M:
@@ -235,6 +240,27 @@ class _FFq:
             self.above = tuple(f is not None or bi > 0 for f, bi in zip(self.reads, self.bias,
                                                                         strict=True))
         self._pieces: dict[tuple, _Piece] = {}
+        self._screen: LayerScreen | None = None
+
+    @property
+    def screen(self) -> LayerScreen:
+        """The layer's float64 screen (:mod:`.ball_screen`), built on first use."""
+        if self._screen is None:
+            rows = [[self.U[i, j] for j in range(self.d)] for i in range(self.w)]
+            self._screen = LayerScreen(rows, self.bias, self.reads)
+        return self._screen
+
+    def screened_pattern(self, signs: np.ndarray) -> tuple:
+        """The activation pattern with these signs (the screen's, 0/1) on the screen's
+        units."""
+        S = list(self.screen.pattern)
+        for i, on in zip(self.screen.rows, signs.tolist(), strict=True):
+            S[i] = bool(on)
+        return tuple(S)
+
+    def stays(self, S: tuple) -> bool:
+        """Whether the pattern S leaves a token where it is."""
+        return self.eta == 1 if not any(S) else self.piece(S).kind == "still"
 
     def pattern(self, tok) -> tuple | None:
         """The token's activation pattern (units with f_i·x + b_i > 0), None if a sign is
@@ -250,12 +276,13 @@ class _FFq:
         return None if None in S else S
 
     def piece(self, S: tuple) -> _Piece:
+        """The exact affine map of the activation pattern S (cached)."""
         if S not in self._pieces:
-            mask = fmpq_mat(self.w, self.w, [1 if i == j and S[i] else 0
-                                             for i in range(self.w) for j in range(self.w)])
-            WS = self.W * mask
-            M = WS * self.U + _identity(self.d) * self.eta
-            self._pieces[S] = _piece(M, WS * self.b)
+            on = [i for i in range(self.w) if S[i]]
+            WS = fmpq_mat(self.d, len(on), [self.W[r, i] for r in range(self.d) for i in on])
+            US = fmpq_mat(len(on), self.d, [self.U[i, c] for i in on for c in range(self.d)])
+            bS = fmpq_mat(len(on), 1, [self.bias[i] for i in on])
+            self._pieces[S] = _piece(WS * US + _identity(self.d) * self.eta, WS * bS)
         return self._pieces[S]
 
     def exact(self, k: int, pt: Exact) -> Exact:
@@ -328,6 +355,7 @@ class _Seq:
     toks: list
     counts: list[int]
     owner: list[int]
+    boxes: tuple | None = None  # the screen's (m, R, boxed) of ``toks``, once read
 
     def merge(self) -> None:
         """Keep equal exact points once (with the summed count): a token's image depends
@@ -366,15 +394,19 @@ class Run:
         try:
             seqs = [self._start(j, x, start == 0) for j, x in enumerate(xs)]
             for k, (ff, sa) in enumerate(self.layers.blocks[start:], start):
+                screen = _screened(ff, seqs) if ff is not None else None
                 for j, seq in enumerate(seqs):
                     old = seq.toks
                     if ff is not None:
-                        seq.toks = [self._ff(k, ff, t, j) for t in old]
+                        seq.toks = self._ff_seq(k, ff, j, old, None if screen is None
+                                                else (screen[0][j], *screen[1:]))
                     if sa is not None and not sa.identity:
                         seq.toks = self._sa(sa, seq)
-                    if not self.layers.causal and \
+                    if seq.toks is not old and \
                             any(t is not u for t, u in zip(seq.toks, old, strict=True)):
-                        seq.merge()
+                        seq.boxes = None
+                        if not self.layers.causal:
+                            seq.merge()
             return [[seq.toks[i] for i in seq.owner] for seq in seqs]
         finally:
             ctx.prec = saved_prec
@@ -403,12 +435,27 @@ class Run:
         return hit[1]
 
     # -------------------------------------------------------------------------- FF
-    def _ff(self, k: int, ff: _FFq, tok, j: int):
-        """FF on one token: the exact piece of its activation pattern when every sign is
-        certain, else the rigorous ReLU hull (the token is then only enclosed)."""
+    def _ff_seq(self, k: int, ff: _FFq, j: int, toks: list, screen: tuple | None) -> list:
+        """FF on a sequence's tokens. ``screen``: (per token the index of its screened
+        pattern, −1 for none; the patterns; whether each leaves a token still, with False
+        last): such tokens stay as they are or take their pattern's piece. The list itself
+        comes back when no token moves."""
+        if screen is None:
+            return [self._ff(k, ff, t, j) for t in toks]
+        codes, patterns, stays = screen
+        codes = codes.tolist()
+        if all(stays[c] for c in codes):
+            return toks
+        return [t if stays[c] else self._ff(k, ff, t, j, None if c < 0 else patterns[c])
+                for t, c in zip(toks, codes, strict=True)]
+
+    def _ff(self, k: int, ff: _FFq, tok, j: int, S: tuple | None = None):
+        """FF on one token: the exact piece of its activation pattern (``S`` when the screen
+        has decided it) when every sign is certain, else the rigorous ReLU hull (the token
+        is then only enclosed)."""
         if isinstance(tok, Exact):
             return ff.exact(k, tok)
-        S = ff.pattern(tok)
+        S = ff.pattern(tok) if S is None else S
         if S is not None:
             p = ff.piece(S)
             if p.kind == "still":
@@ -486,6 +533,60 @@ class Run:
             for r, i in enumerate(mine):
                 rows[i] = [V[ref, t] + Y[r, t] for t in range(d)]
         return arb_mat(n, d, [v for row in rows for v in row])
+
+
+def _screened(ff: _FFq, seqs: list[_Seq]) -> tuple | None:
+    """The float64 screen (:mod:`.ball_screen`) of one FF layer over all sequences at once:
+    (per sequence, each token's index among the patterns, −1 where it has none; the
+    activation patterns the screen decided; per pattern whether it leaves a token still, and
+    False last, for −1). Ball and line tokens get a pattern where the screen decides every
+    sign on their box; exact points and the rest take the layer's own sign tests. None where
+    the layer has no screen or too few such tokens."""
+    if not ff.screen.usable:
+        return None
+    boxes = [_seq_boxes(seq, ff.d) for seq in seqs]
+    boxed = np.concatenate([b[2] for b in boxes])
+    if boxed.sum() < MIN_TOKENS:
+        return None
+    signs = ff.screen.signs(np.concatenate([b[0] for b in boxes])[boxed],
+                            np.concatenate([b[1] for b in boxes])[boxed])
+    decided = (signs >= 0).all(axis=1)
+    rows, which = _distinct(signs[decided])
+    patterns = [ff.screened_pattern(r) for r in rows]
+    codes = np.full(boxed.shape, -1)
+    codes[np.flatnonzero(boxed)[decided]] = which
+    ends = np.cumsum([len(seq.toks) for seq in seqs]).tolist()
+    return ([codes[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)], patterns,
+            [ff.stays(S) for S in patterns] + [False])
+
+
+def _distinct(signs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of a 0/1 matrix and each row's index among them (rows of up to 62
+    units are read as integers, which np.unique sorts far faster than rows)."""
+    if signs.shape[1] > 62:
+        patterns, which = np.unique(signs, axis=0, return_inverse=True)
+        return patterns, which.ravel()
+    codes = signs.astype(np.int64) @ (1 << np.arange(signs.shape[1], dtype=np.int64))
+    _, first, which = np.unique(codes, return_index=True, return_inverse=True)
+    return signs[first], which.ravel()
+
+
+def _seq_boxes(seq: _Seq, d: int) -> tuple:
+    """(m, R, boxed) of a sequence's tokens, stacked (cached until they change): boxed marks
+    the ball and line tokens with a float64 box (exact points take their cached images).
+    Each token's box is read once (``box``; False where it has none)."""
+    if seq.boxes is None:
+        new = [t for t in seq.toks if not isinstance(t, Exact) and t.box is None]
+        if new:
+            m, R, ok = token_boxes([as_ball(t) for t in new], d)
+            for t, mt, Rt, okt in zip(new, m, R, ok.tolist(), strict=True):
+                t.box = (mt, Rt) if okt else False
+        got = [None if isinstance(t, Exact) else t.box for t in seq.toks]
+        zero = np.zeros(d)
+        seq.boxes = (np.array([b[0] if b else zero for b in got]).reshape(len(got), d),
+                     np.array([b[1] if b else zero for b in got]).reshape(len(got), d),
+                     np.array([bool(b) for b in got], dtype=bool))
+    return seq.boxes
 
 
 def _sign(z: arb | fmpq) -> bool | None:
