@@ -15,7 +15,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import exactformer as ef
-from exactformer.evaluate import dense_batch, dense_stretch
+from exactformer.evaluate import dense, dense_stretch
 from exactformer.model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 
 
@@ -236,8 +236,8 @@ def test_attention_blocks_match_the_plain_pass_token_by_token(data):
             x[0, -1] = data.draw(st.sampled_from([np.inf, -np.inf, np.nan]))
         xs.append(x)
     peaks: dict = {}
-    # rows formed at once: blocks of one row (or one sequence) up to the whole batch
-    with mock.patch.object(dense_batch, "ROWS", data.draw(st.sampled_from([1, 1, 2, 3, 1 << 14]))):
+    # rows run at once: one sequence, a few, or the whole batch
+    with mock.patch.object(dense, "ROWS", data.draw(st.sampled_from([1, 1, 2, 5, 1 << 14]))):
         got = ef.evaluate.dense_forward(model, xs, peaks=peaks)
     want_peaks: dict = {}
     want = [plain_pass(model, x, want_peaks) for x in xs]

@@ -55,18 +55,25 @@ def _tokenwise(xs: list[np.ndarray], blocks, i: int, j: int, peaks) -> list[np.n
     return np.split(X[inv], np.cumsum([len(x) for x in xs])[:-1])
 
 
+ROWS = 1 << 14  # rows of one sequence length that a run of attention blocks takes at once
+
+
 def _batched(xs: list[np.ndarray], blocks, i: int, j: int, model: Transformer, tau: float,
              peaks) -> list[np.ndarray]:
-    """Blocks i..j−1, each of whose attention mixes tokens, on each batch of sequences of
-    one length (:func:`.dense_batch.mixing_run`)."""
+    """Blocks i..j−1, each of whose attention mixes tokens, on batches of sequences of one
+    length, about :data:`ROWS` rows a batch (:func:`.dense_batch.mixing_run`): each
+    sequence is computed as it would be alone, and a batch's scores and averages stay in the
+    cache."""
     out: list = [None] * len(xs)
     for n in sorted({len(x) for x in xs}):
-        js = [k for k, x in enumerate(xs) if len(x) == n]
-        X = np.concatenate([xs[k] for k in js])
-        X = mixing_run(X, n, blocks[i:j], lambda k: _Peaks(peaks, i + k), model.attention,
-                       tau, model.causal)
-        for k, y in zip(js, np.split(X, len(js)) if n else [X] * len(js), strict=True):
-            out[k] = y
+        same = [k for k, x in enumerate(xs) if len(x) == n]
+        step = max(1, ROWS // max(n, 1))
+        for js in (same[a:a + step] for a in range(0, len(same), step)):
+            X = np.concatenate([xs[k] for k in js])
+            X = mixing_run(X, n, blocks[i:j], lambda k: _Peaks(peaks, i + k), model.attention,
+                           tau, model.causal)
+            for k, y in zip(js, np.split(X, len(js)) if n else [X] * len(js), strict=True):
+                out[k] = y
     return out
 
 

@@ -27,49 +27,26 @@ def mixing_run(X: np.ndarray, n: int, blocks, peak_of, attention: str, tau: floa
     return X
 
 
-ROWS = 1 << 14  # rows whose pre-activations are formed at once (they stay in cache)
-
-
 def _ff(X: np.ndarray, ff, top: np.ndarray, peak) -> np.ndarray:
     """One FF on the rows X, with ``top``, the columns' largest |value|, kept. A residual
     FF (η = 1) on finite rows changes only the rows where a unit is active (elsewhere it
-    adds exactly 0), so only those are written (:func:`_write`), their pre-activations
-    formed a block of rows at a time (:func:`_active`). Only where every value and W are
-    finite: an inf (inf·0 = nan) reaches every column in the plain pass, and so it does
-    here."""
-    writes = np.flatnonzero(ff.W.any(axis=1))
+    adds exactly 0), so only those are written (:func:`_write`). Only where every value and
+    W are finite: an inf (inf·0 = nan) reaches every column in the plain pass, and so it
+    does here."""
+    reads, writes = np.flatnonzero(ff.U.any(axis=0)), np.flatnonzero(ff.W.any(axis=1))
+    Z = None
     if ff.eta == 1 and np.isfinite(top).all() and np.isfinite(ff.W).all():  # (0·inf = nan)
-        found = _active(X, ff)
-        if found is not None:
-            on, Z, largest = found
-            peak.note("FF pre-activation", largest)
-            if len(on):
-                _write(X, on, writes, np.maximum(Z, 0.0) @ ff.W[writes].T, top)
-            peak.note("FF output", top.max(initial=0.0))
-            return X
-    Z = peak("FF pre-activation", X @ ff.U.T + ff.b)
-    X = np.asfortranarray(ff.eta * X + np.maximum(Z, 0.0) @ ff.W.T)
-    top[:] = np.abs(X).max(axis=0, initial=0.0)
+        Z = np.asfortranarray(X[:, reads] @ ff.U[:, reads].T + ff.b)  # (row reductions: fast)
+    if Z is None or not np.isfinite(Z).all():
+        Z = peak("FF pre-activation", X @ ff.U.T + ff.b)
+        X = np.asfortranarray(ff.eta * X + np.maximum(Z, 0.0) @ ff.W.T)
+        top[:] = np.abs(X).max(axis=0, initial=0.0)
+    else:
+        on = np.flatnonzero((peak("FF pre-activation", Z) > 0).any(axis=1))
+        if len(on):
+            _write(X, on, writes, np.maximum(Z[on], 0.0) @ ff.W[writes].T, top)
     peak.note("FF output", top.max(initial=0.0))
     return X
-
-
-def _active(X: np.ndarray, ff) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """(the rows where some unit is active, their pre-activations, the largest |pre-activation|
-    of every row), reading only the columns U reads, :data:`ROWS` rows at a time; None if
-    a pre-activation is not finite."""
-    reads = np.flatnonzero(ff.U.any(axis=0))
-    Ut, on, Zs, largest = ff.U[:, reads].T, [], [], 0.0
-    for a in range(0, len(X), ROWS):
-        Z = X[a:a + ROWS, reads] @ Ut + ff.b
-        if not np.isfinite(Z).all():
-            return None
-        largest = max(largest, float(np.abs(Z).max(initial=0.0)))
-        rows = np.flatnonzero((Z > 0).any(axis=1))
-        on.append(rows + a)
-        Zs.append(Z[rows])
-    return (np.concatenate(on), np.concatenate(Zs), largest) if on else \
-        (np.zeros(0, dtype=int), np.zeros((0, ff.U.shape[0])), largest)
 
 
 def _write(X: np.ndarray, on: np.ndarray, writes: np.ndarray, add: np.ndarray,
@@ -106,8 +83,7 @@ def _attend(X: np.ndarray, sa, n: int, attention: str, tau: float, seen, top: np
 def _head(X: np.ndarray, head, n: int, attention: str, tau: float, seen, peak, small: bool
           ) -> tuple[np.ndarray, np.ndarray]:
     """One head's term (M X) Vᵀ on the rows X (sequences of n rows), M its attention of
-    the scores ⟨A x_i, x_l⟩, as (the columns it writes, their values), formed for a block
-    of about :data:`ROWS` rows of whole sequences at a time (:func:`_head_rows`).
+    the scores ⟨A x_i, x_l⟩, as (the columns it writes, their values).
 
     * A coordinate that A or V gives weight 0 adds only exact zeros to a product of finite
       numbers, so on ``small`` X (every |x| at most half the largest float64, where no
@@ -121,36 +97,18 @@ def _head(X: np.ndarray, head, n: int, attention: str, tau: float, seen, peak, s
     """
     A, V = head.A.dense(), head.V.dense()
     a_rows, a_cols = _support(A, small)
-    step = max(1, ROWS // n) * n
-
-    def term(v_support):
-        return [_head_rows(X[i:i + step], A, V, (a_rows, a_cols), v_support, n, attention,
-                           tau, seen, peak) for i in range(0, len(X), step)]
-    v_rows, v_cols = _support(V, small)
-    parts = term((v_rows, v_cols))
-    if not all(finite for _, finite in parts):
-        v_rows = v_cols = np.arange(V.shape[0])
-        if small:
-            parts = term((v_rows, v_cols))
-    return v_rows, np.concatenate([t for t, _ in parts])
-
-
-def _head_rows(X: np.ndarray, A: np.ndarray, V: np.ndarray, a_support, v_support, n: int,
-               attention: str, tau: float, seen, peak) -> tuple[np.ndarray, bool]:
-    """:func:`_head`'s term on the rows X of whole sequences, reading the (rows, columns)
-    of A and V given, and whether every score is finite."""
-    (a_rows, a_cols), (v_rows, v_cols) = a_support, v_support
     B = len(X) // n
     q = (X[:, a_cols] @ A[np.ix_(a_rows, a_cols)].T).reshape(B, n, -1)  # A x_i, A's rows
     keys = X[:, a_rows].reshape(B, n, -1)
     alike = (q == q[:, :1]).all(axis=(1, 2))
     parts = [(np.flatnonzero(alike), slice(0, 1)), (np.flatnonzero(~alike), slice(None))]
     S = [peak("scores", q[b][:, rows] @ np.swapaxes(keys[b], 1, 2)) for b, rows in parts]
+    v_rows, v_cols = _support(V, small and all(np.isfinite(s).all() for s in S))
     Vt, values = V[np.ix_(v_rows, v_cols)].T, X[:, v_cols].reshape(B, n, -1)
     term = np.empty((B, n, len(v_rows)))
     for (b, _), s in zip(parts, S, strict=True):
         term[b] = (_attention(s, seen, attention, tau) @ values[b]) @ Vt
-    return term.reshape(B * n, -1), all(bool(np.isfinite(s).all()) for s in S)
+    return v_rows, term.reshape(B * n, -1)
 
 
 def _attention(S: np.ndarray, seen, attention: str, tau: float) -> np.ndarray:
