@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exactformer.evaluate import Arithmetic, enclose, forward
-from exactformer.evaluate.gates import gate_layers
+from exactformer.evaluate.gates import _most_frequent, gate_layers
 from exactformer.evaluate.jobs import Job
 from exactformer.evaluate.keys import pack
 from exactformer.evaluate.state import RowState
@@ -331,3 +331,19 @@ def test_a_dense_layer_between_gates_refreshes_the_keys_of_the_rows_it_changed()
                zip(out[0], rad[0], want, strict=True)
                for o, r, v in zip(o_row, r_row, w_row, strict=True))
     assert out[0][7, 5] == 1.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 6).flatmap(lambda w: st.integers(1, 8).flatmap(lambda d: st.lists(
+    st.lists(st.sampled_from([0.0, 0.0, 0.5, 1.0, 2.0, 3.0, 2.0 ** -1000, 2.0 ** 1000]),
+             min_size=d, max_size=d), min_size=w, max_size=w))))
+def test_a_units_kappa_is_its_most_frequent_weight_in_floats_and_in_rationals(rows):
+    """κ per unit, read from float weights all at once, is what the rationals' count by
+    count gives: the most frequent nonzero |weight|, the smallest of equally frequent ones,
+    None where a unit reads nothing."""
+    A = np.array(rows)
+    got = _most_frequent(A)
+    want = _most_frequent(np.array([[Fraction(v) for v in row] for row in rows], dtype=object))
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert [Fraction(v) for v in got] == list(want)

@@ -161,7 +161,14 @@ SMALLEST_NORMAL = Fraction(2) ** -1022
 
 def _most_frequent(A: np.ndarray) -> np.ndarray | None:
     """Per row of A (≥ 0), its most frequent nonzero value (the smallest of the most
-    frequent); None if a row is all zeros."""
+    frequent); None if a row is all zeros. Float rows are compared all at once (each entry
+    counted against its row), rationals one row at a time."""
+    if A.dtype != object:
+        counts = ((A[:, :, None] == A[:, None, :]).sum(axis=2)) * (A != 0)
+        top = counts.max(axis=1, initial=0)
+        if not top.all():
+            return None
+        return np.where(counts == top[:, None], A, np.inf).min(axis=1)
     out = []
     for row in A.tolist():
         counts = Counter(v for v in row if v != 0)
