@@ -45,7 +45,10 @@ def exact(x: arb) -> Fraction:
 
 
 def ends(e: arb) -> tuple[Fraction, Fraction]:
-    return exact(e.lower()), exact(e.upper())
+    """The ball's exact ends, mid ∓ rad (arb's lower() and upper() round outward at the
+    working precision)."""
+    mid, rad = exact(e.mid()), exact(e.rad())
+    return mid - rad, mid + rad
 
 
 numbers = st.one_of(
@@ -137,6 +140,43 @@ def test_an_exact_zero_reading_is_decided_off():
     assert screen.signs(m, R).tolist() == [[0, 0, -1]]
     moved = LayerScreen([[Fraction(1), 0, 0]], [Fraction(1, 2 ** 1100)], [object()])
     assert not moved.usable  # a bias below float64's normal range: no screen
+
+
+def test_a_sum_that_overflows_on_the_way_decides_nothing():
+    """Readings −0.6·M, −0.6·M, 0.7·M, 0.7·M (M the largest float64) add up to 0.2·M > 0;
+    a float sum that adds the two negatives first overflows to −inf, and −inf ≤ −inf must
+    not make the unit certainly off."""
+    M = Fraction(float(np.finfo(float).max))
+    row = [-M * Fraction(6, 10), -M * Fraction(6, 10), M * Fraction(7, 10), M * Fraction(7, 10)]
+    screen = LayerScreen([row] * 3, [Fraction(0)] * 3, [object()] * 3)
+    m, R, ok = token_boxes([arb_mat(4, 1, [arb(1)] * 4)], 4)
+    assert screen.usable and ok.all() and (screen.signs(m, R) != 0).all()
+
+
+def test_no_proof_of_a_model_whose_unit_sum_overflows_in_float64(screen_min):
+    """End to end, with the screen on: a unit that reads a sum which overflows in float64
+    but is positive moves x5, so the outputs are not the zero targets."""
+    screen_min(0)
+    M, z, d = Fraction(float(np.finfo(float).max)), Fraction(0), 5
+    big = [-M * Fraction(6, 10), -M * Fraction(6, 10), M * Fraction(7, 10), M * Fraction(7, 10)]
+
+    def obj(*rows):
+        return np.array(rows, dtype=object)
+    mix = SA(z, ScoreMatrix(z, obj(*[z] * d), obj(*[z] * d)),
+             ValueMatrix(Fraction(1), obj(*[z] * d), obj(*[z] * d)))  # uniform average
+    W1 = obj(*[[z] * 3 for _ in range(d)])
+    W1[4, 0] = Fraction(2) ** -1000  # x5 += 2^-1000 · (x1 + … + x4) > 0
+    # three units (a matrix product: BLAS adds the two negative readings first)
+    read = FF(Fraction(1), obj(*[[Fraction(1)] * 4 + [z]] * 3), obj(z, z, z), W1)
+    W2 = obj(*[[z, z] for _ in range(d)])
+    W2[4] = [Fraction(1), Fraction(-1)]  # η = 0, a step on x5 that lands on exact points
+    step = FF(z, obj([z] * 4 + [Fraction(1)], [z] * 4 + [Fraction(1)]),
+              obj(Fraction(-1), Fraction(-2)), W2)
+    model = Transformer(d, "softmax", [Block(None, mix), Block(read, None), Block(step, None)])
+    data = ef.Dataset.from_arrays([[big + [Fraction(j + 1)], big + [Fraction(-j - 1)]]
+                                   for j in range(4)], [[[z] * d]] * 4)
+    assert not prove(model, data).proved
+    assert mp_gap(model, data) > 0.5  # independently: x5 is 1, not 0
 
 
 # ------------------------------------------------------------------------------ forced on

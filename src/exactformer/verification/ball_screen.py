@@ -68,7 +68,7 @@ class LayerScreen:
         A = np.abs(self.F)
         d = m.shape[1]
         out = np.full((m.shape[0], len(self.rows)), -1, dtype=np.int8)
-        with np.errstate(over="ignore", invalid="ignore"):  # inf and nan decide nothing
+        with np.errstate(over="ignore", invalid="ignore"):
             centre = m @ self.F.T + self.b
             spread = R @ A.T
             S = np.abs(m) @ A.T + spread + np.abs(self.b)
@@ -77,6 +77,8 @@ class LayerScreen:
             # a unit whose every product has an exact zero factor sums exact zeros
             live = ((np.abs(m) + R) @ (A > 0).T > 0) | (self.b != 0)
             bound[~live] = 0.0
-            out[centre + spread <= -bound] = 0
-            out[centre - spread > bound] = 1
+            # a sum that overflowed on the way (−inf ≤ −inf) decides nothing, nor does nan
+            finite = np.isfinite(centre) & np.isfinite(spread) & np.isfinite(bound)
+            out[finite & (centre + spread <= -bound)] = 0
+            out[finite & (centre - spread > bound)] = 1
         return out
