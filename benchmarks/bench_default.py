@@ -129,7 +129,9 @@ def why(row: dict) -> str:
         return " (verify's fixed cost, a few tens of ms, against a build this short)"
     if row["attention"].startswith("softmax") and "float64 build" not in row["data"]:
         return " (rational parameters have no float64 enclosure: the ball pass carries every " \
-               "token through the layers after the first attention in Python)"
+               "token through the layers after the first attention, a float64 screen deciding " \
+               "most ReLU signs at once, docs/verification.md#the-ball-screen, and the float64 " \
+               "pass reported beside it reads every layer's form first)"
     if row["attention"].startswith("softmax") and "causal" in row["data"]:
         return " (the causal enclosure applies every FF layer that is no key lookup densely to " \
                "every row, and verify runs the plain float64 causal pass beside it)"
