@@ -2,7 +2,6 @@
 Fractions; and forced onto small keyed softmax models it proves no model the ball pass alone
 would refuse, nor a perturbed one that is no longer exact."""
 
-import json
 from fractions import Fraction
 
 import mpmath
@@ -12,13 +11,13 @@ from conftest import datasets
 from flint import arb, arb_mat, ctx, fmpq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_certify import _number_paths
+from test_certify import _number_paths, perturbed
 
 import exactformer as ef
 from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
-from exactformer.modelio import model_from_dict, model_to_dict
+from exactformer.modelio import model_to_dict
 from exactformer.verification import balls
-from exactformer.verification.ball_screen import LayerScreen, token_boxes
+from exactformer.verification.ball_screen import LayerScreen, distinct_patterns, token_boxes
 from exactformer.verification.balls import Layers, Run, as_ball
 from exactformer.verification.certify import prove
 
@@ -179,6 +178,20 @@ def test_no_proof_of_a_model_whose_unit_sum_overflows_in_float64(screen_min):
     assert mp_gap(model, data) > 0.5  # independently: x5 is 1, not 0
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 12), st.sampled_from([1, 2, 61, 62, 63, 70]), st.data())
+def test_distinct_patterns_give_each_row_back(n, w, draw):
+    """Every row is its pattern, and the patterns are distinct (codes up to 62 units, whole
+    rows beyond)."""
+    bits = draw.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    signs = np.array([[(b >> (k % 2)) & 1 for k in range(w)] for b in bits],
+                     dtype=np.int8).reshape(n, w)
+    signs[:, -1] = [b % 2 for b in bits]  # the highest unit tells rows apart too
+    patterns, which = distinct_patterns(signs)
+    assert np.array_equal(patterns[which], signs)
+    assert len({p.tobytes() for p in patterns}) == len(patterns)
+
+
 # ------------------------------------------------------------------------------ forced on
 @pytest.fixture
 def screen_min(monkeypatch):
@@ -246,13 +259,6 @@ def test_forced_screen_proves_no_perturbed_model_that_is_not_exact(screen_min, k
     data, doc = keyed_small
     screen_min(0)
     paths = [p for p in _number_paths(doc["blocks"]) if "ff" in p]
-    path = draw.draw(st.sampled_from(paths))
-    changed = json.loads(json.dumps(doc))
-    *parents, last = path
-    node = changed["blocks"]
-    for key in parents:
-        node = node[key]
-    node[last] = str(Fraction(node[last]) + delta)
-    model = model_from_dict(changed)
+    model = perturbed(doc, draw.draw(st.sampled_from(paths)), delta)
     if prove(model, data).proved:
         assert mp_gap(model, data, 100) < mpmath.mpf(10) ** -80

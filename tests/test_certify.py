@@ -126,6 +126,18 @@ def _number_paths(doc, path=()):
     return [p for k, v in items for p in _number_paths(v, (*path, k))]
 
 
+def perturbed(doc: dict, path: tuple, delta: Fraction) -> Transformer:
+    """The model of the document ``doc`` with the parameter at ``path`` (of its blocks)
+    moved by ``delta``."""
+    changed = json.loads(json.dumps(doc))
+    *parents, last = path
+    node = changed["blocks"]
+    for key in parents:
+        node = node[key]
+    node[last] = str(Fraction(node[last]) + delta)
+    return model_from_dict(changed)
+
+
 @pytest.fixture(scope="module")
 def small():
     data = ef.Dataset.from_arrays([[[0, 1], [2, 3], [4, 1]], [[2, 3], [5, 5]], [[4, 1]]],
@@ -137,14 +149,7 @@ def small():
 @given(st.data(), st.sampled_from([Fraction(1, 10 ** 30), Fraction(-3, 10 ** 12)]))
 def test_a_perturbed_model_is_proved_only_if_it_is_still_exact(small, draw, delta):
     data, doc = small
-    path = draw.draw(st.sampled_from(_number_paths(doc["blocks"])))
-    changed = json.loads(json.dumps(doc))
-    *parents, last = path
-    node = changed["blocks"]
-    for key in parents:
-        node = node[key]
-    node[last] = str(Fraction(node[last]) + delta)
-    model = model_from_dict(changed)
+    model = perturbed(doc, draw.draw(st.sampled_from(_number_paths(doc["blocks"]))), delta)
     if prove(model, data).proved:
         assert mp_error(model, data) < mpmath.mpf(10) ** -80
 

@@ -27,7 +27,7 @@ from flint import arb, arb_mat, ctx, fmpq, fmpq_mat, fmpz
 
 from ..model import FF, SA, Head, Transformer
 from ..numbers import to_fraction
-from .ball_screen import MIN_TOKENS, LayerScreen, token_boxes
+from .ball_screen import MIN_TOKENS, LayerScreen, distinct_patterns, token_boxes
 
 
 # ------------------------------------------------------------------------------ exact values
@@ -551,24 +551,13 @@ def _screened(ff: _FFq, seqs: list[_Seq]) -> tuple | None:
     signs = ff.screen.signs(np.concatenate([b[0] for b in boxes])[boxed],
                             np.concatenate([b[1] for b in boxes])[boxed])
     decided = (signs >= 0).all(axis=1)
-    rows, which = _distinct(signs[decided])
+    rows, which = distinct_patterns(signs[decided])
     patterns = [ff.screened_pattern(r) for r in rows]
     codes = np.full(boxed.shape, -1)
     codes[np.flatnonzero(boxed)[decided]] = which
     ends = np.cumsum([len(seq.toks) for seq in seqs]).tolist()
     return ([codes[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)], patterns,
             [ff.stays(S) for S in patterns] + [False])
-
-
-def _distinct(signs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct rows of a 0/1 matrix and each row's index among them (rows of up to 62
-    units are read as integers, which np.unique sorts far faster than rows)."""
-    if signs.shape[1] > 62:
-        patterns, which = np.unique(signs, axis=0, return_inverse=True)
-        return patterns, which.ravel()
-    codes = signs.astype(np.int64) @ (1 << np.arange(signs.shape[1], dtype=np.int64))
-    _, first, which = np.unique(codes, return_index=True, return_inverse=True)
-    return signs[first], which.ravel()
 
 
 def _seq_boxes(seq: _Seq, d: int) -> tuple:
