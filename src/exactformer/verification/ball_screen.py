@@ -6,9 +6,10 @@ would decide that sign by sign in arb, token by token. The screen decides it for
 of every sequence at once: each ball token carries a float64 box [m − R, m + R] that contains
 it, and a unit f·x + b is certainly ≤ 0 on the box when the float64 value of f·m + |f|·R + b
 plus its rounding bound (any order, FMA or not: :func:`..evaluate.rounding.rounding`) and the
-conversion errors of f and b stays below 0. A token the screen leaves undecided goes through
-the ball pass's own test, so the screen only ever skips work, never decides a sign the arb
-test would not.
+conversion errors of f and b stays ≤ 0 (and > 0 the other way round). A token the screen
+leaves undecided goes through the ball pass's own test; a sign the screen decides holds at
+every point of the box, so it may settle one that the arb evaluation of f·x + b leaves
+open, and never contradicts one it settles.
 """
 
 from __future__ import annotations
