@@ -127,6 +127,14 @@ def test_boxes_contain_their_balls(case):
                 Fraction(Ri[j])
 
 
+def test_readings_clearly_above_or_below_zero_are_decided_on_and_off():
+    v = arb_mat(2, 1, [arb(3) / 7, arb(2)])
+    m, R, ok = token_boxes([v, arb_mat(2, 1, [arb(-3) / 7, arb(2)])], 2)
+    screen = LayerScreen([[Fraction(1), Fraction(1, 3)]], [Fraction(-1, 2)], [object()])
+    # 3/7 + 2/3 − 1/2 > 0 and −3/7 + 2/3 − 1/2 < 0, both by far more than any rounding
+    assert ok.all() and screen.signs(m, R).tolist() == [[1], [0]]
+
+
 def test_an_exact_zero_reading_is_decided_off():
     """A unit that reads an exactly-0 coordinate with bias 0 is off (relu(0) = 0): the
     keyed models' units on unused slots, which the screen must decide to be of any use."""
@@ -155,7 +163,6 @@ def test_a_sum_that_overflows_on_the_way_decides_nothing():
 def test_no_proof_of_a_model_whose_unit_sum_overflows_in_float64(screen_min):
     """End to end, with the screen on: a unit that reads a sum which overflows in float64
     but is positive moves x5, so the outputs are not the zero targets."""
-    screen_min(0)
     M, z, d = Fraction(float(np.finfo(float).max)), Fraction(0), 5
     big = [-M * Fraction(6, 10), -M * Fraction(6, 10), M * Fraction(7, 10), M * Fraction(7, 10)]
 
@@ -174,7 +181,8 @@ def test_no_proof_of_a_model_whose_unit_sum_overflows_in_float64(screen_min):
     model = Transformer(d, "softmax", [Block(None, mix), Block(read, None), Block(step, None)])
     data = ef.Dataset.from_arrays([[big + [Fraction(j + 1)], big + [Fraction(-j - 1)]]
                                    for j in range(4)], [[[z] * d]] * 4)
-    assert not prove(model, data).proved
+    counted = screen_min(0)
+    assert not prove(model, data).proved and counted  # the screen ran on the read layer
     assert mp_gap(model, data) > 0.5  # independently: x5 is 1, not 0
 
 
@@ -196,9 +204,22 @@ def test_distinct_patterns_give_each_row_back(n, w, draw):
 @pytest.fixture
 def screen_min(monkeypatch):
     """Sets the fewest ball tokens a layer screens (0: every layer, however few; restored
-    after the test)."""
+    after the test) and returns a list that gets the count of signs the screen decides in
+    each layer from then on."""
     monkeypatch.setattr(balls, "MIN_TOKENS", balls.MIN_TOKENS)
-    return lambda n: setattr(balls, "MIN_TOKENS", n)
+    signs, counted = LayerScreen.signs, []
+
+    def counting(self, m, R):
+        out = signs(self, m, R)
+        counted.append(int((out >= 0).sum()))
+        return out
+    monkeypatch.setattr(LayerScreen, "signs", counting)
+
+    def set_min(n):
+        balls.MIN_TOKENS = n
+        counted.clear()
+        return counted
+    return set_min
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[
@@ -207,11 +228,14 @@ def screen_min(monkeypatch):
     lambda nd: datasets(N=nd[0], d=nd[1], max_pool=4)), st.sampled_from(["keyed", "paper"]))
 def test_forced_screen_proves_what_the_ball_pass_proves(screen_min, data, construction):
     model = ef.compile(data, attention="softmax", construction=construction)
-    screen_min(0)
+    counted = screen_min(0)
     screened = prove(model, data)
+    screen_ran = bool(counted)
     screen_min(10 ** 9)
     alone = prove(model, data)
     assert screened.proved == alone.proved and screened.pairs == alone.pairs
+    assert screen_ran or not any(b.sa is not None and not b.sa.is_identity()
+                                 for b in model.blocks)  # (no ball without attention)
     assert screened.proved and mp_gap(model, data) < mpmath.mpf(10) ** -50
 
 
@@ -257,8 +281,10 @@ def keyed_small():
 def test_forced_screen_proves_no_perturbed_model_that_is_not_exact(screen_min, keyed_small,
                                                                     draw, delta):
     data, doc = keyed_small
-    screen_min(0)
+    counted = screen_min(0)
     paths = [p for p in _number_paths(doc["blocks"]) if "ff" in p]
     model = perturbed(doc, draw.draw(st.sampled_from(paths)), delta)
-    if prove(model, data).proved:
+    proved = prove(model, data).proved
+    assert sum(counted) > 0  # the screen decided signs
+    if proved:
         assert mp_gap(model, data, 100) < mpmath.mpf(10) ** -80

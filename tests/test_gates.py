@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exactformer.evaluate import Arithmetic, enclose, forward
+from exactformer.evaluate import Arithmetic, enclose, forward, gates
 from exactformer.evaluate.gates import _most_frequent, gate_layers
 from exactformer.evaluate.jobs import Job
 from exactformer.evaluate.keys import pack
@@ -343,6 +343,7 @@ def test_a_units_kappa_is_its_most_frequent_weight_in_floats_and_in_rationals(ro
     None where a unit reads nothing."""
     A = np.array(rows)
     got = _most_frequent(A)
+    assert A.size * A.shape[1] <= gates.COUNT_AT_ONCE  # (the float count ran)
     want = _most_frequent(np.array([[Fraction(v) for v in row] for row in rows], dtype=object))
     assert (got is None) == (want is None)
     if got is not None:

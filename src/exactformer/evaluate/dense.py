@@ -61,9 +61,9 @@ ROWS = 1 << 14  # rows of one sequence length that a run of attention blocks tak
 def _batched(xs: list[np.ndarray], blocks, i: int, j: int, model: Transformer, tau: float,
              peaks) -> list[np.ndarray]:
     """Blocks i..j−1, each of whose attention mixes tokens, on batches of sequences of one
-    length, about :data:`ROWS` rows a batch (:func:`.dense_batch.mixing_run`): each
-    sequence is computed as it would be alone, and a batch's scores and averages stay in the
-    cache."""
+    length, about :data:`ROWS` rows a batch (:func:`.dense_batch.mixing_run`), so that a
+    batch's scores and averages stay in the cache; every value is that of the plain pass (a
+    batch's shortcuts, chosen on its own rows, may change only the sign of a zero)."""
     out: list = [None] * len(xs)
     for n in sorted({len(x) for x in xs}):
         same = [k for k, x in enumerate(xs) if len(x) == n]

@@ -159,11 +159,15 @@ def _normal(a: np.ndarray) -> bool:
 SMALLEST_NORMAL = Fraction(2) ** -1022
 
 
+COUNT_AT_ONCE = 1 << 22  # comparisons (bytes) the float count of _most_frequent may hold
+
+
 def _most_frequent(A: np.ndarray) -> np.ndarray | None:
     """Per row of A (≥ 0), its most frequent nonzero value (the smallest of the most
     frequent); None if a row is all zeros. Float rows are compared all at once (each entry
-    counted against its row), rationals one row at a time."""
-    if A.dtype != object:
+    counted against its row: w·d² comparisons, up to :data:`COUNT_AT_ONCE`), anything else
+    one row at a time."""
+    if A.dtype != object and A.size * A.shape[1] <= COUNT_AT_ONCE:
         counts = ((A[:, :, None] == A[:, None, :]).sum(axis=2)) * (A != 0)
         top = counts.max(axis=1, initial=0)
         if not top.all():

@@ -542,7 +542,7 @@ def _screened(ff: _FFq, seqs: list[_Seq]) -> tuple | None:
     False last, for −1). Ball and line tokens get a pattern where the screen decides every
     sign on their box; exact points and the rest take the layer's own sign tests. None where
     the layer has no screen or too few such tokens."""
-    if not ff.screen.usable:
+    if not seqs or not ff.screen.usable:
         return None
     boxes = [_seq_boxes(seq, ff.d) for seq in seqs]
     boxed = np.concatenate([b[2] for b in boxes])
