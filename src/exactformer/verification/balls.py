@@ -260,7 +260,7 @@ class _FFq:
 
     def stays(self, S: tuple) -> bool:
         """Whether the pattern S leaves a token where it is."""
-        return self.eta == 1 if not any(S) else self.piece(S).kind == "still"
+        return self.piece(S).kind == "still"
 
     def pattern(self, tok) -> tuple | None:
         """The token's activation pattern (units with f_i·x + b_i > 0), None if a sign is
