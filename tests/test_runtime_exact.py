@@ -15,9 +15,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exactformer.verification.formats import get_format
+from exactformer.evaluate.enclosure import rounding
+from exactformer.verification.formats import get_format, stored
 from exactformer.verification.runtime_attention import Context, scores_box
 from exactformer.verification.runtime_boxes import Weights, linear
+from exactformer.verification.runtime_proof import _midpoint_error, ff_box
 
 F32 = np.float32
 FMT = get_format("float32")
@@ -167,3 +169,89 @@ def test_a_cell_of_no_terms_is_its_exact_zero():
     model = Transformer(2, "hardmax", [Block(FF(0.5, U, b, W), None)], exact=False)
     data = ef.Dataset.from_arrays([np.array([[2.0, 0.0]])], [np.array([[3.0, 0.0]])])
     assert prove_runtime(model, data, "float32").ok
+
+
+def _format_values(m: float, r: float, fmt, rng) -> list[float]:
+    """Values of the format in [m − r, m + r]: both ends rounded inward and random ones."""
+    lo, hi = m - r, m + r
+    vals = stored(np.concatenate([[lo, hi, m], rng.uniform(lo, hi, 8)]), fmt)
+    return [float(v) for v in vals if lo <= v <= hi]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["float32", "bfloat16", "float16"]), st.sampled_from([1.0, 0.5, 2.0]),
+       st.sampled_from([1.0, 2.0, 0.5]), st.sampled_from([-1.0, -2.0, -0.5, -4.0, 1.0]),
+       st.sampled_from([0.0, 0.0, 2.0 ** -12, -3.0]), st.floats(-3.0, 12.0),
+       st.integers(0, 2 ** 32 - 1))
+def test_a_cancelling_pair_holds_every_evaluation(runtime, eta, u, w, b, log_m, seed):
+    """η·x + w·relu(u·x + b) on one coordinate, powers of two (a flip's x − relu(x) among
+    them): where both terms are within a factor 2 and of opposite signs the sum is exact in
+    every format, and the box is a point; everywhere, each format value of the input box,
+    with the dot product and the sum stored in the format in either order (and fused),
+    lands in the box (``runtime_proof._cancelling``, docs/numerics.md)."""
+    rng = np.random.default_rng(seed)
+    fmt = get_format(runtime)
+    m = float(stored(np.array([2.0 ** log_m * rng.uniform(1, 2)]), fmt)[0])
+    r = float(rng.choice([0.0, 2.0 ** -30, 1e-3 * m, 0.3 * m]))
+    layer = Weights({"eta": eta, "U": np.array([[u]]), "b": np.array([b]),
+                     "W": np.array([[w]])}, fmt)
+    mid, rad = ff_box(np.array([[m]]), np.array([[r]]), layer, fmt)
+
+    def st_(v):
+        return float(stored(np.array([float(F32(v))]), fmt)[0])
+
+    for x in _format_values(m, r, fmt, rng):
+        a = max(st_(st_(u * x) + b), 0.0)
+        t1, t2 = st_(eta * x), st_(w * a)
+        for got in (st_(t1 + t2), st_(float(Fraction(eta) * Fraction(x) + Fraction(w) *
+                                             Fraction(a)))):
+            assert abs(got - mid[0, 0]) <= rad[0, 0], (x, got, mid, rad)
+
+
+def test_a_flip_on_an_inexact_slot_is_an_exact_zero():
+    """slot − relu(slot) on a slot known only as 1024 ± 0.0015 is an exact 0 in every format
+    (Sterbenz): the box is the point 0, so a later reset of the slot is off for certain.
+    With the unit's weight −4 the terms are more than a factor 2 apart: no such claim."""
+    Xm, Xr = np.array([[1023.99896799]]), np.array([[0.0014264839]])
+    for runtime in ("float32", "bfloat16", "float16"):
+        fmt = get_format(runtime)
+        flip = Weights({"eta": 1.0, "U": np.array([[1.0]]), "b": np.zeros(1),
+                        "W": np.array([[-1.0]])}, fmt)
+        assert [a.tolist() for a in ff_box(Xm, Xr, flip, fmt)] == [[[0.0]], [[0.0]]]
+        far = Weights({"eta": 1.0, "U": np.array([[1.0]]), "b": np.zeros(1),
+                       "W": np.array([[-4.0]])}, fmt)
+        assert ff_box(Xm, Xr, far, fmt)[1][0, 0] > 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1))
+def test_the_midpoint_error_bounds_the_float64_sum_exactly(seed):
+    """``runtime_proof._midpoint_error`` against the rational value of η·x + Σ_k W_ck·a_k: never
+    below |exact − mid|, and equal to it where it claims TwoSum's exact error (one unit
+    beside η·x, powers of two, a W or η that is not one, and subnormal a's and x's that a
+    factor ½ rounds)."""
+    rng = np.random.default_rng(seed)
+    T, D, n = 4, 3, 3
+    pick = [1.0, -1.0, 0.5, 4.0, 3.0, 0.0]
+    W = rng.choice(pick, size=(D, n))
+    eta = float(rng.choice([1.0, 0.5, 3.0, 0.0]))
+    Xm = rng.choice([1.0, 1 + 2.0 ** -52, 2.0 ** 60, 3.0, 0.0], size=(T, D)) * \
+        rng.uniform(0.5, 2, (T, D))
+    Xm = np.where(rng.random((T, D)) < 0.2, 3 * 2.0 ** -1074, Xm)
+    Am = rng.choice([1.0, 2.0 ** -53, 3 * 2.0 ** -1074, 7.0, 0.0], size=(T, n)) * \
+        rng.choice([1.0, 1 + 2.0 ** -52], size=(T, n))
+    on = rng.random((T, n)) < 0.6
+    Am = np.where(on, Am, 0.0)
+    T1, AW = eta * Xm, Am @ W.T
+    mid = T1 + AW
+    S = np.abs(T1) + np.abs(Am) @ np.abs(W).T
+    err = _midpoint_error(Xm, AW, mid, Am, on, W, eta, S, n + 1)
+    loose = rounding(S, n + 1)
+    for t in range(T):
+        for c in range(D):
+            exact = Fraction(eta) * Fraction(float(Xm[t, c])) + sum(
+                Fraction(float(W[c, k])) * Fraction(float(Am[t, k])) for k in range(n))
+            gap = abs(exact - Fraction(float(mid[t, c])))
+            assert Fraction(float(err[t, c])) >= gap
+            if err[t, c] != loose[t, c]:
+                assert Fraction(float(err[t, c])) == gap

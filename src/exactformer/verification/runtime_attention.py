@@ -502,17 +502,14 @@ def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
 
 def copied_keys(key, Xm, Xr, fmt: Format):
     """:func:`mix` where every row's weights are one key's exact 1 (``key``: B×n) and every
-    key is finite (0·x is then an exact 0): the key's box, copied, with :func:`mix`'s bounds
-    (the float64 sum's rounding unless the sequence's keys are points) and its quanta."""
+    key is finite (0·x is then an exact 0): the key's box, copied (its float64 midpoint is
+    the key's own, no sum rounds), with :func:`mix`'s bounds and its quanta."""
     n = Xm.shape[1]
     at = key[..., None]
     Ym = np.take_along_axis(Xm, at, axis=1)
     Xr_l = np.take_along_axis(Xr, at, axis=1)
     S = pos_up(np.take_along_axis(np.abs(Xm) + Xr, at, axis=1), n + 2)
-    f64 = np.where(S > 0, rounding(S, n), 0.0)
-    points = (Xr == 0).all(axis=(1, 2))[:, None, None]
-    return Ym, pos_up(Xr_l, n + 2) + np.where(points, 0.0, f64), S, \
-        np.take_along_axis(key_bits(Xm, Xr, fmt), at, axis=1)
+    return Ym, pos_up(Xr_l, n + 2), S, np.take_along_axis(key_bits(Xm, Xr, fmt), at, axis=1)
 
 
 def _hull(C, C_r, ctx: Context):
@@ -581,9 +578,13 @@ def mix(Pm, Pr, Xm, Xr, fmt: Format):
 
 
 def _mix_points(Pm, Pr, Xm, Xr) -> np.ndarray:
-    """Rows whose weights and keys are all points (then the float64 midpoint is checked
-    exact by :func:`sa_box`'s quanta, and carries no rounding of its own)."""
-    return ((Pr == 0).all(axis=2)[..., None] & (Xr == 0).all(axis=(1, 2))[:, None, None])
+    """Rows whose float64 midpoint carries no rounding of its own: weights and keys all
+    points (the midpoint is then checked exact by :func:`sa_box`'s quanta), or weights one
+    key's exact 1 over finite keys (the sum is that key's x plus exact zeros)."""
+    points = (Pr == 0).all(axis=2)
+    one_hot = points & ((Pm == 0) | (Pm == 1)).all(axis=2) & ((Pm == 1).sum(axis=2) == 1) & \
+        np.isfinite(Xm).all(axis=(1, 2))[:, None]
+    return (points[..., None] & (Xr == 0).all(axis=(1, 2))[:, None, None]) | one_hot[..., None]
 
 
 def _mix_quanta(Pm, Pr, Xm, Xr, fmt: Format) -> np.ndarray:

@@ -138,6 +138,7 @@ def linear(Xm, Xr, Wm, Wr, b, br, fmt: Format):
     exact, q = _linear_exact(Xm, Xr, Wm, Wr, bias, part, fmt)
     copy, qc = _scaled_copies(Xm, Xr, Wm, Wr, bias, scaled, fmt)
     exact, q = exact | copy, np.where(copy, np.maximum(q, qc), q)
+    f64 = np.where(copy, 0.0, f64)  # x·c with c a power of two: float64 computes it exactly too
     if br is not None:
         exact &= br == 0
     lost = False

@@ -20,7 +20,7 @@ import copy
 
 import numpy as np
 
-from ..evaluate.enclosure import TINY, rounding, sum_error, up, upper
+from ..evaluate.enclosure import TINY, lower, rounding, sum_error, up, upper
 from ..evaluate.enclosure import U as U64
 from ..evaluate.grid import fits_exactly, lowbit
 from ..evaluate.jacobians import exact_entries, flag_patterns
@@ -265,7 +265,8 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
     Am = np.where(active, Zm, top)  # the stored ReLU outputs' boxes: Am ± Ar
     Ar = np.where(active, Zr, top)
     aW = np.abs(W)
-    mid = eta * Xm + Am @ W.T
+    AW = Am @ W.T
+    mid = eta * Xm + AW
     jac = jacobian_spread(R, active, W, w.U, eta, cols)
     chain = pos_up((Zq * active + top) @ aW.T, W.shape[1] + 2)
     # terms per row: η·x and the units that may be on there (an off unit adds an exact 0)
@@ -275,12 +276,12 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
     rnd = (thetas(k + 2, 3, fmt) + matmul_input_error(fmt)) * S + (2 * k + 6) * fmt.tiny
     rnd = up(rnd + rounding(S, k) + (np.abs(Am) + Ar) @ w.W_r.T, 6)
     exact, q = _ff_exact(Xm, Xr, Am, Ar, Zexact, active | unsure, w, k, fmt)
-    two = _two_exact_terms(Xm, Xr, active | unsure, w, fmt)
-    rnd = np.where(two, up(theta(2, 3, fmt) * (np.abs(mid) + jac + chain + rounding(S, k)) +
-                           4 * fmt.tiny, 6), rnd)
-    inexact_in = ((Xr > 0) & (eta != 0)) | \
-        ((((active | unsure) & (Ar > 0)).astype(float) @ (W != 0).T.astype(float)) > 0)
-    f64 = np.where(inexact_in, rounding(S, k), 0.0)  # the float64 midpoint's own rounding
+    err64 = _midpoint_error(Xm, AW, mid, Am, active | unsure, W, eta, S, k)
+    moving = ((active | unsure) & (Ar > 0)).astype(float) @ (W != 0).T.astype(float) > 0
+    rnd = _two_terms(rnd, Xm, Xr, (AW, Ar @ aW.T + moving * 2.0 ** -1074), active | unsure,
+                     np.abs(mid) + jac + chain + err64, w, fmt)
+    inexact_in = ((Xr > 0) & (eta != 0)) | moving
+    f64 = np.where(inexact_in, err64, 0.0)  # the float64 midpoint's own rounding
     rad = unknown_if_overflow(mid, jac + chain + np.where(exact, f64, rnd), fmt, S)
     with np.errstate(over="ignore", invalid="ignore"):  # the stored η·x and A·Wᵀ themselves
         lost = ~(np.abs(Am @ W.T) + Ar @ aW.T + (np.abs(Am) + Ar) @ w.W_r.T + rnd < fmt.huge)
@@ -303,6 +304,53 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
         mid, rad = np.where(keep, Xm, mid), np.where(keep, Xr, rad)
     wild = ~(np.isfinite(Am) & np.isfinite(Ar)).all(axis=1)
     return mid, np.where(wild[:, None], np.inf, rad), wild
+
+
+def _midpoint_error(Xm, AW, mid, Am, on, W, eta: float, S, k):
+    """Per output cell, a bound on the float64 midpoint's own rounding, |η·x + Σ W·a − mid|:
+    :func:`.rounding` of the terms' sizes, or the error itself where the sum holds at most
+    one unit's term beside η·x and both are exact products (η and that unit's W entries
+    powers of two, no bit lost below the subnormals), so that its one float64 addition's
+    error is TwoSum's. A flip x − relu(x) on an inexact slot thus keeps its exact 0
+    (docs/numerics.md#proofs-for-reduced-precision-runtimes)."""
+    tiny = 2.0 ** -1074
+    with np.errstate(over="ignore", invalid="ignore"):
+        if not (eta == 0 or lowbit(eta) == abs(eta)):
+            return rounding(S, k)
+        eta_ok = (Xm == 0) | (lowbit(Xm) * abs(eta) >= tiny)
+        power = (W == 0) | (lowbit(W) == np.abs(W))
+        least = np.where(W != 0, np.abs(W), np.inf).min(axis=0, initial=np.inf)  # per unit
+        unit_ok = ~on | (Am == 0) | ((lowbit(Am) * least >= tiny) & np.isfinite(Am))
+        writes = (W != 0).T.astype(float)
+        one = (on.astype(float) @ writes <= 1) & ((~unit_ok).astype(float) @ writes == 0) & \
+            (on.astype(float) @ (~power).T.astype(float) == 0) & eta_ok
+        return np.where(one, sum_error(eta * Xm, AW, mid), rounding(S, k))
+
+
+def _two_terms(rnd, Xm, Xr, unit_term, on, size, w: Weights, fmt: Format):
+    """``rnd`` with the cells of two exact terms (:func:`_two_exact_terms`) rounded once, by
+    θ of the result's ``size`` (|mid| + spread + the float64 midpoint's error), and not at all
+    where they cancel (:func:`_cancelling`; ``unit_term``: the one unit's W·a as a box, its
+    radius already raised by what an underflow of |W|·r may lose)."""
+    eta = scalar(w.eta)
+    two = _two_exact_terms(Xm, Xr, on, w, fmt)
+    rnd = np.where(two, up(theta(2, 3, fmt) * size + 4 * fmt.tiny, 6), rnd)
+    lone = (eta != 0) & (on.astype(float) @ (w.W != 0).T.astype(float) == 1)
+    cancel = _cancelling(eta * Xm, abs(eta) * Xr + (Xr > 0) * 2.0 ** -1074, *unit_term, fmt)
+    return np.where(two & lone & cancel, 0.0, rnd)
+
+
+def _cancelling(T1, T1r, AW, AWr, fmt: Format) -> np.ndarray:
+    """Cells whose two terms, η·x in the box T1 ± T1r and one unit's W·a in AW ± AWr (both
+    exact products, :func:`_two_exact_terms`), have opposite signs and magnitudes within a
+    factor 2 of each other in every runtime, all normal numbers of the format: their sum is
+    then exact in any format (Sterbenz), so no evaluation rounds it. A flip's
+    slot − relu(slot) is one: an exact 0 however inexact the slot."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        lo1, hi1 = lower(np.abs(T1), T1r), upper(np.abs(T1), T1r)
+        lo2, hi2 = lower(np.abs(AW), AWr), upper(np.abs(AW), AWr)
+        return (np.sign(T1) == -np.sign(AW)) & (lo1 >= fmt.tiny) & (lo2 >= fmt.tiny) & \
+            (hi1 <= 2 * lo2) & (hi2 <= 2 * lo1) & (hi1 < fmt.huge) & (hi2 < fmt.huge)
 
 
 def _two_exact_terms(Xm, Xr, on, w: Weights, fmt: Format) -> np.ndarray:

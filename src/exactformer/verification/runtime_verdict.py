@@ -123,21 +123,31 @@ def prove_runtime(model: Transformer, dataset, runtime: str = "float32",
     boxes = enclose_runtime(model, xs, fmt, exp_ulps)
     bounds = _bounds(boxes, ys, getattr(data, "known", None))
     limit = Fraction(tolerance) * scale
-    proved = sum(1 for b in bounds if np.isfinite(b) and Fraction(b) <= limit)
+    held = np.array([bool(np.isfinite(b) and Fraction(b) <= limit) for b in bounds], dtype=bool)
     bound = relative(worst(bounds), scale) if bounds else 0.0
     verdict = RuntimeVerdict(runtime, f"PROVED FAITHFUL IN {runtime}", tolerance, bound,
-                             proved, len(bounds), exp_ulps, 0.0)
+                             int(held.sum()), len(bounds), exp_ulps, 0.0)
     if getattr(data, "vocabulary", None) is not None:
         margins = decoding_margins(data.vocabulary, _at_known([m for m, _ in boxes], data),
                                    _at_known([r for _, r in boxes], data), _targets(data))
-        verdict.criterion, verdict.proved = "decoding", int((margins > 0).sum())
+        held = margins > 0
+        verdict.criterion, verdict.proved = "decoding", int(held.sum())
         verdict.margin = relative(smallest(margins), scale) if len(margins) else np.inf
     if verdict.proved < len(bounds):
         verdict.verdict = "UNDECIDED"
         if witness:
-            _seek_witness(verdict, model, data, fmt, tolerance)
+            _seek_witness(verdict, model, data, fmt, _open_sequences(held, data))
     verdict.seconds = time.perf_counter() - t0
     return verdict
+
+
+def _open_sequences(held: np.ndarray, data) -> list[int]:
+    """The sequences holding a pair (causal: a constrained position) not proved: the only
+    ones a witness can come from, since each sequence is evaluated on its own."""
+    if not isinstance(data, CausalDataset):
+        return [int(j) for j in np.flatnonzero(~held)]
+    owner = np.repeat(np.arange(len(data.known)), [int(np.sum(k)) for k in data.known])
+    return sorted({int(j) for j in owner[~held]})
 
 
 def _at_known(arrays, data: CausalDataset) -> np.ndarray:
@@ -180,19 +190,24 @@ def _bounds(boxes, ys, known) -> list[float]:
     return out
 
 
-def _seek_witness(verdict: RuntimeVerdict, model, data, fmt: Format, tolerance) -> None:
-    """Run the witness passes; the first that misses the tolerance (decodes a position wrong,
-    by the decoding criterion) makes the verdict FAILED."""
+def _seek_witness(verdict: RuntimeVerdict, model, data, fmt: Format, seqs: list[int]) -> None:
+    """Run the witness passes on the sequences ``seqs``; the first that misses the tolerance
+    (decodes a position wrong, by the decoding criterion) makes the verdict FAILED."""
     largest = 0.0
+    xs = data.floats()[0]
     for order in ORDERS:
-        outs = witness_pass(model, data.floats()[0], fmt, order)
+        outs = dict(zip(seqs, witness_pass(model, [xs[j] for j in seqs], fmt, order),
+                        strict=True))
         err = _pass_error(outs, data)
         how = f"NumPy {fmt.name} pass (float32 accumulation, {order} summation, no FMA)"
         if verdict.criterion == "decoding":
-            wrong = decoded_wrong(data.vocabulary, _at_known(outs, data), _targets(data))
+            mine = [j in outs for j in range(len(data.known))]
+            rows = np.concatenate([outs[j][k] for j, k in enumerate(data.known) if mine[j]])
+            pick = np.repeat(mine, [int(np.sum(k)) for k in data.known])
+            wrong = decoded_wrong(data.vocabulary, rows, _targets(data)[pick])
             miss = f"decodes {wrong} of {verdict.checked} positions wrong" if wrong else None
         else:
-            miss = None if err <= tolerance else "misses the tolerance"
+            miss = None if err <= verdict.tolerance else "misses the tolerance"
         if miss:
             verdict.verdict, verdict.witness, verdict.witness_error = "FAILED", \
                 f"{how} {miss}", err
@@ -201,15 +216,14 @@ def _seek_witness(verdict: RuntimeVerdict, model, data, fmt: Format, tolerance) 
     verdict.witness_error = largest
 
 
-def _pass_error(outs, data) -> float:
-    """The error (over the scale) of outputs ``outs`` on ``data``."""
+def _pass_error(outs: dict, data) -> float:
+    """The error (over the data's scale) of the outputs ``outs`` (by sequence index)."""
     ys = data.floats()[1]
     if isinstance(data, CausalDataset):
-        errs = [float(np.linalg.norm(o[i] - y[i])) for o, y, k in
-                zip(outs, ys, data.known, strict=True) for i in np.flatnonzero(k)]
+        errs = [float(np.linalg.norm(o[i] - ys[j][i])) for j, o in outs.items()
+                for i in np.flatnonzero(data.known[j])]
         return relative(worst([0.0, *errs]), data.coordinate_scale())
-    return relative(worst(hausdorff(o, y) for o, y in zip(outs, ys, strict=True)),
-                    _scale(data))
+    return relative(worst(hausdorff(o, ys[j]) for j, o in outs.items()), _scale(data))
 
 
 # ------------------------------------------------------------------------------ witness pass
