@@ -163,6 +163,6 @@ def test_runtime_benchmark_row():
     integers, in bfloat16 (docs/numerics.md#low-precision-set-models), with its times."""
     pytest.importorskip("torch")  # bench_conditioning, whose family list it reads, needs torch
     bench = load("bench_runtime")
-    row = bench.row("demo", ef.data.builtin.demo(), "hardmax", 4)
+    row = bench.row("demo", ef.data.builtin.demo(), "hardmax", 4, True)
     assert row["float32"] == "P" and row["bfloat16"] == "P"
     assert set(bench.COLUMNS) == set(row) and float(row["proof s"]) > 0
