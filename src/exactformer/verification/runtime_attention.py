@@ -155,8 +155,9 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     k_c, k = _rounding_counts(sa_w, *Xm.shape[1:])
     overflow = np.zeros(Xm.shape[:2], dtype=bool)
     amp = 1.0  # per output coordinate: how much the intermediates' underflow is scaled up
+    rest = np.zeros_like(M)  # M's part from every key but each row's heaviest
     for w in sa_w:
-        Ym, Ys, Ybar, qy, one, weighted = head_box(Xm, Xr, w, ctx)
+        Ym, Ys, Ybar, Yrest, qy, one, weighted = head_box(Xm, Xr, w, ctx)
         overflow |= _value_overflow(aX, Ybar, w, k, fmt)
         beta, aq, ap = scalar(w.beta), np.abs(w.q) + w.q_r, np.abs(w.p) + w.p_r
         aY = np.abs(Ym) + Ys
@@ -165,10 +166,12 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
             (Ys @ np.abs(w.q) + aY @ w.q_r)[..., None] * np.abs(w.p) + \
             (aY @ aq)[..., None] * w.p_r
         M = M + (abs(beta) + w.beta_r) * Ybar + (Ybar @ aq)[..., None] * ap
+        rest = rest + (abs(beta) + w.beta_r) * Yrest + (Yrest @ aq)[..., None] * ap
         gap = value_gap(w)  # the exports' stored dense V less β·I + p·qᵀ of the stored factors
         if gap.any():
             off = pos_up(Ybar @ gap.T, D + 2)
             spread, M = spread + off, M + off
+            rest = rest + pos_up(Yrest @ gap.T, D + 2)
             exact = exact & ~gap.any(axis=1)
         q, exact = _value_quanta(q, exact, qy, w, fmt)
         if fmt.matmul_bits is not None:
@@ -184,9 +187,8 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
             ~((w.V != 0) | (w.V_r != 0)).any(axis=1)
     spread = pos_up(spread, 2 * D + 8)
     M = pos_up(M, 2 * D + 8)
-    # a term passes through at most four TF32 cuts (π, x, y and q; π, V, x and V·x), each
-    # by less than 2^-10: (1 + t)^4, which 2·(2t + t²) falls 4t² + 4t³ + t⁴ short of
-    rnd = _chained_cuts(k_c, fmt) * M + 4 * k_c * fmt.tiny * amp + rounding(M, k_c)
+    rnd = average_rounding(M, pos_up(rest, 2 * D + 8), k_c, Xm.shape[1], fmt) + \
+        4 * k_c * fmt.tiny * amp + rounding(M, k_c)
     exact = exact & fits_exactly(M, q, fmt.bits, fmt.tiny)
     f64 = np.where(spread > 0, rounding(M, k_c), 0.0)
     rad = unknown_if_overflow(mid, spread + pos_up(np.where(exact, f64, rnd), 4), fmt, M)
@@ -202,6 +204,20 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     return np.where(keep, Xm, mid), rad
 
 
+def average_rounding(M, rest, k_c, n: int, fmt: Format) -> np.ndarray:
+    """The runtime rounding of the layer's output, its terms of sizes M (``rest`` of them
+    from the keys other than each row's heaviest): each term through at most k_c roundings
+    and four TF32 cuts (θ·M), or, the smaller, a heaviest key's terms through the k_c − n of
+    them off the sum over the keys, and every other key's terms counted twice: a sum's
+    rounding of a + b, a a stored number, is at most |b|, so each addition of a partial sum
+    of other keys to the heaviest key's costs at most that partial sum, whatever the order
+    (docs/numerics.md#proofs-for-reduced-precision-runtimes). A softmax collapse of n keys,
+    one of weight within 10⁻¹² of 1, then rounds by a few units of its result, not n."""
+    whole = _chained_cuts(k_c, fmt)
+    heavy = _chained_cuts(np.maximum(k_c - n, 0) + 2, fmt)
+    return np.minimum(whole * M, heavy * (M + 2 * rest) + 2 * (1 + whole) * rest)
+
+
 def _rounding_counts(sa_w: list, n: int, D: int) -> tuple[np.ndarray, int]:
     """(per output coordinate c, the roundings on any term's path to c in any of the three
     orders; the largest count, D at least, for the intermediates' overflow tests).
@@ -214,7 +230,9 @@ def _rounding_counts(sa_w: list, n: int, D: int) -> tuple[np.ndarray, int]:
 
 def _chained_cuts(k_c: np.ndarray, fmt: Format) -> np.ndarray:
     """Per output coordinate, the relative error of a term through k_c roundings of each
-    kind and four TF32 cuts (:func:`~.formats.chained_cut_error`)."""
+    kind and four TF32 cuts (:func:`~.formats.chained_cut_error`): a term passes through
+    at most four (π, x, y and q; π, V, x and V·x), each by less than 2^-10, and (1 + t)^4
+    falls 4t² + 4t³ + t⁴ short of 2·(2t + t²)."""
     return per_count(k_c, lambda c: chained_cut_error(fmt, 4, theta(c, c, fmt)))
 
 
@@ -451,23 +469,25 @@ def _allowed(n: int, causal: bool) -> np.ndarray:
 def head_box(Xm, Xr, w: Weights, ctx: Context):
     """One head's average y_i = Σ_l π_il x_l under every runtime's weights, as the box of its
     exact value (midpoint and radius, B×n×D), a bound on Σ_l |π_il|·|x_l| (its terms'
-    sizes), the quanta of the terms π_il·x_l (0 where unknown), the rows whose weights are
-    one key's exact 1, and the keys that may carry weight (B×n×n); the rounding of the
-    average is left to :func:`sa_box`."""
+    sizes) and one on the same sum without the row's heaviest key (:func:`mix`), the quanta
+    of the terms π_il·x_l (0 where unknown), the rows whose weights are one key's exact 1,
+    and the keys that may carry weight (B×n×n); the rounding of the average is left to
+    :func:`sa_box`."""
     sm, sr = scores_box(Xm, Xr, w, ctx)
     allowed = _allowed(Xm.shape[1], ctx.causal)
     if ctx.attention == "softmax":
         Pm, Pr = softmax_box(sm, sr, allowed, ctx)
-        Ym, Yr, Ybar, qy = mix(Pm, Pr, Xm, Xr, ctx.fmt)
+        Ym, Yr, Ybar, Yrest, qy = mix(Pm, Pr, Xm, Xr, ctx.fmt)
         one = ((Pr == 0) & ((Pm == 0) | (Pm == 1))).all(axis=2)
         weighted = np.broadcast_to(allowed, sm.shape)
     else:
-        Ym, Yr, Ybar, qy, one, weighted = hardmax_box(sm, sr, allowed, Xm, Xr, ctx)
+        Ym, Yr, Ybar, Yrest, qy, one, weighted = hardmax_box(sm, sr, allowed, Xm, Xr, ctx)
     # a score that may overflow may be inf or nan in the runtime (inf·0, inf − inf): the max
     # of a row holding a nan is nan, and so are its weights, whatever the other keys
     lost = (allowed & ~(np.isfinite(sr) & np.isfinite(sm))).any(axis=2)
     return np.where(lost[..., None], 0.0, Ym), np.where(lost[..., None], np.inf, Yr), \
-        np.where(lost[..., None], np.inf, Ybar), np.where(lost[..., None], 0.0, qy), \
+        np.where(lost[..., None], np.inf, Ybar), np.where(lost[..., None], np.inf, Yrest), \
+        np.where(lost[..., None], 0.0, qy), \
         one & ~lost, weighted
 
 
@@ -493,23 +513,25 @@ def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):
     Pm = np.where(cand, inv[:, :, None], 0.0)
     Pr = np.where(cand, np.where(exact_w, 0.0, (fmt.u + ACC.u + 2.0 ** -52) * inv)[:, :, None],
                   0.0)  # fl(1/|C|), perhaps rounded twice (float32, then the format)
-    Ym, Yr, Ybar, qy = mix(Pm, Pr, Xm, Xr, fmt)
+    Ym, Yr, Ybar, Yrest, qy = mix(Pm, Pr, Xm, Xr, fmt)
     for b, i in zip(*np.nonzero(~tie), strict=True):
         Ym[b, i], Yr[b, i], Ybar[b, i] = _hull(Xm[b, cand[b, i]], Xr[b, cand[b, i]], ctx)
-        qy[b, i] = 0.0
-    return Ym, Yr, Ybar, qy, count == 1, cand
+        Yrest[b, i], qy[b, i] = Ybar[b, i], 0.0
+    return Ym, Yr, Ybar, Yrest, qy, count == 1, cand
 
 
 def copied_keys(key, Xm, Xr, fmt: Format):
     """:func:`mix` where every row's weights are one key's exact 1 (``key``: B×n) and every
     key is finite (0·x is then an exact 0): the key's box, copied (its float64 midpoint is
-    the key's own, no sum rounds), with :func:`mix`'s bounds and its quanta."""
+    the key's own, no sum rounds), with :func:`mix`'s bounds (0 without the key) and its
+    quanta."""
     n = Xm.shape[1]
     at = key[..., None]
     Ym = np.take_along_axis(Xm, at, axis=1)
     Xr_l = np.take_along_axis(Xr, at, axis=1)
     S = pos_up(np.take_along_axis(np.abs(Xm) + Xr, at, axis=1), n + 2)
-    return Ym, pos_up(Xr_l, n + 2), S, np.take_along_axis(key_bits(Xm, Xr, fmt), at, axis=1)
+    return Ym, pos_up(Xr_l, n + 2), S, np.zeros_like(S), \
+        np.take_along_axis(key_bits(Xm, Xr, fmt), at, axis=1)
 
 
 def _hull(C, C_r, ctx: Context):
@@ -550,9 +572,7 @@ def softmax_box(sm, sr, allowed, ctx: Context):
         e_lo = np.maximum(np.exp(g_lo) * (1 - rel) - fmt.tiny, 0.0)
         e_hi = np.exp(np.minimum(g_hi, 0.0)) * (1 + rel) + fmt.tiny
         e_lo, e_hi = np.where(allowed, e_lo, 0.0), np.where(allowed, e_hi, 0.0)
-        t = theta(n + 1, 1, fmt)
-        z_lo = e_lo.sum(axis=2, keepdims=True) * (1 - t - 2.0 ** -50) - n * fmt.tiny
-        z_hi = e_hi.sum(axis=2, keepdims=True) * (1 + t + 2.0 ** -50) + n * fmt.tiny
+        z_lo, z_hi = _normaliser(e_lo, e_hi, fmt)
         p_lo = np.maximum(lower(e_lo / z_hi * (1 - 2 * u), 0.0) - fmt.tiny, 0.0)
         p_hi = np.minimum(upper(e_hi / np.maximum(z_lo, 0.0) * (1 + 2 * u), 0.0) + fmt.tiny,
                           1.0)
@@ -563,18 +583,37 @@ def softmax_box(sm, sr, allowed, ctx: Context):
     return np.where(bad, 0.5, mid), np.where(bad, np.inf, rad)
 
 
+def _normaliser(e_lo, e_hi, fmt: Format):
+    """Bounds on every runtime value of the softmax's sum Σ_l e_l (B×n×1) for terms in
+    [e_lo, e_hi]: θ of n + 1 roundings of the whole sum, or, the tighter, θ of two plus twice
+    the terms other than the largest (:func:`average_rounding`'s argument: adding a partial
+    sum of other terms to the largest's rounds by at most that partial sum)."""
+    n = e_lo.shape[-1]
+    t, t2 = theta(n + 1, 1, fmt), theta(2, 1, fmt)
+    rest = e_hi.copy()
+    np.put_along_axis(rest, np.argmax(e_hi, axis=2)[..., None], 0.0, axis=2)
+    other = 2 * (1 + t) * rest.sum(axis=2, keepdims=True) * (1 + 2.0 ** -40)
+    lo, hi = e_lo.sum(axis=2, keepdims=True), e_hi.sum(axis=2, keepdims=True)
+    z_lo = np.maximum(lo * (1 - t - 2.0 ** -50), lo * (1 - t2 - 2.0 ** -40) - other)
+    z_hi = np.minimum(hi * (1 + t + 2.0 ** -50), hi * (1 + t2 + 2.0 ** -40) + other)
+    return z_lo - n * fmt.tiny, z_hi + n * fmt.tiny
+
+
 def mix(Pm, Pr, Xm, Xr, fmt: Format):
     """Σ_l π_il x_l for weight boxes Pm ± Pr (B×n×n) and value boxes (B×n×D): the box of its
-    exact value, the bound on Σ_l |π_il|·|x_l|, and the terms' quanta (:func:`head_box`)."""
+    exact value, the bound on Σ_l |π_il|·|x_l|, the same without the row's heaviest key (the
+    largest |π| + r, :func:`average_rounding`), and the terms' quanta (:func:`head_box`)."""
     n = Pm.shape[-1]
     aX = np.abs(Xm) + Xr
     aP = np.abs(Pm) + Pr
     mid = Pm @ Xm
     spread = pos_up(Pr @ aX + np.abs(Pm) @ Xr, n + 2)
     S = pos_up(aP @ aX, n + 2)
+    rest = aP.copy()
+    np.put_along_axis(rest, np.argmax(aP, axis=2)[..., None], 0.0, axis=2)
     f64 = np.where(S > 0, rounding(S, n), 0.0)  # the float64 midpoint's own rounding
     return mid, spread + np.where(_mix_points(Pm, Pr, Xm, Xr), 0.0, f64), S, \
-        _mix_quanta(Pm, Pr, Xm, Xr, fmt)
+        pos_up(rest @ aX, n + 2), _mix_quanta(Pm, Pr, Xm, Xr, fmt)
 
 
 def _mix_points(Pm, Pr, Xm, Xr) -> np.ndarray:
