@@ -3,7 +3,7 @@ runtimes). Linear maps (``runtime_boxes.linear``): where X Wᵀ + b is called ex
 evaluation of the test's own (each order of the terms, with and without a fused multiply-add)
 of every stored value of the boxes tried (their ends, the powers of two inside, random values)
 gives exactly the rational value; everywhere, the midpoint ± spread + rounding holds every
-evaluation. Scores (``runtime_attention.scores_box``): the sum is judged before 1/τ divides it."""
+evaluation. Scores (``runtime_scores.scores_box``): the sum is judged before 1/τ divides it."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from exactformer.evaluate.enclosure import rounding
 from exactformer.verification.formats import get_format, stored
-from exactformer.verification.runtime_attention import Context, scores_box
 from exactformer.verification.runtime_boxes import Weights, linear
 from exactformer.verification.runtime_proof import _midpoint_error, ff_box
+from exactformer.verification.runtime_scores import Context, scores_box
 
 F32 = np.float32
 FMT = get_format("float32")

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exactformer.verification import runtime_attention
+from exactformer.verification import runtime_attention, runtime_scores
 from exactformer.verification.formats import get_format
 
 VALUES = [0.0, 0.25, 0.5, 1.0, 3.0, 1 / 3, 1e-30, 2.0 ** -140, 2.0 ** 100]
@@ -58,7 +58,7 @@ def test_a_key_is_not_copied_past_an_infinite_one():
     from types import SimpleNamespace
 
     model = SimpleNamespace(attention="hardmax", causal=False, tau=None, blocks=[])
-    ctx = runtime_attention.Context(model, get_format("float32"), 2.0)
+    ctx = runtime_scores.Context(model, get_format("float32"), 2.0)
     sm = np.array([[[1.0, 0.0], [1.0, 0.0]]])
     Xm = np.array([[[1.0], [np.inf]]])
     with np.errstate(invalid="ignore"):

@@ -10,8 +10,8 @@ and erasures, covered as docs/numerics.md#proofs-for-reduced-precision-runtimes 
 the whole error model is written down. Values that every evaluation computes exactly (every
 partial sum a multiple of its terms' lowest bit within the format's significand) keep radius 0,
 which is what lets keyed models be proved. This module holds the FF layers and the pass; the
-boxes and linear maps are :mod:`.runtime_boxes`, the attention :mod:`.runtime_attention`.
-NumPy only.
+boxes and linear maps are :mod:`.runtime_boxes`, the attention :mod:`.runtime_attention` and
+:mod:`.runtime_scores`. NumPy only.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from .formats import (
     theta,
     thetas,
 )
-from .runtime_attention import Context, sa_box
+from .runtime_attention import sa_box
 from .runtime_boxes import (
     Weights,
     high,
@@ -50,6 +50,7 @@ from .runtime_boxes import (
     sign_parts,
     unknown_if_overflow,
 )
+from .runtime_scores import Context
 
 CHUNK_CELLS = 1 << 20  # rows × units of a residual FF's coarse test at once (in cache)
 BLOCK_ROWS = 64  # rows a block of a residual FF takes at least (:func:`unit_blocks`)
