@@ -327,9 +327,12 @@ def head_box(Xm, Xr, w: Weights, ctx: Context):
     sizes) and one on the same sum without the row's heaviest key (:func:`mix`), the quanta
     of the terms π_il·x_l (0 where unknown), the rows whose weights are one key's exact 1,
     and the keys that may carry weight (B×n×n); the rounding of the average is left to
-    :func:`sa_box`."""
-    sm, sr = scores_box(Xm, Xr, w, ctx)
-    allowed = _allowed(Xm.shape[1], ctx.causal)
+    :func:`sa_box`. Where every query of the batch scores alike (:func:`shared_query`), the
+    first row's are found once and stand for every row's."""
+    n = Xm.shape[1]
+    queries = shared_query(Xm, Xr, w, ctx)
+    sm, sr = scores_box(Xm, Xr, w, ctx, queries)
+    allowed = _allowed(n, ctx.causal)[:sm.shape[1]]
     if ctx.attention == "softmax":
         Pm, Pr = softmax_box(sm, sr, allowed, ctx)
         Ym, Yr, Ybar, Yrest, qy = mix(Pm, Pr, Xm, Xr, ctx.fmt)
@@ -340,10 +343,29 @@ def head_box(Xm, Xr, w: Weights, ctx: Context):
     # a score that may overflow may be inf or nan in the runtime (inf·0, inf − inf): the max
     # of a row holding a nan is nan, and so are its weights, whatever the other keys
     lost = (allowed & ~(np.isfinite(sr) & np.isfinite(sm))).any(axis=2)
-    return np.where(lost[..., None], 0.0, Ym), np.where(lost[..., None], np.inf, Yr), \
-        np.where(lost[..., None], np.inf, Ybar), np.where(lost[..., None], np.inf, Yrest), \
-        np.where(lost[..., None], 0.0, qy), \
-        one & ~lost, weighted
+    out = (np.where(lost[..., None], 0.0, Ym), np.where(lost[..., None], np.inf, Yr),
+           np.where(lost[..., None], np.inf, Ybar), np.where(lost[..., None], np.inf, Yrest),
+           np.where(lost[..., None], 0.0, qy), one & ~lost, weighted)
+    return tuple(np.broadcast_to(a, (len(a), n, *a.shape[2:])) for a in out)
+
+
+def shared_query(Xm, Xr, w: Weights, ctx: Context):
+    """The first row of every sequence (B×1×D boxes) where it stands for every query: no
+    gram term (α = 0), no causal mask, and every row equal, bits and radii, on the
+    coordinates c reads, every value finite (a column c does not read adds exact zeros) and
+    no TF32 cut (which reads the whole row): then every query's projection c·x_i, score row,
+    weights and average have the same box, as in a separation round, whose scores
+    one_i·height_l do not depend on the query. None otherwise."""
+    n = Xm.shape[1]
+    if n < 2 or ctx.causal or scalar(w.alpha) != 0 or w.alpha_r != 0 or \
+            ctx.fmt.matmul_bits is not None:
+        return None
+    cols = np.flatnonzero((w.c != 0) | (w.c_r != 0))
+    same = bool((Xm[:, :, cols] == Xm[:, :1, cols]).all() and
+                (Xr[:, :, cols] == Xr[:, :1, cols]).all())
+    if not (same and np.isfinite(Xm).all() and np.isfinite(Xr).all()):
+        return None
+    return Xm[:, :1], Xr[:, :1]
 
 
 def hardmax_box(sm, sr, allowed, Xm, Xr, ctx: Context):

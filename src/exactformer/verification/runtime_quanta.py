@@ -31,20 +31,22 @@ def key_bits(Xm, Xr, fmt: Format) -> np.ndarray:
 
 
 def min_products(lbP, lbX) -> np.ndarray:
-    """min over keys l of lbP[b, i, l]·lbX[b, l, j] (a nan product, 0·inf, counts as inf).
+    """min over keys l of lbP[b, i, l]·lbX[b, l, j] (a nan product, 0·inf, counts as inf),
+    for the m ≤ n query rows i of lbP (B×m×n).
     A 0 weight bit against a finite key bit makes it 0, and a coordinate no key has a finite
     bit in makes it inf: both are found for all rows at once, and the min over keys runs
     only on rows with some other coordinate."""
     B, n, D = lbX.shape
+    m = lbP.shape[1]  # the query rows: n, or fewer (runtime_attention.shared_query)
     zero = ((lbP == 0).astype(float) @ np.isfinite(lbX).astype(float)) > 0
     empty = ~np.isfinite(lbX).any(axis=1, keepdims=True)
-    q = np.where(empty, np.inf, np.zeros((B, n, D)))
+    q = np.where(empty, np.inf, np.zeros((B, m, D)))
     rows = np.flatnonzero(~(zero | empty).all(axis=2).reshape(-1))
-    lbP = lbP.reshape(B * n, n)[rows]
+    lbP = lbP.reshape(B * m, n)[rows]
     step = max(1, BATCH_CELLS // max(1, n * D))
     with np.errstate(over="ignore", invalid="ignore"):
         for s in range(0, len(rows), step):
-            prod = lbP[s:s + step, :, None] * lbX[rows[s:s + step] // n]
-            q.reshape(B * n, D)[rows[s:s + step]] = np.where(np.isnan(prod), np.inf,
+            prod = lbP[s:s + step, :, None] * lbX[rows[s:s + step] // m]
+            q.reshape(B * m, D)[rows[s:s + step]] = np.where(np.isnan(prod), np.inf,
                                                               prod).min(axis=1)
     return q

@@ -63,14 +63,18 @@ def lens_slack(model: Transformer) -> float:
     return 104.0 * 2.0 ** -k
 
 
-def scores_box(Xm, Xr, w: Weights, ctx: Context):
+def scores_box(Xm, Xr, w: Weights, ctx: Context, queries=None):
     """Every runtime value of the scores α⟨x_i, x_l⟩ + (c·x_i)(a·x_l) of one head (B×n×n),
     in either layout's order (the torch module's α·gram + P·Q, TransformerLens's q·k of
-    d + 1 terms): midpoint and radius."""
+    d + 1 terms): midpoint and radius. ``queries``: the boxes of m query rows (B×m×D, the
+    scores B×m×n) where they are not the keys themselves, without the gram term (α = 0)."""
     fmt = ctx.fmt
     D = Xm.shape[2]
-    (Pm, Pr), (Qm, Qr) = (_projection(Xm, Xr, v, v_r, fmt) for v, v_r in ((w.c, w.c_r),
-                                                                          (w.a, w.a_r)))
+    Xq, Xqr = (Xm, Xr) if queries is None else queries
+    if queries is not None and (scalar(w.alpha) != 0 or w.alpha_r != 0):
+        raise ValueError("separate query rows need a head without the gram term (α = 0)")
+    (Pm, Pr), (Qm, Qr) = (_projection(X, R, v, v_r, fmt) for X, R, v, v_r in
+                          ((Xq, Xqr, w.c, w.c_r), (Xm, Xr, w.a, w.a_r)))
     aP, aQ = np.abs(Pm) + Pr, np.abs(Qm) + Qr
     mid = Pm[:, :, None] * Qm[:, None, :]
     spread = np.abs(Pm)[:, :, None] * Qr[:, None, :] + Pr[:, :, None] * aQ[:, None, :]
@@ -93,9 +97,9 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context):
         exact &= exact_g
         q = np.minimum(q, q_g)
     if fmt.matmul_bits is not None:  # TF32 cuts the products' inputs: exact where they fit
-        rows = (fits(Xm, fmt.matmul_bits) & (Xr == 0)).all(axis=2)
-        cut, cutq = ((fits(m, fmt.matmul_bits) & (r == 0) & rows) for m, r in ((Pm, Pr),
-                                                                               (Qm, Qr)))
+        cut, cutq = ((fits(m, fmt.matmul_bits) & (r == 0) &
+                      (fits(X, fmt.matmul_bits) & (R == 0)).all(axis=2))
+                     for m, r, X, R in ((Pm, Pr, Xq, Xqr), (Qm, Qr, Xm, Xr)))
         exact &= cut[:, :, None] & cutq[:, None, :]
     th, cuts = theta(D + 4, 4, fmt), alpha_cuts(alpha, alpha_r)
     rnd = (th + matmul_input_error(fmt)) * pos_up(size_pq, D + 4) + \
