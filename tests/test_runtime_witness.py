@@ -1,7 +1,8 @@
 """The runtime proofs' witness search runs only on the sequences holding a pair (a position)
 not proved (``runtime_verdict._open_sequences``): each sequence is evaluated on its own, and a
 proved one is within the tolerance in every evaluation, so the verdict is the one a witness
-pass over all of them gives. Checked against such a full pass, judged here
+pass over all of them gives (the passes take the sequences in batches and stop at the first
+that misses). Checked against such a full pass, judged here
 (docs/numerics.md#proofs-for-reduced-precision-runtimes)."""
 
 from __future__ import annotations
@@ -73,12 +74,13 @@ def test_the_verdict_is_the_full_pass_verdict(data, attention, runtime):
     v = ef.prove_runtime(model, data, runtime)
     miss = full_pass_miss(model, data, runtime, v.tolerance)
     assert (v.verdict == "FAILED") == (miss is not None), (v.table(), miss)
-    if miss is not None:
+    if miss is not None:  # the first batch that misses, of those the full pass misses in
         assert miss[0] in v.witness
         if v.criterion == "decoding":
-            assert f"decodes {miss[1]} of" in v.witness
+            wrong = int(v.witness.split("decodes ")[1].split(" of ")[0])
+            assert 0 < wrong <= miss[1]
         else:
-            assert v.witness_error == pytest.approx(miss[1], rel=1e-12)
+            assert v.tolerance < v.witness_error <= miss[1] * (1 + 1e-12)
 
 
 def test_open_sequences_map_positions_to_their_sequences():

@@ -35,6 +35,7 @@ DEFAULT_TOLERANCE = 1e-5  # relative to the data's coordinate scale
 # runtime proofs' in float32 and below (float32_verdict, lens_verdict, a Hub folder as saved).
 RUN_TOLERANCE = {"float64": 1e-9, "float32": DEFAULT_TOLERANCE}
 ORDERS = ("sequential", "reversed")  # the witness passes' summation orders
+WITNESS_SEQUENCES = 64  # sequences a witness pass takes at once (it stops at a miss)
 COVERED = {  # the layouts whose graph each proof covers (TransformerLens: float32 only)
     "float32": "dense FFs: torch ff=dense, rho-eta, TransformerLens; any summation order",
     "tf32": "dense FFs: torch ff=dense, rho-eta (not TransformerLens); any order",
@@ -191,29 +192,39 @@ def _bounds(boxes, ys, known) -> list[float]:
 
 
 def _seek_witness(verdict: RuntimeVerdict, model, data, fmt: Format, seqs: list[int]) -> None:
-    """Run the witness passes on the sequences ``seqs``; the first that misses the tolerance
-    (decodes a position wrong, by the decoding criterion) makes the verdict FAILED."""
+    """Run the witness passes on the sequences ``seqs``, :data:`WITNESS_SEQUENCES` at a time;
+    the first batch that misses the tolerance (decodes a position wrong, by the decoding
+    criterion) makes the verdict FAILED, so a model that fails everywhere is refuted after
+    one batch rather than one pass over every sequence."""
     largest = 0.0
-    xs = data.floats()[0]
     for order in ORDERS:
-        outs = dict(zip(seqs, witness_pass(model, [xs[j] for j in seqs], fmt, order),
-                        strict=True))
-        err = _pass_error(outs, data)
         how = f"NumPy {fmt.name} pass (float32 accumulation, {order} summation, no FMA)"
-        if verdict.criterion == "decoding":
-            mine = [j in outs for j in range(len(data.known))]
-            rows = np.concatenate([outs[j][k] for j, k in enumerate(data.known) if mine[j]])
-            pick = np.repeat(mine, [int(np.sum(k)) for k in data.known])
-            wrong = decoded_wrong(data.vocabulary, rows, _targets(data)[pick])
-            miss = f"decodes {wrong} of {verdict.checked} positions wrong" if wrong else None
-        else:
-            miss = None if err <= verdict.tolerance else "misses the tolerance"
-        if miss:
-            verdict.verdict, verdict.witness, verdict.witness_error = "FAILED", \
-                f"{how} {miss}", err
-            return
-        largest = max(largest, err)
+        for a in range(0, len(seqs), WITNESS_SEQUENCES):
+            batch = seqs[a:a + WITNESS_SEQUENCES]
+            miss, err = _witness_batch(model, data, fmt, order, batch, verdict)
+            if miss:
+                verdict.verdict, verdict.witness, verdict.witness_error = "FAILED", \
+                    f"{how} {miss} (of sequences {batch[0]}..{batch[-1]})", err
+                return
+            largest = max(largest, err)
     verdict.witness_error = largest
+
+
+def _witness_batch(model, data, fmt: Format, order: str, batch: list[int],
+                   verdict: RuntimeVerdict) -> tuple[str | None, float]:
+    """One witness pass on the sequences ``batch``: how it misses (None: it does not) and its
+    error over the data's scale."""
+    xs = data.floats()[0]
+    outs = dict(zip(batch, witness_pass(model, [xs[j] for j in batch], fmt, order),
+                    strict=True))
+    err = _pass_error(outs, data)
+    if verdict.criterion != "decoding":
+        return (None if err <= verdict.tolerance else "misses the tolerance"), err
+    mine = [j in outs for j in range(len(data.known))]
+    rows = np.concatenate([outs[j][k] for j, k in enumerate(data.known) if mine[j]])
+    pick = np.repeat(mine, [int(np.sum(k)) for k in data.known])
+    wrong = decoded_wrong(data.vocabulary, rows, _targets(data)[pick])
+    return (f"decodes {wrong} of {len(rows)} positions wrong" if wrong else None), err
 
 
 def _pass_error(outs: dict, data) -> float:
