@@ -105,7 +105,8 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     the dense V after the average, the ρ/η layout the dense V on every key before it — with
     the same elementary terms ρ·x_c and V_cj·π_l·x_lj. So the exact value (for the runtime's
     weights) is enclosed from the average's box, and the rounding of any of the orders by
-    θ times the sum M of those terms' sizes; it is 0 where their quanta fit M in the format
+    θ times the sum M of those terms' sizes, or less where one key outweighs the others
+    (:func:`average_rounding`); it is 0 where their quanta fit M in the format
     (docs/numerics.md#proofs-for-reduced-precision-runtimes)."""
     fmt = ctx.fmt
     r0 = scalar(rho.v)
@@ -118,7 +119,7 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     exact = rho.v_r == 0
     untouched = np.full(Xm.shape[-1], r0 == 1 and rho.v_r == 0)
     D = Xm.shape[2]
-    k_c, k = _rounding_counts(sa_w, *Xm.shape[1:])
+    k = _rounding_counts(sa_w, *Xm.shape[1:])[1]
     overflow = np.zeros(Xm.shape[:2], dtype=bool)
     amp = 1.0  # per output coordinate: how much the intermediates' underflow is scaled up
     rest = np.zeros_like(M)  # M's part from every key but each row's heaviest
@@ -139,35 +140,52 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
             spread, M = spread + off, M + off
             rest = rest + pos_up(Yrest @ gap.T, D + 2)
             exact = exact & ~gap.any(axis=1)
-        q, exact = _value_quanta(q, exact, qy, w, fmt)
-        if fmt.matmul_bits is not None:
-            exact = exact & ~_cut_intermediates(Xm, Xr, Ym, Ys, weighted, w, fmt)
-        # a y_j or q·y that may pass through subnormal numbers is not exact, and its
-        # underflow (at most one smallest normal per operation) is scaled up by V or p
-        sub_y, sub_t = _subnormal_intermediates(Ym, Ys, qy, one, w, fmt)
-        aV = (abs(beta) + w.beta_r) * np.eye(D) + np.outer(ap, aq) + gap
-        exact = exact & ~(sub_y.astype(float) @ (aV > 0).T > 0) & \
-            ~(sub_t[..., None] & (ap > 0))
-        amp = amp + sub_y.astype(float) @ aV.T + sub_t[..., None] * ap * (1 + aq.sum())
+        q, exact, amp = _head_exactness(q, exact, amp, (Xm, Xr, Ym, Ys, qy, one, weighted),
+                                        w, gap, fmt)
         untouched &= (beta == 0) & (w.beta_r == 0) & (w.p == 0) & (w.p_r == 0) & \
             ~((w.V != 0) | (w.V_r != 0)).any(axis=1)
-    spread = pos_up(spread, 2 * D + 8)
     M = pos_up(M, 2 * D + 8)
-    rnd = average_rounding(M, pos_up(rest, 2 * D + 8), k_c, Xm.shape[1], fmt) + \
-        4 * k_c * fmt.tiny * amp + rounding(M, k_c)
-    exact = exact & fits_exactly(M, q, fmt.bits, fmt.tiny)
-    f64 = np.where(spread > 0, rounding(M, k_c), 0.0)
-    rad = unknown_if_overflow(mid, spread + pos_up(np.where(exact, f64, rnd), 4), fmt, M)
-    # every layout stores sums of some of the terms on the way (the torch module's β·y,
-    # p·(q·y) and ρ·x + β·y, the dense layouts' V·y): each is at most M, rounded, and may
-    # overflow the format where the output does not (2^10·(1 − 32 + 64): 64·2^10 is inf in
-    # float16, the output 33 792 is not)
-    with np.errstate(over="ignore", invalid="ignore"):
-        rad = np.where(may_overflow(M, 1 + theta(k, k, fmt), 4 * k * fmt.tiny * amp, fmt),
-                       np.inf, rad)
+    rad = _output_radius(mid, pos_up(spread, 2 * D + 8), M, pos_up(rest, 2 * D + 8),
+                         exact & fits_exactly(M, q, fmt.bits, fmt.tiny), amp,
+                         _rounding_counts(sa_w, *Xm.shape[1:]), Xm.shape[1], fmt)
     keep = untouched & np.isfinite(mid)
     rad = np.where(overflow[..., None], np.inf, np.where(keep, Xr, rad))
     return np.where(keep, Xm, mid), rad
+
+
+def _head_exactness(q, exact, amp, boxes, w: Weights, gap, fmt: Format):
+    """``q`` and ``exact`` with a head's terms folded in (:func:`_value_quanta`, TF32's cuts
+    of its intermediates, subnormal intermediates), and ``amp`` with how much V or p scales
+    up an intermediate's underflow (at most one smallest normal number per operation).
+    ``boxes``: the layer's keys, the head's average and :func:`head_box`'s quanta, one-key
+    rows and weighted keys."""
+    Xm, Xr, Ym, Ys, qy, one, weighted = boxes
+    q, exact = _value_quanta(q, exact, qy, w, fmt)
+    if fmt.matmul_bits is not None:
+        exact = exact & ~_cut_intermediates(Xm, Xr, Ym, Ys, weighted, w, fmt)
+    sub_y, sub_t = _subnormal_intermediates(Ym, Ys, qy, one, w, fmt)
+    aq, ap = np.abs(w.q) + w.q_r, np.abs(w.p) + w.p_r
+    aV = (abs(scalar(w.beta)) + w.beta_r) * np.eye(len(w.p)) + np.outer(ap, aq) + gap
+    exact = exact & ~(sub_y.astype(float) @ (aV > 0).T > 0) & ~(sub_t[..., None] & (ap > 0))
+    amp = amp + sub_y.astype(float) @ aV.T + sub_t[..., None] * ap * (1 + aq.sum())
+    return q, exact, amp
+
+
+def _output_radius(mid, spread, M, rest, exact, amp, counts, n: int, fmt: Format):
+    """The radius of the layer's output: the spread plus the float64 midpoint's rounding where
+    ``exact``, else the runtime's (:func:`average_rounding`, the underflows ``amp`` scales,
+    the midpoint's); unknown where a stored partial sum may overflow: every layout stores
+    sums of some of the terms on the way (the torch module's β·y, p·(q·y) and ρ·x + β·y, the
+    dense layouts' V·y), each at most M, rounded, and may overflow the format where the
+    output does not (2^10·(1 − 32 + 64): 64·2^10 is inf in float16, the output 33 792 is
+    not). ``counts``: :func:`_rounding_counts`."""
+    k_c, k = counts
+    rnd = average_rounding(M, rest, k_c, n, fmt) + 4 * k_c * fmt.tiny * amp + rounding(M, k_c)
+    f64 = np.where(spread > 0, rounding(M, k_c), 0.0)
+    rad = unknown_if_overflow(mid, spread + pos_up(np.where(exact, f64, rnd), 4), fmt, M)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.where(may_overflow(M, 1 + theta(k, k, fmt), 4 * k * fmt.tiny * amp, fmt),
+                        np.inf, rad)
 
 
 def average_rounding(M, rest, k_c, n: int, fmt: Format) -> np.ndarray:
