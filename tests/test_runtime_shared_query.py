@@ -53,7 +53,7 @@ def test_the_first_query_stands_for_every_query(seed, attention, runtime, differ
     model = SimpleNamespace(attention=attention, causal=False, tau=None, blocks=[])
     ctx = Context(model, get_format(runtime), 2.0)
     with np.errstate(all="ignore"):
-        shared, fast, full = _both(Xm, Xr, _head(D, rng), ctx, _MP())
+        shared, fast, full = _both(Xm, Xr, _head(D, rng), ctx, pytest.MonkeyPatch())
     assert (shared is None) == (differ or runtime == "tf32")
     for a, b in zip(fast, full, strict=True):  # float64 matrix products of other shapes may
         assert a.shape == b.shape  # round otherwise (BLAS kernels): each path's own bounds
@@ -61,10 +61,6 @@ def test_the_first_query_stands_for_every_query(seed, attention, runtime, differ
             assert np.array_equal(a, b)
         else:
             assert np.allclose(a, b, rtol=1e-13, atol=1e-16, equal_nan=True)
-
-
-class _MP(pytest.MonkeyPatch):
-    """A monkeypatch usable inside a hypothesis test (undone by each ``context``)."""
 
 
 def test_a_gram_term_or_a_causal_mask_takes_every_query():
