@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 from test_certify import _number_paths, perturbed
 
 import exactformer as ef
+from exactformer.evaluate.jacobians import flag_patterns
 from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from exactformer.modelio import model_to_dict
 from exactformer.verification import balls
-from exactformer.verification.ball_screen import LayerScreen, distinct_patterns, token_boxes
+from exactformer.verification.ball_screen import LayerScreen, token_boxes
 from exactformer.verification.balls import Layers, Run, as_ball
 from exactformer.verification.certify import prove
 
@@ -188,14 +189,14 @@ def test_no_proof_of_a_model_whose_unit_sum_overflows_in_float64(screen_min):
 
 @settings(max_examples=100, deadline=None)
 @given(st.integers(0, 12), st.sampled_from([1, 2, 61, 62, 63, 70]), st.data())
-def test_distinct_patterns_give_each_row_back(n, w, draw):
-    """Every row is its pattern, and the patterns are distinct (codes up to 62 units, whole
-    rows beyond)."""
+def test_flag_patterns_give_each_row_back(n, w, draw):
+    """The screen's sign rows through ``flag_patterns``: every row is its pattern, and the
+    patterns are distinct (codes up to 62 units, whole rows beyond)."""
     bits = draw.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
     signs = np.array([[(b >> (k % 2)) & 1 for k in range(w)] for b in bits],
                      dtype=np.int8).reshape(n, w)
     signs[:, -1] = [b % 2 for b in bits]  # the highest unit tells rows apart too
-    patterns, which = distinct_patterns(signs)
+    patterns, which = flag_patterns(signs)
     assert np.array_equal(patterns[which], signs)
     assert len({p.tobytes() for p in patterns}) == len(patterns)
 

@@ -84,13 +84,3 @@ class LayerScreen:
             out[finite & (centre - spread > bound)] = 1
         return out
 
-
-def distinct_patterns(signs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct rows of a 0/1 matrix and each row's index among them (rows of up to 62
-    units are read as integers, which np.unique sorts far faster than rows)."""
-    if signs.shape[1] > 62:
-        patterns, which = np.unique(signs, axis=0, return_inverse=True)
-        return patterns, which.ravel()
-    codes = signs.astype(np.int64) @ (1 << np.arange(signs.shape[1], dtype=np.int64))
-    _, first, which = np.unique(codes, return_index=True, return_inverse=True)
-    return signs[first], which.ravel()

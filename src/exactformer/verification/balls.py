@@ -25,9 +25,10 @@ from functools import cache
 import numpy as np
 from flint import arb, arb_mat, ctx, fmpq, fmpq_mat, fmpz
 
+from ..evaluate.jacobians import flag_patterns
 from ..model import FF, SA, Head, Transformer
 from ..numbers import to_fraction
-from .ball_screen import MIN_TOKENS, LayerScreen, distinct_patterns, token_boxes
+from .ball_screen import MIN_TOKENS, LayerScreen, token_boxes
 
 
 # ------------------------------------------------------------------------------ exact values
@@ -551,7 +552,7 @@ def _screened(ff: _FFq, seqs: list[_Seq]) -> tuple | None:
     signs = ff.screen.signs(np.concatenate([b[0] for b in boxes])[boxed],
                             np.concatenate([b[1] for b in boxes])[boxed])
     decided = (signs >= 0).all(axis=1)
-    rows, which = distinct_patterns(signs[decided])
+    rows, which = flag_patterns(signs[decided])
     patterns = [ff.screened_pattern(r) for r in rows]
     codes = np.full(boxed.shape, -1)
     codes[np.flatnonzero(boxed)[decided]] = which
