@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from exactformer.evaluate.enclosure import rounding
 from exactformer.verification.formats import get_format, stored
 from exactformer.verification.runtime_boxes import Weights, linear
-from exactformer.verification.runtime_proof import _midpoint_error, ff_box
+from exactformer.verification.runtime_proof import _midpoint_error, _writers, ff_box
 from exactformer.verification.runtime_scores import Context, scores_box
 
 F32 = np.float32
@@ -245,7 +245,8 @@ def test_the_midpoint_error_bounds_the_float64_sum_exactly(seed):
     T1, AW = eta * Xm, Am @ W.T
     mid = T1 + AW
     S = np.abs(T1) + np.abs(Am) @ np.abs(W).T
-    err = _midpoint_error(Xm, AW, mid, Am, on, W, eta, S, n + 1)
+    layer = SimpleNamespace(eta=eta, W=W)
+    err = _midpoint_error(Xm, AW, mid, Am, on, _writers(on, W), layer, S, n + 1)
     loose = rounding(S, n + 1)
     for t in range(T):
         for c in range(D):

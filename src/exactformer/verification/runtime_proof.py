@@ -266,7 +266,7 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
     Am = np.where(active, Zm, top)  # the stored ReLU outputs' boxes: Am ± Ar
     Ar = np.where(active, Zr, top)
     aW = np.abs(W)
-    AW = Am @ W.T
+    AW, AWr = Am @ W.T, Ar @ aW.T  # the units' part of the output, as a box
     mid = eta * Xm + AW
     jac = jacobian_spread(R, active, W, w.U, eta, cols)
     chain = pos_up((Zq * active + top) @ aW.T, W.shape[1] + 2)
@@ -277,15 +277,16 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
     rnd = (thetas(k + 2, 3, fmt) + matmul_input_error(fmt)) * S + (2 * k + 6) * fmt.tiny
     rnd = up(rnd + rounding(S, k) + (np.abs(Am) + Ar) @ w.W_r.T, 6)
     exact, q = _ff_exact(Xm, Xr, Am, Ar, Zexact, active | unsure, w, k, fmt)
-    err64 = _midpoint_error(Xm, AW, mid, Am, active | unsure, W, eta, S, k)
+    writers = _writers(active | unsure, W)
+    err64 = _midpoint_error(Xm, AW, mid, Am, active | unsure, writers, w, S, k)
     moving = ((active | unsure) & (Ar > 0)).astype(float) @ (W != 0).T.astype(float) > 0
-    rnd = _two_terms(rnd, Xm, Xr, (AW, Ar @ aW.T + moving * 2.0 ** -1074), active | unsure,
+    rnd = _two_terms(rnd, Xm, Xr, (AW, AWr + moving * 2.0 ** -1074), writers,
                      np.abs(mid) + jac + chain + err64, w, fmt)
     inexact_in = ((Xr > 0) & (eta != 0)) | moving
     f64 = np.where(inexact_in, err64, 0.0)  # the float64 midpoint's own rounding
     rad = unknown_if_overflow(mid, jac + chain + np.where(exact, f64, rnd), fmt, S)
     with np.errstate(over="ignore", invalid="ignore"):  # the stored η·x and A·Wᵀ themselves
-        lost = ~(np.abs(Am @ W.T) + Ar @ aW.T + (np.abs(Am) + Ar) @ w.W_r.T + rnd < fmt.huge)
+        lost = ~(np.abs(AW) + AWr + (np.abs(Am) + Ar) @ w.W_r.T + rnd < fmt.huge)
         if eta != 1:
             lost |= ~(abs(eta) * (np.abs(Xm) + Xr) + rnd < fmt.huge)
     rad = np.where(lost, np.inf, rad)
@@ -300,43 +301,51 @@ def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
         mid = np.where(snap, np.rint(mid / np.where(snap, q, 1.0)) * np.where(snap, q, 1.0), mid)
     rad = np.where(snap, 0.0, rad)
     if eta == 1 and w.eta_r == 0:  # a coordinate no unit that may be on writes: x + 0
-        touched = ((active | unsure).astype(float) @ (W != 0).T.astype(float)) > 0
-        keep = ~touched & np.isfinite(Xm)
+        keep = (writers[0] == 0) & np.isfinite(Xm)
         mid, rad = np.where(keep, Xm, mid), np.where(keep, Xr, rad)
     wild = ~(np.isfinite(Am) & np.isfinite(Ar)).all(axis=1)
     return mid, np.where(wild[:, None], np.inf, rad), wild
 
 
-def _midpoint_error(Xm, AW, mid, Am, on, W, eta: float, S, k):
+def _writers(on, W) -> tuple[np.ndarray, np.ndarray]:
+    """Per output cell, how many units that may be on (``on``) write it, and whether every
+    one of them writes through a power of two (so that its product is exact where it stays
+    among the normal numbers)."""
+    power = (W == 0) | (lowbit(W) == np.abs(W))
+    on = on.astype(float)
+    return on @ (W != 0).T.astype(float), on @ (~power).T.astype(float) == 0
+
+
+def _midpoint_error(Xm, AW, mid, Am, on, writers, w: Weights, S, k):
     """Per output cell, a bound on the float64 midpoint's own rounding, |η·x + Σ W·a − mid|:
     :func:`.rounding` of the terms' sizes, or the error itself where the sum holds at most
     one unit's term beside η·x and both are exact products (η and that unit's W entries
     powers of two, no bit lost below the subnormals), so that its one float64 addition's
     error is TwoSum's. A flip x − relu(x) on an inexact slot thus keeps its exact 0
-    (docs/numerics.md#proofs-for-reduced-precision-runtimes)."""
+    (docs/numerics.md#proofs-for-reduced-precision-runtimes). ``writers``: :func:`_writers`."""
     tiny = 2.0 ** -1074
+    eta, W = scalar(w.eta), w.W
     with np.errstate(over="ignore", invalid="ignore"):
         if not (eta == 0 or lowbit(eta) == abs(eta)):
             return rounding(S, k)
         eta_ok = (Xm == 0) | (lowbit(Xm) * abs(eta) >= tiny)
-        power = (W == 0) | (lowbit(W) == np.abs(W))
         least = np.where(W != 0, np.abs(W), np.inf).min(axis=0, initial=np.inf)  # per unit
         unit_ok = ~on | (Am == 0) | ((lowbit(Am) * least >= tiny) & np.isfinite(Am))
-        writes = (W != 0).T.astype(float)
-        one = (on.astype(float) @ writes <= 1) & ((~unit_ok).astype(float) @ writes == 0) & \
-            (on.astype(float) @ (~power).T.astype(float) == 0) & eta_ok
+        lost = (~unit_ok).astype(float) @ (W != 0).T.astype(float) > 0
+        one = (writers[0] <= 1) & writers[1] & ~lost & eta_ok
         return np.where(one, sum_error(eta * Xm, AW, mid), rounding(S, k))
 
 
-def _two_terms(rnd, Xm, Xr, unit_term, on, size, w: Weights, fmt: Format):
+def _two_terms(rnd, Xm, Xr, unit_term, writers, size, w: Weights, fmt: Format):
     """``rnd`` with the cells of two exact terms (:func:`_two_exact_terms`) rounded once, by
     θ of the result's ``size`` (|mid| + spread + the float64 midpoint's error), and not at all
     where they cancel (:func:`_cancelling`; ``unit_term``: the one unit's W·a as a box, its
-    radius already raised by what an underflow of |W|·r may lose)."""
+    radius already raised by what an underflow of |W|·r may lose; ``writers``:
+    :func:`_writers`)."""
     eta = scalar(w.eta)
-    two = _two_exact_terms(Xm, Xr, on, w, fmt)
+    two = _two_exact_terms(Xm, Xr, writers, w, fmt)
     rnd = np.where(two, up(theta(2, 3, fmt) * size + 4 * fmt.tiny, 6), rnd)
-    lone = (eta != 0) & (on.astype(float) @ (w.W != 0).T.astype(float) == 1)
+    lone = (eta != 0) & (writers[0] == 1)
     cancel = _cancelling(eta * Xm, abs(eta) * Xr + (Xr > 0) * 2.0 ** -1074, *unit_term, fmt)
     return np.where(two & lone & cancel, 0.0, rnd)
 
@@ -354,21 +363,19 @@ def _cancelling(T1, T1r, AW, AWr, fmt: Format) -> np.ndarray:
             (hi1 <= 2 * lo2) & (hi2 <= 2 * lo1) & (hi1 < fmt.huge) & (hi2 < fmt.huge)
 
 
-def _two_exact_terms(Xm, Xr, on, w: Weights, fmt: Format) -> np.ndarray:
+def _two_exact_terms(Xm, Xr, writers, w: Weights, fmt: Format) -> np.ndarray:
     """Output cells whose sum η·x_c + Σ_k W_ck·a_k has at most two nonzero terms, each an exact
     product (η and the W entries of the units that may be on are powers of two or 0, stored
     exactly, and no matmul input is cut): every runtime rounds such a sum once, by at most θ
-    of its own size, however large its terms (x_c − relu(x_c) is exactly 0)."""
+    of its own size, however large its terms (x_c − relu(x_c) is exactly 0). ``writers``:
+    :func:`_writers`."""
     if fmt.matmul_bits is not None or w.eta_r != 0 or (w.W_r != 0).any():
         return np.zeros(Xm.shape, dtype=bool)
     eta = scalar(w.eta)
-    W = w.W
-    power = (W == 0) | (lowbit(W) == np.abs(W))
     if not (eta == 0 or lowbit(eta) == abs(eta)):
         return np.zeros(Xm.shape, dtype=bool)
-    on = on.astype(float)
-    terms = on @ (W != 0).T + ((eta != 0) & ((Xm != 0) | (Xr != 0)))
-    return (terms <= 2) & (on @ (~power).T == 0)
+    terms = writers[0] + ((eta != 0) & ((Xm != 0) | (Xr != 0)))
+    return (terms <= 2) & writers[1]
 
 
 def _ff_exact(Xm, Xr, Am, Ar, Zq, on, w: Weights, k: int, fmt: Format):
