@@ -197,11 +197,14 @@ def _seek_witness(verdict: RuntimeVerdict, model, data, fmt: Format, seqs: list[
     criterion) makes the verdict FAILED, so a model that fails everywhere is refuted after
     one batch rather than one pass over every sequence."""
     largest = 0.0
+    judge = _Judge(data, verdict)
     for order in ORDERS:
         how = f"NumPy {fmt.name} pass (float32 accumulation, {order} summation, no FMA)"
         for a in range(0, len(seqs), WITNESS_SEQUENCES):
             batch = seqs[a:a + WITNESS_SEQUENCES]
-            miss, err = _witness_batch(model, data, fmt, order, batch, verdict)
+            outs = dict(zip(batch, witness_pass(model, [judge.xs[j] for j in batch], fmt,
+                                                order), strict=True))
+            miss, err = judge(outs)
             if miss:
                 verdict.verdict, verdict.witness, verdict.witness_error = "FAILED", \
                     f"{how} {miss} (of sequences {batch[0]}..{batch[-1]})", err
@@ -210,31 +213,39 @@ def _seek_witness(verdict: RuntimeVerdict, model, data, fmt: Format, seqs: list[
     verdict.witness_error = largest
 
 
-def _witness_batch(model, data, fmt: Format, order: str, batch: list[int],
-                   verdict: RuntimeVerdict) -> tuple[str | None, float]:
-    """One witness pass on the sequences ``batch``: how it misses (None: it does not) and its
-    error over the data's scale."""
-    xs = data.floats()[0]
-    outs = dict(zip(batch, witness_pass(model, [xs[j] for j in batch], fmt, order),
-                    strict=True))
-    err = _pass_error(outs, data)
-    if verdict.criterion != "decoding":
-        return (None if err <= verdict.tolerance else "misses the tolerance"), err
-    mine = [j in outs for j in range(len(data.known))]
-    rows = np.concatenate([outs[j][k] for j, k in enumerate(data.known) if mine[j]])
-    pick = np.repeat(mine, [int(np.sum(k)) for k in data.known])
-    wrong = decoded_wrong(data.vocabulary, rows, _targets(data)[pick])
-    return (f"decodes {wrong} of {len(rows)} positions wrong" if wrong else None), err
+class _Judge:
+    """What the witness passes' outputs are judged against, read from the data once: its
+    inputs and targets, the scale, and (decoding) each constrained position's target."""
 
+    def __init__(self, data, verdict: RuntimeVerdict):
+        self.data, self.tolerance, self.decoding = data, verdict.tolerance, \
+            verdict.criterion == "decoding"
+        self.xs, self.ys = data.floats()
+        causal = isinstance(data, CausalDataset)
+        self.scale = data.coordinate_scale() if causal else _scale(data)
+        self.targets = _targets(data) if self.decoding else None
 
-def _pass_error(outs: dict, data) -> float:
-    """The error (over the data's scale) of the outputs ``outs`` (by sequence index)."""
-    ys = data.floats()[1]
-    if isinstance(data, CausalDataset):
-        errs = [float(np.linalg.norm(o[i] - ys[j][i])) for j, o in outs.items()
-                for i in np.flatnonzero(data.known[j])]
-        return relative(worst([0.0, *errs]), data.coordinate_scale())
-    return relative(worst(hausdorff(o, ys[j]) for j, o in outs.items()), _scale(data))
+    def __call__(self, outs: dict) -> tuple[str | None, float]:
+        """How the outputs ``outs`` (by sequence index) miss (None: they do not), and their
+        error over the data's scale."""
+        err = self.error(outs)
+        if not self.decoding:
+            return (None if err <= self.tolerance else "misses the tolerance"), err
+        known = self.data.known
+        mine = [j in outs for j in range(len(known))]
+        rows = np.concatenate([outs[j][k] for j, k in enumerate(known) if mine[j]])
+        pick = np.repeat(mine, [int(np.sum(k)) for k in known])
+        wrong = decoded_wrong(self.data.vocabulary, rows, self.targets[pick])
+        return (f"decodes {wrong} of {len(rows)} positions wrong" if wrong else None), err
+
+    def error(self, outs: dict) -> float:
+        """The largest distance of ``outs`` from their targets (causal: at the constrained
+        positions), over the scale."""
+        if isinstance(self.data, CausalDataset):
+            errs = [float(np.linalg.norm(o[i] - self.ys[j][i])) for j, o in outs.items()
+                    for i in np.flatnonzero(self.data.known[j])]
+            return relative(worst([0.0, *errs]), self.scale)
+        return relative(worst(hausdorff(o, self.ys[j]) for j, o in outs.items()), self.scale)
 
 
 # ------------------------------------------------------------------------------ witness pass
