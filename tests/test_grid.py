@@ -30,8 +30,12 @@ def values(draw, n: int, dtype) -> np.ndarray:
     return out.astype(dtype).astype(np.float64)
 
 
-def orders(terms: list, dtype, rng) -> list:
-    """The float sum of ``terms`` (already products, exact or not) in a few orders."""
+ORDERS = ("seq", "rev", "pairwise", "perm")
+
+
+def ordered_sum(terms: list, dtype, order: str, rng):
+    """The float sum of ``terms`` (already products, exact or not) in one order: in turn,
+    reversed, by halves (pairwise) or in a random permutation."""
     def seq(ts):
         s = dtype(0)
         for t in ts:
@@ -44,8 +48,16 @@ def orders(terms: list, dtype, rng) -> list:
         h = len(ts) // 2
         return dtype(pairwise(ts[:h]) + pairwise(ts[h:]))
 
-    perm = [terms[i] for i in rng.permutation(len(terms))]
-    return [seq(terms), seq(terms[::-1]), pairwise(terms), seq(perm)]
+    if order == "pairwise":
+        return pairwise(terms)
+    if order == "perm":
+        return seq([terms[i] for i in rng.permutation(len(terms))])
+    return seq(terms[::-1] if order == "rev" else terms)
+
+
+def orders(terms: list, dtype, rng) -> list:
+    """The float sum of ``terms`` in each of :data:`ORDERS`."""
+    return [ordered_sum(terms, dtype, order, rng) for order in ORDERS]
 
 
 @settings(max_examples=300, deadline=None)

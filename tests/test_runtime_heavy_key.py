@@ -12,6 +12,7 @@ from fractions import Fraction
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_grid import ORDERS, ordered_sum
 
 from exactformer.model import SA, Block, ScoreMatrix, Transformer, ValueMatrix
 from exactformer.verification.formats import get_format, theta
@@ -31,21 +32,11 @@ def _model(D: int, beta_c: float) -> Transformer:
 
 
 def _sum(terms, order: str, rng) -> F32:
-    """A float32 sum of ``terms`` in a stated order (pairwise: halves summed, then added)."""
-    terms = [F32(t) for t in terms]
+    """A float32 sum of ``terms`` in one of test_grid's orders, or ("fused") the exact sum
+    rounded once."""
     if order == "fused":
         return F32(float(sum(Fraction(float(t)) for t in terms)))
-    if order == "pairwise":
-        while len(terms) > 1:
-            terms = [F32(terms[i] + terms[i + 1]) if i + 1 < len(terms) else terms[i]
-                     for i in range(0, len(terms), 2)]
-        return terms[0]
-    idx = {"sequential": range(len(terms)), "reversed": range(len(terms) - 1, -1, -1),
-           "random": rng.permutation(len(terms))}[order]
-    acc = F32(0)
-    for i in idx:
-        acc = F32(acc + terms[i])
-    return acc
+    return ordered_sum([F32(t) for t in terms], F32, order, rng)
 
 
 def _evaluate(X: np.ndarray, beta_c: float, order: str, rng) -> np.ndarray:
@@ -70,7 +61,7 @@ def test_every_order_lands_in_the_box(n, beta_c, seed):
     X[:, 2:] = F32(rng.choice([2176.0, -1152.0, 1.0], (n, D - 2)) *
                    rng.uniform(0.5, 2.0, (n, D - 2)))
     (m, r), = enclose_runtime(_model(D, beta_c), [X], get_format("float32"))
-    for order in ("sequential", "reversed", "pairwise", "random", "fused"):
+    for order in (*ORDERS, "fused"):
         got = _evaluate(X, beta_c, order, rng)
         assert (np.abs(got - m) <= r).all(), (order, np.abs(got - m).max(), r.max())
 
@@ -88,7 +79,7 @@ def test_a_collapse_row_rounds_by_a_few_units_not_n():
     size = np.abs(X[0, 2:]).max()
     fmt = get_format("float32")
     assert r[:, 2:].max() < 4 * theta(12, 0, fmt) * size < theta(n + 12, 0, fmt) * size
-    for order in ("sequential", "reversed", "pairwise", "random", "fused"):
+    for order in (*ORDERS, "fused"):
         got = _evaluate(X, beta_c, order, rng)
         assert (np.abs(got - m) <= r).all()
 
@@ -109,7 +100,7 @@ def test_the_heavy_key_bound_holds_a_weighted_sum_in_any_order(n, light, seed):
     M = np.array([size.sum() * (1 + 2.0 ** -40)])
     rest = np.array([size[1:].sum() * (1 + 2.0 ** -40)])
     bound = average_rounding(M, rest, np.array([n + 1]), n, get_format("float32"))[0]
-    for order in ("sequential", "reversed", "pairwise", "random", "fused"):
+    for order in (*ORDERS, "fused"):
         got = _sum(terms, order, rng) if order != "fused" else F32(float(exact))
         assert abs(Fraction(float(got)) - exact) <= Fraction(float(bound)), order
 
@@ -123,5 +114,5 @@ def test_the_softmax_sum_holds_every_order(n, light, seed):
     e = F32(np.concatenate([[1.0], rng.uniform(0, 1, n - 1) * light]))
     lo, hi = _normaliser(e.astype(float)[None, None], e.astype(float)[None, None],
                          get_format("float32"))
-    for order in ("sequential", "reversed", "pairwise", "random", "fused"):
+    for order in (*ORDERS, "fused"):
         assert lo[0, 0, 0] <= float(_sum(e, order, rng)) <= hi[0, 0, 0], order
