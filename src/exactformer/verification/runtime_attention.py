@@ -478,6 +478,15 @@ def softmax_box(sm, sr, allowed, ctx: Context):
     return np.where(bad, 0.5, mid), np.where(bad, np.inf, rad)
 
 
+def _but_heaviest(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` (B×m×n, ≥ 0) with each row's largest entry (its first, in a tie) set
+    to 0: the keys other than the heaviest, whose terms :func:`average_rounding` counts
+    twice."""
+    out = a.copy()
+    np.put_along_axis(out, np.argmax(a, axis=2)[..., None], 0.0, axis=2)
+    return out
+
+
 def _normaliser(e_lo, e_hi, fmt: Format):
     """Bounds on every runtime value of the softmax's sum Σ_l e_l (B×n×1) for terms in
     [e_lo, e_hi]: θ of n + 1 roundings of the whole sum, or, the tighter, θ of two plus twice
@@ -485,9 +494,7 @@ def _normaliser(e_lo, e_hi, fmt: Format):
     sum of other terms to the largest's rounds by at most that partial sum)."""
     n = e_lo.shape[-1]
     t, t2 = theta(n + 1, 1, fmt), theta(2, 1, fmt)
-    rest = e_hi.copy()
-    np.put_along_axis(rest, np.argmax(e_hi, axis=2)[..., None], 0.0, axis=2)
-    other = 2 * (1 + t) * rest.sum(axis=2, keepdims=True) * (1 + 2.0 ** -40)
+    other = 2 * (1 + t) * _but_heaviest(e_hi).sum(axis=2, keepdims=True) * (1 + 2.0 ** -40)
     lo, hi = e_lo.sum(axis=2, keepdims=True), e_hi.sum(axis=2, keepdims=True)
     z_lo = np.maximum(lo * (1 - t - 2.0 ** -50), lo * (1 - t2 - 2.0 ** -40) - other)
     z_hi = np.minimum(hi * (1 + t + 2.0 ** -50), hi * (1 + t2 + 2.0 ** -40) + other)
@@ -504,8 +511,7 @@ def mix(Pm, Pr, Xm, Xr, fmt: Format):
     mid = Pm @ Xm
     spread = pos_up(Pr @ aX + np.abs(Pm) @ Xr, n + 2)
     S = pos_up(aP @ aX, n + 2)
-    rest = aP.copy()
-    np.put_along_axis(rest, np.argmax(aP, axis=2)[..., None], 0.0, axis=2)
+    rest = _but_heaviest(aP)
     f64 = np.where(S > 0, rounding(S, n), 0.0)  # the float64 midpoint's own rounding
     return mid, spread + np.where(_mix_points(Pm, Pr, Xm, Xr), 0.0, f64), S, \
         pos_up(rest @ aX, n + 2), _mix_quanta(Pm, Pr, Xm, Xr, fmt)
