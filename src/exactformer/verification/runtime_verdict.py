@@ -147,8 +147,12 @@ def _open_sequences(held: np.ndarray, data) -> list[int]:
     ones a witness can come from, since each sequence is evaluated on its own."""
     if not isinstance(data, CausalDataset):
         return [int(j) for j in np.flatnonzero(~held)]
-    owner = np.repeat(np.arange(len(data.known)), [int(np.sum(k)) for k in data.known])
-    return sorted({int(j) for j in owner[~held]})
+    return sorted({int(j) for j in _owners(data)[~held]})
+
+
+def _owners(data: CausalDataset) -> np.ndarray:
+    """The sequence of each constrained position, in data order."""
+    return np.repeat(np.arange(len(data.known)), [int(np.sum(k)) for k in data.known])
 
 
 def _at_known(arrays, data: CausalDataset) -> np.ndarray:
@@ -224,6 +228,7 @@ class _Judge:
         causal = isinstance(data, CausalDataset)
         self.scale = data.coordinate_scale() if causal else _scale(data)
         self.targets = _targets(data) if self.decoding else None
+        self.owners = _owners(data) if self.decoding else None
 
     def __call__(self, outs: dict) -> tuple[str | None, float]:
         """How the outputs ``outs`` (by sequence index) miss (None: they do not), and their
@@ -231,10 +236,8 @@ class _Judge:
         err = self.error(outs)
         if not self.decoding:
             return (None if err <= self.tolerance else "misses the tolerance"), err
-        known = self.data.known
-        mine = [j in outs for j in range(len(known))]
-        rows = np.concatenate([outs[j][k] for j, k in enumerate(known) if mine[j]])
-        pick = np.repeat(mine, [int(np.sum(k)) for k in known])
+        rows = np.concatenate([outs[j][self.data.known[j]] for j in sorted(outs)])
+        pick = np.isin(self.owners, list(outs))
         wrong = decoded_wrong(self.data.vocabulary, rows, self.targets[pick])
         return (f"decodes {wrong} of {len(rows)} positions wrong" if wrong else None), err
 
