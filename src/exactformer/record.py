@@ -127,6 +127,7 @@ class Construction:
             kr = _Reader(keyed, "meta.keyed")
             rec.keyed = {**{f: kr.integer(f) for f in cls.KEYED_FIELDS},
                          "heights": kr.integer("heights") if "heights" in keyed else 1,
+                         "caps": kr.integer("caps") if "caps" in keyed else 0,
                          "bent": kr.get("bent", bool, False),
                          "scale": kr.number("scale", positive=True),
                          **_tag_fields(kr, keyed)}

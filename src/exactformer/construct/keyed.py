@@ -96,23 +96,24 @@ class Plan:
 
 
 def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, seed: int,
-         progress: bool = False, grid: bool = True) -> Plan:
+         progress: bool = False, grid: bool = True, caps: bool = False) -> Plan:
     """Choose the tagged tokens (every sequence holds at least m_j leader tags, chosen by
     :func:`tagging.cover`), the tests that separate the sequences sharing a leader tag, and
     every tag's gadget (``grid``: on grid data, :func:`tagging.windows`' integer directions;
-    hardmax models only, docs/numerics.md#low-precision-set-models)."""
+    hardmax models only, docs/numerics.md#low-precision-set-models; ``caps``: caps on the
+    tokens extreme on a direction, chosen first as leaders, docs/keyed.md#tagging)."""
     seqs = table.seqs()
     reps = _representatives(seqs)
     owners = _owners(table, reps)
     survey = Survey.of(table.points, seed)
     margin = float32_gap(table.points.shape[1])
     need = np.array([m[j] if reps[j] == j else 0 for j in range(table.N)])
-    chosen = cover(survey, owners, need, margin)
+    chosen = cover(survey, owners, need, margin, caps)
     rounds = plan_tests(chosen, owners, seqs, per_round)
     tagged = chosen + [t for t in dict.fromkeys(t for r in rounds for t in r)
                        if t not in set(chosen)]
     grid = grid and data_grid(table.points) is not None
-    tags = windows(survey, tagged, exact, seed, progress, grid)
+    tags = windows(survey, tagged, exact, seed, progress, grid, margin if caps else None)
     return Plan(tags, chosen, rounds, reps, owners, margin, grid)
 
 
@@ -177,17 +178,18 @@ class Prepared:
 
 
 def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, heads: int,
-            seed: int, progress: bool, softmax: bool = False, scratch: int = 0) -> Prepared:
+            seed: int, progress: bool, softmax: bool = False, scratch: int = 0,
+            caps: bool = False) -> Prepared:
     """Plan, codes, signatures, hull batches, scales and tagging layers of the keyed model
     of the data (docs/keyed.md); NotKeyable where it does not apply. Up to ``heads`` rounds
     share a separation layer. ``softmax``: the layout also has the ``moved`` coordinate and
-    ``scratch`` snap coordinates (docs/keyed.md#softmax)."""
+    ``scratch`` snap coordinates (docs/keyed.md#softmax). ``caps``: see :func:`plan`."""
     table = TokenTable.build(inputs)
     with np.errstate(over="ignore"):
         if not np.isfinite(np.square(safe_floats(table.points).astype(float)).sum(axis=1)).all():
             raise NotKeyable("tokens too large for float64: their squared norms overflow, and "
                              "every cap and score reads them")
-    p = plan(table, m, exact, width - 1, seed, progress, grid=not softmax)
+    p = plan(table, m, exact, width - 1, seed, progress, grid=not softmax, caps=caps)
     leaders = set(p.leader_tags)
     every_tag = [tag.token for tag in p.tags]
     q, w = code_size(len(every_tag))
@@ -203,15 +205,21 @@ def prepare(inputs: list[np.ndarray], m: list[int], exact: bool, width: int, hea
     scales = _Scales.of(table.points, w, g, words[:len(p.leader_tags)], sig.top, exact)
     tag_layers, pending = _tag_layers(p, lay, word, scales.C, width, exact,
                                       data_signs(table.points))
-    warn_close_tokens(p.tags, p.margin, token_name(table), stacklevel=7)
-    warn_wide_moves(orders, sig.top, w, softmax)
     record = {"coordinates": q, "weight": w, "tags": len(every_tag),
               "moves": sig.moves, "tag_layers": len(tag_layers), "heights": lay.heights,
-              "bent": sig.bent, "scale": str(scales.C),
+              "caps": sum(tag.side != 0 for tag in p.tags), "bent": sig.bent,
+              "scale": str(scales.C),
               "cap_margin": f"{smallest_gap(p.tags):.3g}",
               "float32_margin": f"{p.margin:.3g}"}
     return Prepared(table, p, lay, word, scales, sig, orders, sep_layers, tag_layers, record,
                     pending)
+
+
+def warn_data(prep: Prepared, softmax: bool) -> None:
+    """The build's warnings on the data of the model it keeps: tokens closer than the float32
+    margin, moves wider than float32 reads."""
+    warn_close_tokens(prep.p.tags, prep.p.margin, token_name(prep.table), stacklevel=7)
+    warn_wide_moves(prep.orders, prep.sig.top, prep.scales.w, softmax)
 
 
 def relaid(prep: Prepared, scratch: int, width: int, exact: bool, floor=None) -> Prepared:
@@ -263,6 +271,7 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     """The keyed hardmax model of the data (docs/keyed.md); NotKeyable where it does not
     apply."""
     prep = prepare(inputs, m, exact, width, heads, seed, progress)
+    warn_data(prep, softmax=False)
     p, lay, sc = prep.p, prep.lay, prep.scales
     sep = rounds(prep, exact)
     clear = ff_layer(height_resets(lay, exact), exact) if p.rounds else None

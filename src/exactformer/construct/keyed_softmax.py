@@ -38,7 +38,16 @@ import numpy as np
 from ..model import SA, Block, ValueMatrix
 from ..numbers import num, to_fraction, zeros
 from .gadgets import power_of_two_below
-from .keyed import Built, Prepared, collapse_scores, data_signs, phases, prepare, relaid
+from .keyed import (
+    Built,
+    Prepared,
+    collapse_scores,
+    data_signs,
+    phases,
+    prepare,
+    relaid,
+    warn_data,
+)
 from .keyed_moves import move_argument, move_queues, schedule, widest_direction, widest_move
 from .keyed_separation import height_resets, rounds
 from .keyed_units import Layout, clip_pair, ff_layer, on_code, reset_unit, vec, with_tail
@@ -52,16 +61,31 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     """The keyed softmax model of the data (τ = 1, the score scales folded into A), up to
     ``heads`` rounds to a separation layer. Its moves are snapped (float32-provable, a quarter
     block more a move at width 4) wherever the model then stays within the paper's bound
-    2Σm + 3N, else plain clip pairs (docs/keyed.md#softmax)."""
-    anchor = target_anchor(targets, exact)
+    2Σm + 3N, else plain clip pairs; past the bound still, a coordinate of both signs is reset
+    in one unit, not two, and then the tokens extreme on a direction are tagged by caps
+    (docs/keyed.md#size)."""
     bound, n = 2 * sum(m) + 3 * len(inputs), max(map(len, inputs))
-    prep = prepare(inputs, m, exact, width, heads, seed, progress, softmax=True,
-                   scratch=snap_group(width))
+    for caps in (False, True):
+        prep = prepare(inputs, m, exact, width, heads, seed, progress, softmax=True,
+                       scratch=snap_group(width), caps=caps)
+        built = _fitted(prep, targets, bound, n, width, exact)
+        if len(built.blocks) <= bound:
+            break
+    warn_data(prep, softmax=True)
+    return built
+
+
+def _fitted(prep: Prepared, targets: list[np.ndarray], bound: int, n: int, width: int,
+            exact: bool) -> Built:
+    """The first of these models of ``prep`` within ``bound`` blocks, else the last: snapped
+    moves, plain clip pairs, plain pairs with a one-unit reset of the coordinates of both
+    signs (:func:`data_floor`)."""
+    anchor = target_anchor(targets, exact)
     built = _assemble(prep, targets, anchor, anchor, n, width, exact, snaps=True)
     if len(built.blocks) > bound:
         prep = relaid(prep, 0, width, exact)
         built = _assemble(prep, targets, anchor, anchor, n, width, exact, snaps=False)
-    if len(built.blocks) > bound:  # one unit, not two, for a coordinate of both signs
+    if len(built.blocks) > bound:
         floor = data_floor(prep.table.points, exact)
         prep = relaid(prep, 0, width, exact, floor)
         built = _assemble(prep, targets, anchor, anchor - floor, n, width, exact, snaps=False)

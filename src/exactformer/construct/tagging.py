@@ -1,8 +1,8 @@
 """Tagging: the keyed model's only reading of the data (docs/keyed.md#tagging).
 
-A tag gives one table token an exact code C·ς and mark, with the same six units whatever
-the token and however many tokens there are, so the block count never grows with the input
-lengths:
+A tag gives one table token an exact code C·ς and mark, with the same six units (a window)
+or three (a cap) whatever the token and however many tokens there are, so the block count
+never grows with the input lengths:
 
 * **Shared directions.** K directions f_k with 20-bit entries are drawn once; every token is
   projected on each and the projections sorted (``Survey``, O(K·T log T)). A token's *gap* on
@@ -19,6 +19,9 @@ lengths:
 * **The clip** (two units, a layer later): relu(2v − ½) − relu(2v − 3/2) of the slot value v
   writes C·ς and the mark, exactly 1 for v ∈ [¾, 2^21) in any binary arithmetic and 0 at
   v = 0. The next tag's flip on the slot clears v; a last unit per slot clears the rest.
+* **The cap** (one unit; softmax models past the paper's bound): a token extreme on ±f by a
+  gap g is read by relu(s·(±f·x − c)), c within g/64 of ±f·t − g/2: in [15/16, 33/16) at t, an
+  exact 0 at every other token, so the clip reads it with no flip.
 
 So float32 tags the tokens exact arithmetic tags while its rounding of s·(f·x − c) stays
 below ⅛: the gap must exceed ``float32_gap(d)`` (derived in docs/keyed.md#tagging); the build
@@ -72,6 +75,7 @@ class Tag:
     s: object
     gap: float
     neighbour: int
+    side: int = 0  # 0: a window; ±1: a cap, relu(s·(±f·x − c)), on t alone (t extreme on ±f)
 
 
 @dataclass
@@ -84,6 +88,8 @@ class Survey:
     extent: float
     gaps: np.ndarray  # per token: its widest gap (0: none trusted)
     best: np.ndarray  # per token: (direction, neighbour) of that gap
+    cap_gaps: np.ndarray  # per token: its widest gap as an extreme of a direction (0: none)
+    cap_best: np.ndarray  # per token: (direction, side ±1, neighbour) of that gap
 
     @classmethod
     def of(cls, points: np.ndarray, seed: int) -> Survey:
@@ -93,6 +99,9 @@ class Survey:
         F = _directions(d, seed)
         gaps = np.ones(T) if T == 1 else np.zeros(T)  # alone: a gap of the data's size
         best = np.zeros((T, 2), dtype=np.int64)
+        cap_gaps, cap_best = np.zeros(T), np.zeros((T, 3), dtype=np.int64)
+        if T == 1:
+            cap_gaps[0], cap_best[0] = 1.0, (0, 1, 0)
         for k, f in enumerate(F if T > 1 else []):
             proj = X @ f
             order = np.argsort(proj, kind="stable")
@@ -105,17 +114,32 @@ class Survey:
             wider = gap > gaps[order]
             gaps[order[wider]] = gap[wider]
             best[order[wider]] = np.stack([np.full(wider.sum(), k), nb[wider]], axis=1)
-        return cls(points, F, extent, gaps, best)
+            for side, t, g, n in ((1, order[-1], step[-1], order[-2]),
+                                  (-1, order[0], step[0], order[1])):
+                if g >= TRUSTED and g > cap_gaps[t]:
+                    cap_gaps[t], cap_best[t] = g, (k, side, n)
+        return cls(points, F, extent, gaps, best, cap_gaps, cap_best)
 
     def tag(self, t: int, exact: bool) -> Tag:
-        """The window of token t on its widest direction, its gap g recomputed so that it
-        holds in the model's arithmetic (float64 projections are trusted to 4(d + 1) units
-        of 2⁻⁵³ of |f|₁·extent); c within g/64 of f·t, s·g ∈ [2, 4). NotKeyable if t has no
-        trusted gap."""
+        """The window of token t on its widest direction: c within g/64 of f·t, s·g ∈ [2, 4)
+        (:meth:`_placed`). NotKeyable if t has no trusted gap."""
         k, nb = (int(v) for v in self.best[t])
+        return self._placed(t, k, float(self.gaps[t]), nb, 0, exact)
+
+    def cap(self, t: int, exact: bool) -> Tag:
+        """The cap of token t, an extreme of a direction ±f (side ±1) with its widest such
+        gap g: c within g/64 of ±f·t − g/2 and s·g ∈ [2, 4), so relu(s·(±f·x − c)) is in
+        [15/16, 33/16) at t and an exact 0 at every other token (:meth:`_placed`)."""
+        k, side, nb = (int(v) for v in self.cap_best[t])
+        return self._placed(t, k, float(self.cap_gaps[t]), nb, side, exact)
+
+    def _placed(self, t: int, k: int, gap: float, nb: int, side: int, exact: bool) -> Tag:
+        """The window (side 0) or cap (side ±1) of token t on direction k, its gap g
+        recomputed so that it holds in the model's arithmetic (float64 projections are
+        trusted to 4(d + 1) units of 2⁻⁵³ of |f|₁·extent)."""
         f_float = self.F[k]
         norm = float(np.abs(f_float).sum()) * self.extent
-        g = self.gaps[t] * norm * (1 - 2.0 ** -10) - 4 * (len(f_float) + 1) * 2.0 ** -53 * norm
+        g = gap * norm * (1 - 2.0 ** -10) - 4 * (len(f_float) + 1) * 2.0 ** -53 * norm
         if g <= 0:
             raise NotKeyable(f"table token {t} lies within 2^-30 of the data's extent of "
                              "another along every direction tried: too close for a window "
@@ -124,8 +148,10 @@ class Survey:
         g = num(g, exact)
         s = power_of_two_below(num(4, exact) / g)
         s = s / 2 if s * g >= 4 else s
-        c = _on_grid(np.dot(self.points[t], f), power_of_two_below(g / 32), exact)
-        return Tag(t, f, c, s, float(self.gaps[t]), nb)
+        centre = np.dot(self.points[t], f)
+        centre = centre if side == 0 else side * centre - g / 2
+        c = _on_grid(centre, power_of_two_below(g / 32), exact)
+        return Tag(t, f, c, s, gap, nb, side)
 
 
 # ----------------------------------------------------------------------------- grid windows
@@ -142,15 +168,21 @@ def data_grid(points: np.ndarray) -> float | None:
 
 
 def windows(survey: Survey, tokens: list[int], exact: bool, seed: int, progress: bool,
-            grid: bool) -> list[Tag]:
+            grid: bool, cap_gap: float | None = None) -> list[Tag]:
     """Each token's tag. With ``grid`` (grid data, :func:`data_grid`) a token's window
     reads a small integer direction on which no other token projects where it does, with
     c = f·t exactly: every runtime computes such a window exactly wherever the partial sums
     fit its format (docs/numerics.md#low-precision-set-models). Other tokens (and every
-    token without ``grid``) read their widest shared direction (:meth:`Survey.tag`)."""
+    token without ``grid``) read their widest shared direction (:meth:`Survey.tag`). Given
+    ``cap_gap`` (a float32 margin), a token extreme on a direction by at least that gap gets
+    a cap instead (:meth:`Survey.cap`: half the units of a window, docs/keyed.md#tagging)."""
     found = grid_directions(survey, tokens, seed) if grid else {}
-    return [_grid_tag(t, *found[t], survey, exact) if t in found else survey.tag(t, exact)
-            for t in tqdm(tokens, desc="keyed: tags", disable=not progress)]
+
+    def tag(t: int) -> Tag:
+        if cap_gap is not None and survey.cap_gaps[t] >= cap_gap:
+            return survey.cap(t, exact)
+        return _grid_tag(t, *found[t], survey, exact) if t in found else survey.tag(t, exact)
+    return [tag(t) for t in tqdm(tokens, desc="keyed: tags", disable=not progress)]
 
 
 def grid_directions(survey: Survey, tokens: list[int], seed: int) -> dict:
@@ -228,15 +260,16 @@ def _on_grid(v, step, exact: bool):
 
 
 # ----------------------------------------------------------------------------- choosing
-def cover(survey: Survey, owners: list[np.ndarray], need: np.ndarray, margin: float
-          ) -> list[int]:
+def cover(survey: Survey, owners: list[np.ndarray], need: np.ndarray, margin: float,
+          caps: bool = False) -> list[int]:
     """Leader tags, greedily: tokens whose gap float32 reads first, then those held by the
     most sequences still short of tags (``need``, lowered in place), fewer other holders,
-    wider gaps. A token's count only falls as tags are taken, so a lazy
-    heap keeps this O(memberships · log T)."""
+    (with ``caps``) tokens a cap tags within the margin, wider gaps. A token's count only
+    falls as tags are taken, so a lazy heap keeps this O(memberships · log T)."""
     def key(t: int, needy: int) -> tuple:
         g = float(survey.gaps[t])
-        return (-int(g >= margin), -needy, len(owners[t]), -g, t)
+        cap = caps and float(survey.cap_gaps[t]) >= margin
+        return (-int(g >= margin or cap), -needy, len(owners[t]), -int(cap), -g, t)
 
     def needy(t: int) -> int:
         return int((need[owners[t]] > 0).sum())
@@ -287,11 +320,12 @@ def tagging(tags: list[Tag], lay: Layout, word: dict, C, width: int, exact: bool
     started tag, oldest first, each a layer after the one before; then new tags on free
     slots while there is room. A slot is free again in the layer of its tag's clip: the next
     tag's window adds to the clipped value v there, and its flip clears both, since
-    relu(1 − v − window) is an exact 0 and slot − relu(slot) cancels exactly. Last, one reset
-    per slot clears the value its last tag left. At width 4 a tag's 6 units take 1.5 layers
-    (docs/keyed.md#tagging). ``tail``: units that may act once no window reads the data any
-    more (softmax models: the data reset), placed in the room left from the last window's
-    layer on; returns the layers and the tail units that found no room."""
+    relu(1 − v − window) is an exact 0 and slot − relu(slot) cancels exactly (a cap's reset
+    clears v instead). Last, one reset per slot clears the value its last tag left. At width
+    4 a window's 6 units take 1.5 layers, a cap's 3 or 4 one (docs/keyed.md#tagging).
+    ``tail``: units that may act once no window or cap reads the data any more (softmax
+    models: the data reset), placed in the room left from the last reading's layer on;
+    returns the layers and the tail units that found no room."""
     layers: list[list] = [[(vec(lay.D, {}, exact), num(1, exact), vec(lay.D, {lay.one: 1},
                                                                     exact))]]
     waiting = list(reversed(tags))
@@ -311,12 +345,14 @@ def tagging(tags: list[Tag], lay: Layout, word: dict, C, width: int, exact: bool
                     free.append(job[1])
                     last[job[1]] = k
         started = [job for job in started if job[0]]
-        while waiting and free and len(layer) + 2 <= width:
-            slot = free.pop(0)
-            stages = _stages(waiting.pop(), lay, slot, word, C, exact)
+        while waiting and free:
+            stages = _stages(waiting[-1], lay, free[0], free[0] in last, word, C, exact)
+            if len(layer) + len(stages[0]) > width:
+                break
+            waiting.pop()
             layer += stages.pop(0)
             reading = k
-            started.append([stages, slot, k + 1])
+            started.append([stages, free.pop(0), k + 1])
         k += 1
     for slot, k in sorted(last.items(), key=lambda item: item[1]):
         while k < len(layers) and len(layers[k]) >= width:
@@ -328,15 +364,21 @@ def tagging(tags: list[Tag], lay: Layout, word: dict, C, width: int, exact: bool
     return [Block(ff_layer(units, exact), None) for units in layers], rest
 
 
-def _stages(tag: Tag, lay: Layout, i: int, word: dict, C, exact: bool) -> list[list]:
+def _stages(tag: Tag, lay: Layout, i: int, used: bool, word: dict, C, exact: bool
+            ) -> list[list]:
     """The units of each stage of ``tag`` on slot i: the window's reading of the data, then
-    the flip relu(1 − slot) in place of the slot, then the clip."""
+    the flip relu(1 − slot) in place of the slot, then the clip. A cap's value is the clip's
+    argument itself: its reading, then the clip; on a slot an earlier tag ``used``, a reset
+    beside the cap clears the value that tag left (no token has both, so the sum is exact)."""
     D, slot = lay.D, lay.slot(i)
     u = vec(D, {}, exact)
     u[:lay.d] = tag.f * tag.s
     into = vec(D, {slot: 1}, exact)
     out = on_code(lay, word[tag.token], C, exact)
     out[lay.mark] = num(1, exact)
+    clip = clip_pair(into, num(0, exact), out, exact)
+    if tag.side:
+        reading = [(tag.side * u, -tag.c * tag.s, into)]
+        return [[reset_unit(lay, slot, exact)] + reading if used else reading, clip]
     return [[(u, -tag.c * tag.s, into), (-u, tag.c * tag.s, into)],
-            [reset_unit(lay, slot, exact), (-into, num(1, exact), into)],
-            clip_pair(into, num(0, exact), out, exact)]
+            [reset_unit(lay, slot, exact), (-into, num(1, exact), into)], clip]
