@@ -43,9 +43,12 @@ def _check(A):
 
 
 @settings(max_examples=200, deadline=None)
-@given(repeated_rows())
-def test_groups_are_bitwise_equal_rows(A):
-    _check(A)
+@given(repeated_rows(), st.sampled_from([1, 3, 7, twins.HASH_ROWS]))
+def test_groups_are_bitwise_equal_rows(A, chunk):
+    """Whatever the blocks of rows hashed at a time (a row's hash must not depend on them)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(twins, "HASH_ROWS", chunk)
+        _check(A)
 
 
 @settings(max_examples=100, deadline=None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 TWIN_ROWS = 2 ** 14  # rows from which a dense FF looks for equal rows first
+HASH_ROWS = 4096  # rows hashed at a time: their columns stay in the cache
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplying by it permutes the 64-bit words
 
 
@@ -22,10 +23,12 @@ def distinct(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     (a hash collision) becomes a group of its own."""
     bits = np.ascontiguousarray(A).view(np.uint64)
     h = np.zeros(len(A), dtype=np.uint64)
-    for j in range(bits.shape[1]):  # (wraps around modulo 2^64)
-        h ^= bits[:, j]
-        h *= _MIX
-        h ^= h >> np.uint64(31)
+    for a in range(0, len(A), HASH_ROWS):  # (a column of every row at once: 10× slower)
+        block, g = bits[a:a + HASH_ROWS], h[a:a + HASH_ROWS]
+        for j in range(bits.shape[1]):  # (wraps around modulo 2^64)
+            g ^= block[:, j]
+            g *= _MIX
+            g ^= g >> np.uint64(31)
     _, first, inv = np.unique(h, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
     odd = np.flatnonzero((bits != bits[first[inv]]).any(axis=1))
