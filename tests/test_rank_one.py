@@ -82,14 +82,17 @@ def hat_and_head_models(draw, d: int, near: tuple):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(d=st.integers(2, 3), data=st.data(), give_up=st.sampled_from([np.inf, 1e-300]))
-def test_repeated_heads_reuse_nothing_stale(d, data, give_up):
+@given(d=st.integers(2, 3), data=st.data(), give_up=st.sampled_from([np.inf, 1e-300]),
+       share=st.sampled_from([rank_one.RECOMPUTED, 1.0]))
+def test_repeated_heads_reuse_nothing_stale(d, data, give_up, share):
     """Hats move some rows between repeats of one head; a head's column written by one block
-    is read by the next when p meets c, a or q. With and without the cache, every output,
+    is read by the next when p meets c, a or q. With and without the cache (its sequences
+    updated one by one, ``share`` 1, or afresh past a share of changed rows), every output,
     radius and statistic is the same, and the exact evaluation lies within the radii."""
     xs = data.draw(random_inputs(d, rational=True))
     model = data.draw(hat_and_head_models(d, float_coordinates(xs)))
-    cached = runs(model, xs, give_up)
+    with patch.object(rank_one, "RECOMPUTED", share):
+        cached = runs(model, xs, give_up)
     with no_cache():
         assert_same(cached, runs(model, xs, give_up))
     check_containment(model, xs)

@@ -135,6 +135,9 @@ def _two_points(X, rows, sg: Segments) -> np.ndarray:
     return out
 
 
+RECOMPUTED = 0.25  # above this share of changed rows, a cached head is computed afresh
+
+
 class HeadCache:
     """Per head of a pass (its c, a and carrier), the last :class:`Result` and the state's
     epoch when it was brought up to date. The state stamps every row it changes with a new
@@ -157,20 +160,32 @@ class HeadCache:
                                       axis=0))
         sg = st.segment_index()
         old = self.entries.get(key)
-        if old is None or q is None or (st.col_epoch[reads] > old[0]).any():
+        res = None
+        if old is not None and q is not None and not (st.col_epoch[reads] > old[0]).any():
+            res = self._updated(st, old, sg, c, a, q, stats)
+        if res is None:
             res = head(st.P, st.rad, st.weights(), sg, c, a, q, stats)
-        else:
-            res = old[1]
-            changed = np.flatnonzero(st.row_epoch > old[0])
-            if len(changed):
-                segs = np.unique(sg.seg[changed])
-                rows, sub = sg.subset(segs)
-                part = head(st.P[rows], None if st.rad is None else st.rad[rows],
-                            st.weights()[rows], sub, c, a, q, stats)
-                res.avg[rows] = part.avg
-                if res.rad is not None:
-                    res.rad[rows] = part.rad
-                res.ties[segs], res.margin[segs] = part.ties, part.margin
         if q is not None:  # a column per row; a point carrier is followed by a compaction
             self.entries[key] = (st.epoch, res)
+        return res
+
+    @staticmethod
+    def _updated(st: Rows, old: tuple, sg, c, a, q, stats: bool) -> Result | None:
+        """The cached result ``old`` with the sequences whose rows changed recomputed; None
+        where they hold more than :data:`RECOMPUTED` of the rows: the head on every row then
+        costs less than copying theirs."""
+        res = old[1]
+        changed = np.flatnonzero(st.row_epoch > old[0])
+        if not len(changed):
+            return res
+        segs = np.unique(sg.seg[changed])
+        rows, sub = sg.subset(segs)
+        if len(rows) > RECOMPUTED * len(st.row_epoch):
+            return None
+        part = head(st.P[rows], None if st.rad is None else st.rad[rows],
+                    st.weights()[rows], sub, c, a, q, stats)
+        res.avg[rows] = part.avg
+        if res.rad is not None:
+            res.rad[rows] = part.rad
+        res.ties[segs], res.margin[segs] = part.ties, part.margin
         return res
