@@ -103,22 +103,47 @@ def test_stretches_on_boxes_match_the_plain_pass_exactly(data):
     and the number of dirty rows they absorb (drawn small here, so that rows leave boxes,
     are absorbed into new ones and boxes are rebuilt within a few layers): a box skipped
     must hold no active row and no row above the peak, and a written row must leave its
-    box's bounds."""
+    box's bounds. With a peak limit, a peak above it is still exact, and one at most the
+    limit comes as a bound between it and the limit."""
     d = data.draw(st.integers(1, 4))
     model = Transformer(d=d, attention="hardmax", blocks=stretch_blocks(data, d),
                         exact=False)
     xs = pooled_sequences(data, d)
+    limit = data.draw(st.sampled_from([None, 0.5, 4.0, 64.0]))
     peaks: dict = {}
     with mock.patch.object(dense_stretch, "GROUP", data.draw(st.sampled_from([2, 3, 4, 32]))), \
             mock.patch.object(dense_stretch, "ABSORB", data.draw(st.sampled_from([1, 2, 5, 128]))):
-        got = ef.evaluate.dense_forward(model, xs, peaks=peaks)
+        got = ef.evaluate.dense_forward(model, xs, peaks=peaks, peak_limit=limit)
     want_peaks: dict = {}
     want = [plain_pass(model, x, want_peaks) for x in xs]
     for g, w in zip(got, want, strict=True):
         assert np.array_equal(g, w, equal_nan=True)
     assert peaks.keys() == want_peaks.keys()
     for key, top in want_peaks.items():
-        assert top == peaks[key] or (math.isnan(top) and math.isnan(peaks[key])), key
+        if math.isnan(top) or limit is None or top > limit:
+            assert top == peaks[key] or (math.isnan(top) and math.isnan(peaks[key])), key
+        else:
+            assert top <= peaks[key] <= limit, key
+
+
+@pytest.mark.parametrize("limit", [None, 50.0, 120.0, 200.0])
+def test_a_peak_limit_keeps_the_peak_above_it_exact_and_bounds_the_rest(limit):
+    """Two boxes of two rows (sorted apart by their third coordinate, which the first layer
+    weighs most): box P, whose loose bound may be on, and box Q, |U·x + b| = 130 on both rows
+    and bounded by 131. Without a limit and with limits 50 and 120 (below Q's bound) Q is
+    evaluated and the peak is exactly 130; with 200 Q's bound stands for it (in [130, 200]).
+    A pass that left Q out would record P's 100."""
+    X = np.array([[-60.0, 60.0, 0.0], [60.0, -60.0, 0.0], [-15.0, -15.0, 1.0],
+                  [-14.0, -16.0, 1.0]])
+    quiet = FF(1.0, np.array([[0.0, 0.0, 1000.0]]), np.array([-1e9]), np.zeros((3, 1)))
+    read = FF(1.0, np.array([[1.0, 1.0, 0.0]]), np.array([-100.0]), np.array([[1.0], [0], [0]]))
+    model = Transformer(d=3, attention="hardmax", exact=False,
+                        blocks=[Block(quiet), Block(read)])
+    peaks: dict = {}
+    with mock.patch.object(dense_stretch, "GROUP", 2):
+        ef.evaluate.dense_forward(model, [X], peaks=peaks, peak_limit=limit)
+    top = peaks[1, "FF pre-activation"]
+    assert top == 130.0 if limit != 200.0 else 130.0 <= top <= 200.0
 
 
 # no explain phase: its tracing takes minutes on a failure

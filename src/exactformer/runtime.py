@@ -98,7 +98,7 @@ def range_faults(model: Transformer, runtime: str = "float32", data=None) -> lis
                 side = "underflows (subnormal or 0)" if abs(v) < rt.tiny else "overflows (inf)"
                 found.append(f"{where} = {_show(v)} {side} in {runtime}")
     if data is not None:
-        for where, top in _peaks(model, data):
+        for where, top in _peaks(model, data, float(rt.huge)):
             if not top <= rt.huge:  # (nan too)
                 count += 1
                 if len(found) < MAX_FAULTS:
@@ -109,11 +109,12 @@ def range_faults(model: Transformer, runtime: str = "float32", data=None) -> lis
     return found
 
 
-def _peaks(model: Transformer, data) -> list[tuple[str, float]]:
+def _peaks(model: Transformer, data, limit: float) -> list[tuple[str, float]]:
     """("block i PART", largest |value|) of every intermediate of a dense float64 pass on
-    ``data``'s inputs (:func:`~exactformer.evaluate.dense_forward`), in block order."""
+    ``data``'s inputs (:func:`~exactformer.evaluate.dense_forward`), in block order; one at
+    most ``limit`` may come as a bound on it that is at most ``limit``."""
     peaks: dict = {}
-    dense_forward(model, data.floats()[0], peaks=peaks)
+    dense_forward(model, data.floats()[0], peaks=peaks, peak_limit=limit)
     return [(f"block {i} {part}", top) for (i, part), top in sorted(peaks.items())]
 
 

@@ -14,7 +14,8 @@ from .twins import distinct
 
 
 def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None,
-                  peaks: dict | None = None) -> list[np.ndarray]:
+                  peaks: dict | None = None, peak_limit: float | None = None
+                  ) -> list[np.ndarray]:
     """A plain float64 pass, written apart from :func:`forward` to check it independently:
     every token of every sequence, every layer dense (A and V as d×d matrices, full n×n
     scores, under the causal mask in a causal model), no multisets and no ridge windows.
@@ -24,7 +25,10 @@ def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None,
     in the outputs (see docs/verification.md). Inputs narrower than the model are
     zero-padded and the model's positions added, as by :func:`forward`. ``peaks``, a dict,
     receives the largest |value| of each intermediate, keyed (block, part), part one of "FF
-    pre-activation", "FF output", "scores", "state" (docs/numerics.md#runtime-ranges).
+    pre-activation", "FF output", "scores", "state" (docs/numerics.md#runtime-ranges); with
+    ``peak_limit``, a largest |value| at most the limit may come as a bound on it that is at
+    most the limit too (all a range check asks), which spares the rows whose bounds already
+    keep a stretch's pre-activations below it.
     """
     params = model.to_float() if model.exact else model
     t = float(tau if tau is not None else (model.tau if model.tau is not None else 1))
@@ -38,7 +42,7 @@ def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None,
         while i < len(blocks):
             j = first_mixing(blocks, i)
             if j > i:
-                xs = _tokenwise(xs, blocks, i, j, peaks)
+                xs = _tokenwise(xs, blocks, i, j, peaks, peak_limit)
             k = next((k for k in range(j, len(blocks)) if not blocks[k].mixes()), len(blocks))
             if k > j:
                 xs = _batched(xs, blocks, j, k, model, t, peaks)
@@ -46,14 +50,15 @@ def dense_forward(model: Transformer, inputs: list[np.ndarray], tau=None,
     return xs
 
 
-def _tokenwise(xs: list[np.ndarray], blocks, i: int, j: int, peaks) -> list[np.ndarray]:
+def _tokenwise(xs: list[np.ndarray], blocks, i: int, j: int, peaks, limit
+               ) -> list[np.ndarray]:
     """Blocks i..j−1, none of which mixes tokens, on every distinct row of all sequences
     (:func:`.twins.distinct`, :func:`.dense_stretch.stretch`), given back to each token."""
     X = np.empty((sum(map(len, xs)), xs[0].shape[1]))  # row-major, as distinct hashes it,
     np.concatenate(xs, out=X)  # in one allocation (fresh memory is slow to touch)
     X += 0.0  # −0 + 0 = 0: equal rows as the pass computes them
     first, inv = distinct(X)
-    X = stretch(X[first], blocks, i, j, lambda k: _Peaks(peaks, k))
+    X = stretch(X[first], blocks, i, j, lambda k: _Peaks(peaks, k, limit))
     return np.split(X[inv], np.cumsum([len(x) for x in xs])[:-1])
 
 
@@ -80,10 +85,11 @@ def _batched(xs: list[np.ndarray], blocks, i: int, j: int, model: Transformer, t
 
 
 class _Peaks:
-    """Records the largest |value| of block ``i``'s parts into ``peaks`` (None: nothing)."""
+    """Records the largest |value| of block ``i``'s parts into ``peaks`` (None: nothing);
+    ``limit``: a value at most this may be recorded as a bound on it at most this."""
 
-    def __init__(self, peaks: dict | None, i: int):
-        self.peaks, self.i = peaks, i
+    def __init__(self, peaks: dict | None, i: int, limit: float | None = None):
+        self.peaks, self.i, self.limit = peaks, i, limit
 
     def __call__(self, part: str, values: np.ndarray) -> np.ndarray:
         if self.peaks is not None and values.size:

@@ -54,7 +54,8 @@ def _bounded_ff(X: np.ndarray, boxes: _Boxes, ff, peak) -> int | None:
     the layer is evaluated only on the dirty rows, the boxes whose bound lets a unit be > 0
     and those whose bound on |U·x + b| reaches the largest one evaluated: its
     pre-activations' peak is then the plain pass's, and it writes only the rows where a
-    unit is > 0 (:meth:`_Boxes.write`)."""
+    unit is > 0 (:meth:`_Boxes.write`). With a peak limit only the boxes whose bound passes
+    it are evaluated for the peak; the others' bound is recorded in their place."""
     reads = np.flatnonzero(ff.U.any(axis=0))
     U = ff.U[:, reads]
     high, size = boxes.bounds(reads, U, ff.b)
@@ -64,7 +65,12 @@ def _bounded_ff(X: np.ndarray, boxes: _Boxes, ff, peak) -> int | None:
     first[np.argmax(size)] = True
     rows = boxes.rows(np.flatnonzero(first), with_dirty=True)
     Z = np.asfortranarray(X[np.ix_(rows, reads)] @ U.T + ff.b)  # (row reductions: fast)
-    more = np.flatnonzero((size >= np.abs(Z).max(initial=0.0)) & ~first)
+    top = np.abs(Z).max(initial=0.0)
+    more = (size >= top) & ~first
+    if peak.limit is not None:  # boxes whose bound is within the limit: that bound will do
+        top = max(top, size[more & (size <= peak.limit)].max(initial=0.0))
+        more &= size > peak.limit
+    more = np.flatnonzero(more)
     if len(more):
         extra = boxes.rows(more, with_dirty=False, reads=reads)
         rows = np.concatenate([rows, extra])
@@ -72,7 +78,7 @@ def _bounded_ff(X: np.ndarray, boxes: _Boxes, ff, peak) -> int | None:
     if not np.isfinite(Z).all():
         return None
     if Z.size:
-        peak.note("FF pre-activation", np.abs(Z).max())
+        peak.note("FF pre-activation", max(np.abs(Z).max(), top))
     active = (Z > 0).any(axis=1)
     on = rows[active]
     if len(on):
@@ -116,8 +122,10 @@ class _Boxes:
         lo, hi = self.lo[reads], self.hi[reads]  # (column, box): reductions run over boxes
         up, down, b = np.maximum(U, 0.0), np.minimum(U, 0.0), b[:, None]
         above, below = up @ hi + down @ lo + b, up @ lo + down @ hi + b
-        slack = (np.abs(U) @ np.maximum(np.abs(lo), np.abs(hi)) + np.abs(b)) * self.slack
-        slack = slack + 2.0 ** -1000  # products that underflow
+        size = np.abs(U) @ np.maximum(np.abs(lo), np.abs(hi)) + np.abs(b)
+        # products that underflow; none where every term is an exact 0 (a unit reading
+        # coordinates that are 0 on every row of the box, with bias 0: a snap's pair)
+        slack = np.where(size > 0, size * self.slack + 2.0 ** -1000, 0.0)
         return (above + slack).max(axis=0, initial=-np.inf), \
             (np.maximum(above, -below) + slack).max(axis=0, initial=-np.inf)
 
