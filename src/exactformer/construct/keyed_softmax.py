@@ -62,17 +62,20 @@ def build(inputs: list[np.ndarray], targets: list[np.ndarray], m: list[int], exa
     ``heads`` rounds to a separation layer. Its moves are snapped (float32-provable, a quarter
     block more a move at width 4) wherever the model then stays within the paper's bound
     2Σm + 3N, else plain clip pairs; past the bound still, a coordinate of both signs is reset
-    in one unit, not two, and then the tokens extreme on a direction are tagged by caps
-    (docs/keyed.md#size)."""
+    in one unit, not two, and then the tokens extreme on a direction are tagged by caps (the
+    model with fewer blocks is kept; docs/keyed.md#size)."""
     bound, n = 2 * sum(m) + 3 * len(inputs), max(map(len, inputs))
+    best = None
     for caps in (False, True):
         prep = prepare(inputs, m, exact, width, heads, seed, progress, softmax=True,
                        scratch=snap_group(width), caps=caps)
         built = _fitted(prep, targets, bound, n, width, exact)
+        if best is None or len(built.blocks) < len(best[1].blocks):
+            best = prep, built
         if len(built.blocks) <= bound:
             break
-    warn_data(prep, softmax=True)
-    return built
+    warn_data(best[0], softmax=True)
+    return best[1]
 
 
 def _fitted(prep: Prepared, targets: list[np.ndarray], bound: int, n: int, width: int,
