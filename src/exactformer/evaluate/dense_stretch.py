@@ -123,9 +123,11 @@ class _Boxes:
         up, down, b = np.maximum(U, 0.0), np.minimum(U, 0.0), b[:, None]
         above, below = up @ hi + down @ lo + b, up @ lo + down @ hi + b
         size = np.abs(U) @ np.maximum(np.abs(lo), np.abs(hi)) + np.abs(b)
-        # products that underflow; none where every term is an exact 0 (a unit reading
-        # coordinates that are 0 on every row of the box, with bias 0: a snap's pair)
-        slack = np.where(size > 0, size * self.slack + 2.0 ** -1000, 0.0)
+        # products that underflow; none where every term is an exact 0 (a unit whose bias is
+        # 0 reading only coordinates that are 0 on every row of the box: a snap's pair)
+        read_live = (U != 0).astype(float) @ ((lo != 0) | (hi != 0)).astype(float)
+        zero = (read_live == 0) & (b == 0)
+        slack = np.where(zero, 0.0, size * self.slack + 2.0 ** -1000)
         return (above + slack).max(axis=0, initial=-np.inf), \
             (np.maximum(above, -below) + slack).max(axis=0, initial=-np.inf)
 
