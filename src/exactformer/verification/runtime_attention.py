@@ -119,7 +119,8 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     exact = rho.v_r == 0
     untouched = np.full(Xm.shape[-1], r0 == 1 and rho.v_r == 0)
     D = Xm.shape[2]
-    k = _rounding_counts(sa_w, *Xm.shape[1:])[1]
+    counts = _rounding_counts(sa_w, *Xm.shape[1:])
+    k = counts[1]
     overflow = np.zeros(Xm.shape[:2], dtype=bool)
     amp = 1.0  # per output coordinate: how much the intermediates' underflow is scaled up
     rest = np.zeros_like(M)  # M's part from every key but each row's heaviest
@@ -146,8 +147,8 @@ def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
             ~((w.V != 0) | (w.V_r != 0)).any(axis=1)
     M = pos_up(M, 2 * D + 8)
     rad = _output_radius(mid, pos_up(spread, 2 * D + 8), M, pos_up(rest, 2 * D + 8),
-                         exact & fits_exactly(M, q, fmt.bits, fmt.tiny), amp,
-                         _rounding_counts(sa_w, *Xm.shape[1:]), Xm.shape[1], fmt)
+                         exact & fits_exactly(M, q, fmt.bits, fmt.tiny), amp, counts,
+                         Xm.shape[1], fmt)
     keep = untouched & np.isfinite(mid)
     rad = np.where(overflow[..., None], np.inf, np.where(keep, Xr, rad))
     return np.where(keep, Xm, mid), rad
