@@ -21,6 +21,7 @@ from tqdm import tqdm
 from ..model import Transformer, first_mixing
 from . import runs, window_pairs
 from .arithmetic import Arithmetic, PassStats
+from .boxes import BOX_LAYERS, stretch_weight
 from .causal import apply_causal_sa
 from .gate_runs import gate_runs
 from .gates import gate_layers
@@ -47,6 +48,7 @@ class Job:
     gates: list  # per block: its FF as a gated layer (evaluate/gates.py), or None
     gate_runs: dict  # first block -> gate_runs.GateRun (float64 passes)
     pairs: dict  # block -> window_pairs.Pair whose window it holds (float64 passes)
+    weights: list  # per block: its stretch's boxes.stretch_weight (float64 passes), or None
 
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau, causal: bool | None = None) -> Job:
@@ -62,7 +64,8 @@ class Job:
         return cls(ar, model.attention, blocks, ridges, tau, plan,
                    model.causal if causal is None else causal, keys, _key_runs(blocks, keys, ar),
                    gates, {} if ar.is_object else gate_runs(blocks, gates),
-                   {} if ar.is_object else _pairs(blocks, keys, ridges, gates))
+                   {} if ar.is_object else _pairs(blocks, keys, ridges, gates),
+                   [None] * len(blocks) if ar.is_object else _stretch_weights(blocks))
 
     def run(self, xs: list[np.ndarray], snapshots, stats: PassStats,
             progress: bool) -> tuple[list, dict]:
@@ -123,7 +126,8 @@ class Job:
             if opening or closing:
                 closing = window_pairs.apply(st, blk.ff, opening, closing)
             elif blk.ff is not None:
-                apply_ff(st, blk.ff, self.ridges[i], stats, self.keys[i], self.gates[i])
+                apply_ff(st, blk.ff, self.ridges[i], stats, self.keys[i], self.gates[i],
+                         self.weights[i])
             if blk.sa is not None and not blk.sa.is_identity():
                 attend(st, st.ar.convert(blk.sa), self.attention, self.tau, stats)
             i += 1
@@ -143,6 +147,19 @@ def _pairs(blocks: list, keys: list, ridges: list, gates: list) -> dict:
              for k, r, g in zip(keys, ridges, gates, strict=True)]
     return {L: ps for L, ps in window_pairs.window_pairs(blocks).items()
             if plain[L] and plain[L + 1]}
+
+
+def _stretch_weights(blocks: list) -> list:
+    """Per block, the weight of its stretch's FFs (:func:`.boxes.stretch_weight`), or None
+    where fewer than :data:`.boxes.BOX_LAYERS` blocks of the stretch are left (new boxes would
+    not pay): a stretch runs from a block after one whose attention mixes tokens to the next
+    such block, whose FF comes before its attention."""
+    out: list = []
+    while len(out) < len(blocks):
+        start, end = len(out), min(first_mixing(blocks, len(out)) + 1, len(blocks))
+        weight = stretch_weight(b.ff for b in blocks[start:end])
+        out += [weight if end - i >= BOX_LAYERS else None for i in range(start, end)]
+    return out
 
 
 def layer_forms(model: Transformer, ffs: list, ar: Arithmetic) -> tuple[list, list]:

@@ -17,6 +17,7 @@ from ..numbers import safe_float, sparse_dot
 from . import enclosure
 from .arithmetic import PassStats, relu
 from .attention import head_average
+from .boxes import Boxes, few
 from .gates import Gate
 from .grid import exact_dots
 from .keys import KeyLayer, KeyRun
@@ -24,14 +25,16 @@ from .state import RowState, SortedProjection
 from .windows import Ridge
 
 DENSE_ROWS = 2 ** 16  # rows per slice of a dense FF in an enclosure pass
+BOX_ROWS = 4096  # rows from which an enclosure pass keeps them in boxes (evaluate/boxes.py)
 
 
 def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: PassStats,
-             key: KeyLayer | None = None, gate: Gate | None = None):
+             key: KeyLayer | None = None, gate: Gate | None = None,
+             weight: np.ndarray | None = None):
     """Apply an FF: each ridge window only to the rows inside it (every window's change is
     computed from the layer's input, then the changes are added), a key layer by looking up
     each row's key, a gated layer to the rows that hold its units' keys, anything else
-    densely."""
+    densely (``weight``: see :func:`dense_tracking`)."""
     if key is not None:
         KeyRun([st.ar.convert(ff)], [key]).apply(st, ff_rows)
         return
@@ -66,7 +69,7 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
             st.moved(rows)
         return
     if st.rad is not None:
-        dense_tracking(st, ff)
+        dense_tracking(st, ff, weight)
         return
     if st.ar.kind == "exact":
         st.P = exact_dense_ff(st.P, st.ar.convert(ff))
@@ -78,10 +81,21 @@ def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats:
         st.compact()
 
 
-def dense_tracking(st: RowState, ff: FF) -> None:
-    """A dense FF on a tracking pass, each row alone, in slices written back in place. The
-    rows a layer leaves as they are (x + 0, radius included: a keyed layer changes a few) keep
-    their place in every sorted index and their keys and classes (:meth:`RowState.moved`)."""
+def dense_tracking(st: RowState, ff: FF, weight: np.ndarray | None = None) -> None:
+    """A dense FF on a tracking pass, each row alone. The rows a layer leaves as they are
+    (x + 0, radius included: a keyed layer changes a few) keep their place in every sorted
+    index and their keys and classes (:meth:`RowState.moved`). After a layer that changed
+    few rows, a residual FF takes only the rows of the boxes whose bound lets a unit be on
+    (:class:`.boxes.Boxes`, sorted by ``weight``: what the stretch's FFs weigh each
+    coordinate; None: no new boxes); any other, in slices written back in place."""
+    boxes = _boxes(st, ff, weight)
+    if boxes is not None:
+        reads = np.flatnonzero(ff.U.any(axis=0))
+        high, _ = boxes.bounds(reads, ff.U[:, reads], ff.b)
+        if np.isfinite(high).all():
+            rows = boxes.rows(np.flatnonzero(high > 0), with_dirty=True)
+            st.few_changed = few(ff_rows(st, ff, rows), len(st.P))
+            return
     changed, everything = [], False
     for s in range(0, len(st.P), DENSE_ROWS):
         rows = slice(s, s + DENSE_ROWS)  # views: written in place
@@ -90,20 +104,24 @@ def dense_tracking(st: RowState, ff: FF) -> None:
         if live is not None:
             changed.append(live + s)
     if not everything:
-        st.moved(np.concatenate(changed) if changed else np.zeros(0, dtype=np.int64),
-                 np.flatnonzero(ff.W.any(axis=1)))  # (the columns its units write, alone)
+        rows = np.concatenate(changed) if changed else np.zeros(0, dtype=np.int64)
+        st.moved(rows, np.flatnonzero(ff.W.any(axis=1)))  # (the columns its units write)
+        st.few_changed = few(len(rows), len(st.P))
         return
     st.changed_everything()
     if ff.eta == 0:
         st.compact()
 
 
-def ff_rows(st: RowState, ff: FF, rows: np.ndarray) -> None:
-    """The FF ``ff`` (η = 1, in the pass's arithmetic) on ``rows`` alone, densely."""
+def ff_rows(st: RowState, ff: FF, rows: np.ndarray) -> int:
+    """The FF ``ff`` (η = 1, in the pass's arithmetic) on ``rows`` alone, densely; returns how
+    many rows it changed (in a tracking pass, those of ``rows`` whose units may be on)."""
     X, cols = st.P[rows], None
     if st.rad is not None:
         r = st.rad[rows]
-        if enclosure.ff_dense_into(X, r, ff.eta, ff.U, ff.b, ff.W) is not None:
+        live = enclosure.ff_dense_into(X, r, ff.eta, ff.U, ff.b, ff.W)
+        if live is not None:
+            rows, X, r = rows[live], X[live], r[live]  # (the rest are as they were)
             cols = np.flatnonzero(ff.W.any(axis=1))  # (written alone: no inf·0 elsewhere)
         st.P[rows], st.rad[rows] = X, r
     elif st.ar.kind == "exact":
@@ -111,6 +129,28 @@ def ff_rows(st: RowState, ff: FF, rows: np.ndarray) -> None:
     else:
         st.P[rows] = X * ff.eta + relu(X @ ff.U.T + ff.b) @ ff.W.T
     st.moved(rows, cols)
+    return len(rows)
+
+
+def _boxes(st: RowState, ff: FF, weight: np.ndarray | None) -> Boxes | None:
+    """The tracking pass's boxes for the residual FF ``ff`` (η = 1, W finite), brought up to
+    date: every row changed since they were last asked leaves its box, and an attention
+    write of any column drops them. Made anew, sorted by ``weight``, after a layer that
+    changed few (:func:`.boxes.few`) of :data:`BOX_ROWS` rows or more, all finite; None for any
+    other FF or state."""
+    boxes = st.boxes
+    residual = ff.eta == 1 and bool(np.isfinite(ff.W).all())  # (relu 0 · inf = nan)
+    if boxes is not None and (not residual or (st.col_epoch > boxes.epoch).any()):
+        boxes = st.boxes = None
+    if boxes is not None:
+        boxes.leave(st.P, st.rad, np.flatnonzero(st.row_epoch > boxes.epoch))
+        boxes.epoch = st.epoch
+        if boxes.stale():
+            boxes = st.boxes = None
+    if boxes is None and residual and weight is not None and st.few_changed and \
+            len(st.P) >= BOX_ROWS and np.isfinite(st.P).all() and np.isfinite(st.rad).all():
+        boxes = st.boxes = Boxes(st.P, weight, st.rad, st.epoch, read_only=True)
+    return boxes
 
 
 def exact_dense_ff(P: np.ndarray, ff: FF) -> np.ndarray:

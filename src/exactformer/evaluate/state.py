@@ -143,6 +143,8 @@ class RowState:
         self.heads = HeadCache()
         self.keys: dict = {}  # key coordinates -> the rows' keys (evaluate/keys.py)
         self.bounds: dict = {}  # a gate's columns -> the rows' classes (evaluate/gates.py)
+        self.boxes = None  # rows in boxes across FF layers that change few (evaluate/boxes.py)
+        self.few_changed = False  # whether the last dense FF of a tracking pass changed few
         # change stamps: every change of a row's point or radius, and every attention write
         # of a column, gets a new epoch (what rank_one.HeadCache reuses results by)
         self.epoch = 0
@@ -154,6 +156,7 @@ class RowState:
         self.heads.clear()
         self.keys.clear()
         self.bounds.clear()
+        self.boxes, self.few_changed = None, False
         self.extent = None
 
     def touch(self, rows) -> None:
