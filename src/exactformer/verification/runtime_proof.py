@@ -173,7 +173,23 @@ def _maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
                 R += ((np.abs(x) + r) @ w.U_r.T + w.b_r) * grow
             np.negative(R, out=R)
             out[a:a + step] = ~(Z <= R) | big
+    _zero_reads(out, Xm, Xr, w, fmt)
     return out
+
+
+def _zero_reads(out, Xm, Xr, w: Weights, fmt: Format) -> None:
+    """``out`` (rows × units, :func:`maybe_on`) decided by the bias alone where a unit reads
+    only exact zeros (value and radius 0) and stores every weight finite: each product is an
+    exact 0 and so is their sum, in any order and format, so the unit is b (within its
+    conversion radius) in every runtime, where the coarse bound's absolute terms would leave
+    it undecided at b = 0 (a snap's pair reading its snap, 0 at every row it does not move)."""
+    reads = (w.U != 0) | (w.U_r != 0)
+    with np.errstate(invalid="ignore"):
+        stored = bool((np.abs(w.U) + w.U_r <= fmt.largest_product_input).all())
+    if not stored:
+        return
+    live = ((Xm != 0) | (Xr != 0)).astype(float) @ reads.T.astype(float)
+    out[:] = np.where(live == 0, w.b + w.b_r > 0, out)
 
 
 def _key_layer(w: Weights) -> KeyLayer | None:
