@@ -112,7 +112,45 @@ def test_the_softmax_sum_holds_every_order(n, light, seed):
     in its bounds, one e_l = exp(0) = 1 and the rest from 10⁻¹³ to 1."""
     rng = np.random.default_rng(seed)
     e = F32(np.concatenate([[1.0], rng.uniform(0, 1, n - 1) * light]))
-    lo, hi = _normaliser(e.astype(float)[None, None], e.astype(float)[None, None],
-                         get_format("float32"))
+    lo, hi, err = _normaliser(e.astype(float)[None, None], e.astype(float)[None, None],
+                              get_format("float32"))
     for order in (*ORDERS, "fused"):
-        assert lo[0, 0, 0] <= float(_sum(e, order, rng)) <= hi[0, 0, 0], order
+        z = _sum(e, order, rng)
+        assert lo[0, 0, 0] <= float(z) <= hi[0, 0, 0], order
+        assert abs(Fraction(float(z)) - sum(Fraction(float(v)) for v in e)) <= \
+            Fraction(float(err[0, 0, 0])), order
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40), st.sampled_from([0.0, 1e-3, 1.0, 30.0, 200.0]),
+       st.sampled_from([0.0, 1.0, 2.0, 4.0]), st.integers(0, 2 ** 32 - 1))
+def test_the_softmax_weights_hold_every_order_and_exp(n, spread, exp_ulps, seed):
+    """``runtime_attention.softmax_box``: every weight fl(e_l / z) of a float32 softmax of
+    the test's own (exp(s − max) off by up to ``exp_ulps`` ulps either way, one e_l per key
+    used in both the sum and the division, the sum in every order, random ones eight times
+    more) lies in its box: scores with a clear heaviest key (spread 30, 200: the keyed
+    collapse), keys at a tie (0) and between; and the heaviest key's weight of a clear row
+    is within 8 float32 units of 1, which bounds taking numerator and denominator apart
+    would not give at 2 ulps."""
+    from types import SimpleNamespace
+
+    from exactformer.verification.runtime_attention import softmax_box
+
+    rng = np.random.default_rng(seed)
+    fmt = get_format("float32")
+    s = F32(rng.uniform(-1, 0, n) * spread)
+    s[0] = F32(s.max() + spread)  # the heaviest key
+    ctx = SimpleNamespace(fmt=fmt, exp_err=exp_ulps * 2.0 ** -23 * (1 + 2.0 ** -40))
+    mid, rad = softmax_box(s.astype(float)[None, None], np.zeros((1, 1, n)),
+                           np.ones((1, 1, n), dtype=bool), ctx)
+    lo, hi = mid[0, 0] - rad[0, 0], mid[0, 0] + rad[0, 0]
+    g = (s - s.max()).astype(F32)
+    for order in ORDERS + ("perm",) * 8:
+        exact = np.exp(g.astype(float))
+        ulp = np.spacing(exact.astype(F32)).astype(float)
+        e = F32(np.maximum(exact + rng.uniform(-exp_ulps, exp_ulps, n) * ulp, 0.0))
+        z = _sum(e, order, rng)
+        p = (e / z).astype(F32).astype(float)
+        assert ((lo <= p) & (p <= hi)).all(), order
+    if spread >= 30:
+        assert 1 - lo[0] <= 8 * 2.0 ** -24

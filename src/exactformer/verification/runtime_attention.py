@@ -468,10 +468,12 @@ def softmax_box(sm, sr, allowed, ctx: Context):
         e_lo = np.maximum(np.exp(g_lo) * (1 - rel) - fmt.tiny, 0.0)
         e_hi = np.exp(np.minimum(g_hi, 0.0)) * (1 + rel) + fmt.tiny
         e_lo, e_hi = np.where(allowed, e_lo, 0.0), np.where(allowed, e_hi, 0.0)
-        z_lo, z_hi = _normaliser(e_lo, e_hi, fmt)
+        z_lo, z_hi, err = _normaliser(e_lo, e_hi, fmt)
         p_lo = np.maximum(lower(e_lo / z_hi * (1 - 2 * u), 0.0) - fmt.tiny, 0.0)
         p_hi = np.minimum(upper(e_hi / np.maximum(z_lo, 0.0) * (1 + 2 * u), 0.0) + fmt.tiny,
                           1.0)
+        c_lo, c_hi = _ratio_bounds(e_lo, e_hi, err, u, fmt)
+        p_lo, p_hi = np.maximum(p_lo, c_lo), np.minimum(p_hi, c_hi)
         p_lo, p_hi = np.where(allowed, p_lo, 0.0), np.where(allowed, p_hi, 0.0)
         mid = (p_lo + p_hi) * 0.5
         rad = upper(np.maximum(p_hi - mid, mid - p_lo), 0.0)
@@ -489,17 +491,39 @@ def _but_heaviest(a: np.ndarray) -> np.ndarray:
 
 
 def _normaliser(e_lo, e_hi, fmt: Format):
-    """Bounds on every runtime value of the softmax's sum Σ_l e_l (B×n×1) for terms in
+    """Bounds on every runtime value z of the softmax's sum Σ_l e_l (B×n×1) for terms in
     [e_lo, e_hi]: θ of n + 1 roundings of the whole sum, or, the tighter, θ of two plus twice
     the terms other than the largest (:func:`average_rounding`'s argument: adding a partial
-    sum of other terms to the largest's rounds by at most that partial sum)."""
+    sum of other terms to the largest's rounds by at most that partial sum); and a bound on
+    |z − Σ_l e_l|, the rounding alone, for the terms' own values in their boxes."""
     n = e_lo.shape[-1]
     t, t2 = theta(n + 1, 1, fmt), theta(2, 1, fmt)
     other = 2 * (1 + t) * _but_heaviest(e_hi).sum(axis=2, keepdims=True) * (1 + 2.0 ** -40)
     lo, hi = e_lo.sum(axis=2, keepdims=True), e_hi.sum(axis=2, keepdims=True)
     z_lo = np.maximum(lo * (1 - t - 2.0 ** -50), lo * (1 - t2 - 2.0 ** -40) - other)
     z_hi = np.minimum(hi * (1 + t + 2.0 ** -50), hi * (1 + t2 + 2.0 ** -40) + other)
-    return z_lo - n * fmt.tiny, z_hi + n * fmt.tiny
+    err = np.minimum(hi * (t + 2.0 ** -50), hi * (t2 + 2.0 ** -40) + other) * (1 + 2.0 ** -40)
+    return z_lo - n * fmt.tiny, z_hi + n * fmt.tiny, err + n * fmt.tiny
+
+
+def _ratio_bounds(e_lo, e_hi, err, u: float, fmt: Format):
+    """Bounds on every runtime weight fl(e_l / z) from the sum's own terms: z is within
+    ``err`` of e_l + R_l, R_l the other terms' sum, so e_l/z lies between
+    e/(e + R_hi + err) and e/(e + R_lo − err) over e in [e_lo, e_hi] (increasing in e where
+    the added constant is ≥ 0, decreasing where it is < 0), and the division rounds by u.
+    The error of the heaviest key's exp, in both e_l and z, cancels here: its weight is 1 to
+    a few u (docs/numerics.md#proofs-for-reduced-precision-runtimes)."""
+    s_lo = e_lo.sum(axis=2, keepdims=True) * (1 - 2.0 ** -40)
+    s_hi = e_hi.sum(axis=2, keepdims=True) * (1 + 2.0 ** -40)
+    r_hi = np.nextafter(s_hi - e_hi, np.inf)
+    r_lo = np.maximum(np.nextafter(s_lo - e_lo, -np.inf), 0.0)
+    down, rise = (1 - 2 * u) * (1 - 2.0 ** -49), (1 + 2 * u) * (1 + 2.0 ** -49)
+    p_lo = e_lo / ((e_lo + r_hi + err) * (1 + 2.0 ** -50)) * down - fmt.tiny
+    c = np.nextafter(r_lo - err, -np.inf)  # e/(e + c): the largest over the box
+    e = np.where(c >= 0, e_hi, e_lo)
+    den = (e + c) * (1 - 2.0 ** -50)
+    p_hi = np.where(den > 0, e / np.where(den > 0, den, 1.0) * rise + fmt.tiny, 1.0)
+    return np.maximum(p_lo, 0.0), np.minimum(p_hi, 1.0)
 
 
 def mix(Pm, Pr, Xm, Xr, fmt: Format):
