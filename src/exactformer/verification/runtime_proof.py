@@ -66,7 +66,7 @@ def ff_box(Xm, Xr, w: Weights, fmt: Format):
     which every unit is off even under a coarse bound pass as they are (x + 0 is x), and only
     the others are enclosed, in blocks of rows with only the units that may be on at one of
     them (a unit certainly off adds an exact 0): a keyed layer moves a few rows, each by a few
-    units."""
+    units. Boxes that come in :func:`guard`-ed go out so."""
     with np.errstate(invalid="ignore"):
         finite = (np.abs(w.W) + w.W_r <= fmt.largest_product_input).all()
     if not finite:
@@ -107,7 +107,8 @@ def _ff_twins(Xm, Xr, w: Weights, fmt: Format):
 
 def _ff_residual(Xm, Xr, w: Weights, fmt: Format):
     """:func:`ff_box` on finite weights; a residual layer passes the rows where every unit
-    is certainly off as they are, and encloses the others in blocks of rows."""
+    is certainly off as they are, and encloses the others in blocks of rows. The boxes it
+    computes are :func:`guard`-ed (the rows it passes were on the way in)."""
     if scalar(w.eta) == 1 and w.eta_r == 0 and len(Xm) > 1:
         maybe = maybe_on(Xm, Xr, w, fmt)
         rows = np.flatnonzero(maybe.any(axis=1))
@@ -115,9 +116,9 @@ def _ff_residual(Xm, Xr, w: Weights, fmt: Format):
             Ym, Yr = Xm.copy(), Xr.copy()
             for block, units in unit_blocks(maybe[rows]):
                 at = rows[block]
-                Ym[at], Yr[at] = _ff_rows(Xm[at], Xr[at], ff_units(w, units), fmt)
+                Ym[at], Yr[at] = guard(*_ff_rows(Xm[at], Xr[at], ff_units(w, units), fmt))
             return Ym, Yr
-    return _ff_rows(Xm, Xr, w, fmt)
+    return guard(*_ff_rows(Xm, Xr, w, fmt))
 
 
 def maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
@@ -491,9 +492,8 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
             if ff is not None and mixed:
                 Um, Ur, inv = unknown_sequences(Um, Ur, inv, groups, spans)
             if ff is not None:
-                Um, Ur = ff_box(Um, Ur, ff, fmt)
+                Um, Ur = ff_box(Um, Ur, ff, fmt)  # (guarded: only the rows it computed)
             if sa is None:
-                Um, Ur = guard(Um, Ur)
                 continue
             Xm, Xr = _attend(Um[inv], Ur[inv], sa, groups, spans, ctx)
             first, inv = distinct(np.concatenate([Xm, Xr], axis=1))
