@@ -86,10 +86,11 @@ def test_a_unit_reading_exact_zeros_is_its_bias():
     value on a coordinate it reads sends the unit back to the bound."""
     X = np.array([[0.0, 3.0], [0.0, 3.0], [2.0 ** -60, 3.0]])
     r = np.array([[0.0, 1e-9], [2.0 ** -1020, 1e-9], [0.0, 0.0]])
-    U = np.array([[2.0, 0.0], [2.0, 0.0], [0.0, 1.0]])
-    b = np.array([0.0, -2.0, -3.0])
+    U = np.array([[2.0, 0.0], [2.0, 0.0], [0.0, 1.0], [2.0, 0.0]])
+    b = np.array([0.0, -2.0, -3.0, np.nan])
     on = enclosure.maybe_on(X, r, U, b)
-    assert on[0].tolist() == [False, False, True]  # 0, −2 exactly; 3 ± 1e-9 − 3 undecided
+    assert on[0].tolist() == [False, False, True, True]  # 0, −2 exactly; 3 ± 1e-9 − 3
+    # undecided; a nan bias may be on
     assert on[1, 0] and on[2, 0]  # a radius, or a value, on what unit 0 reads
     assert on[2, 2]  # 3 − 3 = 0, but only exact zeros skip the bound's slack
 

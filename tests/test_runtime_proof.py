@@ -593,7 +593,7 @@ def test_a_unit_reading_only_exact_zeros_is_its_bias(seed, runtime):
     (value and radius 0) is called off exactly where its stored bias, radius included, is
     ≤ 0 (b = 0 too: a snap's pair beside a cleared snap), and on where it is > 0; every unit
     called off is off by more than the rounding (the rational check above), so a zero with
-    a radius, or a weight stored with one, is never taken for an exact 0."""
+    a radius, or a weight stored with one, is never taken for an exact 0; a nan bias is on."""
     from exactformer.verification import runtime_proof
     from exactformer.verification.formats import get_format
     from exactformer.verification.runtime_boxes import Weights
@@ -604,7 +604,7 @@ def test_a_unit_reading_only_exact_zeros_is_its_bias(seed, runtime):
     U = rng.integers(-8, 9, size=(units, D)) * (rng.random((units, D)) < 0.6)
     X = rng.integers(-4, 5, size=(T, D)) * (rng.random((T, D)) < 0.3) * 1.0
     R = 2.0 ** -12 * (rng.random((T, D)) < 0.2)
-    b = rng.choice([0.0, 0.0, -2.0 ** -30, 2.0 ** -30, -1.0, 1.0], size=units)
+    b = rng.choice([0.0, 0.0, -2.0 ** -30, 2.0 ** -30, -1.0, 1.0, np.nan], size=units)
     w = Weights({"eta": 1.0, "U": U * 1.0, "b": b, "W": np.zeros((D, units))}, fmt)
     if seed % 2:
         w.b_r = np.where(rng.random(units) < 0.5, 2.0 ** -40, 0.0)
@@ -613,7 +613,7 @@ def test_a_unit_reading_only_exact_zeros_is_its_bias(seed, runtime):
     assert _off_beyond_rounding(w, X, R, ~on, fmt) == []
     reads = (w.U != 0) | (w.U_r != 0)
     zero = ((X != 0) | (R != 0)).astype(int) @ reads.T.astype(int) == 0
-    bias_on = np.broadcast_to(w.b + w.b_r > 0, on.shape)
+    bias_on = np.broadcast_to(~(w.b + w.b_r <= 0), on.shape)  # (a nan bias: on)
     assert (on[zero] == bias_on[zero]).all()
 
 

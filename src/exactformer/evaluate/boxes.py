@@ -94,8 +94,9 @@ class Boxes:
         one row of each box whose rows agree on those columns (their pre-activations are
         equal, as is all a layer's peak needs of them)."""
         rows = self._in(boxes)
-        if reads is not None:  # (the plain pass measures every column)
-            flat = (self.lo[reads][:, boxes] == self.hi[reads][:, boxes]).all(axis=0)
+        if reads is not None:  # (columns that are measured: every one in the plain pass)
+            at = self.at[reads]
+            flat = (self.lo[at][:, boxes] == self.hi[at][:, boxes]).all(axis=0)
             rows[flat, 1:] = np.where(rows[flat, :1] >= 0, -1, rows[flat, 1:])
         rows = rows[rows >= 0]
         return np.concatenate([self.dirty, rows]) if with_dirty else rows

@@ -374,7 +374,7 @@ def maybe_on(X, r, U_, b) -> np.ndarray:
         on = ~(Z + z_rad < 0)  # nextafter: a float sum < 0 is exactly < 0; nan is on
     if np.isfinite(U_).all():
         zeros = _flagged_reads((X != 0) | (r != 0), U_) == 0
-        on = np.where(zeros, np.broadcast_to(b > 0, on.shape), on)
+        on = np.where(zeros, np.broadcast_to(~(b <= 0), on.shape), on)  # (nan: may be on)
     return on
 
 

@@ -190,7 +190,7 @@ def _zero_reads(out, Xm, Xr, w: Weights, fmt: Format) -> None:
     if not stored:
         return
     live = ((Xm != 0) | (Xr != 0)).astype(float) @ reads.T.astype(float)
-    out[:] = np.where(live == 0, w.b + w.b_r > 0, out)
+    out[:] = np.where(live == 0, ~(w.b + w.b_r <= 0), out)  # (a nan bias may be on)
 
 
 def _key_layer(w: Weights) -> KeyLayer | None:
