@@ -95,6 +95,26 @@ def pooled_sequences(data, d: int) -> list[np.ndarray]:
     return xs
 
 
+def test_a_peak_within_the_limit_is_recorded_when_no_row_is_evaluated():
+    """Layer 1 turns every row on and writes nothing: each row leaves its box and, one dirty
+    row at a time (ABSORB = 1), goes into a new one, so the old boxes are empty. Layer 2
+    (U = 0, b = 0) has bound 0 on every box and picks an empty one as its largest; under a
+    limit the other boxes' bound stands for them, and no row is evaluated. Its pre-activation
+    peak must still be recorded (0, as the plain pass's), not left out."""
+    zero = FF(1.0, np.zeros((1, 2)), np.zeros(1), np.zeros((2, 1)))
+    model = Transformer(d=2, attention="hardmax", exact=False, blocks=[
+        Block(zero), Block(FF(1.0, np.zeros((1, 2)), np.ones(1), np.zeros((2, 1)))),
+        Block(zero)])
+    X = np.column_stack([np.arange(4.0), np.zeros(4)])
+    peaks: dict = {}
+    with mock.patch.object(boxes, "GROUP", 2), mock.patch.object(boxes, "ABSORB", 1):
+        ef.evaluate.dense_forward(model, [X], peaks=peaks, peak_limit=0.5)
+    want: dict = {}
+    plain_pass(model, X, want)
+    assert peaks.keys() == want.keys()
+    assert want[2, "FF pre-activation"] <= peaks[2, "FF pre-activation"] <= 0.5
+
+
 # no explain phase: its tracing takes minutes on a failure
 @settings(max_examples=100, deadline=None, phases=[Phase.generate, Phase.shrink])
 @given(data=st.data())

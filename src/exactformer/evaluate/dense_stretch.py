@@ -52,8 +52,9 @@ def _bounded_ff(X: np.ndarray, boxes: Boxes, ff, peak) -> int | None:
     the layer is evaluated only on the dirty rows, the boxes whose bound lets a unit be > 0
     and those whose bound on |U·x + b| reaches the largest one evaluated: its
     pre-activations' peak is then the plain pass's, and it writes only the rows where a
-    unit is > 0 (:meth:`.boxes.Boxes.leave`). With a peak limit only the boxes whose bound passes
-    it are evaluated for the peak; the others' bound is recorded in their place."""
+    unit is > 0 (:meth:`.boxes.Boxes.leave`). With a peak limit only the boxes whose bound
+    passes it are evaluated for the peak; the others' bound is recorded in their place, also
+    when no row is evaluated at all."""
     reads = np.flatnonzero(ff.U.any(axis=0))
     U = ff.U[:, reads]
     high, size = boxes.bounds(reads, U, ff.b)
@@ -75,8 +76,8 @@ def _bounded_ff(X: np.ndarray, boxes: Boxes, ff, peak) -> int | None:
         Z = np.asfortranarray(np.concatenate([Z, X[np.ix_(extra, reads)] @ U.T + ff.b]))
     if not np.isfinite(Z).all():
         return None
-    if Z.size:
-        peak.note("FF pre-activation", max(np.abs(Z).max(), top))
+    if len(X) and len(ff.b):  # (a limit's bound may stand for every row: Z can be empty)
+        peak.note("FF pre-activation", max(np.abs(Z).max(initial=0.0), top))
     active = (Z > 0).any(axis=1)
     on = rows[active]
     if len(on):
