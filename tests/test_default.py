@@ -29,15 +29,6 @@ def paper_bound(data, attention: str) -> int:
     return 2 * data.total_m + (2 * data.N + 1 if attention == "hardmax" else 3 * data.N)
 
 
-def claimed_bound(data, attention: str) -> int:
-    """What docs/keyed.md#size claims at width 4: the paper's bound, but for a softmax model
-    of one sequence, whose data reset (one unit a coordinate), collapse and final reset take
-    up to ⌈d/4⌉ + 1 blocks more than 3N (caps bring most such data back within the bound:
-    tests/test_keyed_caps.py)."""
-    extra = -(-data.d // 4) + 1 if attention == "softmax" and data.N == 1 else 0
-    return paper_bound(data, attention) + extra
-
-
 def interior_heavy(rng, N: int, n: int, d: int, rings: bool, m: int) -> tuple[list, list]:
     """N sequences of n tokens: on concentric circles of radii 1 … N in the first two
     coordinates (``rings``, d = 2 … 4, the other coordinates small), or in a ball, most of
@@ -81,7 +72,7 @@ def grown(rng, xs: list, k: int) -> list:
 def test_interior_heavy_data_stay_within_the_bound_whatever_the_lengths(seed, N, n, d, rings,
                                                                        attention):
     """No option given: the model is keyed, proved exact, within the paper's block bound at
-    width 4 (softmax, one sequence: :func:`claimed_bound`), and has the same block count once
+    width 4, and has the same block count once
     every sequence gains interior tokens (a tag costs the same units wherever its token
     lies)."""
     rng = np.random.default_rng(seed)
@@ -93,7 +84,7 @@ def test_interior_heavy_data_stay_within_the_bound_whatever_the_lengths(seed, N,
         data = make_dataset(grown(rng, xs, int(rng.integers(1, 3 * n))), ys)
         after = ef.compile(data, attention=attention, seed=seed)
     assert after.record.keyed is not None
-    assert before.n_blocks == after.n_blocks <= claimed_bound(data, attention)
+    assert before.n_blocks == after.n_blocks <= paper_bound(data, attention)
     report = ef.verify(after, data)
     assert report.verdict() == "PROVED EXACT", report.proof
 

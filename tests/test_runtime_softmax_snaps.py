@@ -13,7 +13,7 @@ import numpy as np
 from conftest import datasets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_default import claimed_bound
+from test_default import paper_bound
 from test_runtime_proof import PASSES, TOL, Pass, pass_error
 
 import exactformer as ef
@@ -44,7 +44,7 @@ def test_snapped_softmax_models_are_proved_and_meet_every_order(ds, wide):
     kw = {"width": 64, "heads": 4} if wide else {}
     model = _softmax(ds, **kw)
     if not model.record.keyed["snaps"]:  # snaps would have broken the bound
-        assert model.n_blocks <= claimed_bound(ds, "softmax")
+        assert model.n_blocks <= paper_bound(ds, "softmax")
         return
     verdict = prove_runtime(model, ds, "float32")
     assert verdict.verdict == "PROVED FAITHFUL IN float32", verdict.table()
@@ -62,16 +62,18 @@ def test_demo_softmax_is_proved_in_float32_at_both_widths():
 
 
 def test_snaps_give_way_to_the_papers_bound():
-    """One sequence of many targets: snapped moves (three units a move) would take the model
-    past 2Σm + 3N at width 4, so the build lays plain clip pairs, within what docs/keyed.md
-    claims; exact either way. At width 64 the same data are snapped."""
+    """Two sequences of many targets: snapped moves (three units a move) would take the model
+    past 2Σm + 3N at width 4, so the build lays plain clip pairs, within the bound; exact
+    either way. At width 64 the same data are snapped."""
     rng = np.random.default_rng(3)
     grid = np.array([(x, y) for x in range(-10, 10) for y in range(-10, 10)], dtype=float)
-    data = ef.Dataset.from_arrays([grid[rng.choice(len(grid), 40, replace=False)]],
-                                  [grid[rng.choice(len(grid), 40, replace=False)]])
+    data = ef.Dataset.from_arrays([grid[rng.choice(len(grid), 20, replace=False)]
+                                   for _ in range(2)],
+                                  [grid[rng.choice(len(grid), 20, replace=False)]
+                                   for _ in range(2)])
     narrow = _softmax(data, exact=True)
     assert not narrow.record.keyed["snaps"]
-    assert narrow.n_blocks <= claimed_bound(data, "softmax")
+    assert narrow.n_blocks <= paper_bound(data, "softmax")
     assert ef.verify(narrow, data).verdict() == "PROVED EXACT"
     wide = _softmax(data, exact=True, width=64)
     assert wide.record.keyed["snaps"]

@@ -204,7 +204,7 @@ def test_ball_pass_from_the_exact_prefix_is_the_pass_from_the_inputs(data, exact
     model = ef.compile(ds, attention="softmax", exact=exact)
     xs, _ = ds.padded(model.d).fractions()
     start, rows = exact_prefix(model, xs)
-    assert start == next(i for i, b in enumerate(model.blocks) if b.mixes())
+    assert start == next((i for i, b in enumerate(model.blocks) if b.mixes()), len(model.blocks))
     layers = Layers(model)
     whole, prefixed = Run(layers, 64).outputs(xs), Run(layers, 64).outputs(rows, start)
     for a, b in zip(whole, prefixed, strict=True):

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..model import SA, Block, ValueMatrix
 from ..numbers import num, to_fraction, zeros
+from . import keyed_one_sequence
 from .gadgets import power_of_two_below
 from .keyed import (
     Built,
@@ -82,7 +83,14 @@ def _fitted(prep: Prepared, targets: list[np.ndarray], bound: int, n: int, width
             exact: bool) -> Built:
     """The first of these models of ``prep`` within ``bound`` blocks, else the last: snapped
     moves, plain clip pairs, plain pairs with a one-unit reset of the coordinates of both
-    signs (:func:`data_floor`)."""
+    signs (:func:`data_floor`). One sequence: its model without attention
+    (``keyed_one_sequence``), with the floor where the exact reset breaks the bound."""
+    if len(targets) == 1:
+        built = keyed_one_sequence.build(prep, targets, width, exact)
+        if len(built.blocks) > bound:
+            floor = data_floor(prep.table.points, exact)
+            built = keyed_one_sequence.build(prep, targets, width, exact, floor)
+        return built
     anchor = target_anchor(targets, exact)
     built = _assemble(prep, targets, anchor, anchor, n, width, exact, snaps=True)
     if len(built.blocks) > bound:
