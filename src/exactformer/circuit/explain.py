@@ -192,13 +192,14 @@ def _keyed_summary(tr: Trace, model: Transformer, d: int, n: int) -> dict:
 
 
 def _moves(tr: Trace, phase, d: int, n: int) -> list[dict]:
-    """Each unit of the interpolation that writes the data coordinates and is on for some
-    token: the tokens, and per token what it adds to the data (weight times activation)."""
+    """Each unit of the interpolation that writes the data coordinates, is on for some token
+    and is no reset (a one-sequence softmax model resets its data there, docs/keyed.md): the
+    tokens, and per token what it adds to the data (weight times activation)."""
     out = []
     for m in tr.mlps:
         if phase is None or m.model_block < phase.start or m.writes is None:
             continue
-        for u in range(m.writes.shape[1]):
+        for u in (u for u in range(m.writes.shape[1]) if m.roles[u] != "reset"):
             on = [i for i in range(n) if m.acts[0][i, u] != 0]
             data = [c for c in range(d) if m.writes[c, u] != 0]
             if on and data:

@@ -146,12 +146,12 @@ def _with_turns(A, X, turning: bool):
 
 
 def _unit_role(ff: FF, k: int, role: str) -> str:
-    """``role``, or "reset" for a unit relu(x_c) that writes −x_c: it sets a non-negative
-    coordinate back to 0 (docs/keyed.md)."""
+    """``role``, or "reset" for a unit relu(s·(x_c − f))/s·(−1) (s ≠ 0, balanced by any
+    power of two): it sets coordinate c to f on the tokens on its side, 0 or a floor
+    (docs/keyed.md)."""
     u, w = ff.U[k], ff.W[:, k]
     nz = [c for c in range(len(u)) if u[c] != 0]
-    if len(nz) == 1 and u[nz[0]] == 1 and ff.b[k] == 0 and w[nz[0]] == -1 and \
-            sum(v != 0 for v in w) == 1:
+    if len(nz) == 1 and u[nz[0]] * w[nz[0]] == -1 and sum(v != 0 for v in w) == 1:
         return "reset"
     return role
 
