@@ -13,6 +13,7 @@ import json
 import warnings
 from fractions import Fraction
 from itertools import combinations
+from unittest import mock
 
 import mpmath
 import numpy as np
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 
 import exactformer as ef
 from exactformer.cli import main as cli_main
-from exactformer.construct import keyed, keyed_moves, keyed_separation
+from exactformer.construct import keyed, keyed_moves, keyed_separation, keyed_softmax
 from exactformer.data import builtin
 from exactformer.evaluate import enclosure
 from exactformer.model import Transformer
@@ -495,6 +496,30 @@ def test_softmax_random_shared_pools(ds, seed, width, h):
     numbers, so the ball pass proves them through its exact parts."""
     check_keyed_softmax(ef.compile(ds, attention="softmax", seed=seed, width=width,
                                    heads=min(h, width), keys=True), ds)
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(ds=datasets(), seed=seeds, width=widths)
+def test_softmax_last_move_layer_marks_nothing(ds, seed, width):
+    """No unit reads ``moved`` after the last move layer, so its moves do not mark: the
+    reset of ``moved`` may share that layer. The model has at most the blocks of one whose
+    every move marks, no unit after the reset reads or writes ``moved``, and it is exact."""
+    def marked(lay, layers):
+        return layers, (len(layers) if any(u[2][lay.moved] != 0 for layer in layers
+                                             for u in layer) else None)
+
+    model = ef.compile(ds, attention="softmax", seed=seed, width=width, keys=True)
+    with mock.patch.object(keyed_softmax, "_unmarked_last", marked):
+        before = ef.compile(ds, attention="softmax", seed=seed, width=width, keys=True)
+    assert model.n_blocks <= before.n_blocks
+    moved = model.d - 1
+    touch = [i for i, b in enumerate(model.blocks) if b.ff is not None and
+             (any(v != 0 for v in b.ff.W[moved]) or any(v != 0 for v in b.ff.U[:, moved]))]
+    resets = [i for i in touch if any(list(u).count(0) == len(u) - 1 and u[moved] != 0
+                                      for u in model.blocks[i].ff.U)]
+    assert not resets or max(touch) == resets[-1]
+    check_keyed_softmax(model, ds)
 
 
 @settings(max_examples=8, deadline=None,

@@ -99,7 +99,7 @@ def test_two_sequences_in_many_coordinates_with_caps(seed, d, data):
 
 def test_caps_are_taken_only_past_the_bound():
     """Two sequences of three points each in the plane fit the bound with windows: no cap. In
-    14 coordinates, with one target each, they do not (one unit a data coordinate, and the
+    20 coordinates, with one target each, they do not (one unit a data coordinate, and the
     resets, leave no room in 2Σm + 3N = 10 blocks): their tags are caps, and the model is
     within the bound and exact. One sequence of three points needs neither caps nor
     attention (docs/keyed.md#one-sequence)."""
@@ -109,8 +109,8 @@ def test_caps_are_taken_only_past_the_bound():
     two = ef.compile(ef.Dataset.from_arrays(x, y), attention="softmax")
     assert two.record.keyed["caps"] == 0 and two.n_blocks <= 2 * 6 + 3 * 2
     wide_data = ef.Dataset.from_arrays(
-        [rng.integers(-9, 10, (3, 14)).astype(float) / 4 for _ in range(2)],
-        [rng.integers(-9, 10, (1, 14)).astype(float) for _ in range(2)])
+        [rng.integers(-9, 10, (3, 20)).astype(float) / 4 for _ in range(2)],
+        [rng.integers(-9, 10, (1, 20)).astype(float) for _ in range(2)])
     wide = ef.compile(wide_data, attention="softmax")
     assert wide.record.keyed["caps"] == 2 and wide.n_blocks <= 2 * 2 + 3 * 2
     assert _windows_only(wide_data, 0) > wide.n_blocks

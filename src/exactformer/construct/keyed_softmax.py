@@ -23,7 +23,8 @@ one; the construction bounds by how much and makes every later unit blind to it:
   plain clip pair relu(2a − ½) − relu(2a − 3/2) of a itself. Both are exactly 1 or 0 in real
   arithmetic.
 * **Reset.** One unit relu(x_c)·(−e_c) per coordinate of the model's own (all ≥ 0) ends with
-  each token exactly its target and the model's coordinates exactly 0.
+  each token exactly its target and the model's coordinates exactly 0; the last move layer
+  marks nothing, so the reset of ``moved`` may share it.
 
 β_s and β_c are powers of two chosen from the data's sizes so that the bounds hold.
 """
@@ -116,9 +117,11 @@ def _assemble(prep: Prepared, targets: list[np.ndarray], anchor: np.ndarray, lif
     collapse = [Block(ff, None) for ff in clear[:-1]] + \
         [Block(clear[-1], _collapse(prep, beta_c, exact))]
     moves = (_snapped_moves if snaps else _paired_moves)(prep, targets, anchor, width, exact)
-    moves = with_tail(moves, [_anchor_unit(lay, lift, exact)], width, start=0)
+    moves, last = _unmarked_last(lay, with_tail(moves, [_anchor_unit(lay, lift, exact)],
+                                                width, start=0))
     layers = with_tail(moves, _own_reset(lay, bool(p.rounds), exact), width)  # data, moved only
-    layers = with_tail(layers, [reset_unit(lay, lay.moved, exact)], width, start=len(moves))
+    if last is not None:
+        layers = with_tail(layers, [reset_unit(lay, lay.moved, exact)], width, start=last)
     blocks = prep.tag_layers + sep + collapse + \
         [Block(ff_layer(units, exact), None) for units in layers]
     keyed = {**prep.keyed, "scores": [str(beta_s), str(beta_c)], "snaps": snaps}
@@ -294,11 +297,36 @@ def _snapped_pair(prep: Prepared, k: int, move, exact: bool) -> list:
     return [(read, num(0, exact), out + clear), (read, num(-1, exact), -out)]
 
 
+def _unmarked_last(lay: Layout, layers: list[list]) -> tuple[list[list], int | None]:
+    """``layers`` with the last move layer's units no longer writing ``moved``, which no
+    later unit reads, and the first layer the reset of ``moved`` may take: that last layer
+    (its units read the marks of the earlier ones), or None where no unit marks any more.
+    This saves the layer of its own that the reset would otherwise take."""
+    def writes(unit):
+        return unit[2][lay.moved] != 0
+
+    marking = [i for i, layer in enumerate(layers) if any(map(writes, layer))]
+    if not marking or any(unit[0][lay.moved] != 0 for layer in layers[marking[-1] + 1:]
+                          for unit in layer):
+        return layers, len(layers) if marking else None
+    k = marking[-1]
+    layers = layers[:k] + [[_unmarked(lay, unit) for unit in layers[k]]] + layers[k + 1:]
+    return layers, (k if len(marking) > 1 else None)
+
+
+def _unmarked(lay: Layout, unit: tuple) -> tuple:
+    """``unit`` writing nothing into ``moved``."""
+    u, b, out = unit
+    out = out.copy()
+    out[lay.moved] = 0 * out[lay.moved]
+    return u, b, out
+
+
 def _own_reset(lay: Layout, rounds: bool, exact: bool) -> list:
     """Every coordinate of the model's own that may be nonzero but ``moved`` set to 0 (σ only
     after ``rounds``): each is ≥ 0 after the collapse (codes shifted), so x_c − relu(x_c) is
     exactly 0. No move writes them, so these resets may share the last move layer; ``moved``
-    is reset after it."""
+    is reset where :func:`_unmarked_last` says."""
     coords = [lay.one, *(lay.sigma if rounds else ()), lay.mark,
               *range(lay.code.start, lay.code.stop)]
     return [reset_unit(lay, c, exact) for c in coords]
