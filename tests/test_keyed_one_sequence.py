@@ -57,6 +57,7 @@ def test_one_sequence_is_within_the_bound_exact_and_faithful(seed, d, m, kind, e
         model = ef.compile(ds, attention="softmax", seed=seed, exact=exact)
     assert model.n_blocks <= 2 * m + 3
     assert all(block.sa is None for block in model.blocks)
+    assert model.record.keyed["moves"] == model.record.keyed["tags"] == m - 1
     if exact:
         _, ys = ds.padded(model.d).fractions()
         assert token_set(_exact_outputs(model, ds)) == token_set(ys[0])

@@ -45,8 +45,9 @@ def build(prep: Prepared, targets: list[np.ndarray], width: int, exact: bool,
     layers = with_tail(resets, units, width) if resets else \
         [units[i:i + width] for i in range(0, len(units), width)]
     blocks = prep.tag_layers + [Block(ff_layer(layer, exact), None) for layer in layers]
-    keyed = {**prep.keyed, "tags": len(kept), "caps": sum(tag.side != 0 for tag in kept),
-             "tag_layers": len(prep.tag_layers), "scores": [], "snaps": False}
+    keyed = {**prep.keyed, "tags": len(kept), "moves": len(kept),
+             "caps": sum(tag.side != 0 for tag in kept), "tag_layers": len(prep.tag_layers),
+             "scores": [], "snaps": False}
     return Built(blocks, lay.D, phases(prep, 0, 0, len(blocks)), 0, keyed)
 
 
