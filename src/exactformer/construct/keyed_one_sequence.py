@@ -20,7 +20,7 @@ from ..model import Block
 from ..numbers import num, zeros
 from .keyed import Built, Prepared, phases, relaid
 from .keyed_moves import move_argument, target_slots
-from .keyed_units import ff_layer, on_code, with_tail
+from .keyed_units import chunks, ff_layer, on_code, with_tail
 
 
 def build(prep: Prepared, targets: list[np.ndarray], width: int, exact: bool,
@@ -41,9 +41,7 @@ def build(prep: Prepared, targets: list[np.ndarray], width: int, exact: bool,
     units = [(zeros(lay.D, exact), num(1, exact), start)] + \
         [_move(prep, tag.token, targets[0][slot_of[(0, tag.token)]] - anchor, exact)
          for tag in kept]
-    resets = [prep.pending[i:i + width] for i in range(0, len(prep.pending), width)]
-    layers = with_tail(resets, units, width) if resets else \
-        [units[i:i + width] for i in range(0, len(units), width)]
+    layers = with_tail(chunks(prep.pending, width), units, width)
     blocks = prep.tag_layers + [Block(ff_layer(layer, exact), None) for layer in layers]
     keyed = {**prep.keyed, "tags": len(kept), "moves": len(kept),
              "caps": sum(tag.side != 0 for tag in kept), "tag_layers": len(prep.tag_layers),
@@ -54,7 +52,8 @@ def build(prep: Prepared, targets: list[np.ndarray], width: int, exact: bool,
 def _move(prep: Prepared, t: int, move, exact: bool) -> tuple:
     """Tag t's unit on its hardmax move argument (``move_argument``: exactly 1 at its token,
     ≤ −1 at any other tag's and at every untagged token, whose code is 0): ``move`` on the
-    data, and its code and mark cleared."""
+    data, and its code and mark cleared. Not ``keyed_moves._move_unit``, which also clears
+    ``one`` (the anchor clears it here, at every token) and the signature (0 here)."""
     lay = prep.lay
     g = prep.orders[t][0][0][1]
     u, bias, _ = move_argument(prep, t, g, 0, exact)

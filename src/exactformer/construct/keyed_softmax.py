@@ -52,7 +52,16 @@ from .keyed import (
 )
 from .keyed_moves import move_argument, move_queues, schedule, widest_direction, widest_move
 from .keyed_separation import height_resets, rounds
-from .keyed_units import Layout, clip_pair, ff_layer, on_code, reset_unit, vec, with_tail
+from .keyed_units import (
+    Layout,
+    chunks,
+    clip_pair,
+    ff_layer,
+    on_code,
+    reset_unit,
+    vec,
+    with_tail,
+)
 
 BLUR = 32  # every softmax layer moves a move's argument by less than 1/BLUR
 RAISE = Fraction(9, 8)  # the collapse raises every code entry by RAISE·C, off 0 by C/8
@@ -113,7 +122,7 @@ def _assemble(prep: Prepared, targets: list[np.ndarray], anchor: np.ndarray, lif
     beta_s, beta_c = score_scales(prep, n, exact)
     sep = rounds(prep, exact, score_scale=beta_s)
     before = prep.pending + (height_resets(lay, exact) if p.rounds else [])
-    clear = [ff_layer(units, exact) for units in _chunks(before, width)] or [None]
+    clear = [ff_layer(units, exact) for units in chunks(before, width)] or [None]
     collapse = [Block(ff, None) for ff in clear[:-1]] + \
         [Block(clear[-1], _collapse(prep, beta_c, exact))]
     moves = (_snapped_moves if snaps else _paired_moves)(prep, targets, anchor, width, exact)
@@ -188,11 +197,6 @@ def separation_scale(spread: int, n: int, exact: bool):
     return num(2, exact) ** math.ceil(math.log2(math.log(2 * BLUR * spread * n)))
 
 
-def _chunks(units: list, width: int) -> list[list]:
-    """``units`` in layers of at most ``width``."""
-    return [units[i:i + width] for i in range(0, len(units), width)]
-
-
 def _collapse(prep: Prepared, beta, exact: bool) -> SA:
     """The hardmax collapse's scores (keyed.py) times β, ρ = 0, and V = I + (9C/8)·1_code·e_oneᵀ:
     each row becomes the average of its sequence's rows with every code entry raised by 9C/8
@@ -240,7 +244,7 @@ def _snapped_moves(prep: Prepared, targets: list[np.ndarray], anchor: np.ndarray
             layers[-1] = layers[-1] + snaps
         else:
             layers.append(snaps)
-        layers += _chunks([u for k, item in enumerate(group)
+        layers += chunks([u for k, item in enumerate(group)
                            for u in _snapped_pair(prep, k, item[3], exact)], width)
         before = tags
     return layers

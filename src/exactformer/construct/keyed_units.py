@@ -175,21 +175,27 @@ def code_reader(lay: Layout, word: np.ndarray, C, weight, exact: bool) -> np.nda
     return on_code(lay, word, weight / C, exact)
 
 
+def chunks(units: list, width: int) -> list[list]:
+    """``units`` in layers of at most ``width``."""
+    return [units[i:i + width] for i in range(0, len(units), width)]
+
+
 def with_tail(layers: list[list], units: list, width: int, start: int | None = None
               ) -> list[list]:
     """``layers`` with ``units`` added in the room left from layer ``start`` on (default the
     last layer), then in layers of their own: a unit reads its layer's input, so a reset may
     share the layer of the last units that read what it resets."""
     layers, rest = fill(layers, units, width, start)
-    return layers + [rest[i:i + width] for i in range(0, len(rest), width)]
+    return layers + chunks(rest, width)
 
 
 def fill(layers: list[list], units: list, width: int, start: int | None = None
          ) -> tuple[list[list], list]:
     """``layers`` with as many of ``units`` as the room left from layer ``start`` on (default
-    the last layer) takes, in order, and the units left over."""
+    the last layer; none where there are no layers) takes, in order, and the units left
+    over."""
     layers = [list(layer) for layer in layers]
-    k = len(layers) - 1 if start is None else start
+    k = max(len(layers) - 1, 0) if start is None else start
     for i, unit in enumerate(units):
         while k < len(layers) and len(layers[k]) >= width:
             k += 1
