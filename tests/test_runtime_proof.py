@@ -648,7 +648,7 @@ def test_a_key_unit_called_off_is_off_by_more_than_the_rounding(seed, runtime):
     w + 1, rows that are no key, carry a radius, or read coordinates the units do not."""
     from itertools import product
 
-    from exactformer.verification import runtime_proof
+    from exactformer.verification import runtime_keys, runtime_proof
     from exactformer.verification.formats import get_format
     from exactformer.verification.runtime_boxes import Weights
 
@@ -675,8 +675,8 @@ def test_a_key_unit_called_off_is_off_by_more_than_the_rounding(seed, runtime):
     R = np.zeros_like(X)
     X[-2, 0] += 2.0 ** -30  # no scaled key
     R[-1, 0] = 2.0 ** -12  # a radius in Q
-    key = runtime_proof._key_layer(w)
-    assert key is not None and runtime_proof._key_rows(X, R, w, fmt, key)[0][0]
+    key = runtime_keys.key_layer(w)
+    assert key is not None and runtime_keys.key_rows(X, R, w, fmt, key)[0][0]
     off = ~runtime_proof.maybe_on(X, R, w, fmt)
     assert _off_beyond_rounding(w, X, R, off, fmt) == []
 

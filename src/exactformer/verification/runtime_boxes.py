@@ -100,6 +100,25 @@ class Weights:
             setattr(self, name, m)
             setattr(self, name + "_r", r)
 
+    @classmethod
+    def many(cls, layers: list[dict], fmt: Format) -> list[Weights]:
+        """One :class:`Weights` per dict of ``layers``, every array converted in one call (a
+        model of thousands of small layers would spend its proof's time converting them)."""
+        arrays = [np.asarray(v, dtype=float) for values in layers for v in values.values()]
+        m, r = conversions(np.concatenate([a.ravel() for a in arrays]) if arrays
+                           else np.zeros(0), fmt)
+        cuts = np.cumsum([a.size for a in arrays])[:-1]
+        parts = iter(zip(np.split(m, cuts), np.split(r, cuts), arrays, strict=True))
+        out = []
+        for values in layers:
+            w = cls.__new__(cls)
+            for name in values:
+                pm, pr, a = next(parts)
+                setattr(w, name, pm.reshape(a.shape))
+                setattr(w, name + "_r", pr.reshape(a.shape))
+            out.append(w)
+        return out
+
 
 # ------------------------------------------------------------------------------ linear maps
 def linear(Xm, Xr, Wm, Wr, b, br, fmt: Format):

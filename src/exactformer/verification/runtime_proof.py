@@ -20,13 +20,11 @@ import copy
 
 import numpy as np
 
-from ..evaluate.enclosure import TINY, lower, rounding, sum_error, up, upper
-from ..evaluate.enclosure import U as U64
+from ..evaluate.enclosure import lower, rounding, sum_error, up, upper
 from ..evaluate.grid import fits_exactly, lowbit
 from ..evaluate.jacobians import exact_entries, flag_patterns
-from ..evaluate.keys import KeyLayer, key_layers, row_keys
 from ..evaluate.twins import TWIN_ROWS, distinct
-from ..model import FF, Transformer
+from ..model import Transformer
 from ..numbers import pad_columns
 from .formats import (
     ACC,
@@ -50,6 +48,7 @@ from .runtime_boxes import (
     sign_parts,
     unknown_if_overflow,
 )
+from .runtime_keys import apply_stretch, coarse_terms, key_layer, key_rows, stretches
 from .runtime_scores import Context
 
 CHUNK_CELLS = 1 << 20  # rows × units of a residual FF's coarse test at once (in cache)
@@ -107,12 +106,14 @@ def _ff_twins(Xm, Xr, w: Weights, fmt: Format):
 
 def _ff_residual(Xm, Xr, w: Weights, fmt: Format):
     """:func:`ff_box` on finite weights; a residual layer passes the rows where every unit
-    is certainly off as they are, and encloses the others in blocks of rows. The boxes it
-    computes are :func:`guard`-ed (the rows it passes were on the way in)."""
+    is certainly off as they are, and encloses the others in blocks of rows (also where
+    every row may turn on a unit but few: a stretch's units side by side,
+    :mod:`.runtime_keys`). The boxes it computes are :func:`guard`-ed (the rows it passes
+    were on the way in)."""
     if scalar(w.eta) == 1 and w.eta_r == 0 and len(Xm) > 1:
         maybe = maybe_on(Xm, Xr, w, fmt)
         rows = np.flatnonzero(maybe.any(axis=1))
-        if len(rows) < len(Xm):
+        if len(rows) < len(Xm) or 4 * np.count_nonzero(maybe) < maybe.size:
             Ym, Yr = Xm.copy(), Xr.copy()
             for block, units in unit_blocks(maybe[rows]):
                 at = rows[block]
@@ -129,11 +130,11 @@ def maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
     runtime's rounding (θ of the sizes S) and Z's own (:func:`.rounding`), inflated by
     :func:`.up`'s factor; in chunks of rows. In a key layer (:mod:`..evaluate.keys`) a row
     whose key part is an exact scaled key is decided by the key lemma instead, one lookup
-    a row (:func:`_key_rows`)."""
-    key = _key_layer(w)
+    a row (:func:`.runtime_keys.key_rows`)."""
+    key = key_layer(w)
     if key is None:
         return _maybe_on(Xm, Xr, w, fmt)
-    lone, unit = _key_rows(Xm, Xr, w, fmt, key)
+    lone, unit = key_rows(Xm, Xr, w, fmt, key)
     out = np.zeros((len(Xm), len(w.U)), dtype=bool)
     hit = np.flatnonzero(lone & (unit >= 0))
     out[hit, unit[hit]] = True
@@ -142,18 +143,10 @@ def maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
     return out
 
 
-def _coarse_terms(k: int, fmt: Format) -> tuple[float, float, float]:
-    """(c, t, grow) of :func:`maybe_on`'s R = c·S + t + grow·(|U|·r) for units of k − 1
-    terms: the runtime's θ, its cut matmul inputs and float64's own rounding of Z and R."""
-    grow = 1 + 4 * (k + 8) * U64
-    c = (theta(k + 2, 2, fmt) + matmul_input_error(fmt) + (2 * k + 4) * U64) * grow
-    return c, (4 * k + 20) * TINY + (2 * k + 8) * fmt.tiny, grow
-
-
 def _maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
     """:func:`maybe_on` by one product of every row with every unit."""
     k = int((w.U != 0).sum(axis=1).max(initial=0)) + 1
-    c, t, grow = _coarse_terms(k, fmt)
+    c, t, grow = coarse_terms(k, fmt)
     aU, sU, sb = np.abs(w.U).T, (np.abs(w.U) + w.U_r).T, np.abs(w.b) + w.b_r
     converted = bool(w.U_r.any() or w.b_r.any())
     out = np.empty((len(Xm), len(w.U)), dtype=bool)
@@ -191,35 +184,6 @@ def _zero_reads(out, Xm, Xr, w: Weights, fmt: Format) -> None:
         return
     live = ((Xm != 0) | (Xr != 0)).astype(float) @ reads.T.astype(float)
     out[:] = np.where(live == 0, ~(w.b + w.b_r <= 0), out)  # (a nan bias may be on)
-
-
-def _key_layer(w: Weights) -> KeyLayer | None:
-    """The layer as a key layer, read from the weights as the runtime stores them (exactly:
-    no conversion radius), or None."""
-    if w.U_r.any() or w.b_r.any() or len(w.U) < 2:
-        return None
-    return key_layers([FF(scalar(w.eta), w.U, w.b, w.W)])[0]
-
-
-def _key_rows(Xm, Xr, w: Weights, fmt: Format, key: KeyLayer):
-    """Rows the key lemma decides, and the unit each may turn on (−1: none). A finite row
-    whose key part is exactly g·τ (no radius there), τ of weight at most w, has
-    U_i·x + b ≤ κ·g·(w − 1) + b at every unit i but the one with key τ, every term of the
-    unit's sum bounded by S = κ·g·w + |b|; the unit is off in every runtime evaluation when
-    κ·g·(w − 1) + c·S + t ≤ −b with :func:`maybe_on`'s c and t (no radius: no spread), all
-    positive terms, so a float64 sum inflated by (1 + 16u) bounds the exact one, and when no
-    partial sum can overflow."""
-    code, g, weight = row_keys(Xm[:, key.Q], Xr[:, key.Q])
-    kappa, b = float(key.kappa), float(key.b)
-    c, t, _ = _coarse_terms(key.w + 1, fmt)
-    with np.errstate(over="ignore", invalid="ignore"):
-        size = kappa * g * key.w - b
-        need = (kappa * g * (key.w - 1) + c * size + t) * (1 + 16 * U64) + TINY
-        lone = (np.isfinite(Xm).all(axis=1) & np.isfinite(Xr).all(axis=1) & (weight >= 0) &
-                (weight <= key.w) & (need <= -b) & (size * 2 < ACC.huge))
-    at = np.minimum(np.searchsorted(key.codes, code), len(key.codes) - 1)
-    unit = np.where((weight == key.w) & (key.codes[at] == code), key.units[at], -1)
-    return lone, unit
 
 
 def unit_blocks(maybe: np.ndarray):
@@ -451,10 +415,11 @@ def prepare(model: Transformer, fmt: Format):
     once, which need not equal β·I + p·qᵀ of the stored β, p and q that the torch module
     reads (:func:`.runtime_attention.value_gap`)."""
     params = model.to_float() if model.exact else model
+    ffs = iter(Weights.many([{"eta": b.ff.eta, "U": b.ff.U, "b": b.ff.b, "W": b.ff.W}
+                             for b in params.blocks if b.ff is not None], fmt))
     out = []
     for own, blk in zip(model.blocks, params.blocks, strict=True):
-        ff = None if blk.ff is None else Weights(
-            {"eta": blk.ff.eta, "U": blk.ff.U, "b": blk.ff.b, "W": blk.ff.W}, fmt)
+        ff = None if blk.ff is None else next(ffs)
         sa = None
         if blk.sa is not None and not blk.sa.is_identity():
             heads = [Weights({"alpha": h.A.alpha, "a": h.A.a, "c": h.A.c, "beta": h.V.beta,
@@ -486,13 +451,19 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
     spans = np.cumsum([0] + [n * len(js) for n, js in groups])
     first, inv = distinct(np.concatenate([Xm, Xr], axis=1))
     Um, Ur = Xm[first], Xr[first]
-    mixing = padding_attention(params)
+    mixing, runs, i = padding_attention(params), stretches(layers, fmt), 0
     with np.errstate(invalid="ignore", over="ignore"):
-        for (ff, sa), mixed in zip(layers, mixing, strict=True):
-            if ff is not None and mixed:
+        while i < len(layers):
+            (ff, sa), run = layers[i], runs.get(i)
+            if ff is not None and mixing[i]:
                 Um, Ur, inv = unknown_sequences(Um, Ur, inv, groups, spans)
+            done = None if run is None else apply_stretch(Um, Ur, run, fmt, ff_box)
+            if done is not None:
+                (Um, Ur), i = done, run.end
+                continue
             if ff is not None:
                 Um, Ur = ff_box(Um, Ur, ff, fmt)  # (guarded: only the rows it computed)
+            i += 1
             if sa is None:
                 continue
             Xm, Xr = _attend(Um[inv], Ur[inv], sa, groups, spans, ctx)
