@@ -7,9 +7,10 @@ arithmetics and the pass statistics), ``windows`` (which FF layers are ridge win
 ``keys`` (which are key layers, applied by lookup), ``gates`` (which are gated layers,
 applied to the rows that hold their keys), ``jobs``
 (a model prepared for a pass, and the process pool), ``state``, ``rows`` and ``compaction``
-(the rows a pass carries), ``layers`` and ``attention`` (applying one layer), ``rank_one`` and
-``runs`` (the kernels that keep large constructed models near linear), ``enclosure`` (the
-rounding bounds of a tracking pass), ``causal`` (the decoder pass), ``dense`` (the reference).
+(the rows a pass carries), ``layers`` and ``attention`` (applying one layer), ``rank_one``,
+``runs``, ``gate_runs`` and ``composed`` (the kernels that keep large constructed models near
+linear), ``enclosure`` (the rounding bounds of a tracking pass), ``causal`` (the decoder
+pass), ``dense`` (the reference).
 See docs/numerics.md.
 """
 

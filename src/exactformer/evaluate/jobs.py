@@ -23,6 +23,7 @@ from . import runs, window_pairs
 from .arithmetic import Arithmetic, PassStats
 from .boxes import BOX_LAYERS, stretch_weight
 from .causal import apply_causal_sa
+from .composed import composed_layers
 from .gate_runs import gate_runs
 from .gates import gate_layers
 from .keys import KeyRun, key_layers
@@ -49,6 +50,7 @@ class Job:
     gate_runs: dict  # first block -> gate_runs.GateRun (float64 passes)
     pairs: dict  # block -> window_pairs.Pair whose window it holds (float64 passes)
     weights: list  # per block: its stretch's boxes.stretch_weight (float64 passes), or None
+    composed: dict  # first block -> (end, composed.FF) (float64 tracking passes)
 
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau, causal: bool | None = None) -> Job:
@@ -61,11 +63,13 @@ class Job:
             gates = gate_layers([b.ff if k is None and r is None else None
                                  for b, k, r in zip(model.blocks, keys, ridges, strict=True)])
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
+        pairs = {} if ar.is_object else _pairs(blocks, keys, ridges, gates)
         return cls(ar, model.attention, blocks, ridges, tau, plan,
                    model.causal if causal is None else causal, keys, _key_runs(blocks, keys, ar),
-                   gates, {} if ar.is_object else gate_runs(blocks, gates),
-                   {} if ar.is_object else _pairs(blocks, keys, ridges, gates),
-                   [None] * len(blocks) if ar.is_object else _stretch_weights(blocks))
+                   gates, {} if ar.is_object else gate_runs(blocks, gates), pairs,
+                   [None] * len(blocks) if ar.is_object else _stretch_weights(blocks),
+                   {} if ar.is_object else
+                   composed_layers(blocks, _plain(keys, ridges, gates, pairs)))
 
     def run(self, xs: list[np.ndarray], snapshots, stats: PassStats,
             progress: bool) -> tuple[list, dict]:
@@ -119,6 +123,13 @@ class Job:
                 bar.update(gr.end - i)
                 i = gr.end
                 continue
+            cl = None if closing or st.rad is None else self.composed.get(i)
+            if cl is not None and cl[0] <= stop and \
+                    not any(i < k <= cl[0] for k in snapshots or ()):
+                apply_ff(st, cl[1], None, stats, weight=self.weights[i])
+                bar.update(cl[0] - i)
+                i = cl[0]
+                continue
             blk = self.blocks[i]
             opening = [] if st.rad is None or i + 1 >= stop or (pooled and i + 1 >= mixes) \
                 or (snapshots and i + 1 in snapshots) or len(st.P) < window_pairs.PAIR_ROWS \
@@ -143,10 +154,17 @@ class Job:
 def _pairs(blocks: list, keys: list, ridges: list, gates: list) -> dict:
     """window_pairs.window_pairs over the blocks that a pass applies one by one (no key
     layer, ridge window or gate: none of them is part of a run)."""
-    plain = [k is None and r is None and g is None
-             for k, r, g in zip(keys, ridges, gates, strict=True)]
+    plain = _plain(keys, ridges, gates, {})
     return {L: ps for L, ps in window_pairs.window_pairs(blocks).items()
             if plain[L] and plain[L + 1]}
+
+
+def _plain(keys: list, ridges: list, gates: list, pairs: dict) -> list[bool]:
+    """Per block, whether no fast path takes its FF: no key layer, ridge window or gate, and
+    no window–flip pair that opens or closes there."""
+    paired = set(pairs) | {L + 1 for L in pairs}
+    return [k is None and r is None and g is None and i not in paired
+            for i, (k, r, g) in enumerate(zip(keys, ridges, gates, strict=True))]
 
 
 def _stretch_weights(blocks: list) -> list:
