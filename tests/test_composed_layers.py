@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from test_gate_runs import holds
 from test_gates import reference
 
-from exactformer.evaluate import composed, forward, jobs
+from exactformer.evaluate import composed, enclose, forward
 from exactformer.evaluate.arithmetic import Arithmetic
 from exactformer.evaluate.jobs import Job
-from exactformer.evaluate.layers import apply_ff
+from exactformer.evaluate.layers import ff_rows
 from exactformer.model import FF, Block, Transformer
 
 
@@ -38,7 +38,7 @@ def stacks(draw):
                 rng.integers(-4, 5, size=1) / 2 + (rng.standard_normal() if generic else 0)
             W[rng.choice(D, int(rng.integers(1, 4)), replace=False), k] = \
                 rng.integers(-8, 9) / 4 + (rng.standard_normal() if generic else 0)
-        b = rng.integers(-4, 3, size=h) / 2.0
+        b = rng.integers(-4, 1, size=h) / 2.0 + (rng.random(h) < 0.1)  # (> 0: not composed)
         blocks.append(Block(FF(1.0, U, b, W), None))
     X = rng.integers(-8, 9, size=(int(rng.integers(1, 8)), D)) / 4
     X[rng.random(X.shape) < 0.4] = 0.0
@@ -56,9 +56,9 @@ def as_fractions(rows) -> list[list[Fraction]]:
 def test_a_composed_layer_is_its_layers_in_order(stack):
     """In Fractions, each composed layer gives every row what its layers in order give."""
     blocks, X = stack
-    for first, (end, ff) in composed.composed_layers(blocks, [True] * len(blocks)).items():
-        assert reference([Block(ff, None)], X) == reference(blocks[first:end], X)
-        assert end - first >= 2 and ff.width <= composed.COMPOSED_UNITS
+    for first, c in composed.composed_layers(blocks, [True] * len(blocks)).items():
+        assert reference([Block(c.ff, None)], X) == reference(blocks[first:c.end], X)
+        assert c.end - first >= 2 and c.ff.width <= composed.COMPOSED_UNITS
 
 
 @settings(max_examples=150, deadline=None)
@@ -72,8 +72,9 @@ def test_the_enclosure_of_composed_layers_holds_the_exact_pass(stack):
 def test_pairs_of_snaps_compose_and_a_layer_that_reads_a_write_does_not(monkeypatch):
     """A snapped softmax model's two layers of pairs (each reading its own snap coordinate,
     writing the data and clearing its snap) compose; the snap layer after them reads what
-    they write and starts anew; the enclosure applies the composed layer, the plain float
-    pass every layer."""
+    they write and starts anew. The enclosure applies the composed layer to the rows one
+    pair moves and the layers in order to a row both may move; the plain float pass applies
+    every layer."""
     D = 5  # data 0..1, snaps 2..3, moved 4
     pair = [(2, [0.5, -0.25]), (3, [-1.0, 0.75])]
     blocks = []
@@ -90,22 +91,38 @@ def test_pairs_of_snaps_compose_and_a_layer_that_reads_a_write_does_not(monkeypa
     W[2, 0] = 1.0
     blocks.append(Block(FF(1.0, U, np.array([-0.5]), W), None))
     found = composed.composed_layers(blocks, [True] * 3)
-    assert list(found) == [0] and found[0][0] == 2
+    assert list(found) == [0] and found[0].end == 2
     model = Transformer(d=D, attention="hardmax", blocks=blocks, exact=False)
     assert Job.of(model, Arithmetic("float"), None).composed.keys() == {0}
-    X = np.array([[0.0, 0.0, 1.5, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0], [1.0, 2.0, 0.0, 0.0, 0.0]])
+    X = np.array([[0.0, 0.0, 1.5, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0],
+                  [1.0, 2.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 2.0, 0.0]])
     widths = []
 
-    def spy(st_, ff, *args, **kw):
-        widths.append(ff.width)
-        return apply_ff(st_, ff, *args, **kw)
+    def spy(st_, ff, rows):
+        widths.append((ff.width, len(rows)))
+        return ff_rows(st_, ff, rows)
 
-    monkeypatch.setattr(jobs, "apply_ff", spy)
+    monkeypatch.setattr(composed, "ff_rows", spy)
     holds(model, [X], reference(blocks, X))
-    assert widths[0] == 4 and 2 not in widths
-    widths.clear()
+    assert widths == [(4, 2), (2, 1), (2, 1)]
     Y = X.copy()
     for blk in blocks:
         Y = Y + np.maximum(Y @ blk.ff.U.T + blk.ff.b, 0.0) @ blk.ff.W.T
-    assert np.array_equal(forward(model, [X])[0], Y) and widths[:2] == [2, 2]
+    assert np.array_equal(forward(model, [X])[0], Y)
     assert as_fractions(X) != reference(blocks, X)
+
+
+def test_a_row_two_composed_layers_move_keeps_the_float_pass_of_the_layers():
+    """1 + 10^16 − 10^16, one term a layer, both reading x_1 = 1: the layers compose, but the
+    row has units of both on, so the enclosure takes the layers in order and its float64
+    value is theirs, 0 (the composed layer would sum the two moves first: 1), with the
+    exact 1 inside its box."""
+    up = FF(1.0, np.array([[0.0, 1.0]]), np.array([0.0]), np.array([[1e16], [0.0]]))
+    down = FF(1.0, np.array([[0.0, 1.0]]), np.array([0.0]), np.array([[-1e16], [0.0]]))
+    model = Transformer(d=2, attention="hardmax", blocks=[Block(up, None), Block(down, None)],
+                        exact=False)
+    assert Job.of(model, Arithmetic("float"), None).composed.keys() == {0}
+    X = np.array([[1.0, 1.0]])
+    (out,), (rad,) = enclose(model, [X], [np.zeros(X.shape)])
+    assert out[0, 0] == 0.0 == forward(model, [X])[0][0, 0] and rad[0, 0] >= 1.0
+    holds(model, [X], reference(model.blocks, X))

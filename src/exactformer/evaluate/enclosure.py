@@ -318,7 +318,7 @@ def ff_dense_into(X, r, eta: float, U_, b, W) -> np.ndarray | None:
     outs = np.flatnonzero(W[cols].any(axis=1))  # of cols: those a unit writes
     if not len(outs):  # the layer writes nothing: x + 0
         return np.zeros(0, dtype=np.int64)
-    rows, Uc = _stirred(X, r, U_, b), U_[:, cols]
+    rows, Uc = stirred(X, r, U_, b), U_[:, cols]
     cut = np.ix_(rows, cols)
     live = rows[~_certainly_off(X[cut], r[cut], Uc, b)]
     Xc, rc = X[np.ix_(live, cols)], r[np.ix_(live, cols)]
@@ -332,7 +332,7 @@ def ff_dense_into(X, r, eta: float, U_, b, W) -> np.ndarray | None:
     return live
 
 
-def _stirred(X, r, U_, b) -> np.ndarray:
+def stirred(X, r, U_, b) -> np.ndarray:
     """The rows on which some unit may be on, or a superset: every row, unless every bias is
     ≤ 0 and every weight finite, when a row whose read coordinates are all exact zeros
     (value and radius 0) has each pre-activation exactly its bias, so every unit off

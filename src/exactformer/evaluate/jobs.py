@@ -50,7 +50,7 @@ class Job:
     gate_runs: dict  # first block -> gate_runs.GateRun (float64 passes)
     pairs: dict  # block -> window_pairs.Pair whose window it holds (float64 passes)
     weights: list  # per block: its stretch's boxes.stretch_weight (float64 passes), or None
-    composed: dict  # first block -> (end, composed.FF) (float64 tracking passes)
+    composed: dict  # first block -> composed.Composed (float64 tracking passes)
 
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau, causal: bool | None = None) -> Job:
@@ -124,11 +124,11 @@ class Job:
                 i = gr.end
                 continue
             cl = None if closing or st.rad is None else self.composed.get(i)
-            if cl is not None and cl[0] <= stop and \
-                    not any(i < k <= cl[0] for k in snapshots or ()):
-                apply_ff(st, cl[1], None, stats, weight=self.weights[i])
-                bar.update(cl[0] - i)
-                i = cl[0]
+            if cl is not None and cl.end <= stop and \
+                    not any(i < k <= cl.end for k in snapshots or ()):
+                cl.apply(st)
+                bar.update(cl.end - i)
+                i = cl.end
                 continue
             blk = self.blocks[i]
             opening = [] if st.rad is None or i + 1 >= stop or (pooled and i + 1 >= mixes) \
