@@ -63,14 +63,13 @@ def exact_dots(X: np.ndarray, V: np.ndarray, c, fmt=FLOAT64) -> np.ndarray:
     reading one exact code is not judged by the data another unit reads."""
     bits, tiny, huge = fmt
     c = np.broadcast_to(np.asarray(c, dtype=np.float64), (len(X), len(V)))
-    lx, lv = lowbit(X), lowbit(V)
+    lx = lowbit(X)
+    qv = lowbit(V).min(axis=1, initial=np.inf)  # (a zero entry's lowbit is inf)
     q = lowbit(c).copy()
     with np.errstate(over="ignore", invalid="ignore"):
         for rows in supports(V):
-            cols = np.flatnonzero(V[rows[0]])
-            qx = lx[:, cols].min(axis=1, initial=np.inf)
-            qv = lv[np.ix_(rows, cols)].min(axis=1, initial=np.inf)
-            q[:, rows] = np.minimum(q[:, rows], qx[:, None] * qv)
+            qx = lx[:, V[rows[0]] != 0].min(axis=1, initial=np.inf)
+            q[:, rows] = np.minimum(q[:, rows], qx[:, None] * qv[rows])
         Xp, Xn, Vp, Vn = (np.maximum(a, 0.0) for a in (X, -X, V, -V))
         pos = Xp @ Vp.T + Xn @ Vn.T + np.maximum(c, 0.0)
         neg = Xp @ Vn.T + Xn @ Vp.T + np.maximum(-c, 0.0)
