@@ -794,3 +794,34 @@ def test_many_rows_enclosed_once_per_group_equal_on_what_the_layer_reads(seed, r
     known = np.isfinite(Ar)  # (equal up to float64's rounding of the bounds: BLAS blocking)
     np.testing.assert_allclose(Ym[known], Am[known], rtol=1e-9, atol=1e-300)
     np.testing.assert_allclose(Yr[known], Ar[known], rtol=1e-9, atol=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1),
+       runtime=st.sampled_from(["float32", "tf32", "bfloat16", "float16"]))
+def test_weights_converted_at_once_are_those_converted_alone(seed, runtime):
+    """prepare converts every FF's weights in one call (Weights.many): each layer's stored
+    midpoints and radii, shapes included (η a scalar, U, b, W), are bit for bit those of its
+    own conversion, on values where rounding once and through float32 differ (bfloat16 and
+    float16 ties after a float32 rounding), beyond range and subnormal."""
+    from exactformer.verification.formats import get_format
+    from exactformer.verification.runtime_boxes import Weights
+
+    rng = np.random.default_rng(seed)
+    fmt = get_format(runtime)
+    specials = np.array([1 + 2.0 ** -8 + 2.0 ** -30, 1 + 2.0 ** -11 + 2.0 ** -40, 1e39,
+                         -7e4, 2.0 ** -140, 2.0 ** -20 / 3, 0.0, -0.0])
+    layers = []
+    for _ in range(int(rng.integers(1, 6))):
+        h, D = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        pick = [rng.choice(specials, size=s) * rng.choice([1, -1, 3.0], size=s)
+                + rng.standard_normal(s) * (rng.random(s) < 0.5) for s in (h * D, h, D * h)]
+        layers.append({"eta": float(rng.choice([1.0, 0.5, 1 / 3])), "U": pick[0].reshape(h, D),
+                       "b": pick[1], "W": pick[2].reshape(D, h)})
+    for one, alone in zip(Weights.many(layers, fmt), [Weights(v, fmt) for v in layers],
+                          strict=True):
+        for name in ("eta", "U", "b", "W"):
+            for suffix in ("", "_r"):
+                a, b = getattr(one, name + suffix), getattr(alone, name + suffix)
+                assert a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+                assert np.array_equal(np.signbit(a), np.signbit(b))

@@ -95,29 +95,36 @@ class Weights:
     two ways of converting to the format differ, :func:`.formats.conversions`)."""
 
     def __init__(self, values: dict, fmt: Format):
-        for name, v in values.items():
-            m, r = conversions(np.asarray(v, dtype=float), fmt)
-            setattr(self, name, m)
-            setattr(self, name + "_r", r)
+        self.__dict__.update(_stored([values], fmt)[0])
 
     @classmethod
     def many(cls, layers: list[dict], fmt: Format) -> list[Weights]:
         """One :class:`Weights` per dict of ``layers``, every array converted in one call (a
         model of thousands of small layers would spend its proof's time converting them)."""
-        arrays = [np.asarray(v, dtype=float) for values in layers for v in values.values()]
-        m, r = conversions(np.concatenate([a.ravel() for a in arrays]) if arrays
-                           else np.zeros(0), fmt)
-        cuts = np.cumsum([a.size for a in arrays])[:-1]
-        parts = iter(zip(np.split(m, cuts), np.split(r, cuts), arrays, strict=True))
         out = []
-        for values in layers:
+        for attrs in _stored(layers, fmt):
             w = cls.__new__(cls)
-            for name in values:
-                pm, pr, a = next(parts)
-                setattr(w, name, pm.reshape(a.shape))
-                setattr(w, name + "_r", pr.reshape(a.shape))
+            w.__dict__.update(attrs)
             out.append(w)
         return out
+
+
+def _stored(layers: list[dict], fmt: Format) -> list[dict]:
+    """Per dict of arrays, each array's stored midpoints and radii (``name`` and
+    ``name_r``), every array of every dict converted at once."""
+    arrays = [np.asarray(v, dtype=float) for values in layers for v in values.values()]
+    m, r = conversions(np.concatenate([a.ravel() for a in arrays]) if arrays
+                       else np.zeros(0), fmt)
+    cuts = np.cumsum([a.size for a in arrays])[:-1]
+    parts = iter(zip(np.split(m, cuts), np.split(r, cuts), arrays, strict=True))
+    out = []
+    for values in layers:
+        attrs = {}
+        for name in values:
+            pm, pr, a = next(parts)
+            attrs[name], attrs[name + "_r"] = pm.reshape(a.shape), pr.reshape(a.shape)
+        out.append(attrs)
+    return out
 
 
 # ------------------------------------------------------------------------------ linear maps
