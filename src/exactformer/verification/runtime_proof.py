@@ -373,9 +373,11 @@ def _ff_exact(Xm, Xr, Am, Ar, Zq, on, w: Weights, k: int, fmt: Format):
         lbW = np.where(fits(W, fmt.matmul_bits), lbW, 0.0)
     with np.errstate(over="ignore", invalid="ignore"):
         q = np.where(eta == 0, np.inf, lowbit(eta) * quantum(Xm, Xr, fmt))
-        for unit in range(W.shape[1]):  # per output, over the units that may write it
-            term = qA[:, unit, None] * lbW[None, :, unit]
-            q = np.minimum(q, np.where(np.isnan(term), np.inf, term))
+        step = max(1, CHUNK_CELLS // max(1, W.size))  # rows × units × outputs at once
+        for a in range(0, len(q), step):  # per output, over the units that may write it
+            term = qA[a:a + step, :, None] * lbW.T[None]
+            term[np.isnan(term)] = np.inf
+            q[a:a + step] = np.minimum(q[a:a + step], term.min(axis=1, initial=np.inf))
     Ap, An = sign_parts(np.where(on, Am, 0.0), np.where(on, Ar, 0.0))
     Xp, Xn = sign_parts(eta * Xm, abs(eta) * Xr)
     Wp, Wn = np.maximum(W, 0.0), np.maximum(-W, 0.0)
