@@ -8,10 +8,9 @@ bounds the exact evaluation of the stored numbers, which that is, so it may take
 layer: one enclosure where there were several, each of whose fixed cost is most of what a
 keyed move costs (a snapped softmax model's two layers of pairs, each reading its own snaps).
 It does so on the rows where no coordinate is written by units of two layers that may both be
-on, whose float64 values F's evaluation gives as the layers in order do (each output sums the
-terms of one layer and exact zeros), and takes the other rows through the layers in order, so
-that the pass's float64 outputs stay those of the model's own layers. A plain float pass
-keeps the layers.
+on, where each output sums the terms of one layer and exact zeros (the float64 sum the layers
+in order compute), and takes the other rows through the layers in order, so that the float64
+outputs stay those of the model's own layers. A plain float pass keeps the layers.
 """
 
 from __future__ import annotations
