@@ -139,3 +139,24 @@ def test_a_clean_stretch_is_enclosed_in_one_layer_of_units():
     (_, (Lm, Lr)) = enclose(model, get_format("float32"), Xm, Xr)
     assert not Yr.any() and np.array_equal(Ym, Lm) and not Lr.any()
     assert not Ym[:len(codes), :q].any()
+
+
+def test_a_row_that_overflows_in_a_stretch_leaves_its_sequence_unknown():
+    """A move that takes one row past float32's range in the stretch's first layer: the
+    layouts' zero attention before the next FF multiplies that row's inf by 0, nan in every
+    row of the sequence, so no row may keep a finite box. The stretch hands the layers back
+    to the layer-by-layer pass, which says so."""
+    U = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    W0 = np.array([[-2.0, 0.0], [0.0, -2.0], [3e38, 1.0]])  # (each clears its key)
+    W1 = np.array([[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    blocks = [Block(FF(1.0, U, np.full(2, -0.5), W0), None),
+              Block(FF(1.0, -U, np.full(2, -0.5), W1), None)]
+    model = Transformer(d=3, attention="hardmax", blocks=blocks, exact=False)
+    fmt = get_format("float32")
+    layers, _ = runtime_proof.prepare(model, fmt)
+    assert list(runtime_keys.stretches(layers, fmt)) == [0]
+    X = np.array([[1.0, 0.0, 2.5e38], [0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
+    (mid, rad), = runtime_proof.enclose_runtime(model, [X], fmt)
+    assert np.isinf(rad).all()
+    (mid, rad), = runtime_proof.enclose_runtime(model, [X[1:]], fmt)  # without it: finite
+    assert np.isfinite(rad).all() and mid[0, 2] == 1.5 and mid[1, 2] == 1.0
