@@ -65,9 +65,10 @@ def key_rows(rng, T: int, q: int, D: int, codes):
 
 
 def inside_points(rng, Xm, Xr, k: int) -> list[np.ndarray]:
-    """The midpoints and ``k`` random float32 points of the boxes (per row; a coordinate of
+    """The midpoints, the two far corners (every float32 here: midpoints multiples of 1/8,
+    radii 2^-10) and ``k`` random float32 points of the boxes (per row; a coordinate of
     radius 0 at its midpoint)."""
-    out = [Xm]
+    out = [Xm, Xm + Xr, Xm - Xr]
     for _ in range(k):
         P = (Xm + Xr * rng.uniform(-1, 1, size=Xm.shape)).astype(np.float32).astype(float)
         out.append(np.where(np.abs(P - Xm) <= Xr, P, Xm))
