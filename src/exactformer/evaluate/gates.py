@@ -47,8 +47,12 @@ class Gate:
 
     def rows(self, st) -> np.ndarray | None:
         """The rows of the pass state ``st`` that the layer may change (the rest are certainly
-        left as they are), or None when that is (nearly) every row."""
+        left as they are), or None when that is (nearly) every row: at once where more than
+        half the rows are no key (their classes are never quiet; a snapped softmax model's
+        snaps read the raised codes, docs/keyed.md#softmax)."""
         rk = keys_of(st, self.Q, radius_free=False)
+        if 2 * np.count_nonzero(rk.weight < 0) > len(rk.code):
+            return None
         cl = classes_of(st, self.Q, self.R, rk)
         on = cl.count > 0
         loud = np.zeros(len(on), dtype=bool)
