@@ -22,6 +22,7 @@ import numpy as np
 from ..model import FF
 from . import enclosure
 from .layers import ff_rows
+from .window_pairs import finite_residual
 
 COMPOSED_UNITS = 16  # units of a composed layer at most: the enclosures of wide ones cost more
 
@@ -96,8 +97,5 @@ def composed_layers(blocks: list, plain: list[bool]) -> dict[int, Composed]:
 
 
 def _fits(blk, plain: bool) -> bool:
-    ff = blk.ff
-    return plain and ff is not None and (blk.sa is None or blk.sa.is_identity()) and \
-        ff.eta == 1 and ff.width > 0 and ff.U.dtype == ff.b.dtype == ff.W.dtype == float and \
-        bool(np.isfinite(ff.U).all() and np.isfinite(ff.b).all() and np.isfinite(ff.W).all()
-             and (ff.b <= 0).all())
+    return plain and (blk.sa is None or blk.sa.is_identity()) and \
+        finite_residual(blk.ff) and blk.ff.width > 0 and bool((blk.ff.b <= 0).all())

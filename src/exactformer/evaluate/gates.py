@@ -139,7 +139,7 @@ def _form(ff: FF | None):
         return None
     if U.dtype == object and not all(_normal(a) for a in (U, b)):
         return None
-    off = np.setdiff1d(np.arange(U.shape[1]), Q)
+    off = np.delete(np.arange(U.shape[1]), Q)  # (Q: sorted, each once)
     return Q, off[(U[:, off] != 0).any(axis=0)], kappa.tolist()
 
 

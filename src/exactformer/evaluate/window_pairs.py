@@ -68,9 +68,10 @@ class Pair:
 def window_pairs(blocks: list) -> dict[int, list[Pair]]:
     """block L -> the pairs whose window is in L, over ``blocks`` in float64."""
     out: dict[int, list[Pair]] = {}
+    plain = [finite_residual(blk.ff) for blk in blocks]
     for L in range(len(blocks) - 1):
         a, b = blocks[L].ff, blocks[L + 1].ff
-        if not (_plain(a) and _plain(b)) or \
+        if not (plain[L] and plain[L + 1]) or \
                 (blocks[L].sa is not None and not blocks[L].sa.is_identity()):
             continue
         writes = a.W != 0
@@ -83,8 +84,8 @@ def window_pairs(blocks: list) -> dict[int, list[Pair]]:
     return out
 
 
-def _plain(ff: FF | None) -> bool:
-    """A float64 residual FF with finite parameters."""
+def finite_residual(ff: FF | None) -> bool:
+    """A float64 residual FF (η = 1) with finite parameters."""
     return ff is not None and ff.eta == 1 and all(
         np.asarray(v).dtype == float and np.isfinite(v).all() for v in (ff.U, ff.b, ff.W))
 
