@@ -30,13 +30,16 @@ COMPOSED_UNITS = 16  # units of a composed layer at most: the enclosures of wide
 @dataclass
 class Composed:
     """Blocks [start, end) as one FF (every layer's units side by side, each unit's layer in
-    ``layer``), and the layers themselves."""
+    ``layer``), and the layers themselves, with what each writes (layers × coordinates)."""
 
     start: int
     end: int
     ff: FF
     layer: np.ndarray
     layers: list[FF]
+
+    def __post_init__(self):
+        self.writes = np.array([ff.W.any(axis=1) for ff in self.layers], dtype=float)
 
     def apply(self, st) -> None:
         """The layers on the tracking pass ``st``: F on the rows where no two layers that may
@@ -47,7 +50,8 @@ class Composed:
         rows = enclosure.stirred(st.P, st.rad, ff.U, ff.b)
         if not len(rows):
             return
-        mixed = self._clash(self._flagged(st.P[rows], st.rad[rows]))
+        read = (st.P[rows] != 0) | (st.rad[rows] != 0)
+        mixed = self._clash(enclosure.flagged_reads(read, ff.U) > 0)
         if mixed.any():  # (a unit reading only exact zeros is off: the others decide)
             at = np.flatnonzero(mixed)
             mixed[at] = self._clash(enclosure.maybe_on(st.P[rows[at]], st.rad[rows[at]],
@@ -57,18 +61,12 @@ class Composed:
         for layer in self.layers if mixed.any() else ():
             ff_rows(st, layer, rows[mixed])
 
-    def _flagged(self, X, r) -> np.ndarray:
-        """Per row and unit, whether the unit reads a nonzero value or radius of X ± r."""
-        flags = ((X != 0) | (r != 0)).astype(float)
-        return flags @ (self.ff.U != 0).T.astype(float) > 0
-
     def _clash(self, on: np.ndarray) -> np.ndarray:
         """Rows where units of two layers that write a common coordinate are both ``on``
         (rows × units): only there may F's float64 sum differ from the layers'."""
-        writes = np.array([ff.W.any(axis=1) for ff in self.layers], dtype=float)
         per = np.stack([on[:, self.layer == k].any(axis=1)
                         for k in range(len(self.layers))], axis=1)
-        return (per.astype(float) @ writes > 1).any(axis=1)
+        return (per.astype(float) @ self.writes > 1).any(axis=1)
 
 
 def composed_layers(blocks: list, plain: list[bool]) -> dict[int, Composed]:

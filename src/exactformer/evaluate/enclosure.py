@@ -68,11 +68,11 @@ def _pre_activations(X, r, U_, b):
     z_round = rounding(np.abs(X) @ aU.T + np.abs(b), X.shape[1])
     z_round[exact_dots(X, U_, b)] = 0.0  # no evaluation rounds these (docs/numerics.md#grid)
     z_rad = up(r @ aU.T + z_round, X.shape[1] + 1)
-    z_rad[(_flagged_reads(r, U_) == 0) & (z_round == 0)] = 0.0
+    z_rad[(flagged_reads(r, U_) == 0) & (z_round == 0)] = 0.0
     return Z, z_round, z_rad
 
 
-def _flagged_reads(flags, V) -> np.ndarray:
+def flagged_reads(flags, V) -> np.ndarray:
     """Per row of ``flags`` and row of V: how many of the columns V reads are flagged
     (nonzero; nan counts). For radii: 0 where the row's values there are the exact ones."""
     return (flags != 0).astype(np.float64) @ (V != 0).T.astype(np.float64)
@@ -373,7 +373,7 @@ def maybe_on(X, r, U_, b) -> np.ndarray:
     with np.errstate(invalid="ignore"):  # upper(Z, z_rad) <= 0 (z_rad > 0) without its
         on = ~(Z + z_rad < 0)  # nextafter: a float sum < 0 is exactly < 0; nan is on
     if np.isfinite(U_).all():
-        zeros = _flagged_reads((X != 0) | (r != 0), U_) == 0
+        zeros = flagged_reads((X != 0) | (r != 0), U_) == 0
         on = np.where(zeros, np.broadcast_to(~(b <= 0), on.shape), on)  # (nan: may be on)
     return on
 
@@ -392,7 +392,7 @@ def _ff_dense(X, r, eta, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     pcs = pieces(active, W, U_, eta)
     rad = units_radius(r, active, unsure, z_round, z_rad, W, U_, eta, pcs)
     e = eta if np.ndim(eta) == 0 else 1.0
-    exact = _flagged_reads((z_rad != 0) & may_be_on, W) == 0  # exact units write it
+    exact = flagged_reads((z_rad != 0) & may_be_on, W) == 0  # exact units write it
     if e != 0:
         exact &= ro == 0  # and the coordinate itself is exact
     out = e * Xo + A @ W.T
@@ -403,12 +403,12 @@ def _ff_dense(X, r, eta, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     rad = up(rad + sums, 2 * (h + d) + 4)
     rad[exact & (sums == 0)] = 0.0  # exact terms, a sum no evaluation rounds
     if e == 1:  # a coordinate no unit that may be on writes: x + 0, exactly, in both
-        untouched = _flagged_reads(may_be_on, W) == 0
+        untouched = flagged_reads(may_be_on, W) == 0
         rad = np.where(untouched & np.isfinite(out), ro, rad)  # inf·0 = nan is not x
     rows = np.flatnonzero(~unsure.any(axis=1) & active.any(axis=1))
     if len(rows):
         settled = (sums == 0) & np.isfinite(out) & \
-            (_flagged_reads((z_round != 0) & active, W) == 0)
+            (flagged_reads((z_round != 0) & active, W) == 0)
         pieces_into(out, rad, X, r, eta, pcs, b, W, rows, settled)
     return out, rad
 

@@ -8,6 +8,8 @@ runtimes. NumPy only.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ..evaluate.enclosure import lower, rounding, up, upper
@@ -107,6 +109,16 @@ class Weights:
             w.__dict__.update(attrs)
             out.append(w)
         return out
+
+
+def ff_units(w: Weights, units) -> Weights:
+    """The FF layer ``w`` with only ``units`` (rows of U and b, columns of W)."""
+    out = copy.copy(w)
+    for name in ("U", "U_r", "b", "b_r"):
+        setattr(out, name, getattr(w, name)[units])
+    for name in ("W", "W_r"):
+        setattr(out, name, getattr(w, name)[:, units])
+    return out
 
 
 def _stored(layers: list[dict], fmt: Format) -> list[dict]:

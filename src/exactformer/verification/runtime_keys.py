@@ -24,7 +24,7 @@ from ..evaluate.enclosure import U as U64
 from ..evaluate.keys import KeyLayer, key_layers, row_keys
 from ..model import FF
 from .formats import ACC, Format, matmul_input_error, theta
-from .runtime_boxes import Weights, scalar
+from .runtime_boxes import Weights, ff_units, scalar
 
 
 def coarse_terms(k: int, fmt: Format) -> tuple[float, float, float]:
@@ -148,7 +148,8 @@ def apply_stretch(Xm, Xr, s: Stretch, fmt: Format, ff_box):
     once = np.flatnonzero(lone & (layer >= 0))
     alone = np.ones(len(once), dtype=bool)
     if len(once):
-        Fm, Fr = ff_box(Xm[once], Xr[once], _units(s, s.offset[layer[once]] + unit[once]), fmt)
+        moving = ff_units(s.side, np.unique(s.offset[layer[once]] + unit[once]))
+        Fm, Fr = ff_box(Xm[once], Xr[once], moving, fmt)
         if not (np.isfinite(Fm).all() and np.isfinite(Fr).all()):
             return None
         after, hit, _ = _hits(Fm, Fr, s, fmt)
@@ -175,14 +176,3 @@ def _hits(Xm, Xr, s: Stretch, fmt: Format):
     at = np.minimum(lo, len(s.codes) - 1)
     layer = np.where(n == 1, s.layer[at], np.where(n == 0, -1, -2))
     return lone, layer, np.where(n == 1, s.unit[at], -1)
-
-
-def _units(s: Stretch, idx: np.ndarray) -> Weights:
-    """The stretch's units ``idx`` (each once, in order) as one FF layer."""
-    idx = np.unique(idx)
-    out = copy.copy(s.side)
-    for name in ("U", "U_r", "b", "b_r"):
-        setattr(out, name, getattr(s.side, name)[idx])
-    for name in ("W", "W_r"):
-        setattr(out, name, getattr(s.side, name)[:, idx])
-    return out

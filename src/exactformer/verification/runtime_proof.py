@@ -39,6 +39,7 @@ from .formats import (
 from .runtime_attention import sa_box
 from .runtime_boxes import (
     Weights,
+    ff_units,
     high,
     linear,
     low,
@@ -196,16 +197,6 @@ def unit_blocks(maybe: np.ndarray):
     for a in range(0, len(order), size):
         block = order[a:a + size]
         yield block, np.flatnonzero(maybe[block].any(axis=0))
-
-
-def ff_units(w: Weights, units) -> Weights:
-    """The FF layer ``w`` with only ``units`` (rows of U and b, columns of W)."""
-    out = copy.copy(w)
-    for name in ("U", "U_r", "b", "b_r"):
-        setattr(out, name, getattr(w, name)[units])
-    for name in ("W", "W_r"):
-        setattr(out, name, getattr(w, name)[:, units])
-    return out
 
 
 def ff_outputs(w: Weights, cols) -> Weights:
