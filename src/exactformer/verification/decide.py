@@ -67,7 +67,7 @@ def verify(model: Transformer, dataset: Dataset, tolerance: float = 1e-9,
     * hardmax, float64 parameters: judged by the exact value of the stored floats against
       ``tolerance`` × the data's coordinate scale — settled by float64 enclosures where their
       bound is within it, else by an exact pass compared exactly. A second, independent
-      float64 implementation (torch, else a dense NumPy pass) is reported beside it;
+      float64 implementation (a plain dense NumPy pass) is reported beside it;
     * softmax: OK when a ball-arithmetic bound (no weight dropped, precision doubled up to
       16 × ``digits`` decimal digits) puts every pair within 10^-(digits−10) × scale (rational
       parameters) or ``tolerance`` × scale (float64; a set model without a snap line is first
@@ -367,25 +367,17 @@ INDEPENDENT_BUDGET = 2e9  # dense float64 operations the independent check may s
 
 
 def _independent(model, xs, ys, tau, extra: dict) -> list[int]:
-    """The float64 error of a second implementation (the torch module when torch is
-    installed, else :func:`dense_forward`), recorded in ``extra``; returns the pairs whose
-    outputs are not finite there. ``xs``, ``ys``: the data in float64."""
+    """The float64 error of a second implementation, :func:`dense_forward` (every token,
+    every layer dense, written apart from the pass that decides), recorded in ``extra``;
+    returns the pairs whose outputs are not finite there. ``xs``, ``ys``: the data in
+    float64 (docs/verification.md#what-verify-decides)."""
     cost = model.n_blocks * model.d * sum(len(x) ** 2 for x in xs)
     if cost > INDEPENDENT_BUDGET:
         extra["independent float64 check"] = f"skipped ({cost:.2g} dense operations)"
         return []
-    m = model if tau is None else replace(model, tau=tau)
-    try:
-        from ..export import apply, to_torch
-        module = to_torch(m, ff="dense")
-    except ImportError:
-        module = None
-    if module is not None and any(True for _ in module.parameters()):
-        outs, name = apply(module, xs), "torch"
-    else:  # no torch, or no parameters at all (nothing for torch to run)
-        outs, name = dense_forward(m, xs), "NumPy dense"
+    outs = dense_forward(model, xs, tau=tau)
     hd = per_pair(hausdorff_stack, [np.asarray(o, dtype=float) for o in outs], ys)
-    extra[f"float64 max Hausdorff error ({name})"] = fmt(worst(hd))
+    extra["float64 max Hausdorff error (NumPy dense)"] = fmt(worst(hd))
     return [j for j, o in enumerate(outs) if not np.isfinite(o).all()]
 
 
