@@ -136,8 +136,10 @@ def why(row: dict) -> str:
         return " (the causal enclosure applies every FF layer that is no key lookup densely to " \
                "every row, and verify runs the plain float64 causal pass beside it)"
     if row["attention"].startswith("softmax"):
-        return " (every move layer is enclosed on its own, a snap's gate and then its pair, " \
-               "which form no runs: a fraction of a ms each on a few rows, thousands of them; " \
+        return " (a move is a snap layer, read over every row, or every box of rows from " \
+               "4 096 rows, since the raised codes are no keys, and a layer of pairs, two of " \
+               "which compose into one enclosure, " \
+               "docs/numerics.md#composed-layers: a fraction of a ms each, thousands of them; " \
                "and the collapse's enclosure bounds n² scores)"
     return " (the enclosure applies the separation layers to every row, and the tagging " \
            "windows to every distinct token below 1 024 of them, to the rows near each " \
