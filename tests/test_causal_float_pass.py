@@ -34,7 +34,7 @@ def test_an_inf_of_the_plain_float64_pass_fails_a_causal_model_without_attention
     assert not report.ok
 
 
-def test_a_nan_only_a_dense_pass_forms_fails_a_set_model():
+def test_an_inf_or_nan_only_a_dense_pass_forms_fails_a_set_model():
     """A row beyond the hat's right end: the fast pass and the enclosure leave it alone (the
     window is 0 there), a dense pass forms w·t − 2w·(t − a1) + w·(t − a2) with products beyond
     float64: inf − inf, or inf where an FMA keeps the later products exact. verify's independent
