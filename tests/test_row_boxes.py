@@ -168,8 +168,8 @@ def test_moves_of_one_row_each_leave_the_other_boxes_unread(monkeypatch):
     monkeypatch.setattr(layers, "BOX_ROWS", 1)
     monkeypatch.setattr(jobs, "BOX_LAYERS", 1)
     monkeypatch.setattr(boxes, "GROUP", 4)
-    monkeypatch.setattr(jobs, "composed_layers", lambda blocks, plain: {})  # (they would
-    # compose, none reading the column they write: here every layer goes to the boxes)
+    monkeypatch.setattr(jobs, "staged_runs", lambda blocks, plain, weights: {})  # (a staged
+    # run would take them at once: here every layer goes to the boxes)
     out, rad = enclose(model, [X], [np.zeros(X.shape)])
     want = X.copy()
     want[0:40:4, 2] = 1.0

@@ -8,7 +8,7 @@ arithmetics and the pass statistics), ``windows`` (which FF layers are ridge win
 applied to the rows that hold their keys), ``jobs``
 (a model prepared for a pass, and the process pool), ``state``, ``rows`` and ``compaction``
 (the rows a pass carries), ``layers`` and ``attention`` (applying one layer), ``rank_one``,
-``runs``, ``gate_runs`` and ``composed`` (the kernels that keep large constructed models near
+``runs``, ``gate_runs`` and ``staged`` (the kernels that keep large constructed models near
 linear), ``enclosure`` (the rounding bounds of a tracking pass), ``causal`` (the decoder
 pass), ``dense`` (the reference).
 See docs/numerics.md.

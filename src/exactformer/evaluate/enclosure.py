@@ -304,28 +304,34 @@ def ff_dense(X, r, eta: float, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
     return out, rad
 
 
-def ff_dense_into(X, r, eta: float, U_, b, W) -> np.ndarray | None:
+def ff_dense_into(X, r, eta: float, U_, b, W, off=None) -> np.ndarray | None:
     """:func:`ff_dense` in place; returns the rows it may have changed (None: any row). With
     η = 1, a finite output coordinate that no unit which may be on writes is x itself in both
     passes and keeps its radius (docs/numerics.md, keyed models), a coordinate no unit reads
     or writes is not even looked at (a keyed layer touches a few of the model's coordinates),
     a row whose units are all certainly off is left as it is (not among the rows returned),
-    and rows equal on those coordinates (radii included) are evaluated once."""
+    and rows equal on those coordinates (radii included) are evaluated once. ``off`` (rows ×
+    units, W finite): units that are no part of the row's layer, held off (:func:`_ff_dense`)."""
     cols = np.flatnonzero(U_.any(axis=0) | W.any(axis=1))
     if eta != 1 or len(cols) == X.shape[1]:
-        X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
+        X[:], r[:] = _ff_dense(X, r, eta, U_, b, W, off)
         return None
     outs = np.flatnonzero(W[cols].any(axis=1))  # of cols: those a unit writes
     if not len(outs):  # the layer writes nothing: x + 0
         return np.zeros(0, dtype=np.int64)
     rows, Uc = stirred(X, r, U_, b), U_[:, cols]
     cut = np.ix_(rows, cols)
-    live = rows[~_certainly_off(X[cut], r[cut], Uc, b)]
+    on = maybe_on(X[cut], r[cut], Uc, b)
+    if off is not None:
+        on &= ~off[rows]
+    live = rows[on.any(axis=1)]
     Xc, rc = X[np.ix_(live, cols)], r[np.ix_(live, cols)]
-    first, inv = _twins(Xc, rc)
-    out, rad = _ff_dense(Xc[first], rc[first], np.eye(len(cols))[outs], Uc, b, W[cols[outs]])
+    first, inv = _twins(Xc, rc) if off is None else _twins(Xc, rc, off[live])
+    held = None if off is None else off[live][first]
+    out, rad = _ff_dense(Xc[first], rc[first], np.eye(len(cols))[outs], Uc, b, W[cols[outs]],
+                         held)
     if not np.isfinite(out).all():  # an infinite unit makes inf·0 = nan elsewhere
-        X[:], r[:] = _ff_dense(X, r, eta, U_, b, W)
+        X[:], r[:] = _ff_dense(X, r, eta, U_, b, W, off)
         return None
     to = cols[outs]
     X[np.ix_(live, to)], r[np.ix_(live, to)] = out[inv], rad[inv]
@@ -345,20 +351,15 @@ def stirred(X, r, U_, b) -> np.ndarray:
     return np.flatnonzero(((X[:, reads] != 0) | (r[:, reads] != 0)).any(axis=1))
 
 
-def _twins(Xc, rc) -> tuple[np.ndarray, np.ndarray]:
+def _twins(Xc, rc, off=None) -> tuple[np.ndarray, np.ndarray]:
     """(first, inv): the live rows of many that are distinct on the layer's coordinates, values
-    and radii (:func:`.twins.distinct`), so that each is evaluated once; every row alone when
-    there are few (the moves: a few live rows of tens of thousands)."""
+    and radii (and units held ``off``) (:func:`.twins.distinct`), so that each is evaluated
+    once; every row alone when there are few (the moves: a few live rows of tens of
+    thousands)."""
     if len(Xc) < TWIN_ROWS:
         return np.arange(len(Xc)), np.arange(len(Xc))
-    return distinct(np.concatenate([Xc, rc], axis=1))
-
-
-def _certainly_off(X, r, U_, b) -> np.ndarray:
-    """Rows on whose whole box every unit is certainly off (:func:`maybe_on`): with η = 1
-    the layer returns such a row as it is, x + 0 in every evaluation, radius included. Most
-    rows of a keyed layer after the tagging are such rows (docs/numerics.md#enclosures)."""
-    return ~maybe_on(X, r, U_, b).any(axis=1)
+    parts = [Xc, rc] if off is None else [Xc, rc, off.astype(np.float64)]
+    return distinct(np.concatenate(parts, axis=1))
 
 
 def maybe_on(X, r, U_, b) -> np.ndarray:
@@ -378,15 +379,21 @@ def maybe_on(X, r, U_, b) -> np.ndarray:
     return on
 
 
-def _ff_dense(X, r, eta, U_, b, W) -> tuple[np.ndarray, np.ndarray]:
+def _ff_dense(X, r, eta, U_, b, W, off=None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`ff_dense` on every coordinate of X; a coordinate of a row whose units' signs
     are all certain takes the affine piece's evaluation where that bounds it tighter
     (:func:`.jacobians.pieces_into`). ``eta``: η, or (η = 1) the rows of the identity of
     the output coordinates, W then having those rows alone: coordinates no unit writes are
-    left out of the output (a tagging window reads every data coordinate and writes one)."""
+    left out of the output (a tagging window reads every data coordinate and writes one).
+    ``off`` (rows × units, W finite): per row, units that are no part of its layer (a staged
+    run's other layers, :mod:`.staged`): certainly off with radius 0, so each adds an exact
+    0, and the sums' rounding counts the row's own units alone."""
     d, h = X.shape[1], len(b)
     Xo, ro, eta = _outputs(X, r, eta)
     Z, z_round, z_rad = _pre_activations(X, r, U_, b)
+    if off is not None:
+        Z[off], z_round[off], z_rad[off] = -1.0, 0.0, 0.0
+        h = int((~off).sum(axis=1).max(initial=0))
     active, unsure = signs(Z, z_rad)
     A, may_be_on = np.maximum(Z, 0.0), active | unsure
     pcs = pieces(active, W, U_, eta)

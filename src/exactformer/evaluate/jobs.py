@@ -23,11 +23,11 @@ from . import runs, window_pairs
 from .arithmetic import Arithmetic, PassStats
 from .boxes import BOX_LAYERS, stretch_weight
 from .causal import apply_causal_sa
-from .composed import composed_layers
 from .gate_runs import gate_runs
 from .gates import gate_layers
 from .keys import KeyRun, key_layers
 from .layers import apply_ff, apply_sa, ff_rows
+from .staged import staged_runs
 from .state import CausalState, RowState
 from .windows import paused_gc, ridges_of
 
@@ -50,7 +50,7 @@ class Job:
     gate_runs: dict  # first block -> gate_runs.GateRun (float64 passes)
     pairs: dict  # block -> window_pairs.Pair whose window it holds (float64 passes)
     weights: list  # per block: its stretch's boxes.stretch_weight (float64 passes), or None
-    composed: dict  # first block -> composed.Composed (float64 tracking passes)
+    staged: dict  # first block -> staged.StagedRun (float64 tracking passes)
 
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau, causal: bool | None = None) -> Job:
@@ -64,12 +64,13 @@ class Job:
                                  for b, k, r in zip(model.blocks, keys, ridges, strict=True)])
         tau = ar.scalar(tau if tau is not None else (model.tau if model.tau is not None else 1))
         pairs = {} if ar.is_object else _pairs(blocks, keys, ridges, gates)
+        weights = [None] * len(blocks) if ar.is_object else _stretch_weights(blocks)
+        grs = {} if ar.is_object else gate_runs(blocks, gates)
         return cls(ar, model.attention, blocks, ridges, tau, plan,
                    model.causal if causal is None else causal, keys, _key_runs(blocks, keys, ar),
-                   gates, {} if ar.is_object else gate_runs(blocks, gates), pairs,
-                   [None] * len(blocks) if ar.is_object else _stretch_weights(blocks),
-                   {} if ar.is_object else
-                   composed_layers(blocks, _plain(keys, ridges, gates, pairs)))
+                   gates, grs, pairs, weights,
+                   {} if ar.is_object else staged_runs(
+                       blocks, _plain(keys, ridges, _in_runs(gates, grs), pairs), weights))
 
     def run(self, xs: list[np.ndarray], snapshots, stats: PassStats,
             progress: bool) -> tuple[list, dict]:
@@ -123,12 +124,11 @@ class Job:
                 bar.update(gr.end - i)
                 i = gr.end
                 continue
-            cl = None if closing or st.rad is None else self.composed.get(i)
-            if cl is not None and cl.end <= stop and \
-                    not any(i < k <= cl.end for k in snapshots or ()):
-                cl.apply(st)
-                bar.update(cl.end - i)
-                i = cl.end
+            sr = None if closing or st.rad is None else self.staged.get(i)
+            if sr is not None and sr.end <= stop and \
+                    not any(i < k <= sr.end for k in snapshots or ()) and sr.apply(st):
+                bar.update(sr.end - i)
+                i = sr.end
                 continue
             blk = self.blocks[i]
             opening = [] if st.rad is None or i + 1 >= stop or (pooled and i + 1 >= mixes) \
@@ -157,6 +157,13 @@ def _pairs(blocks: list, keys: list, ridges: list, gates: list) -> dict:
     plain = _plain(keys, ridges, gates, {})
     return {L: ps for L, ps in window_pairs.window_pairs(blocks).items()
             if plain[L] and plain[L + 1]}
+
+
+def _in_runs(gates: list, grs: dict) -> list:
+    """The gated layers that are part of a gate run (the others None): a gated layer alone
+    (a softmax model's snap, whose raised codes are no keys) may be part of a staged run."""
+    inside = {i for run in grs.values() for i in range(run.start, run.end)}
+    return [g if i in inside else None for i, g in enumerate(gates)]
 
 
 def _plain(keys: list, ridges: list, gates: list, pairs: dict) -> list[bool]:

@@ -25,7 +25,7 @@ from .state import RowState, SortedProjection
 from .windows import Ridge
 
 DENSE_ROWS = 2 ** 16  # rows per slice of a dense FF in an enclosure pass
-BOX_ROWS = 4096  # rows from which an enclosure pass keeps them in boxes (evaluate/boxes.py)
+BOX_ROWS = 2048  # rows from which an enclosure pass keeps them in boxes (evaluate/boxes.py)
 
 
 def apply_ff(st: RowState, ff: FF, ridges: list[tuple[Ridge, FF]] | None, stats: PassStats,
@@ -88,7 +88,7 @@ def dense_tracking(st: RowState, ff: FF, weight: np.ndarray | None = None) -> No
     few rows, a residual FF takes only the rows of the boxes whose bound lets a unit be on
     (:class:`.boxes.Boxes`, sorted by ``weight``: what the stretch's FFs weigh each
     coordinate; None: no new boxes); any other, in slices written back in place."""
-    boxes = _boxes(st, ff, weight)
+    boxes = current_boxes(st, ff, weight)
     if boxes is not None:
         reads = np.flatnonzero(ff.U.any(axis=0))
         high, _ = boxes.bounds(reads, ff.U[:, reads], ff.b)
@@ -132,7 +132,7 @@ def ff_rows(st: RowState, ff: FF, rows: np.ndarray) -> int:
     return len(rows)
 
 
-def _boxes(st: RowState, ff: FF, weight: np.ndarray | None) -> Boxes | None:
+def current_boxes(st: RowState, ff: FF, weight: np.ndarray | None) -> Boxes | None:
     """The tracking pass's boxes for the residual FF ``ff`` (η = 1, W finite), brought up to
     date: every row changed since they were last asked leaves its box, and an attention
     write of any column drops them. Made anew, sorted by ``weight``, after a layer that
