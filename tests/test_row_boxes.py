@@ -168,7 +168,7 @@ def test_moves_of_one_row_each_leave_the_other_boxes_unread(monkeypatch):
     monkeypatch.setattr(layers, "BOX_ROWS", 1)
     monkeypatch.setattr(jobs, "BOX_LAYERS", 1)
     monkeypatch.setattr(boxes, "GROUP", 4)
-    monkeypatch.setattr(jobs, "staged_runs", lambda blocks, plain, weights: {})  # (a staged
+    monkeypatch.setattr(jobs, "staged_runs", lambda blocks, plain, weights, gated: {})  # (a staged
     # run would take them at once: here every layer goes to the boxes)
     out, rad = enclose(model, [X], [np.zeros(X.shape)])
     want = X.copy()

@@ -70,7 +70,8 @@ class Job:
                    model.causal if causal is None else causal, keys, _key_runs(blocks, keys, ar),
                    gates, grs, pairs, weights,
                    {} if ar.is_object else staged_runs(
-                       blocks, _plain(keys, ridges, _in_runs(gates, grs), pairs), weights))
+                       blocks, _plain(keys, ridges, _in_runs(gates, grs), pairs), weights,
+                       [g is not None for g in gates]))
 
     def run(self, xs: list[np.ndarray], snapshots, stats: PassStats,
             progress: bool) -> tuple[list, dict]:

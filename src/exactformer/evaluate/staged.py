@@ -93,11 +93,14 @@ class StagedRun:
         return boxes.rows(np.flatnonzero(high > 0), with_dirty=True)
 
 
-def staged_runs(blocks: list, plain: list[bool], weights: list) -> dict[int, StagedRun]:
+def staged_runs(blocks: list, plain: list[bool], weights: list,
+                gated: list[bool]) -> dict[int, StagedRun]:
     """first block -> :class:`StagedRun` for every maximal stretch [first, end) of two or more
     blocks whose FF is residual (η = 1), finite, with biases ≤ 0 and ``plain`` (taken by no
-    other fast path), with no attention, :data:`RUN_UNITS` units in all at most; ``blocks``
-    in float64, ``weights`` per block as :func:`.jobs._stretch_weights` gives them."""
+    other fast path), with no attention, :data:`RUN_UNITS` units in all at most, not all of
+    them ``gated`` (layers their gates take one by one for less: wide moves, which no gated
+    run takes either); ``blocks`` in float64, ``weights`` per block as
+    :func:`.jobs._stretch_weights` gives them."""
     fits = [_fits(blk, p) for blk, p in zip(blocks, plain, strict=True)]
     out, i = {}, 0
     while i < len(blocks):
@@ -105,7 +108,7 @@ def staged_runs(blocks: list, plain: list[bool], weights: list) -> dict[int, Sta
         while j < len(blocks) and fits[j] and units + len(blocks[j].ff.b) <= RUN_UNITS:
             units += len(blocks[j].ff.b)
             j += 1
-        if j - i >= 2:
+        if j - i >= 2 and not all(gated[i:j]):
             ffs = [b.ff for b in blocks[i:j]]
             ff = FF(1.0, np.vstack([f.U for f in ffs]), np.concatenate([f.b for f in ffs]),
                     np.hstack([f.W for f in ffs]))
