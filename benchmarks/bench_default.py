@@ -136,11 +136,11 @@ def why(row: dict) -> str:
         return " (the causal enclosure applies every FF layer that is no key lookup densely to " \
                "every row, and verify runs the plain float64 causal pass beside it)"
     if row["attention"].startswith("softmax"):
-        return " (a move is a snap layer, read over every row, or every box of rows from " \
-               "4 096 rows, since the raised codes are no keys, and a layer of pairs, two of " \
-               "which compose into one enclosure, " \
-               "docs/numerics.md#composed-layers: a fraction of a ms each, thousands of them; " \
-               "and the collapse's enclosure bounds n² scores)"
+        return " (the enclosure applies the tagging windows to every distinct token below " \
+               "1 024 of them, to the rows near each window above, docs/numerics.md#window-" \
+               "flip-pairs, and bounds n² scores at the collapse; the moves, a snap and a " \
+               "pair each, go in staged runs of up to 256 units, a few enclosures a run, " \
+               "docs/numerics.md#staged-runs)"
     return " (the enclosure applies the separation layers to every row, and the tagging " \
            "windows to every distinct token below 1 024 of them, to the rows near each " \
            "window above; docs/numerics.md#window-flip-pairs)"
