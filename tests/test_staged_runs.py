@@ -148,3 +148,44 @@ def test_held_off_units_are_no_part_of_the_row():
                    for (o, e), v in zip(box, alone[0], strict=True))
         assert not all(abs(Fraction(o) - v) <= Fraction(e)
                        for (o, e), v in zip(box, both[i], strict=True))
+
+
+def test_a_held_off_weight_does_not_deny_the_grid_certificate(monkeypatch):
+    """A layer with a generic weight (0.1) on a coordinate, then a snap-like write of 0.75
+    into it, the pair that moves it on and clears it, and a unit that reads the cleared
+    coordinate at bias 0 and would spread any radius left there 10⁶-fold. Layers in order
+    keep every radius 0 (every sum is on a common quantum, docs/numerics.md#grid); so must
+    the staged run, whose row holds the generic weight's unit off."""
+    rest = np.array([[-1.0, 0.0, 1.0]])
+    layers = [([[0.0, 0.0, 1.0]], [-1.0], [[0.0], [0.1], [0.0]]),
+              ([[1.0, 0.0, 0.0]], [-0.5], [[0.0], [0.75], [0.0]]),
+              ([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0]], [0.0, -1.0], [[0.0, 0.0], [-1.0, 1.0],
+                                                                  [1.0, -1.0]]),
+              ([[0.0, 1.0, 0.0]], [0.0], [[1e6], [0.0], [0.0]])]
+    blocks = [Block(FF(1.0, np.vstack([U, rest]), np.array(b + [-4.0]),
+                       np.hstack([W, [[0.0], [0.0], [1.0]]])), None) for U, b, W in layers]
+    model = Transformer(d=3, attention="hardmax", blocks=blocks, exact=False)
+    X = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    seen = counted(monkeypatch)
+    (out,), (rad,) = enclose(model, [X], [np.zeros(X.shape)])
+    assert seen["runs"] == 1 and seen["stages"] >= 2
+    assert out[0].tolist() == [1.0, 0.0, 0.375] and not rad.any()
+
+
+def test_a_row_that_is_not_finite_goes_through_its_layers_one_by_one(monkeypatch):
+    """An infinite radius on a coordinate that only the run's second layer reads: in the
+    merged layer's products it would meet the first layer's zero weights (inf·0 = nan) and
+    make that layer's units undecided. The row goes through the layers one by one, as in
+    order: the first layer keeps the radius of the coordinate it writes."""
+    L0 = FF(1.0, np.array([[2.0, 0, 0, 0], [-1.0, 0, 0, 0.5]]), np.array([-1.0, -4.0]),
+            np.array([[0.0, 0], [0.25, 0], [0, 0], [0, 1.0]]))
+    L1 = FF(1.0, np.array([[0, 0, 1.0, 0], [0, 0, -1.0, 0.5]]), np.array([-1.0, -4.0]),
+            np.array([[0.0, 0], [0, 0], [0, 0], [1.0, 1.0]]))
+    model = Transformer(d=4, attention="hardmax", blocks=[Block(L0, None), Block(L1, None)],
+                        exact=False)
+    X = np.array([[0.0, 3.0, 5.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    R = np.array([[0.1, 0.001, np.inf, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    seen = counted(monkeypatch)
+    (out,), (rad,) = enclose(model, [X], [R])
+    assert seen["runs"] == 1
+    assert out[0, 1] == 3.0 and rad[0, 1] == 0.001

@@ -406,7 +406,7 @@ def _ff_dense(X, r, eta, U_, b, W, off=None) -> tuple[np.ndarray, np.ndarray]:
     sums = rounding(abs(e) * np.abs(Xo) + A @ np.abs(W).T, h + 1)
     written = np.flatnonzero(W.any(axis=1))
     if e in (0, 1, -1):  # η·x exact: the row's own term of each sum (grid.py)
-        sums[:, written] *= ~exact_dots(A, W[written], e * Xo[:, written])
+        sums[:, written] *= ~exact_dots(A, W[written], e * Xo[:, written], held=off)
     rad = up(rad + sums, 2 * (h + d) + 4)
     rad[exact & (sums == 0)] = 0.0  # exact terms, a sum no evaluation rounds
     if e == 1:  # a coordinate no unit that may be on writes: x + 0, exactly, in both

@@ -54,22 +54,26 @@ def supports(V: np.ndarray) -> list[np.ndarray]:
     return [np.array(g) for g in groups.values()]
 
 
-def exact_dots(X: np.ndarray, V: np.ndarray, c, fmt=FLOAT64) -> np.ndarray:
+def exact_dots(X: np.ndarray, V: np.ndarray, c, fmt=FLOAT64, held=None) -> np.ndarray:
     """Per row x of ``X`` (n×d) and row v of ``V`` (k×d): whether x·v + c_k is computed
     exactly by every evaluation in the format ``fmt`` = (bits, smallest step, largest
     number); n×k booleans.
     ``c``: k constants, or n×k (a term of each row's own, such as η·x_k). The terms' lowest
     bit is bounded below per group of dot products reading the same columns, so that a unit
-    reading one exact code is not judged by the data another unit reads."""
+    reading one exact code is not judged by the data another unit reads. ``held`` (n×d): per
+    row, columns whose x is an exact 0 that is no term of the row's sums (a staged run's other
+    layers, :mod:`.staged`): their entries of v are not the row's terms either."""
     bits, tiny, huge = fmt
     c = np.broadcast_to(np.asarray(c, dtype=np.float64), (len(X), len(V)))
     lx = lowbit(X)
-    qv = lowbit(V).min(axis=1, initial=np.inf)  # (a zero entry's lowbit is inf)
+    lv = lowbit(V)  # (a zero entry's lowbit is inf)
+    qv = lv.min(axis=1, initial=np.inf)[None, :] if held is None else \
+        np.where(held[:, None, :], np.inf, lv[None]).min(axis=2, initial=np.inf)
     q = lowbit(c).copy()
     with np.errstate(over="ignore", invalid="ignore"):
         for rows in supports(V):
             qx = lx[:, V[rows[0]] != 0].min(axis=1, initial=np.inf)
-            q[:, rows] = np.minimum(q[:, rows], qx[:, None] * qv[rows])
+            q[:, rows] = np.minimum(q[:, rows], qx[:, None] * qv[:, rows])
         Xp, Xn, Vp, Vn = (np.maximum(a, 0.0) for a in (X, -X, V, -V))
         pos = Xp @ Vp.T + Xn @ Vn.T + np.maximum(c, 0.0)
         neg = Xp @ Vn.T + Xn @ Vp.T + np.maximum(-c, 0.0)

@@ -47,7 +47,10 @@ class StagedRun:
 
     def apply(self, st) -> bool:
         """The run on the tracking pass ``st``; False (``st`` untouched) where most rows
-        may change (a layer writing every row), which the layers one by one take for less."""
+        may change (a layer writing every row), which the layers one by one take for less.
+        A row that is not finite (or stops being so) goes through its layers one by one: in
+        the merged layer's products inf·0 would reach the units of layers that do not read
+        it."""
         ff, n, reads = self.ff, int(self.layer[-1]) + 1, self.reads
         rows = self._near(st)
         X, r = st.P[rows], st.rad[rows]
@@ -57,24 +60,45 @@ class StagedRun:
             return False
         rows, X, r, on = rows[live], X[live], r[live], on[live]
         place = np.zeros(len(rows), dtype=np.int64)  # each row's next layer in the run
-        todo, changed = np.arange(len(rows)), np.zeros(len(rows), dtype=bool)
+        todo, changed, everything = np.arange(len(rows)), np.zeros(len(rows), dtype=bool), False
         while len(todo):
             layer = np.where(on & (self.layer >= place[todo, None]), self.layer, n).min(axis=1)
-            todo, layer = todo[layer < n], layer[layer < n]
+            go = (layer < n) & np.isfinite(X[todo]).all(axis=1) & np.isfinite(r[todo]).all(axis=1)
+            todo, layer = todo[go], layer[go]
             if not len(todo):
                 break
             Xs, rs = X[todo], r[todo]
             live = enclosure.ff_dense_into(Xs, rs, 1.0, ff.U, ff.b, ff.W,
                                            off=self.layer != layer[:, None])
             X[todo], r[todo] = Xs, rs
+            everything |= live is None
             changed[todo if live is None else todo[live]] = True
             place[todo] = layer + 1
             on = enclosure.maybe_on(Xs[:, reads], rs[:, reads], ff.U[:, reads], ff.b)
+        everything |= self._wild_in_order(X, r, place, changed)
         moved = rows[changed]
         st.P[moved], st.rad[moved] = X[changed], r[changed]
-        st.moved(moved, np.flatnonzero(ff.W.any(axis=1)))
+        st.moved(moved, None if everything else np.flatnonzero(ff.W.any(axis=1)))
         st.few_changed = few(len(moved), len(st.P))
         return True
+
+    def _wild_in_order(self, X, r, place, changed) -> bool:
+        """The rows of X ± r that are not finite, through the layers from their place on, one
+        by one (in place; ``changed`` marked); whether a layer may have changed any column."""
+        everything = False
+        wild = ~(np.isfinite(X).all(axis=1) & np.isfinite(r).all(axis=1))
+        for k in range(int(self.layer[-1]) + 1):
+            at = np.flatnonzero(wild & (place <= k))
+            if not len(at):
+                continue
+            units = self.layer == k
+            Xs, rs = X[at], r[at]
+            live = enclosure.ff_dense_into(Xs, rs, 1.0, self.ff.U[units], self.ff.b[units],
+                                           self.ff.W[:, units])
+            X[at], r[at] = Xs, rs
+            everything |= live is None
+            changed[at if live is None else at[live]] = True
+        return everything
 
     def _near(self, st) -> np.ndarray:
         """Rows where some merged unit may be on, or a superset: not those whose read
