@@ -67,8 +67,12 @@ def exact_dots(X: np.ndarray, V: np.ndarray, c, fmt=FLOAT64, held=None) -> np.nd
     c = np.broadcast_to(np.asarray(c, dtype=np.float64), (len(X), len(V)))
     lx = lowbit(X)
     lv = lowbit(V)  # (a zero entry's lowbit is inf)
-    qv = lv.min(axis=1, initial=np.inf)[None, :] if held is None else \
-        np.where(held[:, None, :], np.inf, lv[None]).min(axis=2, initial=np.inf)
+    if held is None:
+        qv = lv.min(axis=1, initial=np.inf)[None, :]
+    else:  # per pattern of held columns (a stage's rows hold a few: one a layer)
+        pats, which = np.unique(held, axis=0, return_inverse=True)
+        qv = np.where(pats[:, None, :], np.inf, lv[None]).min(axis=2, initial=np.inf)
+        qv = qv[which.reshape(-1)]
     q = lowbit(c).copy()
     with np.errstate(over="ignore", invalid="ignore"):
         for rows in supports(V):
