@@ -22,7 +22,7 @@ import numpy as np
 
 from ..evaluate.enclosure import lower, rounding, sum_error, up, upper
 from ..evaluate.grid import fits_exactly, lowbit
-from ..evaluate.jacobians import exact_entries, flag_patterns
+from ..evaluate.jacobians import jacobian_bound, pieces
 from ..evaluate.twins import TWIN_ROWS, distinct
 from ..model import Transformer
 from ..numbers import pad_columns
@@ -51,6 +51,7 @@ from .runtime_boxes import (
 )
 from .runtime_keys import apply_stretch, coarse_terms, key_layer, key_rows, stretches
 from .runtime_scores import Context
+from .runtime_staged import apply_staged, staged_runs
 
 CHUNK_CELLS = 1 << 20  # rows × units of a residual FF's coarse test at once (in cache)
 BLOCK_ROWS = 64  # rows a block of a residual FF takes at least (:func:`unit_blocks`)
@@ -118,9 +119,9 @@ def _ff_residual(Xm, Xr, w: Weights, fmt: Format):
             Ym, Yr = Xm.copy(), Xr.copy()
             for block, units in unit_blocks(maybe[rows]):
                 at = rows[block]
-                Ym[at], Yr[at] = guard(*_ff_rows(Xm[at], Xr[at], ff_units(w, units), fmt))
+                Ym[at], Yr[at] = guard(*ff_rows(Xm[at], Xr[at], ff_units(w, units), fmt))
             return Ym, Yr
-    return guard(*_ff_rows(Xm, Xr, w, fmt))
+    return guard(*ff_rows(Xm, Xr, w, fmt))
 
 
 def maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
@@ -206,27 +207,37 @@ def ff_outputs(w: Weights, cols) -> Weights:
     return out
 
 
-def _ff_rows(Xm, Xr, w: Weights, fmt: Format):
+def _guarded_rows(Xm, Xr, w: Weights, fmt: Format, off=None):
+    return guard(*ff_rows(Xm, Xr, w, fmt, off=off))
+
+
+def ff_rows(Xm, Xr, w: Weights, fmt: Format, off=None):
     """:func:`ff_box` on every row. In a residual layer (η exactly 1) a column that no unit
-    writes, finite in every row, is x + 0: it is x, and only the others are computed."""
+    writes, finite in every row, is x + 0: it is x, and only the others are computed.
+    ``off`` (rows × units): per row, units that are no part of its layer, held off
+    (:mod:`.runtime_staged`)."""
     if scalar(w.eta) == 1 and w.eta_r == 0:
         cols = np.flatnonzero(w.W.any(axis=1) | w.W_r.any(axis=1) |
                               ~np.isfinite(Xm).all(axis=0))
         if len(cols) < Xm.shape[1]:
             Ym, Yr = Xm.copy(), Xr.copy()
-            Ym[:, cols], Yr[:, cols], wild = _ff_columns(Xm, Xr, w, fmt, cols)
+            Ym[:, cols], Yr[:, cols], wild = _ff_columns(Xm, Xr, w, fmt, cols, off)
             Yr[wild] = np.inf  # 0·inf and 0·nan are nan: no column is x + 0 there
             return Ym, Yr
-    return _ff_columns(Xm, Xr, w, fmt, np.arange(Xm.shape[1]))[:2]
+    return _ff_columns(Xm, Xr, w, fmt, np.arange(Xm.shape[1]), off)[:2]
 
 
-def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray):
+def _ff_columns(Xm, Xr, w: Weights, fmt: Format, cols: np.ndarray, off=None):
     """:func:`ff_box`'s output columns ``cols`` on every row, and the rows where a unit's
     stored output may be inf or nan (its box is not finite): the runtime's product with
     the units then is nan in every column, a weight 0 included (0·inf), so those rows
-    are unknown everywhere."""
+    are unknown everywhere. A unit held ``off`` at a row is certainly off there with no
+    spread: it adds an exact 0 and is no term of the row's sums, as in the row's own layer,
+    which does not hold it."""
     eta = scalar(w.eta)
     Zm, Zs, Zq, Zexact = linear(Xm, Xr, w.U, w.U_r, w.b, w.b_r, fmt)
+    if off is not None:
+        Zm, Zs, Zq = np.where(off, -1.0, Zm), np.where(off, 0.0, Zs), np.where(off, 0.0, Zq)
     w = ff_outputs(w, cols)
     W, R = w.W, Xr  # R: every input column's radius, which the Jacobian reads
     Xm, Xr = Xm[:, cols], Xr[:, cols]
@@ -380,23 +391,16 @@ def _ff_exact(Xm, Xr, Am, Ar, Zq, on, w: Weights, k: int, fmt: Format):
 def jacobian_spread(Xr, active, W, U_, eta: float, cols=None):
     """Per row, |J|·r for J = η·I + Σ_{k active} W_k U_kᵀ, the exact Jacobian of the row's
     affine piece, with J's float64 rounding unless J is exact (its entries' quanta fit); J's
-    rows are the output columns ``cols`` (W's rows), all of them by default. Rows are grouped
-    by their pattern of active units; rows without radius get 0."""
+    rows are the output columns ``cols`` (W's rows), all of them by default. The rows'
+    patterns of active units and their Jacobians are formed at once, as the float64
+    enclosures form them (:func:`..evaluate.jacobians.pieces`); rows without radius get 0."""
     d = Xr.shape[1]
     eye = np.eye(d) if cols is None else np.eye(d)[cols]
     out = np.zeros((len(Xr), len(eye)))
     moving = np.flatnonzero(Xr.any(axis=1))
-    if not len(moving):
-        return out
-    patterns, which = flag_patterns(active[moving])
-    for g, pat in enumerate(patterns):
-        rows = moving[which == g]
-        Wp, Up = W[:, pat], U_[pat]
-        J = eta * eye + Wp @ Up
-        size = abs(eta) * eye + np.abs(Wp) @ np.abs(Up)
-        exact = exact_entries(W, U_, pat, eta * eye)
-        aJ = np.abs(J) + np.where(exact, 0.0, rounding(size, int(pat.sum()) + 1))
-        out[rows] = pos_up(Xr[rows] @ aJ.T, d + 2)
+    if len(moving):
+        pcs = pieces(active[moving], W, U_, eta * eye)
+        out[moving] = pos_up(jacobian_bound(Xr[moving], pcs), d + 2)
     return out
 
 
@@ -445,12 +449,18 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
     first, inv = distinct(np.concatenate([Xm, Xr], axis=1))
     Um, Ur = Xm[first], Xr[first]
     mixing, runs, i = padding_attention(params), stretches(layers, fmt), 0
+    staged = staged_runs(layers, fmt, {k for r in runs.values() for k in range(r.start, r.end)})
     with np.errstate(invalid="ignore", over="ignore"):
         while i < len(layers):
-            (ff, sa), run = layers[i], runs.get(i)
+            (ff, sa), run = layers[i], runs.get(i, staged.get(i))
             if ff is not None and mixing[i]:
                 Um, Ur, inv = unknown_sequences(Um, Ur, inv, groups, spans)
-            done = None if run is None else apply_stretch(Um, Ur, run, fmt, ff_box)
+            if run is None:
+                done = None
+            elif i in runs:
+                done = apply_stretch(Um, Ur, run, fmt, ff_box)
+            else:
+                done = apply_staged(Um, Ur, run, fmt, maybe_on, _guarded_rows)
             if done is not None:
                 (Um, Ur), i = done, run.end
                 continue
