@@ -137,11 +137,6 @@ def jacobians(W, U_, patterns, eta) -> Jacobians:
     return Jacobians(J, S, n, exact)
 
 
-def exact_entries(W, U_, pat, eta) -> np.ndarray:
-    """The entries of one pattern's Jacobian that float64 computes exactly (:func:`jacobians`)."""
-    return jacobians(W, U_, pat[None], eta).exact[0]
-
-
 def _unit_lists(patterns) -> tuple[np.ndarray, np.ndarray]:
     """(idx, pad): per pattern its units in order, padded to the longest with h, the index
     of a zero unit (``pad`` marks the padding)."""
