@@ -11,32 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_runtime_proof import Pass
+from test_staged_runs import random_stack
 
 from exactformer.model import FF, Block, Transformer
 from exactformer.verification import runtime_proof, runtime_staged
 from exactformer.verification.formats import get_format
-
-
-def stack(rng):
-    """2 to 6 residual layers on D = 3 to 6 coordinates, 1 to 4 units each, every unit
-    reading one or two coordinates and writing one to three (weights small dyadics, biases
-    of either sign: some layers read what an earlier one wrote); rows of multiples of 1/8,
-    some exactly 0 where units read."""
-    D = int(rng.integers(3, 7))
-    blocks = []
-    for _ in range(int(rng.integers(2, 7))):
-        h = int(rng.integers(1, 5))
-        U, W = np.zeros((h, D)), np.zeros((D, h))
-        for k in range(h):
-            U[k, rng.choice(D, int(rng.integers(1, 3)), replace=False)] = \
-                rng.integers(-4, 5, size=1) / 2
-            W[rng.choice(D, int(rng.integers(1, 4)), replace=False), k] = \
-                rng.integers(-8, 9) / 4 + rng.integers(0, 2) * 2.0 ** -20
-        b = rng.integers(-4, 2, size=h) / 2.0
-        blocks.append(Block(FF(1.0, U, b, W), None))
-    X = rng.integers(-16, 17, size=(int(rng.integers(1, 9)), D)) / 8
-    X[rng.random(X.shape) < 0.4] = 0.0
-    return Transformer(d=D, attention="hardmax", blocks=blocks, exact=False), X
 
 
 def staged_counts(monkeypatch) -> dict:
@@ -61,10 +40,13 @@ def staged_counts(monkeypatch) -> dict:
 
 
 @settings(max_examples=80, deadline=None)
-@given(seed=st.integers(0, 2 ** 32 - 1), runtime=st.sampled_from(["float32", "tf32"]))
-def test_a_staged_run_holds_every_pass_of_its_layers(seed, runtime):
-    rng = np.random.default_rng(seed)
-    model, X = stack(rng)
+@given(seed=st.integers(0, 2 ** 32 - 1), generic=st.booleans(),
+       runtime=st.sampled_from(["float32", "tf32"]))
+def test_a_staged_run_holds_every_pass_of_its_layers(seed, generic, runtime):
+    """Random runs (test_staged_runs.random_stack: layers reading what earlier ones write,
+    dyadic or generic weights and rows), every run staged."""
+    blocks, X = random_stack(np.random.default_rng(seed), generic)
+    model = Transformer(d=X.shape[1], attention="hardmax", blocks=blocks, exact=False)
     fmt = get_format(runtime)
     with pytest.MonkeyPatch.context() as mp:
         seen = staged_counts(mp)

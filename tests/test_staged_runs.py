@@ -21,17 +21,14 @@ from exactformer.evaluate.jobs import Job
 from exactformer.model import FF, Block, Transformer
 
 
-@st.composite
-def stacks(draw):
+def random_stack(rng, generic: bool):
     """2 to 6 residual layers on D = 3 to 6 coordinates, 1 to 4 units each, every unit reading
-    one or two coordinates and writing one to three (weights small dyadics or generic floats,
-    biases of either sign), so that some layers read what an earlier one wrote; and rows, some
-    exactly 0 where units read."""
-    D = draw(st.integers(3, 6))
-    rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
-    generic = draw(st.booleans())
+    one or two coordinates and writing one to three (weights small dyadics, or ``generic``
+    floats, biases of either sign), so that some layers read what an earlier one wrote; and
+    rows, some exactly 0 where units read."""
+    D = int(rng.integers(3, 7))
     blocks = []
-    for _ in range(draw(st.integers(2, 6))):
+    for _ in range(int(rng.integers(2, 7))):
         h = int(rng.integers(1, 5))
         U, W = np.zeros((h, D)), np.zeros((D, h))
         for k in range(h):
@@ -46,6 +43,13 @@ def stacks(draw):
     if generic:
         X = X + rng.standard_normal(X.shape) * (X != 0)
     return blocks, X
+
+
+@st.composite
+def stacks(draw):
+    """:func:`random_stack` from a drawn seed, dyadic or generic."""
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+    return random_stack(rng, draw(st.booleans()))
 
 
 def counted(monkeypatch) -> dict:
