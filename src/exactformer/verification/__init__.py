@@ -4,10 +4,9 @@
 model's sizes they list, ``balls`` the rigorous ball evaluation, ``bound`` the softmax error
 bounds decided by it, ``certify`` the proof of exactness, ``margins`` the snap margins;
 ``formats``, ``runtime_boxes``, ``runtime_proof``, ``runtime_keys``, ``runtime_staged``,
-``runtime_attention``,
-``runtime_scores``, ``runtime_decode`` and ``runtime_verdict`` the proofs for reduced-precision
-runtimes (``prove_runtime``). Named ``verification`` so that ``exactformer.verify`` stays the
-function. See docs/verification.md.
+``runtime_attention``, ``runtime_scores``, ``runtime_decode`` and ``runtime_verdict`` the proofs
+for reduced-precision runtimes (``prove_runtime``). Named ``verification`` so that
+``exactformer.verify`` stays the function. See docs/verification.md.
 """
 
 from .decide import check_kind, verify, verify_causal
