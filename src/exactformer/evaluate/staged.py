@@ -10,8 +10,8 @@ layers in order, in *stages*: at a stage it takes the first layer at or after it
 a unit that may be on at its box (the layers between are certainly off there and add an
 exact 0, radius included) and moves past it. One enclosure serves every row of a stage, each
 row through its own layer's units alone, the others held off (``off`` of
-:func:`.enclosure.ff_dense_into`): what the layers in order compute, row by row. Layers may
-read what earlier ones write.
+:func:`.enclosure.ff_dense_into`), so that each row's box holds what the layers in order
+compute. Layers may read what earlier ones write.
 """
 
 from __future__ import annotations
