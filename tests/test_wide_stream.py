@@ -228,10 +228,11 @@ def check_padded(data, model, k: int) -> None:
                 (r[:, data.d:] <= 4 * r0.max() + 1e-300).all()
 
 
-def _float_spread(model, wide, xs, k: int, scale: float) -> float:
+def _float_spread(model, wide, xs, k: int, scale: float, run=ef.forward) -> float:
     """For a float64 softmax model: the narrow and the wide float64 pass's largest distances
-    from a 60-digit pass of the same stored numbers, added (their difference is at most that,
-    plus the 60-digit passes' own); 0 for any other model. The two float
+    from a 60-digit pass of the same stored numbers (``run``: the set or the causal pass),
+    added (their difference is at most that, plus the 60-digit passes' own); 0 for any other
+    model. The two float
     passes may sum a row in another order (BLAS picks kernels by shape, with or without FMA),
     and a hat softmax model can amplify that one rounding far beyond 10⁻¹²·scale, so they can
     only be held to their own errors. The 60-digit passes, free of that, must agree to
@@ -239,9 +240,9 @@ def _float_spread(model, wide, xs, k: int, scale: float) -> float:
     if model.exact or model.attention != "softmax":
         return 0.0
     narrow = wider = 0.0
-    for o, w, om, wm in zip(ef.forward(model, xs, "float"), ef.forward(wide, xs, "float"),
-                            ef.forward(model, xs, "mp", dps=60),
-                            ef.forward(wide, xs, "mp", dps=60), strict=True):
+    for o, w, om, wm in zip(run(model, xs, "float"), run(wide, xs, "float"),
+                            run(model, xs, "mp", dps=60), run(wide, xs, "mp", dps=60),
+                            strict=True):
         d = om.shape[1]
         gap = max(abs(v) for v in np.concatenate([(wm[:, :d] - om).ravel(), wm[:, d:].ravel()]))
         assert gap <= 1e-40 * scale  # in mpmath: a float conversion would round both
@@ -290,7 +291,9 @@ def test_a_widened_causal_model_verifies_and_runs_as_the_original(case, k):
     r0, r1 = ef.verify(model, data), ef.verify(wide, data)
     assert r1.verdict() == r0.verdict() and r1.ok
     assert r1.exact_equal == r0.exact_equal and r1.first_failure is None
-    assert np.allclose(r1.errors, r0.errors, rtol=0, atol=1e-12 * (r0.coordinate_scale or 1))
+    scale = r0.coordinate_scale or 1  # errors of the plain float64 passes: their own at most
+    spread = _float_spread(model, wide, data.floats()[0], k, scale, forward_causal)
+    assert np.allclose(r1.errors, r0.errors, rtol=0, atol=1e-12 * scale + spread)
     assert (r1.d, r1.d_model) == (data.d, model.d + k)
     assert ("d_model" in r0.to_dict()) == (model.d > data.d)  # keyed models own coordinates
     exact = model.exact and model.attention == "hardmax"
