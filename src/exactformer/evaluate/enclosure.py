@@ -313,8 +313,8 @@ def ff_dense_into(X, r, eta: float, U_, b, W, off=None) -> np.ndarray | None:
     and rows equal on those coordinates (radii included) are evaluated once. ``off`` (rows ×
     units, W finite): units that are no part of the row's layer, held off (:func:`_ff_dense`)."""
     cols = np.flatnonzero(U_.any(axis=0) | W.any(axis=1))
-    if eta != 1 or len(cols) == X.shape[1]:
-        X[:], r[:] = _ff_dense(X, r, eta, U_, b, W, off)
+    if eta != 1 or (len(cols) == X.shape[1] and off is None):  # (a stage: its live rows alone,
+        X[:], r[:] = _ff_dense(X, r, eta, U_, b, W, off)       # however wide the model)
         return None
     outs = np.flatnonzero(W[cols].any(axis=1))  # of cols: those a unit writes
     if not len(outs):  # the layer writes nothing: x + 0
