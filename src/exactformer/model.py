@@ -138,6 +138,15 @@ class SA:
         return SA(scalar(self.rho), heads=[h.converted(scalar, array) for h in self.heads])
 
 
+def side_by_side(ffs: list[FF]) -> tuple[FF, np.ndarray]:
+    """Residual FF layers as one layer holding every layer's units side by side (η = 1), and
+    each unit's layer among ``ffs``: what a run of them is enclosed through
+    (evaluate/gate_runs.py, evaluate/staged.py)."""
+    ff = FF(1.0, np.vstack([f.U for f in ffs]), np.concatenate([f.b for f in ffs]),
+            np.hstack([f.W for f in ffs]))
+    return ff, np.repeat(np.arange(len(ffs)), [len(f.b) for f in ffs])
+
+
 def first_mixing(blocks: list, start: int = 0) -> int:
     """The first of ``blocks`` at or after ``start`` whose attention mixes tokens
     (:meth:`Block.mixes`), len(blocks) if none: the blocks before it act on each token alone

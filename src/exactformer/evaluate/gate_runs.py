@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..model import side_by_side
 from . import enclosure
 from .gates import Gate, merged, same_form
 
@@ -104,7 +105,5 @@ def gate_runs(blocks: list, gates: list) -> dict[int, GateRun]:
 
 
 def _run(blocks: list, gates: list, i: int, j: int) -> GateRun:
-    ffs = [b.ff for b in blocks[i:j]]
-    layer = np.concatenate([np.full(len(ff.b), k) for k, ff in enumerate(ffs)])
-    return GateRun(i, j, merged(gates[i:j]), np.vstack([ff.U for ff in ffs]),
-                   np.concatenate([ff.b for ff in ffs]), np.hstack([ff.W for ff in ffs]), layer)
+    ff, layer = side_by_side([b.ff for b in blocks[i:j]])
+    return GateRun(i, j, merged(gates[i:j]), ff.U, ff.b, ff.W, layer)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import FF
+from ..model import FF, side_by_side
 from . import enclosure
 from .boxes import few
 from .layers import current_boxes
@@ -133,11 +133,7 @@ def staged_runs(blocks: list, plain: list[bool], weights: list,
             units += len(blocks[j].ff.b)
             j += 1
         if j - i >= 2 and not all(gated[i:j]):
-            ffs = [b.ff for b in blocks[i:j]]
-            ff = FF(1.0, np.vstack([f.U for f in ffs]), np.concatenate([f.b for f in ffs]),
-                    np.hstack([f.W for f in ffs]))
-            layer = np.repeat(np.arange(len(ffs)), [len(f.b) for f in ffs])
-            out[i] = StagedRun(i, j, ff, layer, weights[i])
+            out[i] = StagedRun(i, j, *side_by_side([b.ff for b in blocks[i:j]]), weights[i])
         i = max(j, i + 1)
     return out
 

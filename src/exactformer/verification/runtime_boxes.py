@@ -121,6 +121,17 @@ def ff_units(w: Weights, units) -> Weights:
     return out
 
 
+def side_by_side(ffs: list[Weights]) -> Weights:
+    """The FF layers ``ffs`` (η that of the first) as one layer holding every layer's units
+    side by side, in order: what a key stretch or a staged run encloses a row through."""
+    out = copy.copy(ffs[0])
+    for name in ("U", "U_r", "b", "b_r"):
+        setattr(out, name, np.concatenate([getattr(ff, name) for ff in ffs]))
+    for name in ("W", "W_r"):
+        setattr(out, name, np.hstack([getattr(ff, name) for ff in ffs]))
+    return out
+
+
 def _stored(layers: list[dict], fmt: Format) -> list[dict]:
     """Per dict of arrays, each array's stored midpoints and radii (``name`` and
     ``name_r``), every array of every dict converted at once."""

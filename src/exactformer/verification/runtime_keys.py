@@ -14,7 +14,6 @@ one. NumPy only.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +23,7 @@ from ..evaluate.enclosure import U as U64
 from ..evaluate.keys import KeyLayer, key_layers, row_keys
 from ..model import FF
 from .formats import ACC, Format, matmul_input_error, theta
-from .runtime_boxes import Weights, ff_units, scalar
+from .runtime_boxes import Weights, ff_units, scalar, side_by_side
 
 
 def coarse_terms(k: int, fmt: Format) -> tuple[float, float, float]:
@@ -122,10 +121,7 @@ def stretches(layers: list, fmt: Format) -> dict[int, Stretch]:
 
 def _stretch(start: int, end: int, ffs: list[Weights], keys: list[KeyLayer]) -> Stretch:
     sizes = np.array([len(ff.U) for ff in ffs])
-    side = copy.copy(ffs[0])
-    side.U, side.U_r = np.vstack([ff.U for ff in ffs]), np.vstack([ff.U_r for ff in ffs])
-    side.b, side.b_r = np.concatenate([ff.b for ff in ffs]), np.concatenate([ff.b_r for ff in ffs])
-    side.W, side.W_r = np.hstack([ff.W for ff in ffs]), np.hstack([ff.W_r for ff in ffs])
+    side = side_by_side(ffs)
     codes = np.concatenate([k.codes for k in keys])
     layer = np.repeat(np.arange(len(keys)), [len(k.codes) for k in keys])
     unit = np.concatenate([k.units for k in keys])

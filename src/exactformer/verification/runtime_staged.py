@@ -14,13 +14,12 @@ layer. NumPy only.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
 
 from .formats import Format
-from .runtime_boxes import Weights, scalar
+from .runtime_boxes import Weights, scalar, side_by_side
 
 RUN_UNITS = 256  # units side by side at most (as evaluate/staged.py)
 LIVE_SHARE = 0.5  # the share of the rows up to which a run is staged
@@ -54,13 +53,8 @@ def staged_runs(layers: list, fmt: Format, taken: set) -> dict[int, StagedRun]:
             j += 1
         if j - i >= 2:
             ffs = [ff for ff, _ in layers[i:j]]
-            merged = copy.copy(ffs[0])
-            for name in ("U", "U_r", "b", "b_r"):
-                setattr(merged, name, np.concatenate([getattr(ff, name) for ff in ffs]))
-            for name in ("W", "W_r"):
-                setattr(merged, name, np.hstack([getattr(ff, name) for ff in ffs]))
-            out[i] = StagedRun(i, j, merged, np.repeat(np.arange(j - i),
-                                                        [len(ff.U) for ff in ffs]))
+            out[i] = StagedRun(i, j, side_by_side(ffs),
+                               np.repeat(np.arange(j - i), [len(ff.U) for ff in ffs]))
         i = max(j, i + 1)
     return out
 
