@@ -7,6 +7,8 @@ serial pass (docs/verification.md). Workers die with their parent.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import multiprocessing
 import os
@@ -54,7 +56,20 @@ class Job:
 
     @classmethod
     def of(cls, model: Transformer, ar: Arithmetic, tau, causal: bool | None = None) -> Job:
-        """``causal`` None: as the model says."""
+        """``causal`` None: as the model says. Within :func:`one_job_per_model`, the Job made
+        before for the same model, arithmetic, τ and mode."""
+        causal = model.causal if causal is None else causal
+        made = _MADE.get()
+        key = (id(model), ar.kind, ar.dps, tau, causal)
+        if made is not None and key in made:
+            return made[key][1]
+        job = cls._prepare(model, ar, tau, causal)
+        if made is not None:
+            made[key] = (model, job)  # (holding the model keeps its id from being reused)
+        return job
+
+    @classmethod
+    def _prepare(cls, model: Transformer, ar: Arithmetic, tau, causal: bool) -> Job:
         params = ar.numbers(model)
         blocks = params.blocks  # converted to the pass's arithmetic where used (Arithmetic.convert)
         with paused_gc():
@@ -67,7 +82,7 @@ class Job:
         weights = [None] * len(blocks) if ar.is_object else _stretch_weights(blocks)
         grs = {} if ar.is_object else gate_runs(blocks, gates)
         return cls(ar, model.attention, blocks, ridges, tau, plan,
-                   model.causal if causal is None else causal, keys, _key_runs(blocks, keys, ar),
+                   causal, keys, _key_runs(blocks, keys, ar),
                    gates, grs, pairs, weights,
                    {} if ar.is_object else staged_runs(
                        blocks, _plain(keys, ridges, _in_runs(gates, grs), pairs), weights,
@@ -150,6 +165,22 @@ class Job:
         if pooled:  # a later walk from here may reach attention
             st.unpool()
         return snaps
+
+
+_MADE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("jobs_made", default=None)
+
+
+@contextlib.contextmanager
+def one_job_per_model():
+    """Within the block, :meth:`Job.of` prepares a model once per arithmetic, τ and mode:
+    verify's passes over one model (its enclosure and its float64 pass) share the layer
+    forms, gates and runs, which cost about as much as one pass. Only within: a model may
+    be changed between two verifies."""
+    token = _MADE.set({})
+    try:
+        yield
+    finally:
+        _MADE.reset(token)
 
 
 def _pairs(blocks: list, keys: list, ridges: list, gates: list) -> dict:

@@ -45,6 +45,7 @@ from ..evaluate import (
     forward,
     forward_causal,
 )
+from ..evaluate.jobs import one_job_per_model
 from ..model import Transformer, first_mixing
 from ..numbers import safe_float, safe_floats, to_fraction_array
 from ..record import CausalConstruction
@@ -427,16 +428,17 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     exact_scale = data_scale(xs_f if xs is None else xs,
                              [y[k] for y, k in zip(ys_f if ys is None else ys, dataset.known,
                                                    strict=True)])
-    enclosed = _causal_enclosure(runs, dataset, xs, xs_f, progress, tau)
-    if enclosed is not None and enclosed[2].floats_plain:
-        outs_f, stats = enclosed[0], enclosed[2]
-    else:
-        try:
-            with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
-                outs_f = forward_causal(runs, xs_f, "float", stats=stats, tau=tau,
-                                        progress=progress)
-        except OverflowError:  # a rational parameter beyond float64: no float64 form
-            outs_f = [np.full(x.shape, math.inf) for x in xs_f]
+    with one_job_per_model():  # the enclosure and the float64 pass prepare the model once
+        enclosed = _causal_enclosure(runs, dataset, xs, xs_f, progress, tau)
+        if enclosed is not None and enclosed[2].floats_plain:
+            outs_f, stats = enclosed[0], enclosed[2]
+        else:
+            try:
+                with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
+                    outs_f = forward_causal(runs, xs_f, "float", stats=stats, tau=tau,
+                                            progress=progress)
+            except OverflowError:  # a rational parameter beyond float64: no float64 form
+                outs_f = [np.full(x.shape, math.inf) for x in xs_f]
     err_f = _position_errors(outs_f, ys_f, dataset.known)
     tolerance = softmax_tolerance(runs, digits, tolerance)
     limit = Fraction(tolerance) * exact_scale
