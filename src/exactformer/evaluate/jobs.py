@@ -187,7 +187,8 @@ def _pairs(blocks: list, keys: list, ridges: list, gates: list) -> dict:
     """window_pairs.window_pairs over the blocks that a pass applies one by one (no key
     layer, ridge window or gate: none of them is part of a run)."""
     plain = _plain(keys, ridges, gates, {})
-    return {L: ps for L, ps in window_pairs.window_pairs(blocks).items()
+    alone = [b.sa is None or b.sa.is_identity() for b in blocks]
+    return {L: ps for L, ps in window_pairs.window_pairs([b.ff for b in blocks], alone).items()
             if plain[L] and plain[L + 1]}
 
 

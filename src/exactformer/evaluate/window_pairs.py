@@ -65,14 +65,15 @@ class Pair:
         return np.union1d(rows, np.flatnonzero(odd))
 
 
-def window_pairs(blocks: list) -> dict[int, list[Pair]]:
-    """block L -> the pairs whose window is in L, over ``blocks`` in float64."""
+def window_pairs(ffs: list, alone: list[bool]) -> dict[int, list[Pair]]:
+    """block L -> the pairs whose window is in L, over the blocks' FFs ``ffs`` in float64
+    (None where a block has none); ``alone``: per block, whether it has no attention (or an
+    identity one)."""
     out: dict[int, list[Pair]] = {}
-    plain = [finite_residual(blk.ff) for blk in blocks]
-    for L in range(len(blocks) - 1):
-        a, b = blocks[L].ff, blocks[L + 1].ff
-        if not (plain[L] and plain[L + 1]) or \
-                (blocks[L].sa is not None and not blocks[L].sa.is_identity()):
+    plain = [finite_residual(ff) for ff in ffs]
+    for L in range(len(ffs) - 1):
+        a, b = ffs[L], ffs[L + 1]
+        if not (plain[L] and plain[L + 1] and alone[L]):
             continue
         writes = a.W != 0
         lone = writes.sum(axis=0) == 1  # units writing one coordinate, as a window's do

@@ -35,6 +35,28 @@ def coarse_terms(k: int, fmt: Format) -> tuple[float, float, float]:
     return c, (4 * k + 20) * TINY + (2 * k + 8) * fmt.tiny, grow
 
 
+def coarse_bound(Xm, Xr, w: Weights, fmt: Format):
+    """(Z, R) per row and unit: every runtime value of the unit's stored pre-activation at the
+    row's box lies in [Z − R, Z + R], compared exactly (runtime_proof.maybe_on); R is inf where a
+    partial sum may overflow, and then nothing is known (Z may be ±inf or nan)."""
+    k = int((w.U != 0).sum(axis=1).max(initial=0)) + 1
+    c, t, grow = coarse_terms(k, fmt)
+    with np.errstate(invalid="ignore", over="ignore"):
+        Z = Xm @ w.U.T
+        Z += w.b
+        R = (np.abs(Xm) + Xr) @ (np.abs(w.U) + w.U_r).T
+        R += np.abs(w.b) + w.b_r
+        big = ~(R * 2 < ACC.huge)
+        R *= c
+        R += t
+        if Xr.any():
+            R += (Xr @ np.abs(w.U).T) * grow
+        if w.U_r.any() or w.b_r.any():  # a weight stored either of two ways: its radius
+            R += ((np.abs(Xm) + Xr) @ w.U_r.T + w.b_r) * grow
+        R[big] = np.inf
+    return Z, R
+
+
 def key_layer(w: Weights) -> KeyLayer | None:
     """The layer as a key layer, read from the weights as the runtime stores them (exactly:
     no conversion radius), or None."""

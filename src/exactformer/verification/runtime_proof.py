@@ -27,7 +27,6 @@ from ..evaluate.twins import TWIN_ROWS, distinct
 from ..model import Transformer
 from ..numbers import pad_columns
 from .formats import (
-    ACC,
     DEFAULT_EXP_ULPS,
     Format,
     conversions,
@@ -49,9 +48,10 @@ from .runtime_boxes import (
     sign_parts,
     unknown_if_overflow,
 )
-from .runtime_keys import apply_stretch, coarse_terms, key_layer, key_rows, stretches
+from .runtime_keys import apply_stretch, coarse_bound, key_layer, key_rows, stretches
 from .runtime_scores import Context
 from .runtime_staged import apply_staged, staged_runs
+from .runtime_windows import pair_layer, runtime_pairs
 
 CHUNK_CELLS = 1 << 20  # rows × units of a residual FF's coarse test at once (in cache)
 BLOCK_ROWS = 64  # rows a block of a residual FF takes at least (:func:`unit_blocks`)
@@ -147,28 +147,12 @@ def maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
 
 def _maybe_on(Xm, Xr, w: Weights, fmt: Format) -> np.ndarray:
     """:func:`maybe_on` by one product of every row with every unit."""
-    k = int((w.U != 0).sum(axis=1).max(initial=0)) + 1
-    c, t, grow = coarse_terms(k, fmt)
-    aU, sU, sb = np.abs(w.U).T, (np.abs(w.U) + w.U_r).T, np.abs(w.b) + w.b_r
-    converted = bool(w.U_r.any() or w.b_r.any())
     out = np.empty((len(Xm), len(w.U)), dtype=bool)
     step = max(1, CHUNK_CELLS // max(1, len(w.U)))
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore"):
         for a in range(0, len(Xm), step):
-            x, r = Xm[a:a + step], Xr[a:a + step]
-            Z = x @ w.U.T
-            Z += w.b
-            R = (np.abs(x) + r) @ sU
-            R += sb
-            big = ~(R * 2 < ACC.huge)
-            R *= c
-            R += t
-            if r.any():
-                R += (r @ aU) * grow
-            if converted:  # a weight stored either of two ways: its radius at full weight
-                R += ((np.abs(x) + r) @ w.U_r.T + w.b_r) * grow
-            np.negative(R, out=R)
-            out[a:a + step] = ~(Z <= R) | big
+            Z, R = coarse_bound(Xm[a:a + step], Xr[a:a + step], w, fmt)
+            out[a:a + step] = ~(Z <= -R) | ~(R < np.inf)  # (Z = −inf at R = inf: unknown)
     _zero_reads(out, Xm, Xr, w, fmt)
     return out
 
@@ -449,11 +433,13 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
     first, inv = distinct(np.concatenate([Xm, Xr], axis=1))
     Um, Ur = Xm[first], Xr[first]
     mixing, runs, i = padding_attention(params), stretches(layers, fmt), 0
-    staged = staged_runs(layers, fmt, {k for r in runs.values() for k in range(r.start, r.end)})
+    keyed = {k for r in runs.values() for k in range(r.start, r.end)}
+    pairs, closing = runtime_pairs(layers, fmt, keyed), {}  # (pairs whose flip is at i)
+    staged = staged_runs(layers, fmt, keyed | set(pairs) | {L + 1 for L in pairs})
     with np.errstate(invalid="ignore", over="ignore"):
         while i < len(layers):
-            (ff, sa), run = layers[i], runs.get(i, staged.get(i))
-            if ff is not None and mixing[i]:
+            (ff, sa), run = layers[i], None if closing else runs.get(i, staged.get(i))
+            if ff is not None and mixing[i]:  # (no row that may not be finite while closing)
                 Um, Ur, inv = unknown_sequences(Um, Ur, inv, groups, spans)
             if run is None:
                 done = None
@@ -464,7 +450,11 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
             if done is not None:
                 (Um, Ur), i = done, run.end
                 continue
-            if ff is not None:
+            opening = pairs.get(i, []) if _finite(Um, Ur) else []
+            if opening or closing:
+                Um, Ur, closing = pair_layer(Um, Ur, ff, opening, closing, fmt, maybe_on,
+                                             _guarded_rows)
+            elif ff is not None:
                 Um, Ur = ff_box(Um, Ur, ff, fmt)  # (guarded: only the rows it computed)
             i += 1
             if sa is None:
@@ -478,6 +468,10 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
         for i, j in enumerate(js):
             outs[j] = (Xm[a + i * n:a + (i + 1) * n], Xr[a + i * n:a + (i + 1) * n])
     return outs
+
+
+def _finite(Xm, Xr) -> bool:
+    return bool(np.isfinite(Xm).all() and np.isfinite(Xr).all())
 
 
 def padding_attention(params: Transformer) -> list[bool]:
