@@ -23,39 +23,50 @@ REACH = [-1e-3, -2.0 ** -10, -2.0 ** -20, 0.0, 2.0 ** -20, 2.0 ** -12, 2.0 ** -9
 
 
 def window_model(rng, d: int, generic: bool):
-    """Columns: d token coordinates, the slot k = d, one column a third unit writes. Block 0:
-    the window ω·relu(u·x + b) + ω·relu(−u·x − b) on the slot, and a unit reading x; block 1:
-    the flip slot − relu(slot) + relu(1 − slot), and a unit reading x."""
-    D, k = d + 2, d
-    u = rng.standard_normal(d) if generic else rng.integers(-4, 5, d) / 4.0
-    u[0] = 1.5 if not u.any() else u[0]
-    b = float(rng.standard_normal()) if generic else float(rng.integers(-8, 9)) / 8
-    omega = float(rng.choice([1.0, 4.0, 0.75, 2.5])) * (1 + generic * rng.random())
-    third = np.zeros(D)
-    third[:d] = rng.standard_normal(d)
-    U0 = np.stack([np.r_[u, 0, 0], -np.r_[u, 0, 0], third])
-    W0 = np.zeros((D, 3))
-    W0[k, :2], W0[d + 1, 2] = omega, 0.5
-    ek = np.eye(D)[k]
-    U1 = np.stack([ek, -ek, third])
-    W1 = np.stack([-ek, ek, 0.25 * np.eye(D)[d + 1]], axis=1)
-    blocks = [Block(FF(1.0, U0, np.array([b, -b, -0.5]), W0), None),
-              Block(FF(1.0, U1, np.array([0.0, 1.0, 0.25]), W1), None)]
-    return Transformer(d=D, attention="hardmax", blocks=blocks, exact=False), u, b, omega
+    """Columns: d token coordinates, two slots d and d + 1, one column a third unit writes.
+    Block 0: two windows ω·relu(u·x + b) + ω·relu(−u·x − b), one on each slot, with a unit
+    reading x between them; block 1: the two flips slot − relu(slot) + relu(1 − slot), in
+    another order, with a unit reading x. Returns the model and (u, b, ω, slot) per window."""
+    D = d + 3
+    windows = []
+    for k in (d, d + 1):
+        u = rng.standard_normal(d) if generic else rng.integers(-4, 5, d) / 4.0
+        u[0] = 1.5 if not u.any() else u[0]
+        b = float(rng.standard_normal()) if generic else float(rng.integers(-8, 9)) / 8
+        omega = float(rng.choice([1.0, 4.0, 0.75, 2.5])) * (1 + generic * rng.random())
+        windows.append((u, b, omega, k))
+    third = np.r_[rng.standard_normal(d), 0, 0, 0]
+    U0, b0, W0 = [], [], np.zeros((D, 5))
+    for n, (u, b, omega, k) in enumerate(windows):
+        U0 += [np.r_[u, 0, 0, 0], -np.r_[u, 0, 0, 0]]
+        b0 += [b, -b]
+        W0[k, [3 * n, 3 * n + 1]] = omega
+        if n == 0:
+            U0.append(third)
+            b0.append(-0.5)
+    W0[d + 2, 2] = 0.5
+    e = np.eye(D)
+    U1 = np.stack([e[d], -e[d], third, -e[d + 1], e[d + 1]])
+    W1 = np.stack([-e[d], e[d], 0.25 * e[d + 2], e[d + 1], -e[d + 1]], axis=1)
+    blocks = [Block(FF(1.0, np.stack(U0), np.array(b0), W0), None),
+              Block(FF(1.0, U1, np.array([0.0, 1.0, 0.25, 1.0, 0.0]), W1), None)]
+    return Transformer(d=D, attention="hardmax", blocks=blocks, exact=False), windows
 
 
-def rows_at_reach(rng, model, u, b, omega, d: int) -> np.ndarray:
-    """Rows whose ω·|u·x + b| is 1 + ε for each ε of REACH (either sign), a slot of 0, of a
-    small positive value or of −1/4, and a few random rows."""
+def rows_at_reach(rng, windows, d: int) -> np.ndarray:
+    """Per window, rows whose ω·|u·x + b| is 1 + ε for each ε of REACH (either sign), with a
+    slot of 0, of a small positive value or of −1/4; and a few random rows."""
     out = []
-    for eps in REACH:
-        for sign in (1.0, -1.0):
-            x0 = rng.standard_normal(d)
-            z = sign * (1 + eps) / omega
-            x = x0 + (z - (u @ x0 + b)) * u / (u @ u)
-            slot = rng.choice([0.0, 0.0, 2.0 ** -rng.integers(1, 30), -0.25])
-            out.append(np.r_[x, slot, 0.0])
-    out += [np.r_[rng.standard_normal(d) * 3, 0.0, 0.0] for _ in range(6)]
+    for u, b, omega, k in windows:
+        for eps in REACH:
+            for sign in (1.0, -1.0):
+                x0 = rng.standard_normal(d)
+                z = sign * (1 + eps) / omega
+                row = np.zeros(d + 3)
+                row[:d] = x0 + (z - (u @ x0 + b)) * u / (u @ u)
+                row[k] = rng.choice([0.0, 0.0, 2.0 ** -rng.integers(1, 30), -0.25])
+                out.append(row)
+    out += [np.r_[rng.standard_normal(d) * 3, 0.0, 0.0, 0.0] for _ in range(6)]
     return np.array(out).astype(np.float32).astype(np.float64)
 
 
@@ -64,9 +75,9 @@ def far_of(monkeypatch) -> list:
     seen, real = [], runtime_windows.far_rows
 
     def spy(Xm, *args):
-        far = real(Xm, *args)
-        seen.append(Xm[far])
-        return far
+        fars = real(Xm, *args)
+        seen.extend(Xm[far] for far in fars)
+        return fars
 
     monkeypatch.setattr(runtime_windows, "far_rows", spy)
     return seen
@@ -115,13 +126,13 @@ def _sum32(terms) -> np.float32:
        runtime=st.sampled_from(["float32", "bfloat16", "float16"]))
 def test_a_pair_holds_every_evaluation_of_its_two_layers(seed, d, generic, runtime):
     rng = np.random.default_rng(seed)
-    model, u, b, omega = window_model(rng, d, generic)
-    X = rows_at_reach(rng, model, u, b, omega, d)
+    model, windows = window_model(rng, d, generic)
+    X = rows_at_reach(rng, windows, d)
     fmt = get_format(runtime)
     with pytest.MonkeyPatch.context() as mp:
         far = far_of(mp)
         (mid, rad), = runtime_proof.enclose_runtime(model, [X], fmt)
-    assert len(far) == 1  # the pair was taken
+    assert len(far) == 2  # both pairs were taken
     if runtime == "float32":
         passes = [Pass("seq"), Pass("rev"), Pass("perm", seed=seed % 89), Pass(fma=True),
                   Pass("columns", seed=3)]
@@ -137,20 +148,20 @@ def test_rows_well_outside_the_window_are_far_and_their_slot_proved_zero(monkeyp
     """In float32, a row with ω·|u·x + b| ≥ 1.5 and slot 0 is far: its slot leaves the flip
     as an exact 0 (radius 0) without either layer's pair units enclosed at it."""
     rng = np.random.default_rng(7)
-    model, u, b, omega = window_model(rng, 3, generic=True)
-    X = rows_at_reach(rng, model, u, b, omega, 3)
-    z = np.abs(X[:, :3] @ u + b) * omega
-    clear = np.flatnonzero((z >= 1.5) & (X[:, 3] == 0))
-    assert len(clear) >= 4
+    model, windows = window_model(rng, 3, generic=True)
+    X = rows_at_reach(rng, windows, 3)
     far = far_of(monkeypatch)
     (mid, rad), = runtime_proof.enclose_runtime(model, [X], get_format("float32"))
-    assert {tuple(x) for x in X[clear]} <= {tuple(x) for x in far[0]}
-    assert (mid[clear, 3] == 0).all() and (rad[clear, 3] == 0).all()
+    for (u, b, omega, k), rows in zip(windows, far, strict=True):
+        clear = np.flatnonzero((np.abs(X[:, :3] @ u + b) * omega >= 1.5) & (X[:, k] == 0))
+        assert len(clear) >= 4
+        assert {tuple(x) for x in X[clear]} <= {tuple(x) for x in rows}
+        assert (mid[clear, k] == 0).all() and (rad[clear, k] == 0).all()
 
 
 def test_tf32_takes_no_pair():
     """TF32 cuts the flip's input to 11 bits: v − relu(v) need not be 0."""
-    model, *_ = window_model(np.random.default_rng(1), 3, generic=True)
+    model, _ = window_model(np.random.default_rng(1), 3, generic=True)
     layers, _ = runtime_proof.prepare(model, get_format("tf32"))
     assert runtime_windows.runtime_pairs(layers, get_format("tf32"), set()) == {}
     layers, _ = runtime_proof.prepare(model, get_format("float32"))

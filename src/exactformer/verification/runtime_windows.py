@@ -68,7 +68,8 @@ def pair_layer(Xm, Xr, w: Weights, opening: list[Pair], closing: dict, fmt: Form
     held = np.zeros((len(Xm), len(w.U)), dtype=bool)
     for p, far in closing.items():
         held[np.ix_(far, p.flip)] = True
-    opened = {p: far_rows(Xm, Xr, w, p, fmt) for p in opening}
+    opened = dict(zip(opening, far_rows(Xm, Xr, w, opening, fmt), strict=True)) if opening \
+        else {}
     Ym, Yr = _held_layer(Xm, Xr, w, held, opened, fmt, maybe_on, ff_rows)
     if opened and not (np.isfinite(Ym).all() and np.isfinite(Yr).all()):
         opened = {}
@@ -91,24 +92,29 @@ def _held_layer(Xm, Xr, w: Weights, held, opened: dict, fmt: Format, maybe_on, f
     return Ym, Yr
 
 
-def far_rows(Xm, Xr, w: Weights, p: Pair, fmt: Format) -> np.ndarray:
-    """The rows at which, in every runtime evaluation, one of the window's units is off and
-    the stored slot + ω·a is at least 1 and finite: the slot is ≥ 0 on the row's box, and
-    ω·a, the other unit's stored output a times its weight ω, is at least 1 + θ·S (S the sum
-    of the slot's terms' sizes, θ of :data:`WINDOW_TERMS` terms): the slot's rounding in any
-    order cannot take it below 1."""
-    Z, R = coarse_bound(Xm, Xr, ff_units(w, p.window), fmt)
-    slot_lo, slot_hi = lower(Xm[:, p.k], Xr[:, p.k]), upper(Xm[:, p.k], Xr[:, p.k])
+def far_rows(Xm, Xr, w: Weights, pairs: list[Pair], fmt: Format) -> list[np.ndarray]:
+    """Per pair of ``pairs`` (windows of the layer ``w``), the rows at which, in every
+    runtime evaluation, one of the window's units is off and the stored slot + ω·a is at
+    least 1 and finite: the slot is ≥ 0 on the row's box, and ω·a, the other unit's stored
+    output a times its weight ω, is at least 1 + θ·S (S the sum of the slot's terms' sizes,
+    θ of :data:`WINDOW_TERMS` terms): the slot's rounding in any order cannot take it below
+    1. Every window's units are bounded in one product."""
+    Z, R = coarse_bound(Xm, Xr, ff_units(w, np.concatenate([p.window for p in pairs])), fmt)
     th, tiny = theta(WINDOW_TERMS + 2, 3, fmt), 2 * WINDOW_TERMS * fmt.tiny
-    far = np.zeros(len(Xm), dtype=bool)
+    out = []
     with np.errstate(invalid="ignore", over="ignore"):
-        for on, off in ((0, 1), (1, 0)):
-            unit = p.window[on]
-            omega, omega_r = w.W[p.k, unit], w.W_r[p.k, unit]
-            a_lo, a_hi = lower(Z[:, on], R[:, on]), upper(Z[:, on], R[:, on])
-            size = up(slot_hi + upper(omega, omega_r) * a_hi, 2)
-            least = lower(lower(omega, omega_r) * a_lo, U64 * lower(omega, omega_r) * a_lo)
-            enough = least >= upper(1.0, up(th * size + tiny, 3))
-            far |= (Z[:, off] <= -R[:, off]) & (R[:, off] < np.inf) & (a_lo > 0) & enough & \
-                ~may_overflow(size, 1 + th, tiny, fmt) & ~may_overflow(a_hi, 1.0, 0.0, fmt)
-    return np.flatnonzero(far & (slot_lo >= 0) & np.isfinite(slot_hi))
+        for n, p in enumerate(pairs):
+            slot_lo, slot_hi = lower(Xm[:, p.k], Xr[:, p.k]), upper(Xm[:, p.k], Xr[:, p.k])
+            far = np.zeros(len(Xm), dtype=bool)
+            for on, off in ((2 * n, 2 * n + 1), (2 * n + 1, 2 * n)):
+                unit = p.window[on - 2 * n]
+                omega, omega_r = w.W[p.k, unit], w.W_r[p.k, unit]
+                a_lo, a_hi = lower(Z[:, on], R[:, on]), upper(Z[:, on], R[:, on])
+                size = up(slot_hi + upper(omega, omega_r) * a_hi, 2)
+                least = lower(lower(omega, omega_r) * a_lo, U64 * lower(omega, omega_r) * a_lo)
+                enough = least >= upper(1.0, up(th * size + tiny, 3))
+                far |= (Z[:, off] <= -R[:, off]) & (R[:, off] < np.inf) & (a_lo > 0) & \
+                    enough & ~may_overflow(size, 1 + th, tiny, fmt) & \
+                    ~may_overflow(a_hi, 1.0, 0.0, fmt)
+            out.append(np.flatnonzero(far & (slot_lo >= 0) & np.isfinite(slot_hi)))
+    return out
