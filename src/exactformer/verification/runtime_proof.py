@@ -450,7 +450,8 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
             if done is not None:
                 (Um, Ur), i = done, run.end
                 continue
-            opening = pairs.get(i, []) if _finite(Um, Ur) else []
+            opening = pairs.get(i, [])
+            opening = opening if opening and _finite(Um, Ur) else []
             if opening or closing:
                 Um, Ur, closing = pair_layer(Um, Ur, ff, opening, closing, fmt, maybe_on,
                                              _guarded_rows)
