@@ -37,16 +37,15 @@ def runtime_pairs(layers: list, fmt: Format, taken: set) -> dict[int, list[Pair]
     (``layers``: runtime_proof.prepare's)."""
     if fmt.matmul_bits is not None:
         return {}
-    ffs = [_as_ff(ff) if ff is not None and scalar(ff.eta) == 1 and ff.eta_r == 0 and
-           bool((np.abs(ff.W) + ff.W_r <= fmt.largest_product_input).all()) else None
-           for ff, _ in layers]
-    pairs = window_pairs(ffs, [sa is None for _, sa in layers])
+    ffs = [_as_ff(ff) if ff is not None and i not in taken and scalar(ff.eta) == 1 and
+           ff.eta_r == 0 and bool((np.abs(ff.W) + ff.W_r <= fmt.largest_product_input).all())
+           else None for i, (ff, _) in enumerate(layers)]  # (a stretch's layers: not read)
     out = {}
-    for L, ps in pairs.items():
+    for L, ps in window_pairs(ffs, [sa is None for _, sa in layers]).items():
         flip = layers[L + 1][0]
         ps = [p for p in ps if not (flip.U_r[p.flip].any() or flip.b_r[p.flip].any()
                                      or flip.W_r[:, p.flip].any())]
-        if ps and L not in taken and L + 1 not in taken:
+        if ps:
             out[L] = ps
     return out
 
