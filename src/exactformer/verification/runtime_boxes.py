@@ -121,15 +121,31 @@ def ff_units(w: Weights, units) -> Weights:
     return out
 
 
-def side_by_side(ffs: list[Weights]) -> Weights:
+def side_by_side(ffs: list[Weights]) -> tuple[Weights, np.ndarray]:
     """The FF layers ``ffs`` (η that of the first) as one layer holding every layer's units
-    side by side, in order: what a key stretch or a staged run encloses a row through."""
+    side by side, in order: what a key stretch or a staged run encloses a row through; and
+    each unit's layer among ``ffs``."""
     out = copy.copy(ffs[0])
     for name in ("U", "U_r", "b", "b_r"):
         setattr(out, name, np.concatenate([getattr(ff, name) for ff in ffs]))
     for name in ("W", "W_r"):
         setattr(out, name, np.hstack([getattr(ff, name) for ff in ffs]))
-    return out
+    return out, np.repeat(np.arange(len(ffs)), [len(ff.U) for ff in ffs])
+
+
+def stored_residual(w: Weights | None, fmt: Format) -> bool:
+    """Whether ``w`` is a residual FF layer (η exactly 1) whose W every runtime stores finite
+    (no entry that the format, or TF32's cut, takes to inf): what a key stretch, a staged run
+    and a window–flip pair are made of."""
+    return w is not None and scalar(w.eta) == 1 and w.eta_r == 0 and \
+        bool((np.abs(w.W) + w.W_r <= fmt.largest_product_input).all())
+
+
+def finite(Xm, Xr) -> bool:
+    """Whether every box Xm ± Xr is finite: where one may not be, the zero attention the
+    layouts run before each FF may spread its nan through the sequence, so the proof's
+    shortcuts over several layers stop."""
+    return bool(np.isfinite(Xm).all() and np.isfinite(Xr).all())
 
 
 def _stored(layers: list[dict], fmt: Format) -> list[dict]:

@@ -23,7 +23,7 @@ from ..evaluate.enclosure import U as U64
 from ..evaluate.keys import KeyLayer, key_layers, row_keys
 from ..model import FF
 from .formats import ACC, Format, matmul_input_error, theta
-from .runtime_boxes import Weights, ff_units, scalar, side_by_side
+from .runtime_boxes import Weights, ff_units, finite, scalar, side_by_side, stored_residual
 
 
 def coarse_terms(k: int, fmt: Format) -> tuple[float, float, float]:
@@ -123,9 +123,7 @@ def stretches(layers: list, fmt: Format) -> dict[int, Stretch]:
     FF is a residual key layer stored exactly and finite (η = 1; U and b with no conversion
     radius; W stored finite) on one Q and w, with no attention (``layers``:
     runtime_proof.prepare's)."""
-    ok = [ff is not None and sa is None and scalar(ff.eta) == 1 and ff.eta_r == 0
-          and _stored_exactly(ff) and len(ff.U) >= 2
-          and bool((np.abs(ff.W) + ff.W_r <= fmt.largest_product_input).all())
+    ok = [stored_residual(ff, fmt) and sa is None and _stored_exactly(ff) and len(ff.U) >= 2
           for ff, sa in layers]
     keys = key_layers([_as_ff(ff) if good else None
                        for (ff, _), good in zip(layers, ok, strict=True)])
@@ -143,7 +141,7 @@ def stretches(layers: list, fmt: Format) -> dict[int, Stretch]:
 
 def _stretch(start: int, end: int, ffs: list[Weights], keys: list[KeyLayer]) -> Stretch:
     sizes = np.array([len(ff.U) for ff in ffs])
-    side = side_by_side(ffs)
+    side, _ = side_by_side(ffs)
     codes = np.concatenate([k.codes for k in keys])
     layer = np.repeat(np.arange(len(keys)), [len(k.codes) for k in keys])
     unit = np.concatenate([k.units for k in keys])
@@ -159,7 +157,7 @@ def apply_stretch(Xm, Xr, s: Stretch, fmt: Format, ff_box):
     where a row may stop being finite on the way (then the zero attention the layouts run
     before each FF may spread nan through its sequence: the caller goes layer by layer).
     ``ff_box``: one FF layer's enclosure (runtime_proof.ff_box)."""
-    if not (np.isfinite(Xm).all() and np.isfinite(Xr).all()):
+    if not finite(Xm, Xr):
         return None
     lone, layer, unit = _hits(Xm, Xr, s, fmt)
     Ym, Yr = Xm.copy(), Xr.copy()
@@ -168,7 +166,7 @@ def apply_stretch(Xm, Xr, s: Stretch, fmt: Format, ff_box):
     if len(once):
         moving = ff_units(s.side, np.unique(s.offset[layer[once]] + unit[once]))
         Fm, Fr = ff_box(Xm[once], Xr[once], moving, fmt)
-        if not (np.isfinite(Fm).all() and np.isfinite(Fr).all()):
+        if not finite(Fm, Fr):
             return None
         after, hit, _ = _hits(Fm, Fr, s, fmt)
         alone = after & (hit == -1)
@@ -176,7 +174,7 @@ def apply_stretch(Xm, Xr, s: Stretch, fmt: Format, ff_box):
     slow = np.union1d(np.flatnonzero(~lone | (layer == -2)), once[~alone])
     for ff in s.layers if len(slow) else ():
         Ym[slow], Yr[slow] = ff_box(Ym[slow], Yr[slow], ff, fmt)
-        if not (np.isfinite(Ym[slow]).all() and np.isfinite(Yr[slow]).all()):
+        if not finite(Ym[slow], Yr[slow]):
             return None
     return Ym, Yr
 

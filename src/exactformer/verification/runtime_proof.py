@@ -39,6 +39,7 @@ from .runtime_attention import sa_box
 from .runtime_boxes import (
     Weights,
     ff_units,
+    finite,
     high,
     linear,
     low,
@@ -69,8 +70,8 @@ def ff_box(Xm, Xr, w: Weights, fmt: Format):
     them (a unit certainly off adds an exact 0): a keyed layer moves a few rows, each by a few
     units. Boxes that come in :func:`guard`-ed go out so."""
     with np.errstate(invalid="ignore"):
-        finite = (np.abs(w.W) + w.W_r <= fmt.largest_product_input).all()
-    if not finite:
+        kept = (np.abs(w.W) + w.W_r <= fmt.largest_product_input).all()
+    if not kept:
         # a weight the format stores as ±inf, or that TF32's cut may round up to inf: inf·0
         # is nan, so even an off unit (relu 0) writes nan into its columns, in every row; no
         # row is x + 0 nor any sum's terms known
@@ -451,7 +452,7 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
                 (Um, Ur), i = done, run.end
                 continue
             opening = pairs.get(i, [])
-            opening = opening if opening and _finite(Um, Ur) else []
+            opening = opening if opening and finite(Um, Ur) else []
             if opening or closing:
                 Um, Ur, closing = pair_layer(Um, Ur, ff, opening, closing, fmt, maybe_on,
                                              _guarded_rows)
@@ -469,10 +470,6 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
         for i, j in enumerate(js):
             outs[j] = (Xm[a + i * n:a + (i + 1) * n], Xr[a + i * n:a + (i + 1) * n])
     return outs
-
-
-def _finite(Xm, Xr) -> bool:
-    return bool(np.isfinite(Xm).all() and np.isfinite(Xr).all())
 
 
 def padding_attention(params: Transformer) -> list[bool]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .formats import Format
-from .runtime_boxes import Weights, scalar, side_by_side
+from .runtime_boxes import Weights, finite, side_by_side, stored_residual
 
 RUN_UNITS = 256  # units side by side at most (as evaluate/staged.py)
 LIVE_SHARE = 0.5  # the share of the rows up to which a run is staged
@@ -41,9 +41,7 @@ def staged_runs(layers: list, fmt: Format, taken: set) -> dict[int, StagedRun]:
     none in ``taken`` (the key stretches'), whose FF is residual (η exactly 1), with W stored
     finite, and with no attention, :data:`RUN_UNITS` units in all at most (``layers``:
     runtime_proof.prepare's)."""
-    ok = [i not in taken and ff is not None and sa is None and len(ff.U) > 0
-          and scalar(ff.eta) == 1 and ff.eta_r == 0
-          and bool((np.abs(ff.W) + ff.W_r <= fmt.largest_product_input).all())
+    ok = [i not in taken and stored_residual(ff, fmt) and sa is None and len(ff.U) > 0
           for i, (ff, sa) in enumerate(layers)]
     out, i = {}, 0
     while i < len(layers):
@@ -52,9 +50,7 @@ def staged_runs(layers: list, fmt: Format, taken: set) -> dict[int, StagedRun]:
             units += len(layers[j][0].U)
             j += 1
         if j - i >= 2:
-            ffs = [ff for ff, _ in layers[i:j]]
-            out[i] = StagedRun(i, j, side_by_side(ffs),
-                               np.repeat(np.arange(j - i), [len(ff.U) for ff in ffs]))
+            out[i] = StagedRun(i, j, *side_by_side([ff for ff, _ in layers[i:j]]))
         i = max(j, i + 1)
     return out
 
@@ -64,7 +60,7 @@ def apply_staged(Xm, Xr, run: StagedRun, fmt: Format, maybe_on, ff_rows):
     (the layers one by one take them for less) or a row may stop being finite on the way (the
     zero attention the layouts run before each FF may then spread nan through its sequence:
     the caller goes layer by layer). ``maybe_on`` and ``ff_rows``: runtime_proof's."""
-    if not (np.isfinite(Xm).all() and np.isfinite(Xr).all()):
+    if not finite(Xm, Xr):
         return None
     w, n = run.merged, int(run.layer[-1]) + 1
     on = maybe_on(Xm, Xr, w, fmt)
@@ -81,7 +77,7 @@ def apply_staged(Xm, Xr, run: StagedRun, fmt: Format, maybe_on, ff_rows):
             break
         at = rows[todo]
         Fm, Fr = ff_rows(Ym[at], Yr[at], w, fmt, off=run.layer != layer[:, None])
-        if not (np.isfinite(Fm).all() and np.isfinite(Fr).all()):
+        if not finite(Fm, Fr):
             return None
         Ym[at], Yr[at] = Fm, Fr
         place[todo] = layer + 1

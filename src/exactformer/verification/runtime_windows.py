@@ -24,7 +24,7 @@ from ..evaluate.enclosure import lower, up, upper
 from ..evaluate.window_pairs import Pair, window_pairs
 from ..model import FF
 from .formats import Format, theta
-from .runtime_boxes import Weights, ff_units, may_overflow, scalar
+from .runtime_boxes import Weights, ff_units, finite, may_overflow, stored_residual
 from .runtime_keys import coarse_bound
 
 WINDOW_TERMS = 3  # terms of the slot's sum at the window: x_k and the window's two units
@@ -37,9 +37,8 @@ def runtime_pairs(layers: list, fmt: Format, taken: set) -> dict[int, list[Pair]
     (``layers``: runtime_proof.prepare's)."""
     if fmt.matmul_bits is not None:
         return {}
-    ffs = [_as_ff(ff) if ff is not None and i not in taken and scalar(ff.eta) == 1 and
-           ff.eta_r == 0 and bool((np.abs(ff.W) + ff.W_r <= fmt.largest_product_input).all())
-           else None for i, (ff, _) in enumerate(layers)]  # (a stretch's layers: not read)
+    ffs = [_as_ff(ff) if i not in taken and stored_residual(ff, fmt) else None
+           for i, (ff, _) in enumerate(layers)]  # (a stretch's layers: not read)
     out = {}
     for L, ps in window_pairs(ffs, [sa is None for _, sa in layers]).items():
         flip = layers[L + 1][0]
@@ -70,7 +69,7 @@ def pair_layer(Xm, Xr, w: Weights, opening: list[Pair], closing: dict, fmt: Form
     opened = dict(zip(opening, far_rows(Xm, Xr, w, opening, fmt), strict=True)) if opening \
         else {}
     Ym, Yr = _held_layer(Xm, Xr, w, held, opened, fmt, maybe_on, ff_rows)
-    if opened and not (np.isfinite(Ym).all() and np.isfinite(Yr).all()):
+    if opened and not finite(Ym, Yr):
         opened = {}
         Ym, Yr = _held_layer(Xm, Xr, w, held, opened, fmt, maybe_on, ff_rows)
     for p, far in closing.items():
