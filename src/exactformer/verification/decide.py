@@ -418,7 +418,6 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         replace(model, attention="hardmax")
     if model.attention == "softmax" and tau is not None and not tau > 0:  # (as balls.Layers)
         raise ValueError(f"the model's temperature tau must be positive, got {tau}")
-    stats = PassStats()
     if dataset.exact:
         xs, ys = dataset.fractions()
         xs_f, ys_f = [[safe_floats(a) for a in part] for part in (xs, ys)]  # inf beyond float64
@@ -428,17 +427,7 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
     exact_scale = data_scale(xs_f if xs is None else xs,
                              [y[k] for y, k in zip(ys_f if ys is None else ys, dataset.known,
                                                    strict=True)])
-    with one_job_per_model():  # the enclosure and the float64 pass prepare the model once
-        enclosed = _causal_enclosure(runs, dataset, xs, xs_f, progress, tau)
-        if enclosed is not None and enclosed[2].floats_plain:
-            outs_f, stats = enclosed[0], enclosed[2]
-        else:
-            try:
-                with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
-                    outs_f = forward_causal(runs, xs_f, "float", stats=stats, tau=tau,
-                                            progress=progress)
-            except OverflowError:  # a rational parameter beyond float64: no float64 form
-                outs_f = [np.full(x.shape, math.inf) for x in xs_f]
+    enclosed, outs_f, stats = _causal_float_passes(runs, dataset, xs, xs_f, progress, tau)
     err_f = _position_errors(outs_f, ys_f, dataset.known)
     tolerance = softmax_tolerance(runs, digits, tolerance)
     limit = Fraction(tolerance) * exact_scale
@@ -466,6 +455,25 @@ def verify_causal(model: Transformer, dataset: CausalDataset, tolerance: float =
         hat_clearance=clearance(stats, exact_scale), tolerance=tolerance,
         nonfinite_sequences=nonfinite, data=checked,
         **found)
+
+
+def _causal_float_passes(model, dataset, xs, xs_f, progress: bool, tau):
+    """(the causal enclosure or None, :func:`_causal_enclosure`; the float64 pass's outputs;
+    its statistics): the enclosure's values where they are the plain float64 pass's, else
+    that pass run as well (inf where a rational parameter has no float64 form). The two
+    prepare the model once (:func:`..evaluate.jobs.one_job_per_model`)."""
+    with one_job_per_model():
+        enclosed = _causal_enclosure(model, dataset, xs, xs_f, progress, tau)
+        if enclosed is not None and enclosed[2].floats_plain:
+            return enclosed, enclosed[0], enclosed[2]
+        stats = PassStats()
+        try:
+            with np.errstate(all="ignore"):  # overflow shows as inf/nan in the outputs
+                outs = forward_causal(model, xs_f, "float", stats=stats, tau=tau,
+                                      progress=progress)
+        except OverflowError:  # a rational parameter beyond float64: no float64 form
+            outs = [np.full(x.shape, math.inf) for x in xs_f]
+    return enclosed, outs, stats
 
 
 def _causal_enclosure(model, dataset, xs, xs_f, progress: bool, tau):
