@@ -115,25 +115,28 @@ def jacobians(W, U_, patterns, eta) -> Jacobians:
     lowbit(W_c·)·lowbit(U_·j) over the pattern (and lowbit(η) on the diagonal), and every
     partial sum stays below q·2^53. A snapped pair's or a reset's units cancel so, and their
     J = 0 must carry no rounding: a radius left on a cleared coordinate makes the next pair
-    reading it undecided, which doubles it (docs/keyed.md)."""
+    reading it undecided, which doubles it (docs/keyed.md). Each pattern's J is one matrix
+    product, summed in whatever order BLAS takes: n_P roundings bound the error of every
+    order, and an exact entry is exact in every order."""
     eye = _identity(eta, W)
     k = patterns.sum(axis=1)
     idx, pad = _unit_lists(patterns)
-    Wg = np.hstack([W, np.zeros((W.shape[0], 1))])[:, idx]  # (outputs, P, units)
-    Ug = np.vstack([U_, np.zeros((1, U_.shape[1]))])[idx]  # (P, units, inputs)
-    size = np.abs(eye) + np.einsum("opk,pki->poi", np.abs(Wg), np.abs(Ug))
-    J, S, n = eye + np.einsum("opk,pki->poi", Wg, Ug), size.copy(), k + 1
+    Wt = np.vstack([W.T, np.zeros((1, W.shape[0]))])  # a unit per row, h the zero unit
+    Ue = np.vstack([U_, np.zeros((1, U_.shape[1]))])
+    Wg, Ug = np.swapaxes(Wt[idx], 1, 2), Ue[idx]  # (P, outputs, units), (P, units, inputs)
+    with np.errstate(over="ignore", invalid="ignore"):
+        S = np.abs(eye) + np.abs(Wg) @ np.abs(Ug)
+        J, n = eye + Wg @ Ug, k + 1
+        q = lowbit(Wt)[idx].min(axis=1)[:, :, None] * lowbit(Ue)[idx].min(axis=1)[:, None, :]
+        q = np.minimum(q, np.where(eye != 0, lowbit(eye), np.inf))
+        exact = (q >= 2.0 ** -1000) & (S < q * 2.0 ** 53)
     one = (k > 0) & ((Ug == Ug[:, :1]).all(axis=2) | pad).all(axis=1)
     if one.any():
-        col, f = _column_sums(Wg[:, one]), Ug[one, 0]
+        col, f = _column_sums(Wg[one]), Ug[one, 0]
         J[one] = eye + col[:, :, None] * f[:, None, :]
         S[one] = np.abs(eye) + np.abs(col)[:, :, None] * np.abs(f)[:, None, :]
         n[one] = 2
     J[k == 0], n[k == 0] = eye, 0
-    with np.errstate(over="ignore", invalid="ignore"):
-        q = lowbit(Wg).min(axis=2).T[:, :, None] * lowbit(Ug).min(axis=1)[:, None, :]
-        q = np.minimum(q, np.where(eye != 0, lowbit(eye), np.inf))
-        exact = (q >= 2.0 ** -1000) & (size < q * 2.0 ** 53)
     return Jacobians(J, S, n, exact)
 
 
@@ -150,11 +153,11 @@ def _unit_lists(patterns) -> tuple[np.ndarray, np.ndarray]:
 
 def _column_sums(Wg) -> np.ndarray:
     """Per pattern and output, the correctly rounded sum of its units' weights (Wg:
-    outputs × patterns × units, zeros padded): a float sum of at most two nonzero terms is
+    patterns × outputs × units, zeros padded): a float sum of at most two nonzero terms is
     rounded once, and so correctly; math.fsum for the rest."""
-    col = Wg.sum(axis=2).T
-    for p, o in np.argwhere((Wg != 0).sum(axis=2).T > 2).tolist():
-        col[p, o] = math.fsum(Wg[o, p])
+    col = Wg.sum(axis=2)
+    for p, o in np.argwhere((Wg != 0).sum(axis=2) > 2).tolist():
+        col[p, o] = math.fsum(Wg[p, o])
     return col
 
 
