@@ -42,7 +42,8 @@ def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     coordinates of their a, c, p and q: every other coordinate, where its values are finite
     and far below overflow (so that no average of them overflows either), is multiplied by
     exact zeros in every product and adds nothing (x + 0 is x). Only the others are
-    enclosed, and a row left unknown there is unknown in every coordinate (nan spreads).
+    enclosed, and a row left unknown there is unknown in every coordinate (nan spreads); of
+    the sequences, only those that some head may change (:func:`idle_sequences`).
     A weight that may be stored as inf, or that TF32's cut may round up to inf, leaves every
     output unknown: inf·0 is nan, even against a coordinate that is 0 everywhere."""
     if not _weights_finite(sa_w, rho, ctx.fmt):
@@ -50,11 +51,41 @@ def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     cols = _head_columns(Xm, Xr, sa_w, rho, ctx.fmt)
     if cols is None:
         return _sa_box(Xm, Xr, sa_w, rho, ctx)
-    m, r = _sa_box(Xm[..., cols], Xr[..., cols], [_head_on(w, cols) for w in sa_w], rho, ctx)
+    heads = [_head_on(w, cols) for w in sa_w]
+    Xc, Rc = Xm[..., cols], Xr[..., cols]
+    busy = np.flatnonzero(~idle_sequences(Xc, Rc, heads, ctx.fmt))
     Ym, Yr = Xm.copy(), Xr.copy()
-    Ym[..., cols], Yr[..., cols] = m, r
-    lost = ~np.isfinite(r).all(axis=-1)
-    return Ym, np.where(lost[..., None], np.inf, Yr)
+    if len(busy):
+        m, r = _sa_box(Xc[busy], Rc[busy], heads, rho, ctx)
+        Ym[np.ix_(busy, np.arange(Xm.shape[1]), cols)] = m
+        Yr[np.ix_(busy, np.arange(Xm.shape[1]), cols)] = r
+        lost = ~np.isfinite(r).all(axis=-1)
+        Yr[busy] = np.where(lost[..., None], np.inf, Yr[busy])
+    return Ym, Yr
+
+
+def idle_sequences(Xm, Xr, heads: list, fmt: Format) -> np.ndarray:
+    """Per sequence (B), whether a residual layer of α = β = 0 heads (on the coordinates
+    :func:`sa_box` encloses) gives each of its rows back exactly, in every runtime: every
+    value finite and below a quarter of the format's range, exact zeros (value and radius 0)
+    wherever a head's a, q or dense V reads, and no query c·x_i that may overflow. Every key
+    then projects to an exact 0, so every score is c·x_i·0 = 0 (in the dense layouts α·x_i
+    is 0 too), the weights are finite, the average is exactly 0 where V reads it and finite
+    elsewhere, V·y (or V·x_l on every key) is exactly 0, and x + 0 is x: a separation round
+    changes only the sequences that hold one of its tests
+    (docs/numerics.md#proofs-for-reduced-precision-runtimes)."""
+    reads = np.zeros(Xm.shape[-1], dtype=bool)
+    for w in heads:
+        for name in ("a", "q"):
+            reads |= (getattr(w, name) != 0) | (getattr(w, name + "_r") != 0)
+        reads |= ((w.V != 0) | (w.V_r != 0)).any(axis=0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        aX = np.abs(Xm) + Xr
+        idle = (aX < fmt.huge / 4).all(axis=(1, 2)) & (aX[..., reads] == 0).all(axis=(1, 2))
+        for w in heads:  # (4·size: the query's roundings and TF32's cuts grow it far less)
+            size = aX @ (np.abs(w.c) + w.c_r)
+            idle &= ~may_overflow(4 * size, 1.0, 0.0, fmt).any(axis=1)
+    return idle
 
 
 def _weights_finite(sa_w: list, rho: Weights, fmt: Format) -> bool:
