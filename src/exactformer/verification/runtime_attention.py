@@ -23,6 +23,7 @@ from .formats import (
 )
 from .runtime_boxes import (
     Weights,
+    guard,
     high,
     low,
     may_overflow,
@@ -38,35 +39,42 @@ from .runtime_scores import Context, scores_box
 def sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
     """Every runtime value of ρ·x_i + Σ_h V_h·y_h, V_h = β_h·I + p_h·q_hᵀ, on a batch of
     sequences of one length (B×n×D boxes); ``sa_w`` holds each head's :class:`Weights`.
-    A residual layer (ρ exactly 1) whose heads have α = β = 0 reads and writes only the
-    coordinates of their a, c, p and q: every other coordinate, where its values are finite
-    and far below overflow (so that no average of them overflows either), is multiplied by
-    exact zeros in every product and adds nothing (x + 0 is x). Only the others are
-    enclosed, and a row left unknown there is unknown in every coordinate (nan spreads); of
-    the sequences, only those that some head may change (:func:`idle_sequences`).
     A weight that may be stored as inf, or that TF32's cut may round up to inf, leaves every
-    output unknown: inf·0 is nan, even against a coordinate that is 0 everywhere."""
+    output unknown: inf·0 is nan, even against a coordinate that is 0 everywhere. Boxes that
+    come in :func:`~.runtime_boxes.guard`-ed go out so. A layer that :func:`narrowed` takes
+    goes through :func:`narrow_box` instead."""
     if not _weights_finite(sa_w, rho, ctx.fmt):
         return Xm.copy(), np.full_like(Xr, np.inf)
-    cols = _head_columns(Xm, Xr, sa_w, rho, ctx.fmt)
-    if cols is None:
-        return _sa_box(Xm, Xr, sa_w, rho, ctx)
-    heads = [_head_on(w, cols) for w in sa_w]
-    Xc, Rc = Xm[..., cols], Xr[..., cols]
-    busy = np.flatnonzero(~idle_sequences(Xc, Rc, heads, ctx.fmt))
-    Ym, Yr = Xm.copy(), Xr.copy()
-    if len(busy):
-        m, r = _sa_box(Xc[busy], Rc[busy], heads, rho, ctx)
-        Ym[np.ix_(busy, np.arange(Xm.shape[1]), cols)] = m
-        Yr[np.ix_(busy, np.arange(Xm.shape[1]), cols)] = r
-        lost = ~np.isfinite(r).all(axis=-1)
-        Yr[busy] = np.where(lost[..., None], np.inf, Yr[busy])
-    return Ym, Yr
+    return guard(*_sa_box(Xm, Xr, sa_w, rho, ctx))
+
+
+def narrowed(Xm, Xr, sa_w: list, rho: Weights, fmt: Format):
+    """(cols, each head's weights on cols) where the layer changes only the coordinates
+    cols of rows such as Xm ± Xr (any array of rows, ×D), else None. A residual layer (ρ
+    exactly 1) whose heads have α = β = 0, every weight stored finite, reads and writes
+    only the coordinates of their a, c, p, q and dense V: every other coordinate, where its
+    values are finite and far below overflow (so that no average of them overflows either),
+    is multiplied by exact zeros in every product and adds nothing (x + 0 is x)."""
+    if not _weights_finite(sa_w, rho, fmt):
+        return None
+    cols = _head_columns(Xm, Xr, sa_w, rho, fmt)
+    return None if cols is None else (cols, [_head_on(w, cols) for w in sa_w])
+
+
+def narrow_box(Xm, Xr, heads: list, rho: Weights, ctx: Context):
+    """:func:`sa_box` on the coordinates :func:`narrowed` gives (``Xm``, ``Xr``: B×n×k, the
+    rows there), for the sequences some head may change (:func:`idle_sequences`; the others
+    come back as they are): (those sequences, their boxes, guarded). A row left unknown
+    there is unknown in every coordinate (nan spreads)."""
+    busy = np.flatnonzero(~idle_sequences(Xm, Xr, heads, ctx.fmt))
+    if not len(busy):
+        return busy, Xm[:0], Xr[:0]
+    return busy, *guard(*_sa_box(Xm[busy], Xr[busy], heads, rho, ctx))
 
 
 def idle_sequences(Xm, Xr, heads: list, fmt: Format) -> np.ndarray:
     """Per sequence (B), whether a residual layer of α = β = 0 heads (on the coordinates
-    :func:`sa_box` encloses) gives each of its rows back exactly, in every runtime: every
+    :func:`narrowed` gives) gives each of its rows back exactly, in every runtime: every
     value finite and below a quarter of the format's range, exact zeros (value and radius 0)
     wherever a head's a, q or dense V reads, and no query c·x_i that may overflow. Every key
     then projects to an exact 0, so every score is c·x_i·0 = 0 (in the dense layouts α·x_i
@@ -103,7 +111,7 @@ def _weights_finite(sa_w: list, rho: Weights, fmt: Format) -> bool:
 
 
 def _head_columns(Xm, Xr, sa_w: list, rho: Weights, fmt: Format):
-    """The coordinates :func:`sa_box` must enclose, or None where that is all of them."""
+    """The coordinates :func:`narrowed` gives, or None where that is all of them."""
     if scalar(rho.v) != 1 or rho.v_r != 0:
         return None
     used = np.zeros(Xm.shape[-1], dtype=bool)
@@ -115,7 +123,7 @@ def _head_columns(Xm, Xr, sa_w: list, rho: Weights, fmt: Format):
         V = (w.V != 0) | (w.V_r != 0)  # the exports' dense V may be nonzero where p·q is not
         used |= V.any(axis=0) | V.any(axis=1)
     with np.errstate(invalid="ignore", over="ignore"):
-        used |= ~(np.abs(Xm) + Xr < fmt.huge / 4).all(axis=(0, 1))
+        used |= ~(np.abs(Xm) + Xr < fmt.huge / 4).reshape(-1, len(used)).all(axis=0)
     return None if used.all() else np.flatnonzero(used)
 
 
@@ -130,7 +138,7 @@ def _head_on(w: Weights, cols: np.ndarray) -> Weights:
 
 
 def _sa_box(Xm, Xr, sa_w: list, rho: Weights, ctx: Context):
-    """:func:`sa_box` on every coordinate.
+    """:func:`sa_box` of weights stored finite, unguarded.
 
     The three layouts apply V in three orders — the torch module β·y + p·(q·y), TransformerLens
     the dense V after the average, the ρ/η layout the dense V on every key before it — with

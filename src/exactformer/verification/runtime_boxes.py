@@ -303,3 +303,15 @@ def pos_up(x, n: int):
     so a computed 0 is a sum of exact zeros."""
     with np.errstate(invalid="ignore"):
         return np.where(x > 0, up(x, n), np.where(x == 0, 0.0, np.inf))  # nan: unknown
+
+
+def guard(Xm, Xr):
+    """Boxes fit for the next layer's float64 bounds: nan becomes an unknown (inf) radius,
+    radii in (0, 2^-600) are raised to 2^-600 and midpoints there cleared into the radius, so
+    that no product of two of them with a stored weight underflows (:func:`pos_up`)."""
+    small = 2.0 ** -600
+    tiny_m = (np.abs(Xm) < small) & (Xm != 0)
+    Xr = np.where(tiny_m, Xr + small, Xr)
+    Xm = np.where(tiny_m, 0.0, Xm)
+    Xr = np.where((Xr > 0) & (Xr < small), small, Xr)
+    return Xm, np.where(np.isnan(Xr) | np.isnan(Xm), np.inf, Xr)

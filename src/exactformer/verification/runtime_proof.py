@@ -35,11 +35,12 @@ from .formats import (
     theta,
     thetas,
 )
-from .runtime_attention import sa_box
+from .runtime_attention import narrow_box, narrowed, sa_box
 from .runtime_boxes import (
     Weights,
     ff_units,
     finite,
+    guard,
     high,
     linear,
     low,
@@ -461,9 +462,7 @@ def enclose_runtime(model: Transformer, inputs: list[np.ndarray], fmt: Format,
             i += 1
             if sa is None:
                 continue
-            Xm, Xr = _attend(Um[inv], Ur[inv], sa, groups, spans, ctx)
-            first, inv = distinct(np.concatenate([Xm, Xr], axis=1))
-            Um, Ur = Xm[first], Xr[first]
+            Um, Ur, inv = _attend(Um, Ur, inv, sa, groups, spans, ctx)
     Xm, Xr = Um[inv], Ur[inv]
     outs: list = [None] * len(xs)
     for (n, js), a in zip(groups, spans[:-1], strict=True):
@@ -499,14 +498,52 @@ def unknown_sequences(Um, Ur, inv, groups: list, spans: np.ndarray):
     return Xm[first], Xr[first], inv
 
 
-def _attend(Xm, Xr, sa, groups: list, spans: np.ndarray, ctx: Context):
-    """One attention layer on the stacked rows (``Xm``, ``Xr``: new arrays, written in
-    place), each group of sequences of one length at once."""
+def _attend(Um, Ur, inv, sa, groups: list, spans: np.ndarray, ctx: Context):
+    """One attention layer on the distinct rows ``Um``, ``Ur`` (the stacked rows are
+    ``Um[inv]``), each group of sequences of one length at once; returns the new distinct
+    rows and ``inv``. A layer that changes a few coordinates (:func:`.narrowed`: a keyed
+    separation round) reads those alone, and only the sequences it may change."""
+    narrow = narrowed(Um, Ur, sa[1], sa[0], ctx.fmt)
+    if narrow is None:
+        Xm, Xr = Um[inv], Ur[inv]
+        for (n, js), a, b in zip(groups, spans[:-1], spans[1:], strict=True):
+            m, r = sa_box(Xm[a:b].reshape(len(js), n, -1), Xr[a:b].reshape(len(js), n, -1),
+                          sa[1], sa[0], ctx)
+            Xm[a:b], Xr[a:b] = m.reshape(b - a, -1), r.reshape(b - a, -1)
+        return _redistinct(Um, Ur, inv, np.arange(len(inv)), Xm, Xr)
+    cols, heads = narrow
+    Cm, Cr = Um[:, cols][inv], Ur[:, cols][inv]
+    rows, Ym, Yr = [np.zeros(0, dtype=np.int64)], [Um[:0]], [Ur[:0]]
     for (n, js), a, b in zip(groups, spans[:-1], spans[1:], strict=True):
-        m, r = sa_box(Xm[a:b].reshape(len(js), n, -1), Xr[a:b].reshape(len(js), n, -1),
-                      sa[1], sa[0], ctx)
-        Xm[a:b], Xr[a:b] = m.reshape(b - a, -1), r.reshape(b - a, -1)
-    return guard(Xm, Xr)
+        busy, m, r = narrow_box(Cm[a:b].reshape(len(js), n, -1),
+                                Cr[a:b].reshape(len(js), n, -1), heads, sa[0], ctx)
+        at = a + (busy[:, None] * n + np.arange(n)).reshape(-1)
+        m, r = m.reshape(-1, len(cols)), r.reshape(-1, len(cols))
+        Xm, Xr = Um[inv[at]], Ur[inv[at]]
+        Xm[:, cols], Xr[:, cols] = m, r
+        Xr[~np.isfinite(r).all(axis=1)] = np.inf  # unknown there: unknown everywhere
+        rows.append(at)
+        Ym.append(Xm)
+        Yr.append(Xr)
+    return _redistinct(Um, Ur, inv, np.concatenate(rows), np.concatenate(Ym),
+                       np.concatenate(Yr))
+
+
+def _redistinct(Um, Ur, inv, rows, Ym, Yr):
+    """The distinct rows and ``inv`` once the stacked rows ``rows`` hold Ym ± Yr: a row whose
+    bits did not change keeps its distinct row, and the others are found distinct again."""
+    Xm, Xr = Um[inv[rows]], Ur[inv[rows]]
+    moved = ((Ym.view(np.uint64) != Xm.view(np.uint64)) |
+             (Yr.view(np.uint64) != Xr.view(np.uint64))).any(axis=1)
+    rows, Ym, Yr = rows[moved], Ym[moved], Yr[moved]
+    if not len(rows):
+        return Um, Ur, inv
+    first, at = distinct(np.concatenate([Ym, Yr], axis=1))
+    inv = inv.copy()
+    inv[rows] = len(Um) + at
+    kept, inv = np.unique(inv, return_inverse=True)  # (rows no row reads any more go)
+    Um, Ur = np.concatenate([Um, Ym[first]]), np.concatenate([Ur, Yr[first]])
+    return Um[kept], Ur[kept], inv.reshape(-1)
 
 
 def _stored_inputs(xs: list[np.ndarray], params: Transformer, fmt: Format):
@@ -516,18 +553,6 @@ def _stored_inputs(xs: list[np.ndarray], params: Transformer, fmt: Format):
         P = np.asarray(params.positions[:Xm.shape[1]], dtype=float)
         Xm, Xr = guard(*_add_positions(Xm, Xr, P, fmt))
     return Xm, Xr
-
-
-def guard(Xm, Xr):
-    """Boxes fit for the next layer's float64 bounds: nan becomes an unknown (inf) radius,
-    radii in (0, 2^-600) are raised to 2^-600 and midpoints there cleared into the radius, so
-    that no product of two of them with a stored weight underflows (:func:`pos_up`)."""
-    small = 2.0 ** -600
-    tiny_m = (np.abs(Xm) < small) & (Xm != 0)
-    Xr = np.where(tiny_m, Xr + small, Xr)
-    Xm = np.where(tiny_m, 0.0, Xm)
-    Xr = np.where((Xr > 0) & (Xr < small), small, Xr)
-    return Xm, np.where(np.isnan(Xr) | np.isnan(Xm), np.inf, Xr)
 
 
 def _add_positions(Xm, Xr, P, fmt: Format):
