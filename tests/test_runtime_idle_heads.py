@@ -2,9 +2,10 @@
 rows hold exact zeros wherever a head's a, q or V reads (``runtime_attention.idle_sequences``,
 a keyed separation round on the sequences that hold none of its tests): the proof encloses
 only the others, and their rows alone are found distinct again (a row shared with a sequence
-that does not change keeps its box there). Checked here by the float32 and TF32 passes of test_runtime_proof (every
-summation order and layout): each lies in the boxes, and on such a sequence each gives x
-itself, as the boxes say (docs/numerics.md#proofs-for-reduced-precision-runtimes)."""
+that does not change keeps its box there). Checked here by the float32 and TF32 passes of
+test_runtime_proof (every summation order and layout): each lies in the boxes, and on such a
+sequence each gives x itself, as the boxes say
+(docs/numerics.md#proofs-for-reduced-precision-runtimes)."""
 
 from __future__ import annotations
 
