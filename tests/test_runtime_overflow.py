@@ -12,7 +12,7 @@ import pytest
 
 import exactformer as ef
 from exactformer.data import builtin
-from exactformer.model import FF, SA, Block, ScoreMatrix, Transformer, ValueMatrix
+from exactformer.model import FF, SA, Block, Head, ScoreMatrix, Transformer, ValueMatrix
 
 
 def test_an_off_unit_whose_float32_sums_overflow_is_not_passed_over():
@@ -119,6 +119,33 @@ def test_transformer_lens_scaled_hardmax_scores_may_not_overflow():
     model = _one_head(1.0, [0.0, 0.0], [0.0, 0.0], 1.0, [0.0, 0.0], [0.0, 0.0])
     xa, xb = [2.0 ** 40, 0.0], [2.0 ** 39, 0.0]
     data = ef.Dataset.from_arrays([[xa, xb]], [[xa]])
+    assert not ef.prove_runtime(model, data, "float32").ok
+
+
+def test_transformer_lens_softmax_queries_may_not_overflow_where_the_key_is_zero():
+    """TransformerLens stores a softmax head's query s·c·x_i (s = 2 or 4, its attn_scale s·τ
+    then divides the scores): c·x = 1.5·10³⁸ is moderate, 4·c·x is inf, and inf times the key
+    a·x = 0 is nan. The scores' size |c·x|·|a·x| is 0 there, so only the query itself tells;
+    the row must be unknown. Run here with the exported TransformerLens weights."""
+    from exactformer.export.transformer_lens import lens_config, lens_state_dict
+    from exactformer.verification.formats import get_format
+    from exactformer.verification.runtime_proof import enclose_runtime
+
+    e0, e1 = np.array([1.0, 0.0]), np.array([0.0, 1.0])
+    head = Head(ScoreMatrix(0.0, e1, e0), ValueMatrix(0.0, e1, e1))
+    model = Transformer(2, "softmax", [Block(None, SA(1.0, heads=[head]))], exact=False,
+                        tau=0.5)
+    x = np.array([[1.5e38, 0.0], [1.0, 0.0]])
+    cfg, sd = lens_config(model, "float32"), lens_state_dict(model, "float32")
+    W = {n: sd[f"blocks.0.attn.{n}.weight"].numpy() for n in "qkv"}
+    with np.errstate(all="ignore"):
+        X = x.astype(np.float32)
+        q, k = X @ W["q"].T, X @ W["k"].T
+        S = (q @ k.T) / np.float32(cfg["attn_scale"])
+    assert np.isinf(q).any() and np.isnan(S[0]).all()  # what TransformerLens computes
+    ((m, r),) = enclose_runtime(model, [x], get_format("float32"))
+    assert np.isinf(r[0]).all()
+    data = ef.Dataset.from_arrays([x.tolist()], [x.tolist()])
     assert not ef.prove_runtime(model, data, "float32").ok
 
 

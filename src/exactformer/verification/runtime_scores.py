@@ -124,6 +124,8 @@ def scores_box(Xm, Xr, w: Weights, ctx: Context, queries=None):
     with np.errstate(over="ignore", invalid="ignore"):
         if fmt.name == "float32":  # TransformerLens's scaled scores: inf − inf is nan
             bad |= ~(size * ctx.lens_scale * 2 < ACC.huge)
+            if ctx.attention == "softmax":  # and its query s·c·x_i (s ≤ 4), stored whatever
+                bad |= ~(aP * 8 < ACC.huge)[:, :, None]  # the key: inf·0 is nan
     return mid, unknown_if_overflow(mid, np.where(bad, np.inf, rad), fmt, whole)
 
 
