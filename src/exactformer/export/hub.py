@@ -432,8 +432,9 @@ def _runtime_lines(proofs) -> list[str]:
             "Whether every evaluation of the model's dense computation (FFs as "
             "η·x + W·relu(U·x + b), as `ff=\"dense\"`, the ρ/η and the TransformerLens "
             "layouts run it) in that runtime (subnormal numbers kept, not flushed to zero), "
-            "in any summation order, with or without FMA, "
-            f"{_criterion(proofs[0])}: a proof "
+            "in any summation order, with or without FMA, on each sequence alone or in a "
+            "batch of sequences of one length (TransformerLens's padded rows are not "
+            f"covered), {_criterion(proofs[0])}: a proof "
             "by rigorous interval bounds, not a measurement. A module loaded with "
             "`ff=\"dense\"` runs exactly this computation; the default profile form evaluates "
             "gadget layers otherwise.", "",
