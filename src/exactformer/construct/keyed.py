@@ -97,7 +97,8 @@ class Plan:
 
 def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, seed: int,
          progress: bool = False, grid: bool = True, caps: bool = False) -> Plan:
-    """Choose the tagged tokens (every sequence holds at least m_j leader tags, chosen by
+    """Choose the tagged tokens (every sequence holds at least m_j leader tags: its own
+    tokens where every sequence has enough, :func:`_own_tags`, else chosen by
     :func:`tagging.cover`), the tests that separate the sequences sharing a leader tag, and
     every tag's gadget (``grid``: on grid data, :func:`tagging.windows`' integer directions;
     hardmax models only, docs/numerics.md#low-precision-set-models; ``caps``: caps on the
@@ -108,13 +109,30 @@ def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, seed: int
     survey = Survey.of(table.points, seed)
     margin = float32_gap(table.points.shape[1])
     need = np.array([m[j] if reps[j] == j else 0 for j in range(table.N)])
-    chosen = cover(survey, owners, need, margin, caps)
-    rounds = plan_tests(chosen, owners, seqs, per_round)
+    chosen, rounds = _own_tags(survey, owners, need, margin, caps), []
+    if chosen is None:
+        chosen = cover(survey, owners, need, margin, caps)
+        rounds = plan_tests(chosen, owners, seqs, per_round)
     tagged = chosen + [t for t in dict.fromkeys(t for r in rounds for t in r)
                        if t not in set(chosen)]
     grid = grid and data_grid(table.points) is not None
     tags = windows(survey, tagged, exact, seed, progress, grid, margin if caps else None)
     return Plan(tags, chosen, rounds, reps, owners, margin, grid)
+
+
+def _own_tags(survey: Survey, owners: list[np.ndarray], need: np.ndarray, margin: float,
+              caps: bool) -> list[int] | None:
+    """Leader tags each held by one sequence alone (:func:`tagging.cover` on those tokens),
+    where every sequence short of tags holds enough of its own and float32 reads each
+    within its margin; else None. Such tags need no separation, so tokens that sequences
+    gain in common change no block count, even where sharing them would save tags
+    (docs/keyed.md#tagging)."""
+    alone = [o if len(o) == 1 else o[:0] for o in owners]
+    left = need.copy()
+    own = cover(survey, alone, left, margin, caps)
+    t = np.array(own, dtype=np.int64)
+    read = (survey.gaps[t] >= margin) | (caps & (survey.cap_gaps[t] >= margin))
+    return None if left.any() or not read.all() else own
 
 
 def token_name(table: TokenTable):
