@@ -689,3 +689,15 @@ def test_tokens_beyond_float64_squares_are_refused_clearly(attention):
     data = make_dataset([[[1e160, 0], [0, 1e160]], [[1e160, 0]]], [[[1, 1]], [[2, 2]]])
     with pytest.raises(keyed.NotKeyable, match="too large for float64"):
         ef.compile(data, attention=attention, keys=True)
+
+
+@pytest.mark.parametrize("top", [1e300, 1.7e308])
+def test_tokens_whose_differences_overflow_float64_fall_back_and_stay_exact(top):
+    """No option given: data whose squared norms (here even differences) overflow float64 get
+    the paper's construction, with a warning that says so, proved exact; its generic choices
+    compare exact gaps, whose float64 differences would overflow (an OverflowError once)."""
+    data = make_dataset([[[top, 1.0], [-top, 1.0]], [[top, 1.0]]], [[[1.0, 1.0]], [[2.0, 2.0]]])
+    with pytest.warns(RuntimeWarning, match="does not apply"):
+        model = ef.compile(data)
+    assert model.record.keyed is None
+    assert ef.verify(model, data).verdict() == "PROVED EXACT"

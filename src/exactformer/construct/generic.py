@@ -70,8 +70,9 @@ def generic_score(values, exact: bool) -> float | None:
 def _relative_gap(vals: np.ndarray) -> float:
     if len(vals) < 2:
         return 1.0
-    spread = float(vals[-1] - vals[0]) or 1.0
-    return float((vals[1:] - vals[:-1]).min()) / spread
+    spread = vals[-1] - vals[0]  # exact for Fractions; their ratio ≤ 1 always converts
+    gap = (vals[1:] - vals[:-1]).min()
+    return float(gap / spread) if spread else float(gap)
 
 
 def _separated(vals: np.ndarray, exact: bool) -> bool:
