@@ -171,6 +171,20 @@ def test_close_tokens_are_named_and_the_model_stays_exact():
     assert ef.verify(model, data).verdict() == "PROVED EXACT"
 
 
+def test_tokens_too_close_for_any_window_are_named_in_the_fallback_warning():
+    """Two tokens of one sequence 2⁻⁴⁰ apart, both needed as leaders: no window can isolate
+    either, so the build falls back to the paper's construction, and its warning names both
+    tokens by sequence and place (a table index once), the nearer one as the neighbour."""
+    x = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, 0.5], [0.5, 0.5 + 2.0**-40]])
+    data = make_dataset([x, [[2.0, 2.0], [3.0, 1.0]]],
+                        [[[1, 1], [0, 0], [3, 3], [4, 4]], [[2, 2]]])
+    with pytest.warns(RuntimeWarning, match=r"X_0\[[23]\] lies within 2\^-30 .* of "
+                                            r"X_0\[[23]\] along every direction"):
+        model = ef.compile(data)
+    assert model.record.keyed is None
+    assert ef.verify(model, data).verdict() == "PROVED EXACT"
+
+
 def test_the_paper_construction_on_request():
     """construction="paper" (or keys=False) gives the hat model, the default and keys=True
     the keyed one; a contradiction or an unknown name is refused."""

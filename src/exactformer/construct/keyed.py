@@ -106,7 +106,7 @@ def plan(table: TokenTable, m: list[int], exact: bool, per_round: int, seed: int
     seqs = table.seqs()
     reps = _representatives(seqs)
     owners = _owners(table, reps)
-    survey = Survey.of(table.points, seed)
+    survey = Survey.of(table.points, seed, token_name(table))
     margin = float32_gap(table.points.shape[1])
     need = np.array([m[j] if reps[j] == j else 0 for j in range(table.N)])
     chosen, rounds = _own_tags(survey, owners, need, margin, caps), []

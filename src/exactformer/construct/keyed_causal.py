@@ -354,7 +354,7 @@ def _codes(data: _Data, tests: list[list[int]], layers: list[list[int]], width: 
     shared positions are tagged (construct/tagging.py)."""
     wanted = {int(data.tok[j][i]) for r in tests for p in r for j, i in [data.ctx.first[p]]}
     wanted |= {int(t) for t, p in zip(data.token, data.pos, strict=True) if int(p) in data.shared}
-    survey = Survey.of(data.table.points, seed)
+    survey = Survey.of(data.table.points, seed, token_name(data.table))
     margin = float32_gap(data.ctx.d)
     tags = [survey.tag(t, exact) for t in sorted(wanted)]
     tagged = [tag.token for tag in tags]

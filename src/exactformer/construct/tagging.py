@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -63,6 +64,10 @@ class NotKeyable(ConstructionError):
     """The keyed construction does not apply to these data (tokens too close for float64)."""
 
 
+def _table_token(t: int) -> str:
+    return f"table token {t}"
+
+
 @dataclass(frozen=True)
 class Tag:
     """The window that tags table token ``token``: along direction f, centre c, scale s a
@@ -90,9 +95,13 @@ class Survey:
     best: np.ndarray  # per token: (direction, neighbour) of that gap
     cap_gaps: np.ndarray  # per token: its widest gap as an extreme of a direction (0: none)
     cap_best: np.ndarray  # per token: (direction, side ±1, neighbour) of that gap
+    name: Callable[[int], str]  # how errors name a token
 
     @classmethod
-    def of(cls, points: np.ndarray, seed: int) -> Survey:
+    def of(cls, points: np.ndarray, seed: int, name: Callable[[int], str] | None = None
+           ) -> Survey:
+        """The survey of ``points`` on :func:`_directions` drawn from ``seed``; ``name``
+        names a table token in errors (keyed.token_name: "X_j[i]")."""
         X = safe_floats(points).astype(float)
         T, d = X.shape
         extent = float(np.abs(X).max(initial=0.0)) or 1.0
@@ -118,7 +127,7 @@ class Survey:
                                   (-1, order[0], step[0], order[1])):
                 if g >= TRUSTED and g > cap_gaps[t]:
                     cap_gaps[t], cap_best[t] = g, (k, side, n)
-        return cls(points, F, extent, gaps, best, cap_gaps, cap_best)
+        return cls(points, F, extent, gaps, best, cap_gaps, cap_best, name or _table_token)
 
     def tag(self, t: int, exact: bool) -> Tag:
         """The window of token t on its widest direction: c within g/64 of f·t, s·g ∈ [2, 4)
@@ -141,9 +150,13 @@ class Survey:
         norm = float(np.abs(f_float).sum()) * self.extent
         g = gap * norm * (1 - 2.0 ** -10) - 4 * (len(f_float) + 1) * 2.0 ** -53 * norm
         if g <= 0:
-            raise NotKeyable(f"table token {t} lies within 2^-30 of the data's extent of "
-                             "another along every direction tried: too close for a window "
-                             "the float64 survey can place")
+            X = safe_floats(self.points).astype(float)
+            near = np.abs(X - X[t]).max(axis=1)
+            near[t] = np.inf
+            raise NotKeyable(f"input token {self.name(t)} lies within 2^-30 of the data's "
+                             f"extent of {self.name(int(np.argmin(near)))} along every "
+                             "direction tried: too close for a window the float64 survey "
+                             "can place")
         f = np.array([Fraction(v) for v in f_float], dtype=object) if exact else f_float
         g = num(g, exact)
         s = power_of_two_below(num(4, exact) / g)
