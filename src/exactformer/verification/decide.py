@@ -200,7 +200,8 @@ def _softmax_verdict(model, dataset, limit, digits, tau, snapped, extra, progres
     docs/keyed.md#softmax), nor one whose every pair the bound puts within the limit: it would
     only measure what the bound already shows, at the cost of a pass in mpmath (30 s where the
     bound takes 4 on a keyed float64 model)."""
-    if enclosed is not None and all(b <= _float_cap(limit) for b in enclosed):
+    below = float_below(limit)
+    if enclosed is not None and all(b <= below for b in enclosed):  # (nan is never ≤)
         extra["hausdorff_bound"] = enclosed
         extra["mp pass"] = "not run: the float64 enclosures put every pair within the limit"
         extra["decided by"] = f"float64 enclosures: {len(enclosed)} pairs"
@@ -276,7 +277,7 @@ def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool
         outs = forward(model, list(dataset.inputs), "exact", progress=progress, workers=workers)
         return [as_set(o) == as_set(y) for o, y in zip(outs, ys, strict=True)], None
     bounds = bounds if bounds is not None else [math.nan] * dataset.N
-    cap = _float_cap(limit)
+    cap = float_below(limit)
     within = [b <= cap for b in bounds]  # nan (unknown) is never ≤
     rest = [j for j, ok in enumerate(within) if not ok]
     dist = [float(b) for b in bounds]
@@ -290,14 +291,6 @@ def _decide_hardmax(model, dataset, limit: Fraction, extra: dict, progress: bool
     extra["decided by"] = (f"float64 enclosures: {len(within) - len(rest)} pairs; exact pass: "
                            f"{len(rest)} pairs")
     return None, within
-
-
-def _float_cap(limit: Fraction) -> float:
-    """The largest float ≤ ``limit`` that float64 bounds are compared with."""
-    cap = safe_float(limit)
-    if math.isfinite(cap) and Fraction(cap) > limit:
-        cap = float(np.nextafter(cap, 0.0))
-    return cap
 
 
 def _first_pass(model, dataset, xs_f, stats, progress: bool, tau, snap, limit: float):

@@ -26,6 +26,7 @@ from ..evaluate.enclosure import hausdorff_upper, up
 from ..model import Transformer
 from ..numbers import pad_columns
 from ..tables import format_table
+from .causal_enclosure import float_below
 from .formats import DEFAULT_EXP_ULPS, Format, get_format, round_to, stored
 from .runtime_decode import decoded_wrong, decoding_margins, target_indices
 from .runtime_proof import enclose_runtime
@@ -124,7 +125,7 @@ def prove_runtime(model: Transformer, dataset, runtime: str = "float32",
     boxes = enclose_runtime(model, xs, fmt, exp_ulps)
     bounds = _bounds(boxes, ys, getattr(data, "known", None))
     limit = Fraction(tolerance) * scale
-    held = np.array([bool(np.isfinite(b) and Fraction(b) <= limit) for b in bounds], dtype=bool)
+    held = np.array(bounds, dtype=float) <= float_below(limit)  # (nan and inf: not held)
     bound = relative(worst(bounds), scale) if bounds else 0.0
     verdict = RuntimeVerdict(runtime, f"PROVED FAITHFUL IN {runtime}", tolerance, bound,
                              int(held.sum()), len(bounds), exp_ulps, 0.0)
