@@ -102,8 +102,9 @@ class Job:
     def walk(self, st: RowState, snapshots, stats: PassStats, progress: bool,
              start: int = 0, stop: int | None = None) -> dict:
         """Blocks ``start`` to ``stop`` (default: every block) on the state ``st``; returns
-        the snapshots asked for. Up to the first attention layer rows are pooled across
-        sequences (:meth:`RowState.pool`, :func:`~exactformer.model.first_mixing`)."""
+        the snapshots asked for. Up to the first attention layer (its block's FF included)
+        rows are pooled across sequences (:meth:`RowState.pool`,
+        :func:`~exactformer.model.first_mixing`)."""
         mixes = first_mixing(self.blocks)
         pooled = start < mixes
         st.pool() if pooled else st.compact()
@@ -116,9 +117,6 @@ class Job:
                    disable=not progress, leave=False, delay=1)
         i, closing = start, {}  # window–flip pairs whose flip is at block i
         while i < stop:
-            if pooled and i >= mixes:
-                st.unpool()
-                pooled = False
             kr = None if closing else self.key_runs.get(i)
             if kr is not None and kr[0] <= stop and \
                     not any(i < k <= kr[0] for k in snapshots or ()):  # (as runs below)
@@ -156,6 +154,9 @@ class Job:
                 apply_ff(st, blk.ff, self.ridges[i], stats, self.keys[i], self.gates[i],
                          self.weights[i])
             if blk.sa is not None and not blk.sa.is_identity():
+                if pooled:  # the first attention, after its block's FF (a data reset there
+                    st.unpool()  # makes a sequence's rows equal: they merge as it unpools)
+                    pooled = False
                 attend(st, st.ar.convert(blk.sa), self.attention, self.tau, stats)
             i += 1
             bar.update(1)
