@@ -213,8 +213,12 @@ def apply_sa(st: RowState, sa: SA, attention: str, tau, stats: PassStats,
     :func:`.causal_radius.causal_head_average`).
 
     Equal points are merged only when ρ = 0 (each token replaced by averages, as in the
-    collapse): with ρ ≠ 0 distinct points almost never meet, and an unmerged pair of equal
-    rows only costs time, never changes a result (they carry their multiplicities)."""
+    collapse), before the layer (a data reset before a keyed collapse makes most rows of a
+    sequence equal) and after it: with ρ ≠ 0 distinct points almost never meet, and an
+    unmerged pair of equal rows only costs time, never changes a result (they carry their
+    multiplicities)."""
+    if sa.rho == 0:  # equal rows give equal averages: merge them before the n² scores
+        st.compact()
     dots: dict = {}
     terms = [t for head in sa.heads
              if (t := _head_term(st, head, attention, tau, stats, dots, average)) is not None]
