@@ -149,6 +149,29 @@ def test_transformer_lens_softmax_queries_may_not_overflow_where_the_key_is_zero
     assert not ef.prove_runtime(model, data, "float32").ok
 
 
+def test_a_layer_the_transformer_lens_layout_drops_does_not_set_its_hardmax_scale():
+    """The TL layout drops an attention that changes nothing (ρ = 1, V = 0), so its hardmax
+    scale 2^k comes from the other heads: α = 1 gives 2^64, and the scores 2^66 times it
+    overflow (inf − inf is nan). A dropped head with α = 2^60 must not lower the scale the
+    proof assumes (it once did, and the model was PROVED FAITHFUL IN float32)."""
+    from exactformer.export.transformer_lens import lens_config, lens_state_dict
+
+    zero = np.zeros(2)
+    real = SA(1.0, ScoreMatrix(1.0, zero, zero), ValueMatrix(1.0, zero, zero))
+    dropped = SA(1.0, ScoreMatrix(2.0 ** 60, zero, zero), ValueMatrix(0.0, zero, zero))
+    model = Transformer(2, "hardmax", [Block(None, real), Block(None, dropped)], exact=False)
+    x = np.array([[2.0 ** 33, 0.0], [0.0, 2.0 ** 33]])
+    cfg, sd = lens_config(model, "float32"), lens_state_dict(model, "float32")
+    assert cfg["n_layers"] == 1
+    W = {n: sd[f"blocks.0.attn.{n}.weight"].numpy() for n in "qk"}
+    with np.errstate(all="ignore"):
+        X = x.astype(np.float32)
+        S = ((X @ W["q"].T) @ (X @ W["k"].T).T) / np.float32(cfg["attn_scale"])
+    assert np.isinf(S).any()  # what TransformerLens computes before its softmax
+    data = ef.Dataset.from_arrays([x.tolist()], [(2 * x).tolist()])
+    assert not ef.prove_runtime(model, data, "float32").ok
+
+
 def test_an_infinite_weight_or_tolerance_is_refused_or_never_proved():
     """A model with an infinite score weight is never proved (and does not crash), and an
     infinite tolerance is refused like a nonpositive one."""

@@ -13,7 +13,10 @@ relu(−x_c) at offset D + c, that move the tokens to the other half of a stream
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .model import SA, Transformer
 
@@ -21,6 +24,27 @@ from .model import SA, Transformer
 def is_identity_sa(sa: SA | None) -> bool:
     """No layer, or ρ = 1 and V = 0: the attention changes nothing (the TL layout drops it)."""
     return sa is None or sa.is_identity()
+
+
+def score_bound(model: Transformer) -> float:
+    """g = max over the heads of the layers the TL layout keeps (not :func:`is_identity_sa`)
+    of |α| + ‖a‖·‖c‖, so every score is at most g·‖x‖² in size; nan or inf where a weight
+    is not finite."""
+    terms = [abs(float(h.A.alpha)) + float(np.linalg.norm(np.asarray(h.A.a, dtype=float)) *
+                                            np.linalg.norm(np.asarray(h.A.c, dtype=float)))
+             for b in model.blocks if not is_identity_sa(b.sa) for h in b.sa.heads]
+    return float(np.max(terms, initial=0.0))  # (np.max keeps a nan)
+
+
+def hardmax_exponent_for(model: Transformer, half: int) -> int | None:
+    """k with 2^k·g = 2^half rounded down to a power of two (g: :func:`score_bound`): the TL
+    layout runs hardmax as the softmax of the scores times 2^k, by ``attn_scale`` = 2^−k
+    (docs/numerics.md#the-transformerlens-export); None where g is not finite. One rule for
+    the export and for the runtime proofs, which bound the scaled scores."""
+    g = score_bound(model)
+    if not math.isfinite(g):
+        return None
+    return half if g == 0 else half - math.ceil(math.log2(g))
 
 
 @dataclass

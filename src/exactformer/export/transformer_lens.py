@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from ..lens_plan import is_identity_sa, lens_shape, plan
+from ..lens_plan import hardmax_exponent_for, lens_shape, plan, score_bound
 from ..model import FF, SA, Transformer
 from .lens_helpers import boot as build_bridge
 from .native import floats
@@ -40,18 +40,6 @@ DEFAULT_N_CTX = 2048  # set models have no positions: TL still needs a context l
 
 
 # ------------------------------------------------------------------------------ hardmax scale
-def score_bound(model: Transformer) -> float:
-    """g = max over hardmax heads of |α| + ‖a‖·‖c‖: every score satisfies |s| ≤ g·‖x‖²."""
-    g = 0.0
-    for b in model.blocks:
-        if is_identity_sa(b.sa):
-            continue
-        for h in b.sa.heads:
-            a, c = floats(h.A.a), floats(h.A.c)
-            g = max(g, abs(float(h.A.alpha)) + float(np.linalg.norm(a) * np.linalg.norm(c)))
-    return g
-
-
 def hardmax_exponent(model: Transformer, dtype: str = "float64") -> int:
     """k such that softmax(2^k·s) is hardmax on the model's scores s (docs/numerics.md).
 
@@ -59,13 +47,12 @@ def hardmax_exponent(model: Transformer, dtype: str = "float64") -> int:
     every other by a margin m ≥ EXP_UNDERFLOW·2^−k gets weight exactly 0 on the others, and
     a tie of |C| equal floats gets exactly 1/|C| each. Raises ValueError where 2^−k is not a
     normal number of ``dtype``."""
-    g = score_bound(model)
-    half = HALF_RANGE[dtype]
-    k = half if g == 0 else half - math.ceil(math.log2(g))
+    k, g = hardmax_exponent_for(model, HALF_RANGE[dtype]), score_bound(model)
     info = torch.finfo(getattr(torch, dtype))
-    if not math.log2(info.tiny) < -k < math.log2(info.max):
+    if k is None or not math.log2(info.tiny) < -k < math.log2(info.max):
+        need = "" if k is None else f" (needs 2^{-k} as attn_scale)"
         raise ValueError(f"transformer-lens export: hardmax scores up to {g:.3g}·‖x‖² cannot be "
-                         f"scaled to softmax in {dtype} (needs 2^{-k} as attn_scale)")
+                         f"scaled to softmax in {dtype}{need}")
     return k
 
 

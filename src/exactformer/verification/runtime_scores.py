@@ -12,6 +12,7 @@ import numpy as np
 
 from ..evaluate.enclosure import rounding
 from ..evaluate.grid import fits_exactly, lowbit
+from ..lens_plan import hardmax_exponent_for
 from ..model import Transformer
 from .formats import (
     ACC,
@@ -51,16 +52,11 @@ class Context:
 def lens_slack(model: Transformer) -> float:
     """The score margin below which the TransformerLens layout's hardmax (softmax of the
     scores times 2^k, docs/numerics.md#the-transformerlens-export) may give a key a nonzero
-    weight in float32: 104·2^−k with 2^k·g = 2^64 rounded down, g = max |α| + ‖a‖·‖c‖."""
-    g = 0.0
-    for blk in model.blocks:
-        for h in ([] if blk.sa is None else blk.sa.heads):
-            a, c = np.asarray(h.A.a, dtype=float), np.asarray(h.A.c, dtype=float)
-            g = max(g, abs(float(h.A.alpha)) + float(np.linalg.norm(a) * np.linalg.norm(c)))
-    if not math.isfinite(g):  # an infinite or nan weight: no key is ever ruled out
-        return math.inf
-    k = 64 if g == 0 else 64 - math.ceil(math.log2(g))
-    return 104.0 * 2.0 ** -k
+    weight in float32: 104·2^−k, k the export's own (:func:`..lens_plan.hardmax_exponent_for`:
+    2^k·g = 2^64 rounded down, g over the heads of the layers the layout keeps); inf where a
+    weight is not finite (no key is ever ruled out)."""
+    k = hardmax_exponent_for(model, 64)
+    return math.inf if k is None else 104.0 * 2.0 ** -k
 
 
 def scores_box(Xm, Xr, w: Weights, ctx: Context, queries=None):
