@@ -42,12 +42,14 @@ class Pass:
     inputs of every matrix product; ``lens`` forms scores as TransformerLens and the ρ/η
     layout do (one product of [α·x; c·x] and [x; a·x]); ``value`` applies V as the torch
     module does ("native": β·y + p·(q·y)), as a dense matrix after the average
-    ("after", TransformerLens) or on every key before it ("before", ρ/η)."""
+    ("after", TransformerLens) or on every key before it ("before", ρ/η); ``reciprocal``
+    normalises a softmax by the product with the sum's reciprocal, as torch's CPU kernel
+    does (two roundings), instead of a division."""
 
     def __init__(self, order="seq", fma=False, tf32=False, lens=False, seed=0,
-                 value="native"):
+                 value="native", reciprocal=False):
         self.order, self.fma, self.tf32, self.lens = order, fma, tf32, lens
-        self.value = value
+        self.value, self.reciprocal = value, reciprocal
         self.rng = np.random.default_rng(seed)
 
     def dot(self, A, B):
@@ -128,7 +130,8 @@ class Pass:
                     else:
                         tau = F32(1 if model.tau is None else float(model.tau))
                         E = np.exp((S - S.max(axis=1, keepdims=True)) / tau)
-                        weights = E / self.dot(E, np.ones((n, 1), F32))
+                        total = self.dot(E, np.ones((n, 1), F32))
+                        weights = E * (F32(1) / total) if self.reciprocal else E / total
                     V = f(h.V.dense())  # stored densely by TransformerLens and ρ/η
                     if self.value == "before":
                         out = out + self.dot(weights, self.dot(X, V.T))
@@ -148,7 +151,9 @@ PASSES = [Pass("seq"), Pass("rev"), Pass("pairwise"), Pass("perm", seed=1),
           Pass("rev", lens=True, value="after"), Pass("perm", lens=True, seed=3, value="before"),
           Pass("pairwise", lens=True, value="after"), Pass(fma=True, lens=True, value="before"),
           Pass(tf32=True), Pass("rev", tf32=True), Pass("perm", tf32=True, lens=True, seed=4),
-          Pass("rev", tf32=True, lens=True, value="before")]  # ρ/η (no TF32 proof covers TL)
+          Pass("rev", tf32=True, lens=True, value="before"),  # ρ/η (no TF32 proof covers TL)
+          Pass("rev", reciprocal=True), Pass("perm", lens=True, seed=6, value="after",
+                                             reciprocal=True)]
 
 
 def pass_error(model, data, p: Pass) -> float:

@@ -486,7 +486,8 @@ def _hull(C, C_r, ctx: Context):
 
 def softmax_box(sm, sr, allowed, ctx: Context):
     """Every runtime value of softmax weights from score boxes: exp(s_l − max) with the
-    subtraction and exp rounded (exp within ``exp_ulps`` float32 ulps), summed and divided;
+    subtraction and exp rounded (exp within ``exp_ulps`` float32 ulps), summed and divided,
+    or multiplied by the sum's reciprocal (torch's CPU kernel: two roundings, (1 + u)²);
     the max ranges over [max lo, max hi]."""
     fmt = ctx.fmt
     u = max(fmt.u, ACC.u)
@@ -509,7 +510,7 @@ def softmax_box(sm, sr, allowed, ctx: Context):
         e_lo, e_hi = np.where(allowed, e_lo, 0.0), np.where(allowed, e_hi, 0.0)
         z_lo, z_hi, err = _normaliser(e_lo, e_hi, fmt)
         p_lo = np.maximum(lower(e_lo / z_hi * (1 - 2 * u), 0.0) - fmt.tiny, 0.0)
-        p_hi = np.minimum(upper(e_hi / np.maximum(z_lo, 0.0) * (1 + 2 * u), 0.0) + fmt.tiny,
+        p_hi = np.minimum(upper(e_hi / np.maximum(z_lo, 0.0) * (1 + u) ** 2, 0.0) + fmt.tiny,
                           1.0)
         c_lo, c_hi = _ratio_bounds(e_lo, e_hi, err, u, fmt)
         p_lo, p_hi = np.maximum(p_lo, c_lo), np.minimum(p_hi, c_hi)
@@ -549,14 +550,15 @@ def _ratio_bounds(e_lo, e_hi, err, u: float, fmt: Format):
     """Bounds on every runtime weight fl(e_l / z) from the sum's own terms: z is within
     ``err`` of e_l + R_l, R_l the other terms' sum, so e_l/z lies between
     e/(e + R_hi + err) and e/(e + R_lo − err) over e in [e_lo, e_hi] (increasing in e where
-    the added constant is ≥ 0, decreasing where it is < 0), and the division rounds by u.
+    the added constant is ≥ 0, decreasing where it is < 0), and the division rounds by u,
+    or the product with the reciprocal twice.
     The error of the heaviest key's exp, in both e_l and z, cancels here: its weight is 1 to
     a few u (docs/numerics.md#proofs-for-reduced-precision-runtimes)."""
     s_lo = e_lo.sum(axis=2, keepdims=True) * (1 - 2.0 ** -40)
     s_hi = e_hi.sum(axis=2, keepdims=True) * (1 + 2.0 ** -40)
     r_hi = np.nextafter(s_hi - e_hi, np.inf)
     r_lo = np.maximum(np.nextafter(s_lo - e_lo, -np.inf), 0.0)
-    down, rise = (1 - 2 * u) * (1 - 2.0 ** -49), (1 + 2 * u) * (1 + 2.0 ** -49)
+    down, rise = (1 - 2 * u) * (1 - 2.0 ** -49), (1 + u) ** 2 * (1 + 2.0 ** -49)
     p_lo = e_lo / ((e_lo + r_hi + err) * (1 + 2.0 ** -50)) * down - fmt.tiny
     c = np.nextafter(r_lo - err, -np.inf)  # e/(e + c): the largest over the box
     e = np.where(c >= 0, e_hi, e_lo)
