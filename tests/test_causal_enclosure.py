@@ -355,7 +355,7 @@ def test_float_below_a_limit_beyond_float64():
     (safe_float reads such a limit as inf)."""
     from fractions import Fraction
 
-    from exactformer.verification.causal_enclosure import float_below
+    from exactformer.numbers import float_below
 
     assert float_below(Fraction(1, 2)) == 0.5
     third = float_below(Fraction(1, 3))

@@ -199,6 +199,14 @@ def safe_float(v) -> float:
         return math.inf if v > 0 else -math.inf
 
 
+def float_below(limit: Fraction) -> float:
+    """The largest float64 ≤ ``limit``: a float bound at most it is at most the limit."""
+    f = safe_float(limit)
+    if f == np.inf:  # a limit beyond float64's range: every finite float is below it
+        return float(np.finfo(np.float64).max)
+    return f if Fraction(f) <= limit else float(np.nextafter(f, -np.inf))
+
+
 def safe_floats(a: np.ndarray) -> np.ndarray:
     """A float64 copy of ``a``; exact or mpmath values are rounded, overflow becomes ±inf.
     NumPy's cast calls ``float`` on each value in C; only an array with a value beyond float

@@ -125,8 +125,8 @@ def _own_tags(survey: Survey, owners: list[np.ndarray], need: np.ndarray, margin
     """Leader tags each held by one sequence alone (:func:`tagging.cover` on those tokens),
     where every sequence short of tags holds enough of its own and float32 reads each
     within its margin; else None. Such tags need no separation, so tokens that sequences
-    gain in common change no block count, even where sharing them would save tags
-    (docs/keyed.md#tagging)."""
+    gain in common inside the data's hull change no block count, even where sharing them
+    would save tags (docs/keyed.md#tagging)."""
     alone = [o if len(o) == 1 else o[:0] for o in owners]
     left = need.copy()
     own = cover(survey, alone, left, margin, caps)

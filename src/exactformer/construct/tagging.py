@@ -153,10 +153,10 @@ class Survey:
             X = safe_floats(self.points).astype(float)
             near = np.abs(X - X[t]).max(axis=1)
             near[t] = np.inf
-            raise NotKeyable(f"input token {self.name(t)} lies within 2^-30 of the data's "
-                             f"extent of {self.name(int(np.argmin(near)))} along every "
-                             "direction tried: too close for a window the float64 survey "
-                             "can place")
+            raise NotKeyable(f"input token {self.name(t)} has no gap of 2^-30 of the "
+                             "data's extent to its neighbours along any direction tried (its "
+                             f"nearest token: {self.name(int(np.argmin(near)))}): too close "
+                             "for a window the float64 survey can place")
         f = np.array([Fraction(v) for v in f_float], dtype=object) if exact else f_float
         g = num(g, exact)
         s = power_of_two_below(num(4, exact) / g)

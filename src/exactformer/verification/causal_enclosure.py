@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..evaluate import enclosure
-from ..numbers import safe_float
+from ..numbers import float_below
 
 
 def causal_bounds(enclosed, dataset, ys_f) -> list[np.ndarray]:
@@ -28,14 +28,6 @@ def causal_bounds(enclosed, dataset, ys_f) -> list[np.ndarray]:
             b[k] = np.where(np.isnan(up), np.inf, up)
         out.append(b)
     return out
-
-
-def float_below(limit: Fraction) -> float:
-    """The largest float64 ≤ ``limit``: a float bound at most it is at most the limit."""
-    f = safe_float(limit)
-    if f == np.inf:  # a limit beyond float64's range: every finite float is below it
-        return float(np.finfo(np.float64).max)
-    return f if Fraction(f) <= limit else float(np.nextafter(f, -np.inf))
 
 
 def softmax_by_enclosures(enclosed, dataset, ys_f, limit: Fraction) -> dict | None:

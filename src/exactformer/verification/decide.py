@@ -47,10 +47,10 @@ from ..evaluate import (
 )
 from ..evaluate.jobs import one_job_per_model
 from ..model import Transformer, first_mixing
-from ..numbers import safe_float, safe_floats, to_fraction_array
+from ..numbers import float_below, safe_float, safe_floats, to_fraction_array
 from ..record import CausalConstruction
 from .bound import bound_causal, bound_set
-from .causal_enclosure import causal_bounds, float_below, softmax_by_enclosures
+from .causal_enclosure import causal_bounds, softmax_by_enclosures
 from .certify import FLOAT64_NOTE
 from .data_check import data_check, kind_mismatch
 from .float_twin import float_twin, floats_exactly, proved_equal

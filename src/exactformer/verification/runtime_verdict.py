@@ -24,9 +24,8 @@ from ..data import CausalDataset
 from ..distance import data_scale, hausdorff, relative, smallest, worst
 from ..evaluate.enclosure import hausdorff_upper, up
 from ..model import Transformer
-from ..numbers import pad_columns
+from ..numbers import float_below, pad_columns
 from ..tables import format_table
-from .causal_enclosure import float_below
 from .formats import DEFAULT_EXP_ULPS, Format, get_format, round_to, stored
 from .runtime_decode import decoded_wrong, decoding_margins, target_indices
 from .runtime_proof import enclose_runtime
