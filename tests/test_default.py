@@ -98,7 +98,7 @@ def shared(rng, xs: list, k: int) -> list:
     extra: list = []
     for _ in range(200):
         if len(extra) == k:
-            return [np.vstack([x, *extra]) for x in xs]
+            break
         w = rng.dirichlet(np.ones(3))
         p = np.round((w @ present[rng.choice(len(present), 3, replace=False)]) * 2**16) / 2**16
         if np.abs(np.vstack([present, *extra]) - p).max(axis=1).min() >= 2**-4:

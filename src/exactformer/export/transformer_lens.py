@@ -47,12 +47,13 @@ def hardmax_exponent(model: Transformer, dtype: str = "float64") -> int:
     every other by a margin m ≥ EXP_UNDERFLOW·2^−k gets weight exactly 0 on the others, and
     a tie of |C| equal floats gets exactly 1/|C| each. Raises ValueError where 2^−k is not a
     normal number of ``dtype``."""
-    k, g = hardmax_exponent_for(model, HALF_RANGE[dtype]), score_bound(model)
+    k = hardmax_exponent_for(model, HALF_RANGE[dtype])
     info = torch.finfo(getattr(torch, dtype))
     if k is None or not math.log2(info.tiny) < -k < math.log2(info.max):
         need = "" if k is None else f" (needs 2^{-k} as attn_scale)"
-        raise ValueError(f"transformer-lens export: hardmax scores up to {g:.3g}·‖x‖² cannot be "
-                         f"scaled to softmax in {dtype}{need}")
+        raise ValueError(f"transformer-lens export: hardmax scores up to "
+                         f"{score_bound(model):.3g}·‖x‖² cannot be scaled to softmax in "
+                         f"{dtype}{need}")
     return k
 
 
